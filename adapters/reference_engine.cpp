@@ -1,0 +1,318 @@
+#include "reference_engine.h"
+
+#include <ATen/ops/tensor.h>
+
+#include <stdexcept>
+
+namespace kvcheck::adapters {
+namespace {
+
+at::ScalarType scalar_type(Dtype dtype) {
+    switch (dtype) {
+        case Dtype::f32: return at::kFloat;
+        case Dtype::f16: return at::kHalf;
+        case Dtype::bf16: return at::kBFloat16;
+    }
+    throw std::invalid_argument("unknown dtype");
+}
+
+Dtype dtype_of(at::ScalarType type) {
+    if (type == at::kHalf) return Dtype::f16;
+    if (type == at::kBFloat16) return Dtype::bf16;
+    if (type == at::kFloat) return Dtype::f32;
+    throw std::invalid_argument(std::string("a cache tensor has dtype ") + c10::toString(type));
+}
+
+at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
+    if (!slot.present) return {};
+    if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
+    std::vector<float> values;
+    fill_slot(slot, values);
+    return at::tensor(values).reshape({cache_batch, cache_heads, slot.tokens(), cache_head_dim}).to(dtype);
+}
+
+SlotView slot_view(const at::Tensor& t) {
+    SlotView view;
+    if (!t.defined()) return view;
+    view.present = true;
+    view.dtype = dtype_of(t.scalar_type());
+    view.shape.assign(t.sizes().begin(), t.sizes().end());
+    const at::Tensor values = t.to(at::kFloat).contiguous();
+    view.hash = content_hash(values.data_ptr<float>(), static_cast<std::size_t>(values.numel()));
+    return view;
+}
+
+std::vector<std::uint64_t> as_numbers(const std::vector<const void*>& ids) {
+    std::vector<std::uint64_t> numbers;
+    numbers.reserve(ids.size());
+    for (const void* id : ids) numbers.push_back(reinterpret_cast<std::uintptr_t>(id));
+    return numbers;
+}
+
+}  // namespace
+
+kv::CachePtr materialize(const CacheContent& content) {
+    const at::ScalarType dtype = scalar_type(content.dtype);
+    if (content.layout == Layout::legacy) {
+        auto keys = std::make_shared<kv::TensorList>();
+        auto values = std::make_shared<kv::TensorList>();
+        for (const LayerContent& layer : content.layers) {
+            keys->push_back(slot_tensor(layer.slots[kvcheck::keys], dtype));
+            values->push_back(slot_tensor(layer.slots[kvcheck::values], dtype));
+        }
+        return kv::Cache::from_slots(std::move(keys), std::move(values));
+    }
+    auto layers = std::make_shared<kv::LayerList>();
+    for (const LayerContent& layer : content.layers) {
+        auto made = std::make_shared<kv::Layer>();
+        made->keys = slot_tensor(layer.slots[kvcheck::keys], dtype);
+        made->values = slot_tensor(layer.slots[kvcheck::values], dtype);
+        made->key_cache = slot_tensor(layer.slots[kvcheck::key_cache], dtype);
+        made->value_cache = slot_tensor(layer.slots[kvcheck::value_cache], dtype);
+        made->is_initialized = layer.initialized;
+        layers->push_back(std::move(made));
+    }
+    return kv::Cache::from_layers(std::move(layers));
+}
+
+CacheView view_of(const kv::Cache& cache) {
+    CacheView view;
+    view.layout = cache.layout() == kv::Layout::modern ? Layout::modern : Layout::legacy;
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        LayerView layer_view;
+        if (cache.layout() == kv::Layout::legacy) {
+            layer_view.slots[keys] = slot_view((*cache.key_cache())[i]);
+            layer_view.slots[values] = slot_view((*cache.value_cache())[i]);
+        } else {
+            const kv::Layer& layer = *(*cache.layers())[i];
+            layer_view.initialized = layer.is_initialized;
+            layer_view.slots[keys] = slot_view(layer.keys);
+            layer_view.slots[values] = slot_view(layer.values);
+            layer_view.slots[key_cache] = slot_view(layer.key_cache);
+            layer_view.slots[value_cache] = slot_view(layer.value_cache);
+        }
+        view.layers.push_back(layer_view);
+    }
+    return view;
+}
+
+// ---- CrashingFileSystem -----------------------------------------------------
+
+void CrashingFileSystem::write_file(const std::string& path, const std::vector<char>& bytes) {
+    if (budget_ < 0) throw PowerCut{};
+    const auto size = static_cast<std::int64_t>(bytes.size());
+    if (size <= budget_) {
+        budget_ -= size;
+        kv::posix_file_system().write_file(path, bytes);
+        return;
+    }
+    kv::posix_file_system().write_file(path, std::vector<char>(bytes.begin(), bytes.begin() + budget_));
+    budget_ = -1;
+    throw PowerCut{};
+}
+
+void CrashingFileSystem::rename(const std::string& from, const std::string& to) {
+    if (budget_ <= 0) {
+        budget_ = -1;
+        throw PowerCut{};
+    }
+    budget_ -= 1;  // a rename costs one unit of budget, so a crash can land just before it
+    kv::posix_file_system().rename(from, to);
+}
+
+std::vector<char> CrashingFileSystem::read_file(const std::string& path, std::int64_t bytes_max) {
+    return kv::posix_file_system().read_file(path, bytes_max);
+}
+
+void CrashingFileSystem::remove(const std::string& path) {
+    if (budget_ < 0) throw PowerCut{};
+    kv::posix_file_system().remove(path);
+}
+
+void CrashingFileSystem::make_dirs(const std::string& path) { kv::posix_file_system().make_dirs(path); }
+
+// ---- ReferenceEngine ----------------------------------------------------------
+
+ReferenceEngine::ReferenceEngine(std::shared_ptr<kv::Copier> copier)
+    : copier_(copier), store_(std::move(copier)), model_(kv::models::DecoderConfig{}) {}
+
+kv::ConstCachePtr ReferenceEngine::handle(Handle h) const {
+    const auto found = handles_.find(h);
+    return found == handles_.end() ? nullptr : found->second;
+}
+
+kv::ConstCachePtr ReferenceEngine::stored(const std::string& id) const {
+    const kv::ItemPtr item = store_.get(id);
+    if (!item) throw std::out_of_range("no stored entry '" + id + "'");
+    return item->cache;
+}
+
+kv::CachePtr ReferenceEngine::store_get_cache(const std::vector<std::string>& ids) {
+    return store_.get_cache(ids);
+}
+
+void ReferenceEngine::store_add(const std::string& id, const kv::CachePtr& cache) {
+    store_.add({{id, cache, {}}});
+}
+
+void ReferenceEngine::store_dump(const std::string& dir, kv::FileSystem& fs) { store_.dump(dir, fs); }
+
+std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePtr& past,
+                                                          const std::vector<std::int64_t>& prompt,
+                                                          std::int64_t max_new_tokens, bool stream,
+                                                          kv::GenerationStats& stats) {
+    if (!stream) return kv::generate(model_, *copier_, prompt, past, max_new_tokens, &stats);
+    std::vector<std::int64_t> tokens;
+    kv::generate_stream(model_, *copier_, prompt, past, max_new_tokens,
+                        [&tokens](std::int64_t token) { tokens.push_back(token); }, &stats);
+    return tokens;
+}
+
+void ReferenceEngine::add(const std::string& id, const CacheContent& content) {
+    store_add(id, materialize(content));
+}
+
+void ReferenceEngine::add_handle(const std::string& id, Handle h) {
+    const kv::ConstCachePtr cache = handle(h);
+    if (!cache) throw std::invalid_argument("add_handle: handle holds no cache");
+    // Storing a handed-out cache is the caller giving it to the store: the
+    // store takes the object itself, as the Python store does, and clears
+    // its owned marker.
+    store_add(id, std::const_pointer_cast<kv::Cache>(cache));
+}
+
+void ReferenceEngine::get(const std::string& id, Handle out) {
+    const kv::ItemPtr item = store_.get(id);
+    handles_[out] = item ? item->cache : nullptr;
+}
+
+std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::vector<std::string>& ids) {
+    std::vector<std::optional<std::string>> found;
+    for (const kv::ItemPtr& item : store_.get_by_ids(ids)) {
+        found.push_back(item ? std::optional<std::string>(item->id) : std::nullopt);
+    }
+    return found;
+}
+
+std::vector<std::string> ReferenceEngine::get_all_ids() {
+    std::vector<std::string> ids;
+    for (const kv::ItemPtr& item : store_.get_all()) ids.push_back(item->id);
+    return ids;
+}
+
+void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out) {
+    handles_[out] = store_get_cache(ids);
+}
+
+void ReferenceEngine::remove(const std::vector<std::string>& ids) { store_.remove(ids); }
+
+void ReferenceEngine::remove_all() { store_.remove_all(); }
+
+void ReferenceEngine::dump(const std::string& dir) { store_dump(dir, kv::posix_file_system()); }
+
+void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t bytes_budget) {
+    CrashingFileSystem fs(bytes_budget);
+    try {
+        store_dump(dir, fs);
+    } catch (const CrashingFileSystem::PowerCut&) {
+        // The process "died" here; whatever is on disk stays as it is.
+    }
+}
+
+LoadResult ReferenceEngine::load(const std::string& dir) {
+    try {
+        store_.load(dir);
+        return {true, {}};
+    } catch (const kv::DumpError& error) {
+        return {false, error.what()};
+    } catch (const kv::IoError& error) {
+        return {false, error.what()};
+    }
+}
+
+GenerateResult ReferenceEngine::generate(Handle h, const std::vector<std::int64_t>& prompt,
+                                         std::int64_t max_new_tokens, bool stream) {
+    kv::GenerationStats stats;
+    GenerateResult result;
+    result.tokens = run_generation(handle(h), prompt, max_new_tokens, stream, stats);
+    result.peak_live_sets = stats.peak_live_sets;
+    return result;
+}
+
+std::vector<std::int64_t> ReferenceEngine::generate_fresh(const CacheContent& content,
+                                                          const std::vector<std::int64_t>& prompt,
+                                                          std::int64_t max_new_tokens) {
+    // A fresh deep copy is already private: run the model on it directly,
+    // with no boundary and nothing logged.
+    const kv::CachePtr fresh = materialize(content);
+    std::vector<std::int64_t> tokens;
+    kv::GenerationStats ignored;
+    kv::run_model(model_, prompt, *fresh, max_new_tokens,
+                  [&tokens](std::int64_t token) { tokens.push_back(token); }, &ignored);
+    return tokens;
+}
+
+void ReferenceEngine::make(const CacheContent& content, Handle out) { handles_[out] = materialize(content); }
+
+void ReferenceEngine::clone(Handle source, Handle out) {
+    const kv::ConstCachePtr cache = handle(source);
+    handles_[out] = cache ? copier_->clone(*cache, kv::CopyReason::user) : nullptr;
+}
+
+void ReferenceEngine::concat(const std::vector<Handle>& parts, Handle out) {
+    std::vector<kv::ConstCachePtr> caches;
+    for (Handle part : parts) {
+        if (kv::ConstCachePtr cache = handle(part)) caches.push_back(std::move(cache));
+    }
+    handles_[out] = caches.empty() ? nullptr : copier_->concat(caches, kv::CopyReason::user);
+}
+
+void ReferenceEngine::to_legacy(Handle source, Handle out) {
+    const kv::ConstCachePtr cache = handle(source);
+    handles_[out] = cache ? kv::to_legacy(*cache) : nullptr;
+}
+
+void ReferenceEngine::from_legacy(Handle source, Handle out) {
+    const kv::ConstCachePtr cache = handle(source);
+    handles_[out] = cache ? kv::from_legacy(*cache) : nullptr;
+}
+
+void ReferenceEngine::release(Handle h) { handles_.erase(h); }
+
+std::vector<std::string> ReferenceEngine::stored_ids() { return get_all_ids(); }
+
+CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(*stored(id)); }
+
+bool ReferenceEngine::entry_owned(const std::string& id) { return stored(id)->owned(); }
+
+CacheView ReferenceEngine::view_handle(Handle h) {
+    const kv::ConstCachePtr cache = handle(h);
+    if (!cache) throw std::invalid_argument("view_handle: handle holds no cache");
+    return view_of(*cache);
+}
+
+HandleFacts ReferenceEngine::handle_facts(Handle h) {
+    const kv::ConstCachePtr cache = handle(h);
+    return {cache != nullptr, cache && cache->owned()};
+}
+
+std::vector<std::uint64_t> ReferenceEngine::storage_of_entry(const std::string& id) {
+    return as_numbers(kv::storage_identities(*stored(id)));
+}
+
+std::vector<std::uint64_t> ReferenceEngine::storage_of_handle(Handle h) {
+    const kv::ConstCachePtr cache = handle(h);
+    return cache ? as_numbers(kv::storage_identities(*cache)) : std::vector<std::uint64_t>{};
+}
+
+std::vector<CopyRecord> ReferenceEngine::take_copies() {
+    std::vector<CopyRecord> records;
+    const auto& log = copier_->log();
+    for (std::size_t i = copies_reported_; i < log.size(); ++i) {
+        records.push_back({kv::copy_reason_name(log[i].reason), log[i].bytes});
+    }
+    copies_reported_ = log.size();
+    return records;
+}
+
+}  // namespace kvcheck::adapters

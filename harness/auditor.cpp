@@ -1,0 +1,76 @@
+#include "auditor.h"
+
+#include <algorithm>
+
+namespace kvcheck {
+
+ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent,
+                             std::int64_t chain_sets) {
+    Object object;
+    object.view = expected_view(content);
+    object.content = std::move(content);
+    object.origin = origin;
+    object.expect_owned = expect_owned;
+    object.alias_parent = alias_parent;
+    object.chain_sets = chain_sets;
+    const ObjectId id = next_object_++;
+    objects_.emplace(id, std::move(object));
+    return id;
+}
+
+void Auditor::store(const std::string& id, ObjectId object) {
+    if (entries_.count(id) == 0) order_.push_back(id);
+    entries_[id] = object;
+    objects_.at(object).expect_owned = false;  // storing clears the owned marker
+}
+
+void Auditor::remove(const std::string& id) {
+    if (entries_.erase(id) == 0) return;
+    order_.erase(std::find(order_.begin(), order_.end(), id));
+}
+
+void Auditor::remove_all() {
+    entries_.clear();
+    order_.clear();
+}
+
+std::optional<ObjectId> Auditor::entry(const std::string& id) const {
+    const auto found = entries_.find(id);
+    if (found == entries_.end()) return std::nullopt;
+    return found->second;
+}
+
+Snapshot Auditor::snapshot() const {
+    Snapshot snapshot;
+    snapshot.order = order_;
+    for (const auto& [id, object] : entries_) snapshot.entries[id] = objects_.at(object).content;
+    return snapshot;
+}
+
+void Auditor::restore(const Snapshot& snapshot) {
+    remove_all();
+    for (const std::string& id : snapshot.order) {
+        store(id, new_object(snapshot.entries.at(id), Origin::stored_item, false));
+    }
+}
+
+std::optional<ObjectId> Auditor::handle(std::int64_t handle) const {
+    const auto found = handles_.find(handle);
+    if (found == handles_.end()) return std::nullopt;
+    return found->second;
+}
+
+bool Auditor::may_alias(ObjectId a, ObjectId b) const {
+    for (ObjectId at = a; at != 0; at = objects_.at(at).alias_parent) {
+        if (at == b) return true;
+    }
+    return false;
+}
+
+void Auditor::consumed(ObjectId object) {
+    for (auto& [id, candidate] : objects_) {
+        if (may_alias(id, object)) candidate.known = false;
+    }
+}
+
+}  // namespace kvcheck

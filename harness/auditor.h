@@ -1,0 +1,90 @@
+// The auditor: the expected state of an engine, built only from the
+// operations of a trace and their results, never from the engine's
+// internals. Internal to the harness.
+#pragma once
+
+#include "kvcheck/content.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck {
+
+using ObjectId = std::int64_t;  // the auditor's name for one cache object
+
+// Where a handle's cache came from: it decides what the handle may alias
+// and whether it must carry the owned marker.
+enum class Origin : std::uint8_t { stored_item, get_cache, clone, concat, make, to_legacy, from_legacy };
+
+// A cache object as the auditor expects it.
+struct Object {
+    CacheContent content;
+    CacheView view;            // expected_view(content), computed once
+    bool known = true;         // false once a model may have written into it
+    bool expect_owned = false;
+    Origin origin = Origin::make;
+    ObjectId alias_parent = 0;  // the object a conversion result may share storage with
+    // At most how many K/V sets are alive on this object's copy chain
+    // (itself and the copies it descends from): stored or made 1, a copy of
+    // X one more than X, a merge one more than its deepest part.
+    std::int64_t chain_sets = 1;
+};
+
+// A store's content at the moment of a dump.
+struct Snapshot {
+    std::vector<std::string> order;
+    std::map<std::string, CacheContent> entries;
+};
+
+// What a dump slot may hold: after a crash during a dump, either the
+// previous dump or the new one; a corrupted file may also be rejected.
+struct DumpSlot {
+    std::vector<Snapshot> candidates;  // empty: nothing readable was ever written
+    bool corrupted = false;
+    bool may_be_absent = false;  // a dump crashed before any complete dump was there
+};
+
+class Auditor {
+  public:
+    ObjectId new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent = 0,
+                        std::int64_t chain_sets = 1);
+    Object& object(ObjectId id) { return objects_.at(id); }
+    const Object& object(ObjectId id) const { return objects_.at(id); }
+
+    // The store.
+    void store(const std::string& id, ObjectId object);  // an overwritten id keeps its position
+    void remove(const std::string& id);
+    void remove_all();
+    const std::vector<std::string>& order() const { return order_; }
+    std::optional<ObjectId> entry(const std::string& id) const;
+    Snapshot snapshot() const;
+    void restore(const Snapshot& snapshot);  // load: new objects, same content
+
+    // Handles: created (possibly holding no cache) or never created.
+    bool handle_created(std::int64_t handle) const { return handles_.count(handle) != 0; }
+    std::optional<ObjectId> handle(std::int64_t handle) const;  // nullopt: created but no cache, or unknown
+    void bind(std::int64_t handle, std::optional<ObjectId> object) { handles_[handle] = object; }
+    const std::map<std::int64_t, std::optional<ObjectId>>& handles() const { return handles_; }
+
+    // May a cache of object `a` share storage with object `b`? Only when it
+    // is `b` or a conversion result derived from it.
+    bool may_alias(ObjectId a, ObjectId b) const;
+    // A model wrote into `object`: its content, and that of every view
+    // derived from it, is no longer known.
+    void consumed(ObjectId object);
+
+    std::map<std::int64_t, DumpSlot>& slots() { return slots_; }
+
+  private:
+    std::map<ObjectId, Object> objects_;
+    ObjectId next_object_ = 1;
+    std::vector<std::string> order_;
+    std::map<std::string, ObjectId> entries_;
+    std::map<std::int64_t, std::optional<ObjectId>> handles_;
+    std::map<std::int64_t, DumpSlot> slots_;
+};
+
+}  // namespace kvcheck

@@ -1,0 +1,247 @@
+// Expected content and views: the auditor's side of every cache. Mirrors the
+// reference semantics of SPEC sections 2 and 3 on segment lists instead of
+// tensors.
+#include "kvcheck/content.h"
+
+#include <cstring>
+
+namespace kvcheck {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+std::uint64_t slot_seed(std::uint64_t cache_seed, std::size_t layer, int slot) {
+    return splitmix64(splitmix64(cache_seed) ^ (layer * 0x100000001B3ull) ^ static_cast<std::uint64_t>(slot + 1));
+}
+
+bool has_any_slot(const CacheContent& content) {
+    for (const LayerContent& layer : content.layers) {
+        for (const SlotContent& slot : layer.slots) {
+            if (slot.present) return true;
+        }
+    }
+    return false;
+}
+
+// The dtype tensors of this content have: its own when it holds any tensor,
+// else float32 (what an engine gives a cache it has no tensor to copy from).
+Dtype effective_dtype(const CacheContent& content) {
+    return has_any_slot(content) ? content.dtype : Dtype::f32;
+}
+
+SlotContent empty_present() {
+    SlotContent slot;
+    slot.present = true;
+    return slot;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+}  // namespace
+
+std::int64_t SlotContent::tokens() const {
+    std::int64_t total = 0;
+    for (const Segment& segment : segments) total += segment.tokens;
+    return total;
+}
+
+CacheContent expand(const CacheSpec& spec) {
+    CacheContent content;
+    content.layout = spec.layout;
+    content.dtype = spec.dtype;
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+        const LayerSpec& layer_spec = spec.layers[i];
+        LayerContent layer;
+        const bool legacy = spec.layout == Layout::legacy;
+        layer.initialized = legacy || layer_spec.initialized;
+        for (int s = 0; s < slot_count; ++s) {
+            const bool present = legacy ? s < 2 : (layer_spec.slots >> s) & 1;
+            if (!present) continue;
+            SlotContent& slot = layer.slots[s];
+            slot.present = true;
+            if (layer_spec.tokens > 0) slot.segments.push_back({slot_seed(spec.seed, i, s), layer_spec.tokens});
+        }
+        content.layers.push_back(layer);
+    }
+    return content;
+}
+
+float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim) {
+    const std::uint64_t mixed = splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(
+                                                      (head * 1000003 + token) * 64 + dim)));
+    return static_cast<float>(static_cast<int>(mixed % 64) - 32) / 8.0f;
+}
+
+void fill_slot(const SlotContent& slot, std::vector<float>& out) {
+    const std::int64_t total = slot.tokens();
+    out.resize(static_cast<std::size_t>(cache_heads * total * cache_head_dim));
+    std::size_t at = 0;
+    for (std::int64_t head = 0; head < cache_heads; ++head) {
+        for (const Segment& segment : slot.segments) {
+            for (std::int64_t t = 0; t < segment.tokens; ++t) {
+                for (std::int64_t d = 0; d < cache_head_dim; ++d) out[at++] = slot_value(segment.seed, head, t, d);
+            }
+        }
+    }
+}
+
+std::uint64_t content_hash(const float* values, std::size_t count) {
+    std::uint64_t hash = splitmix64(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        float v = values[i] == 0.0f ? 0.0f : values[i];  // -0 and +0 are the same content
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &v, sizeof bits);
+        hash = (hash ^ bits) * 0x100000001B3ull;
+        hash ^= hash >> 29;
+    }
+    return splitmix64(hash);
+}
+
+CacheView expected_view(const CacheContent& content) {
+    CacheView view;
+    view.layout = content.layout;
+    const Dtype dtype = effective_dtype(content);
+    std::vector<float> values;
+    for (const LayerContent& layer : content.layers) {
+        LayerView layer_view;
+        layer_view.initialized = content.layout == Layout::legacy || layer.initialized;
+        for (int s = 0; s < slot_count; ++s) {
+            const SlotContent& slot = layer.slots[s];
+            SlotView& slot_view = layer_view.slots[s];
+            slot_view.present = slot.present;
+            if (!slot.present) continue;
+            slot_view.dtype = dtype;
+            const std::int64_t tokens = slot.tokens();
+            slot_view.shape = tokens == 0 ? std::vector<std::int64_t>{0}
+                                          : std::vector<std::int64_t>{cache_batch, cache_heads, tokens, cache_head_dim};
+            fill_slot(slot, values);
+            slot_view.hash = content_hash(values.data(), values.size());
+        }
+        view.layers.push_back(layer_view);
+    }
+    return view;
+}
+
+std::string view_difference(const CacheView& actual, const CacheView& expected) {
+    if (actual.layout != expected.layout) {
+        return std::string("layout is ") + layout_name(actual.layout) + ", expected " + layout_name(expected.layout);
+    }
+    if (actual.layers.size() != expected.layers.size()) {
+        return std::to_string(actual.layers.size()) + " layers, expected " + std::to_string(expected.layers.size());
+    }
+    for (std::size_t i = 0; i < actual.layers.size(); ++i) {
+        const std::string layer = "layer " + std::to_string(i);
+        const LayerView& a = actual.layers[i];
+        const LayerView& e = expected.layers[i];
+        if (a.initialized != e.initialized) {
+            return layer + (e.initialized ? " is not initialized" : " is initialized") + ", expected " +
+                   (e.initialized ? "initialized" : "uninitialized");
+        }
+        for (int s = 0; s < slot_count; ++s) {
+            const SlotView& x = a.slots[s];
+            const SlotView& y = e.slots[s];
+            const std::string where = layer + " " + slot_name(static_cast<Slot>(s));
+            if (x.present != y.present) return where + (y.present ? " is missing" : " is present, expected absent");
+            if (!x.present) continue;
+            if (x.dtype != y.dtype) return where + " dtype " + dtype_name(x.dtype) + ", expected " + dtype_name(y.dtype);
+            if (x.shape != y.shape) return where + " shape " + shape_text(x.shape) + ", expected " + shape_text(y.shape);
+            if (x.hash != y.hash) return where + " content differs";
+        }
+    }
+    return {};
+}
+
+SlotContent logical_slot(const CacheContent& content, std::size_t layer, Slot side) {
+    if (layer >= content.layers.size()) return {};
+    const LayerContent& l = content.layers[layer];
+    if (content.layout == Layout::legacy) return l.slots[side];
+    if (!l.initialized) return {};
+    const Slot modern = side == keys ? keys : values;
+    const Slot legacy_named = side == keys ? key_cache : value_cache;
+    return l.slots[modern].present ? l.slots[modern] : l.slots[legacy_named];
+}
+
+CacheContent expected_concat(const std::vector<CacheContent>& parts) {
+    CacheContent merged;
+    bool all_legacy = true;
+    std::size_t layers = 0;
+    bool dtype_known = false;
+    for (const CacheContent& part : parts) {
+        all_legacy = all_legacy && part.layout == Layout::legacy;
+        layers = std::max(layers, part.layers.size());
+        if (!has_any_slot(part)) continue;
+        if (!dtype_known) {
+            merged.dtype = part.dtype;
+            dtype_known = true;
+        } else if (merged.dtype != part.dtype) {
+            merged.dtype = Dtype::f32;  // torch promotes f16 with bf16 to f32, and anything with f32
+        }
+    }
+    merged.layout = all_legacy ? Layout::legacy : Layout::modern;
+    for (std::size_t i = 0; i < layers; ++i) {
+        LayerContent layer;
+        layer.initialized = true;
+        for (Slot side : {keys, values}) {
+            SlotContent slot = empty_present();
+            for (const CacheContent& part : parts) {
+                const SlotContent piece = logical_slot(part, i, side);
+                if (piece.present) slot.segments.insert(slot.segments.end(), piece.segments.begin(), piece.segments.end());
+            }
+            layer.slots[side] = slot;
+        }
+        merged.layers.push_back(layer);
+    }
+    return merged;
+}
+
+CacheContent expected_to_legacy(const CacheContent& content) {
+    CacheContent legacy;
+    legacy.layout = Layout::legacy;
+    legacy.dtype = content.dtype;
+    for (std::size_t i = 0; i < content.layers.size(); ++i) {
+        LayerContent layer;
+        for (Slot side : {keys, values}) {
+            const SlotContent logical = logical_slot(content, i, side);
+            layer.slots[side] = logical.present ? logical : empty_present();
+        }
+        legacy.layers.push_back(layer);
+    }
+    // A cache with no tensor at all converts to float32 empty slots.
+    if (!has_any_slot(content)) legacy.dtype = Dtype::f32;
+    return legacy;
+}
+
+CacheContent expected_from_legacy(const CacheContent& content) {
+    CacheContent modern = content;
+    modern.layout = Layout::modern;
+    for (LayerContent& layer : modern.layers) {
+        layer.initialized = true;
+        layer.slots[key_cache] = {};
+        layer.slots[value_cache] = {};
+    }
+    return modern;
+}
+
+bool content_holds_tokens(const CacheContent& content) {
+    for (std::size_t i = 0; i < content.layers.size(); ++i) {
+        for (Slot side : {keys, values}) {
+            if (logical_slot(content, i, side).tokens() > 0) return true;
+        }
+    }
+    return false;
+}
+
+std::int64_t content_seq_length(const CacheContent& content, std::size_t layer) {
+    return logical_slot(content, layer, keys).tokens();
+}
+
+}  // namespace kvcheck

@@ -1,0 +1,695 @@
+// The executor: one trace against one engine, with the auditor in step and
+// every named checker run after every operation.
+#include "kvcheck/executor.h"
+
+#include "auditor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+namespace kvcheck {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PropertyInfo {
+    Property property;
+    const char* id;
+    const char* summary;
+};
+
+constexpr std::array<PropertyInfo, property_count> property_table{{
+    {Property::stored_immutable, "stored-immutable",
+     "stored entries never change, and nothing handed out of the store aliases them"},
+    {Property::single_copy, "single-copy", "each generation copies the stored K/V once at most; two K/V sets alive"},
+    {Property::layout_roundtrip, "layout-roundtrip", "conversions, clone and dump/load are identities"},
+    {Property::merge_correct, "merge-correct", "merged caches: true length, request order, initialized, owned"},
+    {Property::owned_marker, "owned-marker", "only caches sharing nothing with the store are marked owned"},
+    {Property::clone_independent, "clone-independent", "a clone shares no tensor, layer or list with its source"},
+    {Property::generation_equivalent, "generation-equivalent", "generating via the store equals generating from a fresh copy"},
+    {Property::dump_safe, "dump-safe", "dumps round-trip; bad or interrupted dumps never lose data"},
+    {Property::store_contract, "store-contract", "ids, order and missing ids of the store API"},
+}};
+
+// Generation needs a cache whose layers hold as many keys as values.
+bool generation_compatible(const CacheContent& content) {
+    for (std::size_t i = 0; i < content.layers.size(); ++i) {
+        const SlotContent k = logical_slot(content, i, keys);
+        const SlotContent v = logical_slot(content, i, values);
+        if (k.tokens() != v.tokens()) return false;
+    }
+    return true;
+}
+
+std::string in_quotes(const std::string& id) { return "\"" + id + "\""; }
+std::string handle_text(std::int64_t handle) { return "h" + std::to_string(handle); }
+
+std::string tokens_text(const std::vector<std::int64_t>& tokens) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < tokens.size(); ++i) text += (i ? "," : "") + std::to_string(tokens[i]);
+    return text + "]";
+}
+
+bool shares(const std::vector<std::uint64_t>& a, const std::unordered_map<std::uint64_t, std::string>& b,
+            std::string* with) {
+    for (std::uint64_t id : a) {
+        const auto found = b.find(id);
+        if (found != b.end()) {
+            *with = found->second;
+            return true;
+        }
+    }
+    return false;
+}
+
+class Run {
+  public:
+    Run(Engine& engine, const RunOptions& options)
+        : engine_(engine), options_(options), capabilities_(engine.capabilities()) {
+        properties_ = options.properties;
+        const PropertySet possible = checkable(capabilities_);
+        for (Property p : all_properties()) {
+            if (!possible.has(p)) properties_.remove(p);
+        }
+        if (options.work_dir.empty()) {
+            std::string pattern = (fs::temp_directory_path() / "kvcheck-run-XXXXXX").string();
+            if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a temporary directory");
+            work_dir_ = pattern;
+            own_work_dir_ = true;
+        } else {
+            work_dir_ = options.work_dir;
+        }
+    }
+
+    ~Run() {
+        if (own_work_dir_) {
+            std::error_code ignored;
+            fs::remove_all(work_dir_, ignored);
+        }
+    }
+
+    RunResult run(const Trace& trace) {
+        for (step_ = 0; step_ < trace.size() && !result_.failure; ++step_) {
+            try {
+                const bool ran = std::visit([this](const auto& op) { return apply(op); }, trace[step_]);
+                if (!ran) {
+                    ++result_.coverage.ops_skipped;
+                    continue;
+                }
+                ++result_.coverage.ops_run[trace[step_].index()];
+                record_state(trace[step_]);
+                check_store();
+            } catch (const std::exception& error) {
+                fail_as(engine_error_id, std::string("the engine threw: ") + error.what());
+            }
+            result_.steps_run = step_ + 1;
+            settle_step();
+        }
+        return std::move(result_);
+    }
+
+  private:
+    // ---- failures ----
+
+    // Is `p` checked, and not already violated at this step?
+    bool checking(Property p) const {
+        if (!properties_.has(p)) return false;
+        for (const Failure& failure : step_failures_) {
+            if (failure.property == property_id(p)) return false;
+        }
+        return true;
+    }
+
+    void fail_as(const std::string& property, const std::string& message) {
+        step_failures_.push_back(Failure{property, step_, message, {}});
+    }
+
+    // Every violation of a step is kept; the first in property order is the
+    // one reported (an engine error first of all: it cut the step short).
+    void settle_step() {
+        if (step_failures_.empty()) return;
+        auto rank = [](const Failure& f) {
+            const auto p = parse_property(f.property);
+            return p ? static_cast<int>(*p) : -1;
+        };
+        std::stable_sort(step_failures_.begin(), step_failures_.end(),
+                         [&](const Failure& a, const Failure& b) { return rank(a) < rank(b); });
+        Failure primary = step_failures_.front();
+        for (std::size_t i = 1; i < step_failures_.size(); ++i) {
+            primary.also.push_back(step_failures_[i].property + ": " + step_failures_[i].message);
+        }
+        result_.failure = std::move(primary);
+        step_failures_.clear();
+    }
+
+    // Records a failure of `p` when `ok` is false. Returns ok.
+    bool expect(Property p, bool ok, const std::string& message) {
+        if (!ok && checking(p)) fail_as(property_id(p), message);
+        return ok;
+    }
+
+    // ---- shared checks ----
+
+    // The view of handle `out` must be the expected one.
+    void check_view(Property p, std::int64_t out, const Object& expected, const std::string& what) {
+        if (!checking(p)) return;
+        const std::string difference = view_difference(engine_.view_handle(out), expected.view);
+        expect(p, difference.empty(), what + " " + handle_text(out) + ": " + difference);
+    }
+
+    void check_owned(std::int64_t out, bool expected, const std::string& what) {
+        if (!checking(Property::owned_marker)) return;
+        const HandleFacts facts = engine_.handle_facts(out);
+        expect(Property::owned_marker, facts.owned == expected,
+               what + " " + handle_text(out) + (expected ? " is not marked owned" : " is marked owned"));
+    }
+
+    void check_exists(std::int64_t out, bool expected, Property p, const std::string& what) {
+        if (!checking(p)) return;
+        const HandleFacts facts = engine_.handle_facts(out);
+        expect(p, facts.exists == expected,
+               what + " " + handle_text(out) + (expected ? " holds no cache, expected one" : " holds a cache, expected none"));
+    }
+
+    // How many copies the engine logged during this step.
+    std::size_t copies_now() { return capabilities_.copy_log ? engine_.take_copies().size() : 0; }
+
+    void check_disjoint(Property p, std::int64_t out, const std::vector<std::int64_t>& sources, const std::string& what) {
+        if (!checking(p) || !capabilities_.storage_identity) return;
+        const auto mine = engine_.storage_of_handle(out);
+        const std::set<std::uint64_t> own(mine.begin(), mine.end());
+        for (std::int64_t source : sources) {
+            for (std::uint64_t id : engine_.storage_of_handle(source)) {
+                if (own.count(id) != 0) {
+                    fail_as(property_id(p), what + " " + handle_text(out) + " shares storage with its source " + handle_text(source));
+                    return;
+                }
+            }
+        }
+    }
+
+    // A live handle whose object is known, or nullopt (skip the operation).
+    std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) {
+        *holds_none = false;
+        if (handle == 0) {
+            *holds_none = true;
+            return std::nullopt;
+        }
+        if (!audit_.handle_created(handle)) return std::nullopt;
+        const std::optional<ObjectId> object = audit_.handle(handle);
+        if (!object) {
+            *holds_none = true;
+            return std::nullopt;
+        }
+        if (!audit_.object(*object).known) return std::nullopt;
+        return object;
+    }
+
+    bool supported(Layout layout, const CacheSpec& spec) const {
+        if (layout == Layout::legacy && !capabilities_.legacy_layout) return false;
+        if (spec.dtype != Dtype::f32 && !capabilities_.half_dtypes) return false;
+        for (const LayerSpec& layer : spec.layers) {
+            const bool one_sided = (layer.slots & 0b11) == 0b01 || (layer.slots & 0b11) == 0b10;
+            if (one_sided && !capabilities_.one_sided_layers) return false;
+            if ((layer.slots & 0b1100) != 0 && !capabilities_.legacy_slot_names) return false;
+            if (!layer.initialized && !capabilities_.uninitialized_layers) return false;
+        }
+        return true;
+    }
+
+    void count_layout(Layout layout) {
+        (layout == Layout::modern ? result_.coverage.modern_caches : result_.coverage.legacy_caches) += 1;
+    }
+
+    // ---- the operations ----
+
+    bool apply(const op::Add& op) {
+        if (!supported(op.cache.layout, op.cache)) return false;
+        CacheContent content = expand(op.cache);
+        count_layout(content.layout);
+        engine_.add(op.id, content);
+        audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false));
+        return true;
+    }
+
+    bool apply(const op::AddHandle& op) {
+        bool none = false;
+        const std::optional<ObjectId> object = known_source(op.handle.value, &none);
+        // Storing a conversion's view of another cache is outside the contract.
+        if (!object || audit_.object(*object).alias_parent != 0) return false;
+        engine_.add_handle(op.id, op.handle.value);
+        audit_.store(op.id, *object);
+        audit_.object(*object).origin = Origin::stored_item;
+        check_owned(op.handle.value, false, "a cache stored back as " + in_quotes(op.id) + ",");
+        return true;
+    }
+
+    bool apply(const op::Get& op) {
+        engine_.get(op.id, op.out.value);
+        const std::optional<ObjectId> entry = audit_.entry(op.id);
+        audit_.bind(op.out.value, entry);
+        check_exists(op.out.value, entry.has_value(), Property::store_contract, "get " + in_quotes(op.id) + ":");
+        if (entry) check_owned(op.out.value, false, "the stored item handed out by get as");
+        return true;
+    }
+
+    bool apply(const op::GetByIds& op) {
+        const auto found = engine_.get_by_ids(op.ids);
+        if (!checking(Property::store_contract)) return true;
+        if (!expect(Property::store_contract, found.size() == op.ids.size(),
+                    "get_by_ids returned " + std::to_string(found.size()) + " items for " +
+                        std::to_string(op.ids.size()) + " ids")) {
+            return true;
+        }
+        for (std::size_t i = 0; i < op.ids.size(); ++i) {
+            const bool exists = audit_.entry(op.ids[i]).has_value();
+            const bool ok = exists ? found[i] == op.ids[i] : !found[i].has_value();
+            if (!expect(Property::store_contract, ok,
+                        "get_by_ids position " + std::to_string(i) + " (" + in_quotes(op.ids[i]) + ") returned " +
+                            (found[i] ? in_quotes(*found[i]) : std::string("none")))) {
+                break;
+            }
+        }
+        return true;
+    }
+
+    bool apply(const op::GetAll&) {
+        const auto ids = engine_.get_all_ids();
+        expect(Property::store_contract, ids == audit_.order(),
+               "get_all returned " + id_list(ids) + ", expected " + id_list(audit_.order()) + " (insertion order)");
+        return true;
+    }
+
+    bool apply(const op::GetCache& op) {
+        std::vector<CacheContent> parts;
+        for (const std::string& id : op.ids) {
+            const std::optional<ObjectId> entry = audit_.entry(id);
+            if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(audit_.object(*entry).content);
+        }
+        copies_now();
+        engine_.get_cache(op.ids, op.out.value);
+        const std::size_t copies = copies_now();
+        const std::string what = "get_cache " + std::to_string(op.ids.size()) + " ids ->";
+        if (parts.empty()) {
+            audit_.bind(op.out.value, std::nullopt);
+            check_exists(op.out.value, false, Property::store_contract, what);
+            return true;
+        }
+        const bool merged = parts.size() > 1;
+        if (merged) ++result_.coverage.merges;
+        CacheContent expected = merged ? expected_concat(parts) : parts.front();
+        const ObjectId object = audit_.new_object(std::move(expected), Origin::get_cache, true, 0, 2);
+        audit_.bind(op.out.value, object);
+        const Property content_property = merged ? Property::merge_correct : Property::layout_roundtrip;
+        check_exists(op.out.value, true, Property::store_contract, what);
+        check_view(content_property, op.out.value, audit_.object(object), merged ? "the merged cache" : "the copy");
+        expect(Property::single_copy, !capabilities_.copy_log || copies == 1,
+               what + " " + handle_text(op.out.value) + " made " + std::to_string(copies) + " copies, expected 1");
+        check_owned(op.out.value, true, merged ? "the merged cache" : "the copy");
+        return true;
+    }
+
+    bool apply_generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream) {
+        bool none = false;
+        const std::optional<ObjectId> object = known_source(source.value, &none);
+        if (!object && !none) return false;
+        const CacheContent fresh = object ? audit_.object(*object).content : CacheContent{};
+        if (!generation_compatible(fresh) || prompt.empty()) return false;
+        const bool owned = object && audit_.object(*object).expect_owned;
+        if (owned) ++result_.coverage.generations_owned;
+        copies_now();
+        const GenerateResult result = engine_.generate(none ? 0 : source.value, prompt, max, stream);
+        const std::size_t copies = copies_now();
+        if (owned) audit_.consumed(*object);
+        const std::string what = std::string(stream ? "generate_stream" : "generate") + " from " +
+                                 (none ? std::string("no cache") : handle_text(source.value));
+        const std::size_t expected_copies = (object && !owned) ? 1 : 0;
+        // The sets alive while the model runs: the input's copy chain, plus
+        // the boundary's copy when it must make one.
+        const std::int64_t sets_max = (object ? audit_.object(*object).chain_sets : 0) + 1 - (owned ? 1 : 0);
+        if (capabilities_.copy_log) {
+            expect(Property::single_copy, copies == expected_copies,
+                   what + " made " + std::to_string(copies) + " copies of the K/V, expected " + std::to_string(expected_copies));
+            expect(Property::single_copy, result.peak_live_sets <= sets_max,
+                   what + " held " + std::to_string(result.peak_live_sets) + " K/V sets alive, at most " +
+                       std::to_string(sets_max) + " allowed");
+        }
+        if (checking(Property::generation_equivalent)) {
+            const auto reference = engine_.generate_fresh(fresh, prompt, max);
+            expect(Property::generation_equivalent, result.tokens == reference,
+                   what + " gave tokens " + tokens_text(result.tokens) + ", a fresh copy gives " + tokens_text(reference));
+        }
+        return true;
+    }
+
+    bool apply(const op::Generate& op) { return apply_generate(op.source, op.prompt, op.max, false); }
+
+    bool apply(const op::GenerateStream& op) {
+        if (!capabilities_.generate_stream) return false;
+        return apply_generate(op.source, op.prompt, op.max, true);
+    }
+
+    bool apply(const op::Delete& op) {
+        engine_.remove(op.ids);
+        for (const std::string& id : op.ids) audit_.remove(id);
+        return true;
+    }
+
+    bool apply(const op::DeleteAll&) {
+        engine_.remove_all();
+        audit_.remove_all();
+        return true;
+    }
+
+    std::string slot_dir(std::int64_t slot) const { return work_dir_ + "/slot-" + std::to_string(slot); }
+
+    bool apply(const op::Dump& op) {
+        if (!capabilities_.dump) return false;
+        engine_.dump(slot_dir(op.slot));
+        audit_.slots()[op.slot] = DumpSlot{{audit_.snapshot()}, false, false};
+        return true;
+    }
+
+    bool apply(const op::DumpCrash& op) {
+        if (!capabilities_.dump || !capabilities_.dump_crash) return false;
+        engine_.dump_interrupted(slot_dir(op.slot), op.bytes);
+        DumpSlot& slot = audit_.slots()[op.slot];
+        if (slot.candidates.empty()) slot.may_be_absent = true;
+        slot.candidates.push_back(audit_.snapshot());
+        return true;
+    }
+
+    bool apply(const op::Corrupt& op) {
+        if (!capabilities_.dump) return false;
+        std::vector<fs::path> files;
+        std::error_code error;
+        for (const auto& entry : fs::directory_iterator(slot_dir(op.slot), error)) {
+            if (entry.is_regular_file()) files.push_back(entry.path());
+        }
+        std::sort(files.begin(), files.end());
+        std::uintmax_t total = 0;
+        for (const fs::path& file : files) total += fs::file_size(file);
+        if (total == 0) return false;
+        std::uintmax_t at = static_cast<std::uintmax_t>(op.offset < 0 ? -op.offset : op.offset) % total;
+        for (const fs::path& file : files) {
+            const std::uintmax_t size = fs::file_size(file);
+            if (at >= size) {
+                at -= size;
+                continue;
+            }
+            if (op.truncate != 0) {
+                fs::resize_file(file, at);
+            } else {
+                std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+                stream.seekg(static_cast<std::streamoff>(at));
+                const char byte = static_cast<char>(stream.get() ^ 0x5A);
+                stream.seekp(static_cast<std::streamoff>(at));
+                stream.put(byte);
+            }
+            break;
+        }
+        audit_.slots()[op.slot].corrupted = true;
+        return true;
+    }
+
+    bool apply(const op::Load& op) {
+        if (!capabilities_.dump) return false;
+        const Snapshot before = audit_.snapshot();
+        const LoadResult loaded = engine_.load(slot_dir(op.slot));
+        const auto found = audit_.slots().find(op.slot);
+        const DumpSlot slot = found == audit_.slots().end() ? DumpSlot{} : found->second;
+        if (!loaded.ok) {
+            const bool may_fail = slot.candidates.empty() || slot.corrupted || slot.may_be_absent;
+            expect(Property::dump_safe, may_fail,
+                   "load of dump slot " + std::to_string(op.slot) + " failed although a complete dump was written: " + loaded.error);
+            // Nothing in memory may be lost: the store must be as it was.
+            check_store_content(Property::dump_safe, "after a failed load,");
+            return true;
+        }
+        if (!expect(Property::dump_safe, !slot.candidates.empty(),
+                    "load of dump slot " + std::to_string(op.slot) + " succeeded, but nothing was dumped there")) {
+            return true;
+        }
+        // The loaded store must be one of the dumps the slot may hold.
+        std::string difference;
+        for (const Snapshot& candidate : slot.candidates) {
+            audit_.restore(candidate);
+            difference = store_difference(true);
+            if (difference.empty()) {
+                audit_.slots()[op.slot] = DumpSlot{{candidate}, slot.corrupted, false};
+                return true;
+            }
+        }
+        expect(Property::dump_safe, false, "load of dump slot " + std::to_string(op.slot) + " gave a store unlike any dump: " + difference);
+        audit_.restore(before);
+        return true;
+    }
+
+    bool apply(const op::Make& op) {
+        if (!supported(op.cache.layout, op.cache)) return false;
+        CacheContent content = expand(op.cache);
+        count_layout(content.layout);
+        engine_.make(content, op.out.value);
+        const ObjectId object = audit_.new_object(std::move(content), Origin::make, false);
+        audit_.bind(op.out.value, object);
+        check_view(Property::layout_roundtrip, op.out.value, audit_.object(object), "the cache made as");
+        return true;
+    }
+
+    bool apply(const op::Clone& op) {
+        bool none = false;
+        const std::optional<ObjectId> source = known_source(op.source.value, &none);
+        if (!source) return false;  // cloning nothing is not an operation of the API
+        engine_.clone(op.source.value, op.out.value);
+        copies_now();
+        const ObjectId object = audit_.new_object(audit_.object(*source).content, Origin::clone, true, 0,
+                                                  audit_.object(*source).chain_sets + 1);
+        audit_.bind(op.out.value, object);
+        check_view(Property::layout_roundtrip, op.out.value, audit_.object(object), "the clone");
+        check_disjoint(Property::clone_independent, op.out.value, {op.source.value}, "the clone");
+        check_owned(op.out.value, true, "the clone");
+        return true;
+    }
+
+    bool apply(const op::Concat& op) {
+        std::vector<CacheContent> parts;
+        std::vector<std::int64_t> sources;
+        std::int64_t deepest = 0;
+        for (const HandleName& part : op.parts) {
+            bool none = false;
+            const std::optional<ObjectId> object = known_source(part.value, &none);
+            if (!object && !none) return false;
+            if (!object) continue;
+            parts.push_back(audit_.object(*object).content);
+            sources.push_back(part.value);
+            deepest = std::max(deepest, audit_.object(*object).chain_sets);
+        }
+        if (parts.empty()) return false;
+        std::vector<Handle> handles;
+        for (const HandleName& part : op.parts) handles.push_back(part.value);
+        engine_.concat(handles, op.out.value);
+        copies_now();
+        if (parts.size() > 1) ++result_.coverage.merges;
+        const ObjectId object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1);
+        audit_.bind(op.out.value, object);
+        check_view(Property::merge_correct, op.out.value, audit_.object(object), "the merged cache");
+        check_disjoint(Property::merge_correct, op.out.value, sources, "the merged cache");
+        check_owned(op.out.value, true, "the merged cache");
+        return true;
+    }
+
+    bool apply_conversion(std::int64_t source_handle, std::int64_t out, Layout from) {
+        if (!capabilities_.conversions || !capabilities_.legacy_layout) return false;
+        bool none = false;
+        const std::optional<ObjectId> source = known_source(source_handle, &none);
+        if (!source || audit_.object(*source).content.layout != from) return false;
+        const CacheContent& content = audit_.object(*source).content;
+        const bool to_legacy = from == Layout::modern;
+        if (to_legacy) {
+            engine_.to_legacy(source_handle, out);
+        } else {
+            engine_.from_legacy(source_handle, out);
+        }
+        // to_legacy may alias its source (transformers does); from_legacy copies.
+        const ObjectId object = to_legacy
+            ? audit_.new_object(expected_to_legacy(content), Origin::to_legacy, false, *source,
+                                audit_.object(*source).chain_sets)
+            : audit_.new_object(expected_from_legacy(content), Origin::from_legacy, false, 0,
+                                audit_.object(*source).chain_sets + 1);
+        audit_.bind(out, object);
+        check_view(Property::layout_roundtrip, out, audit_.object(object), to_legacy ? "to_legacy gave" : "from_legacy gave");
+        check_owned(out, false, to_legacy ? "to_legacy gave" : "from_legacy gave");
+        return true;
+    }
+
+    bool apply(const op::ToLegacy& op) { return apply_conversion(op.source.value, op.out.value, Layout::modern); }
+    bool apply(const op::FromLegacy& op) { return apply_conversion(op.source.value, op.out.value, Layout::legacy); }
+
+    // ---- checks after every step ----
+
+    static std::string id_list(const std::vector<std::string>& ids) {
+        std::string text = "[";
+        for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + ids[i];
+        return text + "]";
+    }
+
+    // The first difference between the engine's store and the expected one,
+    // as text: the ids held (in insertion order when `ordered`), then each
+    // entry's content. Empty when they agree.
+    std::string store_difference(bool ordered) {
+        auto ids = engine_.stored_ids();
+        auto expected = audit_.order();
+        if (!ordered) {
+            std::sort(ids.begin(), ids.end());
+            std::sort(expected.begin(), expected.end());
+        }
+        if (ids != expected) return "the store holds ids " + id_list(ids) + ", expected " + id_list(expected);
+        for (const std::string& id : expected) {
+            const std::string difference = view_difference(engine_.view_entry(id), audit_.object(*audit_.entry(id)).view);
+            if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
+        }
+        return {};
+    }
+
+    void check_store_content(Property p, const std::string& when) {
+        if (!checking(p)) return;
+        const std::string difference = store_difference(false);
+        expect(p, difference.empty(), when + (when.empty() ? "" : " ") + difference);
+    }
+
+    void check_store() {
+        if (checking(Property::store_contract)) {
+            const auto ids = engine_.stored_ids();
+            expect(Property::store_contract, ids == audit_.order(),
+                   "the store lists " + id_list(ids) + ", expected " + id_list(audit_.order()) + " (insertion order)");
+        }
+        check_store_content(Property::stored_immutable, "");
+        check_ownership();
+    }
+
+    // Entries are never owned; owned handles and get_cache results share
+    // nothing with any entry they are not derived from.
+    void check_ownership() {
+        const bool immutable = checking(Property::stored_immutable) && capabilities_.storage_identity;
+        const bool marker = checking(Property::owned_marker);
+        if (!immutable && !marker) return;
+        if (marker) {
+            for (const std::string& id : audit_.order()) {
+                if (!expect(Property::owned_marker, !engine_.entry_owned(id), "stored entry " + in_quotes(id) + " is marked owned")) break;
+            }
+        }
+        if (!capabilities_.storage_identity) return;
+        std::unordered_map<std::uint64_t, std::string> stored;
+        std::map<std::string, ObjectId> objects;
+        for (const std::string& id : audit_.order()) {
+            objects[id] = *audit_.entry(id);
+            for (std::uint64_t identity : engine_.storage_of_entry(id)) stored.emplace(identity, id);
+        }
+        for (const auto& [handle, object] : audit_.handles()) {
+            if (!object) continue;
+            const Object& expected = audit_.object(*object);
+            const bool handed_out = expected.origin == Origin::get_cache;
+            const bool owned = marker && engine_.handle_facts(handle).owned;
+            if (!(immutable && handed_out) && !owned) continue;
+            std::string entry;
+            if (!shares(engine_.storage_of_handle(handle), stored, &entry)) continue;
+            if (audit_.may_alias(*object, objects.at(entry))) continue;
+            if (immutable && handed_out) {
+                fail_as(property_id(Property::stored_immutable),
+                        "the cache get_cache handed out as " + handle_text(handle) + " shares storage with stored entry " + in_quotes(entry));
+            } else {
+                fail_as(property_id(Property::owned_marker),
+                        handle_text(handle) + " is marked owned but shares storage with stored entry " + in_quotes(entry));
+            }
+            return;
+        }
+    }
+
+    // ---- coverage ----
+
+    void record_state(const Op& op) {
+        Coverage& coverage = result_.coverage;
+        const auto size = static_cast<std::uint32_t>(audit_.order().size());
+        coverage.store_size_max = std::max(coverage.store_size_max, size);
+        if (!options_.record_states) return;
+        const std::uint32_t bucket = size == 0 ? 0 : size == 1 ? 1 : size <= 3 ? 2 : 3;
+        const std::int64_t out = created_handle(op);
+        std::uint32_t layout = 2;  // no cache made by this step
+        std::uint32_t owned = 0;
+        if (out != 0) {
+            if (const auto object = audit_.handle(out)) {
+                layout = audit_.object(*object).content.layout == Layout::modern ? 0 : 1;
+                owned = audit_.object(*object).expect_owned ? 1 : 0;
+            }
+        }
+        const auto state = static_cast<std::uint16_t>(((op.index() * 3 + layout) * 4 + bucket) * 2 + owned);
+        coverage.states.push_back(state);
+    }
+
+    Engine& engine_;
+    const RunOptions& options_;
+    Capabilities capabilities_;
+    PropertySet properties_ = PropertySet::all();
+    std::string work_dir_;
+    bool own_work_dir_ = false;
+    Auditor audit_;
+    std::size_t step_ = 0;
+    std::vector<Failure> step_failures_;
+    RunResult result_;
+};
+
+}  // namespace
+
+const char* property_id(Property property) { return property_table[static_cast<std::size_t>(property)].id; }
+
+const char* property_summary(Property property) { return property_table[static_cast<std::size_t>(property)].summary; }
+
+std::optional<Property> parse_property(const std::string& id) {
+    for (const PropertyInfo& info : property_table) {
+        if (id == info.id) return info.property;
+    }
+    return std::nullopt;
+}
+
+const std::array<Property, property_count>& all_properties() {
+    static const std::array<Property, property_count> properties = [] {
+        std::array<Property, property_count> list{};
+        for (std::size_t i = 0; i < property_count; ++i) list[i] = property_table[i].property;
+        return list;
+    }();
+    return properties;
+}
+
+PropertySet checkable(const Capabilities& capabilities) {
+    PropertySet set = PropertySet::all();
+    if (!capabilities.copy_log) set.remove(Property::single_copy);
+    if (!capabilities.storage_identity) set.remove(Property::clone_independent);
+    if (!capabilities.dump) set.remove(Property::dump_safe);
+    return set;
+}
+
+RunResult execute(const Trace& trace, Engine& engine, const RunOptions& options) {
+    Run run(engine, options);
+    return run.run(trace);
+}
+
+std::string format_failure(const Failure& failure, const Trace& trace, const std::string& reproduce) {
+    std::ostringstream out;
+    const std::string op = failure.step < trace.size() ? op_name(trace[failure.step]) : "?";
+    out << "ERROR: " << failure.property << ": " << failure.message << " at step " << failure.step + 1 << " (" << op << ")\n";
+    for (const std::string& other : failure.also) out << "also: " << other << "\n";
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        out << format_op(trace[i]) << (i == failure.step ? "  # <- " + failure.property : std::string()) << "\n";
+    }
+    out << "SUMMARY: kvcheck: " << failure.property << " violated after " << failure.step + 1 << " operation"
+        << (failure.step == 0 ? "" : "s") << "\n";
+    out << "reproduce: " << reproduce << "\n";
+    return out.str();
+}
+
+}  // namespace kvcheck

@@ -1,0 +1,134 @@
+// The adapter interface: what an engine implements so that kvcheck can
+// drive it and check its ownership properties. It speaks only of facts any
+// engine can report, never of kvcheck's own types: no tensor, no cache class.
+//
+// Contract, in short:
+// - Caches enter as CacheContent (kvcheck/content.h): the engine builds its
+//   own cache holding exactly those values, in its own representation.
+// - Caches leave as handles: small integers the harness chooses when it
+//   asks for a cache (`out`). The engine keeps what the handle points at
+//   alive until `release(out)` or the end of the run. A handle may point at
+//   nothing (get of a missing id, get_cache of nothing) and then reports
+//   `exists == false`.
+// - Observations are read-only: reporting a view, storage or flags must not
+//   change anything the engine holds.
+// - Every method may throw std::exception for an operation the engine
+//   rejects; the harness reports an unexpected throw as a failure of the
+//   step, and a crash or hang is caught by running the engine out of
+//   process (kvcheck run).
+//
+//   class MyEngine : public kvcheck::Engine { ... };
+//   kvcheck::Failure f = kvcheck::execute(trace, engine);   // harness/executor.h
+#pragma once
+
+#include "kvcheck/content.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck {
+
+using Handle = std::int64_t;  // 0 means "no cache"
+
+// What an engine supports. A property whose observations an engine lacks is
+// reported as skipped; an operation it lacks is never generated.
+struct Capabilities {
+    bool legacy_layout = true;
+    bool one_sided_layers = true;      // layers holding only keys or only values
+    bool legacy_slot_names = true;     // modern layers carrying key_cache/value_cache
+    bool uninitialized_layers = true;  // bare layers with assigned tensors
+    bool half_dtypes = true;           // float16 and bfloat16
+    bool conversions = true;           // to_legacy / from_legacy
+    bool dump = true;                  // dump / load
+    bool dump_crash = true;            // dump_interrupted (simulated crash)
+    bool generate_stream = true;
+    bool storage_identity = true;      // storage_of
+    bool copy_log = true;              // take_copies and live sets
+};
+
+// One deliberate K/V copy (clone or merge), as the engine logged it.
+struct CopyRecord {
+    std::string reason;  // free text: "get_cache", "merge", "generate", "clone", ...
+    std::int64_t bytes = 0;
+};
+
+struct GenerateResult {
+    std::vector<std::int64_t> tokens;
+    std::int64_t peak_live_sets = 0;  // K/V sets alive on the path while the model ran
+};
+
+// Result of a load: ok, or the engine's error message.
+struct LoadResult {
+    bool ok = false;
+    std::string error;
+};
+
+struct HandleFacts {
+    bool exists = false;
+    bool owned = false;  // the owned-copy marker
+};
+
+class Engine {
+  public:
+    virtual ~Engine() = default;
+
+    virtual std::string name() const = 0;
+    virtual Capabilities capabilities() const { return {}; }
+
+    // ---- the store ----
+    virtual void add(const std::string& id, const CacheContent& content) = 0;
+    // Stores the cache `handle` points at (typically an owned copy) under id.
+    virtual void add_handle(const std::string& id, Handle handle) = 0;
+    // `out` points at what the store hands out for id (the stored item's cache).
+    virtual void get(const std::string& id, Handle out) = 0;
+    // The ids of the items handed out, in request order; nullopt for missing.
+    virtual std::vector<std::optional<std::string>> get_by_ids(const std::vector<std::string>& ids) = 0;
+    virtual std::vector<std::string> get_all_ids() = 0;  // insertion order
+    virtual void get_cache(const std::vector<std::string>& ids, Handle out) = 0;
+    virtual void remove(const std::vector<std::string>& ids) = 0;
+    virtual void remove_all() = 0;
+    virtual void dump(const std::string& dir) = 0;
+    // A dump that crashes after `bytes_budget` bytes are written (simulated
+    // power cut): partial files stay as the crash left them.
+    virtual void dump_interrupted(const std::string& dir, std::int64_t bytes_budget) = 0;
+    virtual LoadResult load(const std::string& dir) = 0;
+
+    // ---- generation ----
+    // handle 0: no cache.
+    virtual GenerateResult generate(Handle handle, const std::vector<std::int64_t>& prompt,
+                                    std::int64_t max_new_tokens, bool stream) = 0;
+    // The engine's model on a fresh cache holding `content` (the "fresh deep
+    // copy" generation-equivalent compares with).
+    virtual std::vector<std::int64_t> generate_fresh(const CacheContent& content,
+                                                     const std::vector<std::int64_t>& prompt,
+                                                     std::int64_t max_new_tokens) = 0;
+
+    // ---- cache-level ----
+    virtual void make(const CacheContent& content, Handle out) = 0;  // not stored, not owned
+    virtual void clone(Handle source, Handle out) = 0;
+    virtual void concat(const std::vector<Handle>& parts, Handle out) = 0;
+    virtual void to_legacy(Handle source, Handle out) = 0;
+    virtual void from_legacy(Handle source, Handle out) = 0;
+    virtual void release(Handle handle) = 0;
+
+    // ---- observations ----
+    virtual std::vector<std::string> stored_ids() = 0;  // insertion order
+    virtual CacheView view_entry(const std::string& id) = 0;
+    virtual bool entry_owned(const std::string& id) = 0;
+    virtual CacheView view_handle(Handle handle) = 0;
+    virtual HandleFacts handle_facts(Handle handle) = 0;
+    // Identities of everything a cache is made of (tensor storages, layer
+    // objects, lists), as opaque numbers: two caches alias iff they share one.
+    virtual std::vector<std::uint64_t> storage_of_entry(const std::string& id) = 0;
+    virtual std::vector<std::uint64_t> storage_of_handle(Handle handle) = 0;
+    // The copies made since the last call.
+    virtual std::vector<CopyRecord> take_copies() = 0;
+};
+
+// Engines are made by name through a factory, once per trace run.
+using EngineFactory = std::unique_ptr<Engine> (*)();
+
+}  // namespace kvcheck

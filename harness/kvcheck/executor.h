@@ -1,0 +1,106 @@
+// The executor runs a trace against an engine, keeps the auditor's expected
+// state in step, and runs the named checkers after every operation. The
+// first violation stops the run and is reported as a Failure.
+//
+//   kvcheck::adapters::ReferenceEngine engine;
+//   kvcheck::RunResult result = kvcheck::execute(trace, engine, {});
+//   if (result.failure) std::cout << kvcheck::format_failure(*result.failure, trace, "kvcheck replay ...");
+#pragma once
+
+#include "kvcheck/engine.h"
+#include "kvcheck/trace.h"
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck {
+
+// The properties of SPEC section 4, plus store-contract (the plain store
+// API: ids, order, missing ids), in the order the checkers run.
+enum class Property : std::uint8_t {
+    stored_immutable,
+    single_copy,
+    layout_roundtrip,
+    merge_correct,
+    owned_marker,
+    clone_independent,
+    generation_equivalent,
+    dump_safe,
+    store_contract,
+};
+inline constexpr std::size_t property_count = 9;
+
+const char* property_id(Property property);        // "stored-immutable", ...
+const char* property_summary(Property property);   // one line
+std::optional<Property> parse_property(const std::string& id);
+const std::array<Property, property_count>& all_properties();
+
+// An engine's unexpected exception is reported under this id.
+inline constexpr const char* engine_error_id = "engine-error";
+
+class PropertySet {
+  public:
+    static PropertySet all() { return PropertySet((1u << property_count) - 1); }
+    static PropertySet none() { return PropertySet(0); }
+    static PropertySet only(Property p) { return PropertySet(1u << static_cast<unsigned>(p)); }
+    bool has(Property p) const { return (bits_ >> static_cast<unsigned>(p)) & 1; }
+    void add(Property p) { bits_ |= 1u << static_cast<unsigned>(p); }
+    void remove(Property p) { bits_ &= ~(1u << static_cast<unsigned>(p)); }
+    bool empty() const { return bits_ == 0; }
+
+  private:
+    explicit PropertySet(std::uint32_t bits) : bits_(bits) {}
+    std::uint32_t bits_;
+};
+
+// Which properties an engine's capabilities let kvcheck check.
+PropertySet checkable(const Capabilities& capabilities);
+
+struct Failure {
+    std::string property;  // a property id, or engine_error_id
+    std::size_t step = 0;  // index of the operation in the trace
+    std::string message;   // what and where, e.g. `entry "a" layer 1 keys content differs`
+    // Other properties violated at the same step, as "<property>: <message>".
+    // The one reported is the first in property order (the table above).
+    std::vector<std::string> also;
+};
+
+// What a run covered, for distribution reports and fuzzer feedback.
+struct Coverage {
+    std::array<std::uint32_t, op_kind_count> ops_run{};
+    std::uint32_t ops_skipped = 0;      // naming a handle nobody made, or inapplicable
+    std::uint32_t modern_caches = 0;    // caches made or added, by layout
+    std::uint32_t legacy_caches = 0;
+    std::uint32_t generations_owned = 0;  // generate on an owned copy
+    std::uint32_t merges = 0;             // get_cache / concat of several parts
+    std::uint32_t store_size_max = 0;
+    // A small set of (op kind x layout x store size bucket x owned) states
+    // seen, as indices; the fuzzer feeds them back as coverage.
+    std::vector<std::uint16_t> states;
+};
+
+struct RunOptions {
+    PropertySet properties = PropertySet::all();
+    std::string work_dir;  // dumps go under it; empty: a fresh temporary directory, removed after
+    bool record_states = false;
+};
+
+struct RunResult {
+    std::optional<Failure> failure;
+    std::size_t steps_run = 0;
+    Coverage coverage;
+};
+
+RunResult execute(const Trace& trace, Engine& engine, const RunOptions& options = {});
+
+// The failure in the one format used everywhere:
+//   ERROR: <property>: <message> at step N (<op>)
+//   <the trace, the failing step marked>
+//   SUMMARY: kvcheck: <property> violated after N operations
+//   reproduce: <command>
+std::string format_failure(const Failure& failure, const Trace& trace, const std::string& reproduce);
+
+}  // namespace kvcheck

@@ -1,0 +1,35 @@
+// The shrinker: makes a failing trace short and plain, whichever engine or
+// search found it. It works on operations, not bytes: it drops chunks of
+// operations, drops everything after the failing step, and simplifies each
+// operation (smaller caches, fewer layers, fewer ids, shorter prompts),
+// keeping every change under which the same property still fails.
+//
+//   auto oracle = [&](const Trace& t) { return execute(t, *make_engine()).failure; };
+//   ShrinkResult small = shrink(trace, failure, oracle);
+#pragma once
+
+#include "kvcheck/executor.h"
+#include "kvcheck/trace.h"
+
+#include <functional>
+#include <optional>
+
+namespace kvcheck {
+
+// Runs a candidate trace; returns its failure, if any.
+using Oracle = std::function<std::optional<Failure>(const Trace&)>;
+
+struct ShrinkOptions {
+    std::size_t runs_max = 5000;  // oracle calls at most
+};
+
+struct ShrinkResult {
+    Trace trace;
+    Failure failure;
+    std::size_t runs = 0;
+};
+
+ShrinkResult shrink(const Trace& trace, const Failure& failure, const Oracle& oracle,
+                    const ShrinkOptions& options = {});
+
+}  // namespace kvcheck

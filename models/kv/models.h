@@ -1,0 +1,148 @@
+// The decoders generation drives: an in-place appender stand-in and a small
+// deterministic attention decoder. Both write into the cache they are given
+// exactly as a transformers model does, through Cache::update, one call per
+// layer per forward, with K/V of shape [1, heads, n_tokens, head_dim].
+//
+// Ownership: a model owns its configuration and (the decoder) its weights,
+// nothing else. It keeps no reference to a cache between calls: `forward`
+// mutates the caller's cache in place (the layer objects, lists and slots it
+// already holds are rebound to longer tensors; in the legacy layout a new
+// slot aliases the tensor the model just made) and returns. Whatever the
+// caller held of the cache's old tensors stays valid and unchanged, because
+// update never writes into a tensor. The one thing a forward invalidates is
+// any length or layer count read from the cache before it.
+//
+//   kv::models::Decoder decoder({});                        // 2 layers, 2 heads, seed 1
+//   auto memory = kv::models::memory_cache(decoder, {5, 9, 2}, kv::Layout::modern);
+//   auto tokens = kv::generate(decoder, copier, {7, 3}, memory, 8);  // == recompute
+#pragma once
+
+#include "kv/generation.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kv::models {
+
+// The dtype a model writes into `cache`: that of the layer-0 logical keys
+// when the cache has them (a bfloat16 memory stays bfloat16 while the model
+// decodes on top of it), else float32.
+at::ScalarType cache_dtype(const Cache& cache);
+
+// A model that can write its K/V in a chosen dtype. `forward` writes the
+// cache's own dtype (cache_dtype); `forward_as` exists so that a memory of
+// any dtype can be built from an empty cache, which has no dtype yet.
+class TypedModel : public Model {
+  public:
+    std::int64_t forward(const std::vector<std::int64_t>& tokens, Cache& cache) final;
+
+    // Runs `tokens` (non-empty, each in [0, vocab)) on top of `cache`,
+    // appending K/V of `dtype` to each layer in place; returns the greedy
+    // next token. Throws std::invalid_argument on a bad token list.
+    virtual std::int64_t forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
+                                    at::ScalarType dtype) = 0;
+};
+
+// Limits of both models. An eos_token of -1 means "never stops early".
+struct AppenderConfig {
+    std::int64_t layer_count = 2;
+    std::int64_t head_count = 2;
+    std::int64_t head_dim = 4;
+    std::int64_t vocab_size = 32;
+    std::int64_t eos_token = 0;
+};
+
+// The in-place appender stand-in. It attends to nothing: K/V are a fixed
+// function of (token, absolute position, layer), multiples of 1/8 in
+// [-4, 4], so they are exact in float32, float16 and bfloat16 alike. The
+// position is cache.get_seq_length(0) before the call plus the token's
+// index. The next token depends only on the last token and the new length
+// of layer 0, so it cannot tell which tokens a cache holds; use Decoder for
+// that.
+class Appender final : public TypedModel {
+  public:
+    explicit Appender(AppenderConfig config);
+
+    std::int64_t forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
+                            at::ScalarType dtype) override;
+    std::int64_t eos_token() const override { return config_.eos_token; }
+    const AppenderConfig& config() const { return config_; }
+
+  private:
+    AppenderConfig config_;
+};
+
+struct DecoderConfig {
+    std::int64_t layer_count = 2;
+    std::int64_t head_count = 2;
+    std::int64_t head_dim = 4;
+    std::int64_t vocab_size = 32;
+    std::int64_t eos_token = 0;
+    std::uint64_t seed = 1;
+};
+
+// A small deterministic attention decoder, computed in float32. Weights
+// (token embedding E [vocab, heads*head_dim], per layer Wq, Wk, Wv, Wo, an
+// untied readout U [heads*head_dim, vocab]) come from a splitmix64 stream
+// seeded by config.seed, so they are the same on every machine, libtorch
+// version and thread count; the position term is sinusoidal. A token at
+// absolute position P (cache.get_seq_length(0) before the call, plus its
+// index) starts as x = E[token] + pos(P). Per layer: q, k, v = x·Wq, x·Wk,
+// x·Wv as [1, heads, n, head_dim]; k and v are cast to the write dtype and
+// appended through update; attention then reads the layer's whole K/V back
+// from the cache (cast to float32), each new token seeing every cached token
+// and the new tokens up to itself, softmax(q·kᵀ/sqrt(head_dim))·v; then
+// x += out·Wo. The next token is argmax(sin(8 · x_last·U)): the fold through
+// sin keeps greedy decoding from settling on a fixed point (decoder.cpp
+// says why), so the tokens follow every change of the cache.
+//
+// Every quantity of a token at absolute position P is computed with tensor
+// shapes that depend on P only, never on how the sequence was split into
+// forward calls. So a float32 memory cache plus a prompt gives bit-for-bit
+// the logits of recomputing memory + prompt with no cache, and generation
+// equivalence is an exact property, not a tolerance. Every cached key and
+// value carries a positive attention weight, so dropping or duplicating a
+// cached token changes the logits (and, for a sensitive seed, the tokens).
+class Decoder final : public TypedModel {
+  public:
+    explicit Decoder(DecoderConfig config);
+
+    std::int64_t forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
+                            at::ScalarType dtype) override;
+    std::int64_t eos_token() const override { return config_.eos_token; }
+    const DecoderConfig& config() const { return config_; }
+
+  private:
+    struct LayerWeights {
+        at::Tensor qkv;  // [E, 3E]: Wq | Wk | Wv side by side
+        at::Tensor out;  // [E, E]
+    };
+
+    at::Tensor embed_rows(const std::vector<std::int64_t>& tokens, std::int64_t first_position) const;
+    at::Tensor attend(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
+                      std::int64_t new_count) const;
+
+    DecoderConfig config_;
+    at::Tensor embedding_;    // [vocab, E]
+    at::Tensor unembedding_;  // [E, vocab], untied from embedding_
+    std::vector<LayerWeights> layers_;
+};
+
+// The prefill of a "memory": a new cache of `layout` holding the K/V that
+// `model` writes for `memory_tokens` with no past, in `dtype`. An empty token
+// list gives an empty cache. The result is not marked owned: it stands for
+// what a store holds.
+CachePtr memory_cache(TypedModel& model, const std::vector<std::int64_t>& memory_tokens,
+                      Layout layout, at::ScalarType dtype = at::kFloat);
+
+// Greedy generation with no cache at all: every step runs the whole
+// sequence so far (`tokens` then the tokens generated) on a fresh float32
+// cache. Stops at EOS (emitted) or after max_new_tokens, like kv::generate.
+// `tokens` must not be empty; max_new_tokens >= 0.
+std::vector<std::int64_t> generate_without_cache(TypedModel& model,
+                                                 const std::vector<std::int64_t>& tokens,
+                                                 std::int64_t max_new_tokens);
+
+}  // namespace kv::models

@@ -1,0 +1,342 @@
+#include "kv/cache.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+
+#include <cassert>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace kv {
+
+const char* layout_name(Layout layout) {
+    return layout == Layout::modern ? "modern" : "legacy";
+}
+
+at::Tensor empty_slot(const at::TensorOptions& options) {
+    return at::empty({0}, options);
+}
+
+namespace {
+
+bool holds_elements(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+at::Tensor append(const at::Tensor& slot, const at::Tensor& piece) {
+    if (!holds_elements(slot)) return at::cat({piece}, -2);
+    return at::cat({slot, piece}, -2);
+}
+
+// Copy of one slot; absent stays absent.
+at::Tensor copy_slot(const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); }
+
+// The options of the first tensor a cache holds, in any slot of any layer;
+// float32 when it holds none. Empty slots made for a cache take these, so a
+// bfloat16 cache stays bfloat16 throughout.
+at::TensorOptions cache_options(const Cache& cache) {
+    auto first = [](std::initializer_list<const at::Tensor*> slots) -> const at::Tensor* {
+        for (const at::Tensor* t : slots) {
+            if (t->defined()) return t;
+        }
+        return nullptr;
+    };
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        const at::Tensor* found = nullptr;
+        if (cache.layout() == Layout::legacy) {
+            found = first({&(*cache.key_cache())[i], &(*cache.value_cache())[i]});
+        } else {
+            const Layer& layer = *(*cache.layers())[i];
+            found = first({&layer.keys, &layer.values, &layer.key_cache, &layer.value_cache});
+        }
+        if (found) return found->options();
+    }
+    return at::TensorOptions().dtype(at::kFloat);
+}
+
+void check_layer_index(std::int64_t layer_index) {
+    if (layer_index < 0) throw std::out_of_range("layer index must be >= 0");
+}
+
+}  // namespace
+
+CachePtr Cache::make(Layout layout) {
+    CachePtr cache(new Cache(layout));
+    if (layout == Layout::modern) {
+        cache->layers_ = std::make_shared<LayerList>();
+    } else {
+        cache->key_cache_ = std::make_shared<TensorList>();
+        cache->value_cache_ = std::make_shared<TensorList>();
+    }
+    return cache;
+}
+
+CachePtr Cache::from_layers(std::shared_ptr<LayerList> layers) {
+    assert(layers);
+    CachePtr cache(new Cache(Layout::modern));
+    cache->layers_ = std::move(layers);
+    return cache;
+}
+
+CachePtr Cache::from_slots(std::shared_ptr<TensorList> key_cache,
+                           std::shared_ptr<TensorList> value_cache) {
+    assert(key_cache);
+    assert(value_cache);
+    if (key_cache->size() != value_cache->size()) {
+        throw std::invalid_argument("legacy cache: key_cache and value_cache differ in length");
+    }
+    CachePtr cache(new Cache(Layout::legacy));
+    cache->key_cache_ = std::move(key_cache);
+    cache->value_cache_ = std::move(value_cache);
+    return cache;
+}
+
+void Cache::update(const at::Tensor& k, const at::Tensor& v, std::int64_t layer_index) {
+    check_layer_index(layer_index);
+    if (!k.defined() || !v.defined()) throw std::invalid_argument("update needs both k and v");
+    if (layout_ == Layout::modern) {
+        update_modern(k, v, layer_index);
+    } else {
+        update_legacy(k, v, layer_index);
+    }
+}
+
+void Cache::update_modern(const at::Tensor& k, const at::Tensor& v, std::int64_t layer_index) {
+    while (static_cast<std::int64_t>(layers_->size()) <= layer_index) {
+        layers_->push_back(std::make_shared<Layer>());
+    }
+    Layer& layer = *(*layers_)[layer_index];
+    if (!layer.is_initialized) {
+        // Lazy initialization drops whatever the layer held: this is how
+        // tokens assigned to a bare layer get lost (SPEC section 2).
+        layer.keys = empty_slot(k.options());
+        layer.values = empty_slot(v.options());
+        layer.is_initialized = true;
+    }
+    layer.keys = append(layer.keys, k);
+    layer.values = append(layer.values, v);
+}
+
+void Cache::update_legacy(const at::Tensor& k, const at::Tensor& v, std::int64_t layer_index) {
+    auto& keys = *key_cache_;
+    auto& values = *value_cache_;
+    assert(keys.size() == values.size());
+    const auto index = static_cast<std::size_t>(layer_index);
+    while (keys.size() < index) {
+        keys.push_back(empty_slot(k.options()));
+        values.push_back(empty_slot(v.options()));
+    }
+    if (keys.size() == index) {
+        keys.push_back(k);  // an alias of the caller's tensor, as transformers does
+        values.push_back(v);
+    } else if (!holds_elements(keys[index])) {
+        keys[index] = k;
+        values[index] = v;
+    } else {
+        keys[index] = at::cat({keys[index], k}, -2);
+        values[index] = at::cat({values[index], v}, -2);
+    }
+}
+
+std::int64_t Cache::get_seq_length(std::int64_t layer_index) const {
+    const at::Tensor keys = logical_keys(*this, layer_index);
+    if (!holds_elements(keys)) return 0;
+    return keys.size(-2);
+}
+
+std::int64_t Cache::layer_count() const {
+    if (layout_ == Layout::modern) return static_cast<std::int64_t>(layers_->size());
+    return static_cast<std::int64_t>(key_cache_->size());
+}
+
+at::Tensor logical_keys(const Cache& cache, std::int64_t layer_index) {
+    check_layer_index(layer_index);
+    if (layer_index >= cache.layer_count()) return {};
+    if (cache.layout() == Layout::legacy) return (*cache.key_cache())[layer_index];
+    const Layer& layer = *(*cache.layers())[layer_index];
+    return layer.is_initialized ? layer.key() : at::Tensor();
+}
+
+at::Tensor logical_values(const Cache& cache, std::int64_t layer_index) {
+    check_layer_index(layer_index);
+    if (layer_index >= cache.layer_count()) return {};
+    if (cache.layout() == Layout::legacy) return (*cache.value_cache())[layer_index];
+    const Layer& layer = *(*cache.layers())[layer_index];
+    return layer.is_initialized ? layer.value() : at::Tensor();
+}
+
+CachePtr clone(const Cache& source) {
+    CachePtr copy;
+    if (source.layout() == Layout::modern) {
+        // A new list even when the source has no layers: a model filling the
+        // copy must not add layers to the source.
+        auto layers = std::make_shared<LayerList>();
+        layers->reserve(source.layers()->size());
+        for (const LayerPtr& layer : *source.layers()) {
+            auto twin = std::make_shared<Layer>();
+            twin->keys = copy_slot(layer->keys);
+            twin->values = copy_slot(layer->values);
+            twin->key_cache = copy_slot(layer->key_cache);
+            twin->value_cache = copy_slot(layer->value_cache);
+            twin->is_initialized = layer->is_initialized;
+            layers->push_back(std::move(twin));
+        }
+        copy = Cache::from_layers(std::move(layers));
+    } else {
+        auto keys = std::make_shared<TensorList>();
+        auto values = std::make_shared<TensorList>();
+        for (const at::Tensor& t : *source.key_cache()) keys->push_back(copy_slot(t));
+        for (const at::Tensor& t : *source.value_cache()) values->push_back(copy_slot(t));
+        copy = Cache::from_slots(std::move(keys), std::move(values));
+    }
+    copy->set_owned(true);
+    return copy;
+}
+
+namespace {
+
+at::Tensor cat_present(const std::vector<at::Tensor>& pieces) {
+    std::vector<at::Tensor> present;
+    for (const at::Tensor& t : pieces) {
+        if (holds_elements(t)) present.push_back(t);
+    }
+    if (present.empty()) return at::Tensor();
+    return at::cat(present, -2);
+}
+
+}  // namespace
+
+CachePtr concat(const std::vector<ConstCachePtr>& parts) {
+    if (parts.empty()) throw std::invalid_argument("concat needs at least one cache");
+    std::int64_t layers = 0;
+    bool all_legacy = true;
+    for (const ConstCachePtr& part : parts) {
+        assert(part);
+        layers = std::max(layers, part->layer_count());
+        all_legacy = all_legacy && part->layout() == Layout::legacy;
+    }
+    // The options of an empty merged layer: the first part holding a tensor.
+    at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+    for (const ConstCachePtr& part : parts) {
+        if (footprint(*part).tensors > 0) {
+            options = cache_options(*part);
+            break;
+        }
+    }
+    std::vector<at::Tensor> merged_keys;
+    std::vector<at::Tensor> merged_values;
+    for (std::int64_t i = 0; i < layers; ++i) {
+        std::vector<at::Tensor> keys;
+        std::vector<at::Tensor> values;
+        for (const ConstCachePtr& part : parts) {
+            keys.push_back(logical_keys(*part, i));
+            values.push_back(logical_values(*part, i));
+        }
+        at::Tensor k = cat_present(keys);
+        at::Tensor v = cat_present(values);
+        // A layer no part fills is still a merged layer: empty, initialized.
+        merged_keys.push_back(k.defined() ? k : empty_slot(options));
+        merged_values.push_back(v.defined() ? v : empty_slot(options));
+    }
+    CachePtr merged;
+    if (all_legacy) {
+        merged = Cache::from_slots(std::make_shared<TensorList>(std::move(merged_keys)),
+                                   std::make_shared<TensorList>(std::move(merged_values)));
+    } else {
+        auto list = std::make_shared<LayerList>();
+        for (std::size_t i = 0; i < merged_keys.size(); ++i) {
+            auto layer = std::make_shared<Layer>();
+            layer->keys = merged_keys[i];
+            layer->values = merged_values[i];
+            layer->is_initialized = true;  // a merged layer reports its true length
+            list->push_back(std::move(layer));
+        }
+        merged = Cache::from_layers(std::move(list));
+    }
+    // A single part with one layer is cat of one tensor: still a new tensor.
+    merged->set_owned(true);
+    return merged;
+}
+
+CachePtr to_legacy(const Cache& cache) {
+    if (cache.layout() == Layout::legacy) throw std::invalid_argument("to_legacy: the cache is already legacy");
+    auto keys = std::make_shared<TensorList>();
+    auto values = std::make_shared<TensorList>();
+    const at::TensorOptions options = cache_options(cache);
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        at::Tensor k = logical_keys(cache, i);
+        at::Tensor v = logical_values(cache, i);
+        keys->push_back(k.defined() ? k : empty_slot(options));
+        values->push_back(v.defined() ? v : empty_slot(options));
+    }
+    return Cache::from_slots(std::move(keys), std::move(values));
+}
+
+CachePtr from_legacy(const Cache& cache) {
+    if (cache.layout() == Layout::modern) throw std::invalid_argument("from_legacy: the cache is already modern");
+    auto layers = std::make_shared<LayerList>();
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        const at::Tensor& k = (*cache.key_cache())[i];
+        const at::Tensor& v = (*cache.value_cache())[i];
+        auto layer = std::make_shared<Layer>();
+        layer->keys = k.clone();
+        layer->values = v.clone();
+        layer->is_initialized = true;
+        layers->push_back(std::move(layer));
+    }
+    return Cache::from_layers(std::move(layers));
+}
+
+Footprint footprint(const Cache& cache) {
+    Footprint total;
+    auto add = [&total](const at::Tensor& t) {
+        if (!t.defined()) return;
+        total.tensors += 1;
+        total.bytes += static_cast<std::int64_t>(t.nbytes());
+    };
+    if (cache.layout() == Layout::modern) {
+        for (const LayerPtr& layer : *cache.layers()) {
+            add(layer->keys);
+            add(layer->values);
+            add(layer->key_cache);
+            add(layer->value_cache);
+        }
+    } else {
+        for (const at::Tensor& t : *cache.key_cache()) add(t);
+        for (const at::Tensor& t : *cache.value_cache()) add(t);
+    }
+    return total;
+}
+
+std::vector<const void*> storage_identities(const Cache& cache) {
+    std::vector<const void*> ids;
+    auto add_tensor = [&ids](const at::Tensor& t) {
+        if (t.defined() && t.storage().nbytes() > 0) ids.push_back(t.storage().data());
+    };
+    if (cache.layout() == Layout::modern) {
+        ids.push_back(cache.layers().get());
+        for (const LayerPtr& layer : *cache.layers()) {
+            ids.push_back(layer.get());
+            add_tensor(layer->keys);
+            add_tensor(layer->values);
+            add_tensor(layer->key_cache);
+            add_tensor(layer->value_cache);
+        }
+    } else {
+        ids.push_back(cache.key_cache().get());
+        ids.push_back(cache.value_cache().get());
+        for (const at::Tensor& t : *cache.key_cache()) add_tensor(t);
+        for (const at::Tensor& t : *cache.value_cache()) add_tensor(t);
+    }
+    return ids;
+}
+
+bool shares_storage(const Cache& a, const Cache& b) {
+    if (&a == &b) return true;
+    const auto b_ids = storage_identities(b);
+    const std::unordered_set<const void*> ids(b_ids.begin(), b_ids.end());
+    for (const void* id : storage_identities(a)) {
+        if (ids.count(id) != 0) return true;
+    }
+    return false;
+}
+
+}  // namespace kv

@@ -1,0 +1,35 @@
+// The file operations a dump is made of, behind an interface so that a
+// caller can run a dump on a file system that fails on purpose (a crash
+// after N bytes) and check what survives. The real one is POSIX.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+// A file could not be read or written; the message names the path.
+class IoError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+class FileSystem {
+  public:
+    virtual ~FileSystem() = default;
+    // Creates or truncates `path`, writes `bytes`, flushes them to disk.
+    virtual void write_file(const std::string& path, const std::vector<char>& bytes) = 0;
+    // Atomically replaces `to` with `from` and flushes the directory.
+    virtual void rename(const std::string& from, const std::string& to) = 0;
+    // Reads a whole file; throws IoError when it is missing or larger than
+    // `bytes_max` (nothing larger is ever allocated).
+    virtual std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) = 0;
+    virtual void remove(const std::string& path) = 0;  // missing files are ignored
+    virtual void make_dirs(const std::string& path) = 0;
+};
+
+FileSystem& posix_file_system();
+
+}  // namespace kv

@@ -1,0 +1,116 @@
+// The activation-memory store: items {id, cache, metadata} kept read-only.
+//
+// Ownership: the store holds each item's cache object and hands out
+// `const` access to it (get, get_by_ids, get_all); nothing it hands out can
+// reach a model without going through the generation boundary, which clones
+// non-owned caches. `get_cache` hands out owned copies, made by the store's
+// Copier, so a model may write into them. Storing a cache clears its owned
+// marker: the object becomes stored, and the boundary will copy it.
+//
+//   kv::Store store;
+//   store.add({{"a", cache, {{"source", "doc1"}}}});
+//   kv::CachePtr copy = store.get_cache({"a"});   // owned, independent
+//   store.dump("/tmp/mem"); store.load("/tmp/mem");
+#pragma once
+
+#include "kv/cache.h"
+#include "kv/copy.h"
+#include "kv/io.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct Item {
+    std::string id;
+    ConstCachePtr cache;  // never null
+    Metadata metadata;
+};
+using ItemPtr = std::shared_ptr<const Item>;
+
+struct NewItem {
+    std::string id;
+    CachePtr cache;  // must not be null; its owned marker is cleared on store
+    Metadata metadata;
+};
+
+// A dump could not be read: missing, truncated, corrupt, of another version
+// or over the limits. The message names the file and what is wrong.
+class DumpError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+// Bounds on what a load may read and allocate, whatever the file claims.
+struct LoadLimits {
+    std::int64_t file_bytes_max = std::int64_t{1} << 30;
+    std::int64_t tensor_bytes_max = std::int64_t{1} << 30;  // all tensors together
+    std::int64_t items_max = 1 << 20;
+    std::int64_t layers_max = 1 << 12;  // per cache
+};
+
+// The name of the dump file inside a dump directory.
+inline constexpr const char* dump_file_name = "kvcheck-store.pt";
+inline constexpr std::int64_t dump_format_version = 1;
+
+// Does the cache hold any K or V element a model would see?
+bool holds_tokens(const Cache& cache);
+
+class Store {
+  public:
+    explicit Store(std::shared_ptr<Copier> copier = std::make_shared<Copier>());
+
+    // Stores each item under its id; an existing id is overwritten in place
+    // (insertion order keeps its first position, as a Python dict does).
+    void add(const std::vector<NewItem>& items);
+
+    ItemPtr get(const std::string& id) const;  // null when missing
+    std::vector<ItemPtr> get_by_ids(const std::vector<std::string>& ids) const;  // null for missing
+    std::vector<ItemPtr> get_all() const;  // insertion order
+
+    // Ids that exist and hold tokens are kept, in request order (repeats
+    // included); none left -> null. One: an owned clone. Several: an owned
+    // merge, every layer initialized. The stored caches are not modified.
+    CachePtr get_cache(const std::vector<std::string>& ids);
+
+    void remove(const std::vector<std::string>& ids);  // missing ids are ignored
+    void remove_all();
+
+    std::size_t size() const { return order_.size(); }
+
+    // Writes the whole store to `dir`/kvcheck-store.pt: to a temporary file
+    // first, then renamed over the previous dump, so a crash at any point
+    // leaves the previous dump readable.
+    void dump(const std::string& dir, FileSystem& fs = posix_file_system()) const;
+    // Replaces the store with the dump in `dir`. On any error (DumpError,
+    // IoError) the store is unchanged.
+    void load(const std::string& dir, FileSystem& fs = posix_file_system(),
+              const LoadLimits& limits = LoadLimits{});
+
+    Copier& copier() { return *copier_; }
+
+  private:
+    std::shared_ptr<Copier> copier_;
+    std::vector<std::string> order_;
+    std::map<std::string, ItemPtr> items_;
+};
+
+// The dump format, for tools and adapters that write dumps their own way:
+// a torch pickle (readable by Python's torch.load) of
+//   ("kvcheck.store", version, ((id, ((key, value), ...), cache), ...))
+// where a cache is ("modern", ((initialized, keys, values, key_cache,
+// value_cache), ...)) with None for an absent slot, or
+// ("legacy", (key, ...), (value, ...)).
+std::vector<char> encode_dump(const std::vector<ItemPtr>& items);
+// Parses and validates a dump; throws DumpError naming `origin` and the fault.
+std::vector<Item> decode_dump(const std::vector<char>& bytes, const std::string& origin,
+                              const LoadLimits& limits);
+
+}  // namespace kv

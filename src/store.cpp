@@ -1,0 +1,100 @@
+#include "kv/store.h"
+
+#include <algorithm>
+#include <cassert>
+#include <unistd.h>
+
+namespace kv {
+
+bool holds_tokens(const Cache& cache) {
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        const at::Tensor k = logical_keys(cache, i);
+        const at::Tensor v = logical_values(cache, i);
+        if ((k.defined() && k.numel() > 0) || (v.defined() && v.numel() > 0)) return true;
+    }
+    return false;
+}
+
+Store::Store(std::shared_ptr<Copier> copier) : copier_(std::move(copier)) { assert(copier_); }
+
+void Store::add(const std::vector<NewItem>& items) {
+    for (const NewItem& item : items) {
+        if (!item.cache) throw std::invalid_argument("add: item '" + item.id + "' has no cache");
+    }
+    for (const NewItem& item : items) {
+        item.cache->set_owned(false);  // a stored cache is never an owned copy
+        auto stored = std::make_shared<const Item>(Item{item.id, item.cache, item.metadata});
+        auto [position, inserted] = items_.insert_or_assign(item.id, std::move(stored));
+        (void)position;
+        if (inserted) order_.push_back(item.id);
+    }
+}
+
+ItemPtr Store::get(const std::string& id) const {
+    const auto found = items_.find(id);
+    return found == items_.end() ? nullptr : found->second;
+}
+
+std::vector<ItemPtr> Store::get_by_ids(const std::vector<std::string>& ids) const {
+    std::vector<ItemPtr> found;
+    found.reserve(ids.size());
+    for (const std::string& id : ids) found.push_back(get(id));
+    return found;
+}
+
+std::vector<ItemPtr> Store::get_all() const { return get_by_ids(order_); }
+
+CachePtr Store::get_cache(const std::vector<std::string>& ids) {
+    std::vector<ConstCachePtr> parts;
+    for (const std::string& id : ids) {
+        const ItemPtr item = get(id);
+        if (item && holds_tokens(*item->cache)) parts.push_back(item->cache);
+    }
+    if (parts.empty()) return nullptr;
+    if (parts.size() == 1) return copier_->clone(*parts.front(), CopyReason::get_cache);
+    return copier_->concat(parts, CopyReason::merge);
+}
+
+void Store::remove(const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+        if (items_.erase(id) == 0) continue;
+        order_.erase(std::find(order_.begin(), order_.end(), id));
+    }
+}
+
+void Store::remove_all() {
+    items_.clear();
+    order_.clear();
+}
+
+void Store::dump(const std::string& dir, FileSystem& fs) const {
+    const std::vector<char> bytes = encode_dump(get_all());
+    fs.make_dirs(dir);
+    const std::string target = dir + "/" + dump_file_name;
+    const std::string temporary = target + ".tmp-" + std::to_string(::getpid());
+    fs.write_file(temporary, bytes);
+    fs.rename(temporary, target);
+}
+
+void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limits) {
+    const std::string path = dir + "/" + dump_file_name;
+    std::vector<char> bytes;
+    try {
+        bytes = fs.read_file(path, limits.file_bytes_max);
+    } catch (const IoError& error) {
+        throw DumpError(std::string("cannot load dump: ") + error.what());
+    }
+    std::vector<Item> loaded = decode_dump(bytes, path, limits);
+    // Nothing below throws: the store changes all at once or not at all.
+    std::vector<std::string> order;
+    std::map<std::string, ItemPtr> items;
+    for (Item& item : loaded) {
+        if (items.count(item.id) == 0) order.push_back(item.id);
+        std::string id = item.id;
+        items[id] = std::make_shared<const Item>(std::move(item));
+    }
+    order_.swap(order);
+    items_.swap(items);
+}
+
+}  // namespace kv

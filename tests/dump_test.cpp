@@ -1,0 +1,385 @@
+// Dump and load: bit-exact round trips, rejection of bad files with the
+// store unchanged, survival of crashes during a dump, and Python readability.
+#include "kv/store.h"
+#include "test_util.h"
+
+#include <ATen/core/ivalue.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+using kv::Layout;
+using kvtest::fresh_dir;
+using kvtest::kv_tensor;
+using kvtest::make_cache;
+using kvtest::same_cache;
+
+// Every kind of cache the format must carry.
+kv::Store varied_store(std::uint64_t seed) {
+    kv::Store store;
+    std::uint64_t n = seed * 100;
+    for (at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+        for (Layout layout : {Layout::modern, Layout::legacy}) {
+            const std::string id = std::string(kv::layout_name(layout)) + "-" + c10::toString(dtype);
+            store.add({{id, make_cache(layout, 2, 3, ++n, dtype), {{"dtype", c10::toString(dtype)}}}});
+        }
+    }
+    auto odd = kv::Cache::make(Layout::modern);
+    odd->update(kv_tensor(2, n + 1), kv_tensor(2, n + 2), 3);  // layers 0..2 uninitialized
+    n += 2;
+    (*odd->layers())[0]->keys = kv_tensor(1, ++n);           // assigned to a bare layer
+    (*odd->layers())[1]->value_cache = kv_tensor(2, ++n, at::kHalf);
+    (*odd->layers())[2]->key_cache = kv_tensor(2, ++n);
+    (*odd->layers())[2]->is_initialized = true;
+    store.add({{"odd", odd, {{"note", "one-sided, legacy-named, uninitialized"}, {"empty", ""}}},
+               {"empty-modern", kv::Cache::make(Layout::modern), {}},
+               {"empty-legacy", kv::Cache::make(Layout::legacy), {}}});
+    return store;
+}
+
+void expect_same_store(const kv::Store& a, const kv::Store& b) {
+    const auto x = a.get_all();
+    const auto y = b.get_all();
+    ASSERT_EQ(x.size(), y.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        EXPECT_EQ(x[i]->id, y[i]->id);
+        EXPECT_EQ(x[i]->metadata, y[i]->metadata);
+        std::string why;
+        EXPECT_TRUE(same_cache(*x[i]->cache, *y[i]->cache, &why)) << x[i]->id << ": " << why;
+        EXPECT_FALSE(y[i]->cache->owned());
+    }
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string dump_path(const std::string& dir) { return dir + "/" + kv::dump_file_name; }
+
+// Loading `dir` must fail with a DumpError whose message contains `expected`,
+// and leave `store` as it was.
+void expect_rejected(const std::string& dir, const std::string& expected) {
+    kv::Store store = varied_store(7);
+    const kv::Store before = varied_store(7);
+    try {
+        store.load(dir);
+        ADD_FAILURE() << "load accepted a bad dump; expected: " << expected;
+    } catch (const kv::DumpError& error) {
+        EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+    expect_same_store(before, store);
+}
+
+TEST(Dump, RoundTripsEveryLayoutDtypeFlagAndSlot) {
+    const std::string dir = fresh_dir("roundtrip");
+    const kv::Store original = varied_store(1);
+    original.dump(dir);
+    kv::Store loaded;
+    loaded.add({{"stale", make_cache(Layout::modern, 1, 1, 1), {}}});
+    loaded.load(dir);
+    expect_same_store(original, loaded);
+    EXPECT_EQ(loaded.get("stale"), nullptr) << "load replaces the store";
+    EXPECT_FALSE(std::filesystem::exists(dump_path(dir) + ".tmp-" + std::to_string(::getpid())));
+}
+
+TEST(Dump, RoundTripOfTheEmptyStoreAndViews) {
+    const std::string dir = fresh_dir("empty");
+    kv::Store empty;
+    empty.dump(dir);
+    kv::Store loaded = varied_store(2);
+    loaded.load(dir);
+    EXPECT_EQ(loaded.size(), 0u);
+    // A view of a larger tensor is written as its logical bytes only.
+    kv::Store views;
+    auto cache = kv::Cache::make(Layout::legacy);
+    at::Tensor big = kv_tensor(10, 3);
+    cache->update(big.narrow(2, 2, 3), big.narrow(2, 5, 3), 0);
+    views.add({{"view", cache, {}}});
+    views.dump(dir);
+    loaded.load(dir);
+    EXPECT_TRUE(same_cache(*loaded.get("view")->cache, *cache));
+    EXPECT_EQ(kv::footprint(*loaded.get("view")->cache).bytes, kv::footprint(*cache).bytes);
+}
+
+TEST(Dump, MissingDumpIsRejected) {
+    expect_rejected(fresh_dir("missing"), "cannot load dump: cannot open");
+    expect_rejected("/nonexistent/kvcheck", "/nonexistent/kvcheck/kvcheck-store.pt");
+}
+
+TEST(Dump, TruncatedDumpsAreRejected) {
+    const std::string dir = fresh_dir("truncated");
+    varied_store(3).dump(dir);
+    const std::vector<char> bytes = read_bytes(dump_path(dir));
+    for (std::size_t size : {std::size_t{0}, std::size_t{10}, bytes.size() / 3, bytes.size() / 2,
+                             bytes.size() - 23, bytes.size() - 1}) {
+        SCOPED_TRACE("truncated to " + std::to_string(size) + " bytes");
+        write_bytes(dump_path(dir), std::vector<char>(bytes.begin(), bytes.begin() + size));
+        expect_rejected(dir, "corrupt dump");
+    }
+}
+
+TEST(Dump, CorruptTensorBytesAreRejectedByChecksum) {
+    const std::string dir = fresh_dir("corrupt");
+    kv::Store store;
+    const at::Tensor k = kv_tensor(8, 11);
+    auto cache = kv::Cache::make(Layout::legacy);
+    cache->update(k, kv_tensor(8, 12), 0);
+    store.add({{"a", cache, {}}});
+    store.dump(dir);
+    std::vector<char> bytes = read_bytes(dump_path(dir));
+    const char* data = static_cast<const char*>(k.data_ptr());
+    const auto found = std::search(bytes.begin(), bytes.end(), data, data + 32);
+    ASSERT_NE(found, bytes.end()) << "the tensor bytes are stored as they are";
+    found[5] ^= 0x40;
+    write_bytes(dump_path(dir), bytes);
+    expect_rejected(dir, "corrupt dump");
+}
+
+TEST(Dump, AnyFlippedByteIsRejectedOrHarmless) {
+    const std::string dir = fresh_dir("flips");
+    const kv::Store original = varied_store(4);
+    original.dump(dir);
+    const std::vector<char> bytes = read_bytes(dump_path(dir));
+    int rejected = 0;
+    for (std::size_t at = 0; at < bytes.size(); at += 61) {
+        SCOPED_TRACE("flipped byte " + std::to_string(at));
+        std::vector<char> flipped = bytes;
+        flipped[at] = static_cast<char>(flipped[at] ^ 0x5a);
+        write_bytes(dump_path(dir), flipped);
+        kv::Store loaded = varied_store(7);
+        try {
+            loaded.load(dir);
+            expect_same_store(original, loaded);  // a flip in padding changes nothing
+        } catch (const kv::DumpError&) {
+            ++rejected;
+            expect_same_store(varied_store(7), loaded);
+        }
+    }
+    EXPECT_GT(rejected, 0);
+}
+
+TEST(Dump, ALyingRecordSizeIsRejectedBeforeAllocating) {
+    const std::string dir = fresh_dir("lying");
+    varied_store(5).dump(dir);
+    std::vector<char> bytes = read_bytes(dump_path(dir));
+    // Patch the sizes of the first central directory record to 2 GiB.
+    const char signature[] = {'P', 'K', 1, 2};
+    const auto entry = std::search(bytes.begin(), bytes.end(), signature, signature + 4);
+    ASSERT_NE(entry, bytes.end());
+    for (int offset : {20, 24}) {
+        entry[offset + 0] = 0;
+        entry[offset + 1] = 0;
+        entry[offset + 2] = 0;
+        entry[offset + 3] = static_cast<char>(0x7f);
+    }
+    write_bytes(dump_path(dir), bytes);
+    expect_rejected(dir, "bytes the file does not have");
+}
+
+TEST(Dump, OtherFilesAndStructuresAreRejected) {
+    const std::string dir = fresh_dir("structure");
+    write_bytes(dump_path(dir), {'h', 'e', 'l', 'l', 'o', '\n'});
+    expect_rejected(dir, "corrupt dump");
+    auto save = [&](const c10::IValue& value) {
+        write_bytes(dump_path(dir), torch::jit::pickle_save(value));
+    };
+    using V = c10::IValue;
+    auto tuple = [](std::vector<V> elements) { return V(c10::ivalue::Tuple::create(std::move(elements))); };
+    auto dump_of = [&](V version, V items) { return tuple({V(std::string("kvcheck.store")), version, items}); };
+    auto one_layer_store = [&](V layer) {
+        const V cache = tuple({V(std::string("modern")), tuple({layer})});
+        return dump_of(V(std::int64_t{1}), tuple({tuple({V(std::string("a")), tuple({}), cache})}));
+    };
+    save(dump_of(V(std::int64_t{2}), tuple({})));
+    expect_rejected(dir, "format version 2; this build reads version 1");
+    save(tuple({V(std::string("something.else")), V(std::int64_t{1}), tuple({})}));
+    expect_rejected(dir, "not a kvcheck dump");
+    save(one_layer_store(tuple({V(std::int64_t{1}), V(), V(), V(), V()})));
+    expect_rejected(dir, "item 0 ('a') cache layer 0 is_initialized is not a bool");
+    save(one_layer_store(tuple({V(true), V(kv_tensor(1, 1).to(at::kLong)), V(), V(), V()})));
+    expect_rejected(dir, "keys has dtype Long");
+    save(one_layer_store(tuple({V(true), V(kv_tensor(1, 1).reshape({2, 4})), V(), V(), V()})));
+    expect_rejected(dir, "keys has 2 dimensions; 4 expected");
+
+}
+
+TEST(Dump, LoadLimitsAreEnforced) {
+    const std::string dir = fresh_dir("limits");
+    varied_store(6).dump(dir);
+    kv::Store store;
+    kv::LoadLimits small;
+    small.file_bytes_max = 100;
+    EXPECT_THROW(store.load(dir, kv::posix_file_system(), small), kv::DumpError);
+    kv::LoadLimits few;
+    few.tensor_bytes_max = 64;
+    EXPECT_THROW(store.load(dir, kv::posix_file_system(), few), kv::DumpError);
+    EXPECT_EQ(store.size(), 0u);
+}
+
+// A file system that crashes (throws) once a budget of written bytes is
+// spent, leaving a partial file, as a power cut would.
+class CrashingFileSystem final : public kv::FileSystem {
+  public:
+    struct Crash {};
+    explicit CrashingFileSystem(std::int64_t bytes_budget) : budget_(bytes_budget) {}
+    void write_file(const std::string& path, const std::vector<char>& bytes) override {
+        if (static_cast<std::int64_t>(bytes.size()) <= budget_) {
+            budget_ -= static_cast<std::int64_t>(bytes.size());
+            return real().write_file(path, bytes);
+        }
+        real().write_file(path, std::vector<char>(bytes.begin(), bytes.begin() + budget_));
+        throw Crash{};
+    }
+    void rename(const std::string& from, const std::string& to) override {
+        if (budget_-- <= 0) throw Crash{};
+        real().rename(from, to);
+    }
+    std::vector<char> read_file(const std::string& path, std::int64_t max) override {
+        return real().read_file(path, max);
+    }
+    void remove(const std::string& path) override { real().remove(path); }
+    void make_dirs(const std::string& path) override { real().make_dirs(path); }
+
+  private:
+    static kv::FileSystem& real() { return kv::posix_file_system(); }
+    std::int64_t budget_;
+};
+
+TEST(Dump, ACrashAtAnyByteLeavesAReadableDump) {
+    const std::string dir = fresh_dir("crash");
+    const kv::Store previous = varied_store(8);
+    const kv::Store next = varied_store(9);
+    previous.dump(dir);
+    const auto size = static_cast<std::int64_t>(kv::encode_dump(next.get_all()).size());
+    for (std::int64_t budget = 0; budget <= size + 1; budget += std::max<std::int64_t>(1, size / 97)) {
+        CrashingFileSystem fs(budget);
+        try {
+            next.dump(dir, fs);
+        } catch (const CrashingFileSystem::Crash&) {
+        }
+        kv::Store loaded;
+        loaded.load(dir);
+        expect_same_store(previous, loaded);
+        previous.dump(dir);
+    }
+    CrashingFileSystem enough(size + 1);
+    next.dump(dir, enough);
+    kv::Store loaded;
+    loaded.load(dir);
+    expect_same_store(next, loaded);
+}
+
+TEST(Dump, ADumpKilledAtRandomPointsNeverLosesThePreviousOne) {
+    const std::string dir = fresh_dir("kill");
+    kv::Store small = varied_store(10);
+    kv::Store big;  // large enough that a dump takes a while
+    for (int i = 0; i < 8; ++i) {
+        big.add({{"big" + std::to_string(i), make_cache(Layout::modern, 4, 2048, static_cast<std::uint64_t>(i)), {}}});
+    }
+    small.dump(dir);
+    const auto start = std::chrono::steady_clock::now();
+    big.dump(fresh_dir("kill-timing"));
+    const auto dump_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - start).count();
+    const std::uint64_t seed = 20261202;
+    std::mt19937_64 random(seed);
+    int completed = 0;
+    constexpr int trials = 40;
+    for (int trial = 0; trial < trials; ++trial) {
+        const pid_t child = ::fork();
+        ASSERT_GE(child, 0);
+        if (child == 0) {
+            try {
+                big.dump(dir);
+            } catch (...) {
+                ::_exit(3);
+            }
+            ::_exit(0);
+        }
+        ::usleep(static_cast<useconds_t>(random() % static_cast<std::uint64_t>(2 * dump_us + 1)));
+        ::kill(child, SIGKILL);
+        int status = 0;
+        ::waitpid(child, &status, 0);
+        if (WIFEXITED(status)) ++completed;
+        kv::Store loaded;
+        try {
+            loaded.load(dir);
+        } catch (const std::exception& error) {
+            FAIL() << "trial " << trial << " (seed " << seed << "): previous dump unreadable: " << error.what();
+        }
+        EXPECT_TRUE(loaded.size() == small.size() || loaded.size() == big.size());
+        if (loaded.size() == big.size()) {
+            small.dump(dir);  // start the next trial from the small dump again
+        }
+    }
+    RecordProperty("completed_dumps", completed);
+    EXPECT_LT(completed, trials) << "no kill landed inside a dump: the test proves nothing";
+}
+
+TEST(Dump, PythonTorchLoadReadsTheDump) {
+    const std::string python = "/usr/bin/python3";
+    if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+        GTEST_SKIP() << "Debian's python3-torch is not installed for " << python
+                     << " (scripts/bootstrap installs it); the Python readability check is skipped";
+    }
+    const std::string dir = fresh_dir("python");
+    const kv::Store store = varied_store(11);
+    store.dump(dir);
+    const std::string out = dir + "/summary.txt";
+    const std::string command = python + " " KVCHECK_SOURCE_DIR "/tests/read_dump.py " + dump_path(dir) + " > " + out;
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    std::ifstream in(out);
+    const std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string expected;
+    auto describe = [&expected](const std::string& where, const at::Tensor& t) {
+        if (!t.defined()) {
+            expected += where + " None\n";
+            return;
+        }
+        const std::string dtype = t.scalar_type() == at::kFloat ? "float32"
+                                  : t.scalar_type() == at::kHalf ? "float16" : "bfloat16";
+        std::string shape;
+        for (auto size : t.sizes()) shape += std::to_string(size) + ",";
+        const auto sum8 = static_cast<long long>(std::llround(t.to(at::kDouble).sum().item<double>() * 8));
+        expected += where + " " + dtype + " [" + shape + "] " + std::to_string(sum8) + "\n";
+    };
+    for (const auto& item : store.get_all()) {
+        expected += "item " + item->id + " " + kv::layout_name(item->cache->layout()) + "\n";
+        for (const auto& [key, value] : item->metadata) expected += "meta " + key + "=" + value + "\n";
+        const kv::Cache& cache = *item->cache;
+        for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+            const std::string at_layer = "  " + std::to_string(i);
+            if (cache.layout() == Layout::legacy) {
+                describe(at_layer + " key_cache", (*cache.key_cache())[i]);
+                describe(at_layer + " value_cache", (*cache.value_cache())[i]);
+                continue;
+            }
+            const kv::Layer& layer = *(*cache.layers())[i];
+            expected += at_layer + " initialized " + (layer.is_initialized ? "True" : "False") + "\n";
+            describe(at_layer + " keys", layer.keys);
+            describe(at_layer + " values", layer.values);
+            describe(at_layer + " key_cache", layer.key_cache);
+            describe(at_layer + " value_cache", layer.value_cache);
+        }
+    }
+    EXPECT_EQ(summary, expected);
+}
+
+}  // namespace
