@@ -1,0 +1,264 @@
+#include "trace_target.h"
+
+#include "bundled.h"
+#include "byte_chooser.h"
+#include "extra_counters.h"
+#include "sha1.h"
+
+#include "kvcheck/shrink.h"
+
+#include <ATen/Parallel.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace kvcheck::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Settings {
+    TraceTarget target;
+    const adapters::BundledAdapter* adapter = nullptr;
+    std::string program;          // argv[0], for the reproduce command
+    std::string artifact_prefix;  // prepended to "crash-<sha1>.trace"
+    std::string work_dir;         // this process's dump directory, emptied before each run
+    TextLimits limits;
+    bool shrink = true;
+    bool print_trace = false;
+};
+
+Settings& settings() {
+    static Settings instance;
+    return instance;
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+std::string flag_value(int argc, char** argv, const std::string& flag) {
+    const std::string prefix = "-" + flag + "=";
+    std::string value;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg.rfind(prefix, 0) == 0) value = arg.substr(prefix.size());
+    }
+    return value;
+}
+
+// Dumps are written and fsync'ed on every Dump operation: on tmpfs that
+// costs nothing, on a disk it would dominate the run.
+std::string make_work_dir() {
+    std::string base = env_or("KVCHECK_FUZZ_TMPDIR", "");
+    if (base.empty()) base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : fs::temp_directory_path().string();
+    std::string pattern = base + "/kvcheck-fuzz-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        std::cerr << "kvcheck fuzz: cannot create a directory under " << base << "\n";
+        std::exit(2);
+    }
+    return pattern;
+}
+
+void remove_work_dir() {
+    std::error_code ignored;
+    if (!settings().work_dir.empty()) fs::remove_all(settings().work_dir, ignored);
+}
+
+void print_settings(const Settings& s) {
+    const WorkloadOptions& w = s.target.workload;
+    const TextLimits& t = s.limits;
+    std::cerr << "kvcheck fuzz target " << s.target.name << ": adapter " << s.adapter->name
+              << (s.adapter->breaks.empty() ? "" : " (a mutant: " + s.adapter->description + ")") << "\n";
+    if (!s.adapter->breaks.empty()) {
+        std::cerr << "  breaks:";
+        for (const std::string& property : s.adapter->breaks) std::cerr << " " << property;
+        std::cerr << "\n";
+    }
+    std::cerr
+              << "  choice bytes: trace_ops_max=" << w.trace_ops_max << " cache_layers_max=" << w.cache_layers_max
+              << " layer_tokens_max=" << w.layer_tokens_max << " prompt_tokens_max=" << w.prompt_tokens_max
+              << " new_tokens_max=" << w.new_tokens_max << " id_pool=" << w.id_pool << " dump_slots=" << w.dump_slots << "\n"
+              << "  text traces: trace_ops_max=" << t.trace_ops_max << " cache_layers_max=" << t.cache_layers_max
+              << " layer_tokens_max=" << t.layer_tokens_max << " prompt_tokens_max=" << t.prompt_tokens_max
+              << " new_tokens_max=" << t.new_tokens_max << " ids_max=" << t.ids_max << "\n"
+              << "  shrunk traces go to " << (s.artifact_prefix.empty() ? "./" : s.artifact_prefix)
+              << "crash-<sha1>.trace; dumps under " << s.work_dir << "; shrink " << (s.shrink ? "on" : "off") << "\n";
+}
+
+// ---- text traces ------------------------------------------------------------
+
+template <class... F>
+struct Overloaded : F... {
+    using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// Why a text trace is over the limits; empty when it is within them.
+std::string over_limits(const Trace& trace, const TextLimits& limits) {
+    if (trace.size() > limits.trace_ops_max) return "too many operations";
+    const auto cache_ok = [&](const CacheSpec& spec) {
+        if (spec.layers.size() > limits.cache_layers_max) return false;
+        for (const LayerSpec& layer : spec.layers) {
+            if (layer.tokens < 0 || layer.tokens > limits.layer_tokens_max) return false;
+        }
+        return true;
+    };
+    const auto prompt_ok = [&](const Tokens& prompt, std::int64_t max) {
+        if (prompt.size() > limits.prompt_tokens_max || max < 0 || max > limits.new_tokens_max) return false;
+        for (std::int64_t token : prompt) {
+            if (token < 0 || token > limits.token_max) return false;
+        }
+        return true;
+    };
+    const auto slot_ok = [&](std::int64_t slot) { return slot >= 0 && slot <= limits.dump_slot_max; };
+    for (const Op& op : trace) {
+        const bool ok = std::visit(
+            Overloaded{
+                [&](const op::Add& o) { return cache_ok(o.cache); },
+                [&](const op::Make& o) { return cache_ok(o.cache); },
+                [&](const op::GetByIds& o) { return o.ids.size() <= limits.ids_max; },
+                [&](const op::GetCache& o) { return o.ids.size() <= limits.ids_max; },
+                [&](const op::Delete& o) { return o.ids.size() <= limits.ids_max; },
+                [&](const op::Concat& o) { return o.parts.size() <= limits.ids_max; },
+                [&](const op::Generate& o) { return prompt_ok(o.prompt, o.max); },
+                [&](const op::GenerateStream& o) { return prompt_ok(o.prompt, o.max); },
+                [&](const op::Dump& o) { return slot_ok(o.slot); },
+                [&](const op::Load& o) { return slot_ok(o.slot); },
+                [&](const op::Corrupt& o) { return slot_ok(o.slot); },
+                [&](const op::DumpCrash& o) {
+                    return slot_ok(o.slot) && o.bytes >= 0 && o.bytes <= limits.dump_crash_bytes_max;
+                },
+                [&](const auto&) { return true; },
+            },
+            op);
+        if (!ok) return std::string("operation over the limits: ") + op_name(op);
+    }
+    return {};
+}
+
+std::optional<Trace> decode(const std::uint8_t* data, std::size_t size, const Settings& s) {
+    if (size > 0 && data[0] == '#') {
+        try {
+            Trace trace = parse_trace(std::string(reinterpret_cast<const char*>(data), size));
+            if (!over_limits(trace, s.limits).empty()) return std::nullopt;
+            return trace;
+        } catch (const std::exception&) {
+            return std::nullopt;  // TraceParseError, or a spec the parser rejects
+        }
+    }
+    ByteChooser choose(data, size);
+    return s.target.generate(choose, s.target.workload);
+}
+
+// ---- failures -----------------------------------------------------------------
+
+std::string one_line(std::string text) {
+    for (char& c : text) {
+        if (c == '\n' || c == '\r') c = ' ';
+    }
+    return text;
+}
+
+std::string reproduce_command(const Settings& s, const std::string& file) {
+    return "KVCHECK_ADAPTER=" + s.adapter->name + " " + s.program + " " + file;
+}
+
+// The corpus/regressions format: a header the replay tests read, then the trace.
+std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const std::string& reproduce) {
+    const Failure& f = shrunk.failure;
+    std::ostringstream text;
+    text << "# kvcheck fuzz regression, found by fuzz_" << s.target.name << " on adapter " << s.adapter->name << "\n"
+         << "# target: " << s.target.name << "\n"
+         << "# adapter: " << s.adapter->name << "\n"
+         << "# expect: " << f.property << "\n"
+         << "# ERROR: " << f.property << ": " << one_line(f.message) << " at step " << f.step + 1 << "\n"
+         << "# reproduce: " << reproduce << "\n"
+         << format_trace(shrunk.trace);
+    return text.str();
+}
+
+[[noreturn]] void report(const Trace& trace, const Failure& failure, const std::uint8_t* data, std::size_t size) {
+    const Settings& s = settings();
+    std::cerr << "==kvcheck== fuzz_" << s.target.name << " on adapter " << s.adapter->name << ": " << failure.property
+              << " violated at step " << failure.step + 1 << " of " << trace.size() << "\n";
+    ShrinkResult shrunk{trace, failure, 0};
+    if (s.shrink) {
+        const Oracle oracle = [&](const Trace& candidate) {
+            return s.target.check(candidate, s.adapter->make, false).failure;
+        };
+        shrunk = shrink(trace, failure, oracle);
+    }
+    const std::string file = s.artifact_prefix + "crash-" + sha1_hex(data, size) + ".trace";
+    const std::string reproduce = reproduce_command(s, file);
+    std::ofstream out(file);
+    out << regression_text(s, shrunk, reproduce);
+    out.close();
+    std::cerr << format_failure(shrunk.failure, shrunk.trace, reproduce);
+    if (out) {
+        std::cerr << "INFO: kvcheck: shrunk " << trace.size() << " -> " << shrunk.trace.size() << " operations in "
+                  << shrunk.runs << " runs; trace written to " << file << "\n";
+    } else {
+        std::cerr << "WARNING: kvcheck: could not write " << file << "\n";
+    }
+    remove_work_dir();  // abort() skips atexit
+    std::abort();
+}
+
+}  // namespace
+
+RunResult execute_fresh(const Trace& trace, const EngineMaker& make, bool record_states) {
+    const std::string& dir = settings().work_dir;
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    fs::create_directories(dir, ignored);
+    const std::unique_ptr<Engine> engine = make();
+    RunOptions options;
+    options.work_dir = dir;
+    options.record_states = record_states;
+    return execute(trace, *engine, options);
+}
+
+void init_target(int* argc, char*** argv, TraceTarget target) {
+    // One thread: the tensors are tiny, and the cores are the fuzzer's.
+    at::set_num_threads(1);
+    Settings& s = settings();
+    s.target = std::move(target);
+    s.program = (*argc > 0) ? (*argv)[0] : "fuzz_" + s.target.name;
+    const std::string name = env_or("KVCHECK_ADAPTER", s.target.default_adapter);
+    s.adapter = adapters::find_bundled(name);
+    if (s.adapter == nullptr) {
+        std::cerr << "kvcheck fuzz: unknown adapter '" << name << "'; bundled:";
+        for (const auto& a : adapters::bundled()) std::cerr << " " << a.name;
+        std::cerr << "\n";
+        std::exit(2);
+    }
+    s.target.workload.capabilities = s.adapter->make()->capabilities();
+    const std::string dir = env_or("KVCHECK_ARTIFACT_DIR", "");
+    s.artifact_prefix = dir.empty() ? flag_value(*argc, *argv, "artifact_prefix") : dir + "/";
+    s.shrink = env_or("KVCHECK_SHRINK", "1") != "0";
+    s.print_trace = env_or("KVCHECK_PRINT_TRACE", "0") != "0";
+    s.work_dir = make_work_dir();
+    std::atexit(remove_work_dir);
+    print_settings(s);
+}
+
+int run_input(const std::uint8_t* data, std::size_t size) {
+    const Settings& s = settings();
+    const std::optional<Trace> trace = decode(data, size, s);
+    if (!trace) return -1;
+    if (s.print_trace) std::cerr << "---- trace (" << trace->size() << " operations)\n" << format_trace(*trace);
+    const RunResult result = s.target.check(*trace, s.adapter->make, true);
+    count_states(result.coverage.states);
+    if (result.failure) report(*trace, *result.failure, data, size);
+    return 0;
+}
+
+}  // namespace kvcheck::fuzz
