@@ -8,9 +8,13 @@
 // the load other processes put on a shared machine falls on all three
 // alike, and each reports its median round. Minor page faults per round
 // show when fresh pages dominate.
+//
+// Merges: Store::get_cache of k ids (k parts of total/k bytes each) against
+// a clone of one cache of the same total bytes, also interleaved.
 #include "bench_util.h"
 
 #include "kv/cache.h"
+#include "kv/store.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
@@ -130,6 +134,44 @@ std::string size_name(std::int64_t bytes) {
     return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + "MiB" : std::to_string(bytes >> 10) + "KiB";
 }
 
+void merge_vs_clone(benchmark::State& state, std::int64_t part_count, std::int64_t total_bytes) {
+    kv::Store store;
+    std::vector<std::string> ids;
+    for (std::int64_t i = 0; i < part_count; ++i) {
+        ids.push_back("part" + std::to_string(i));
+        store.add({{ids.back(), cache_of_bytes(total_bytes / part_count, at::kFloat), {}}});
+    }
+    const kv::CachePtr whole = cache_of_bytes(total_bytes, at::kFloat);
+    Samples merge_seconds, clone_seconds;
+    long merge_faults = 0;
+    std::int64_t merged_bytes = 0;
+    for (auto _ : state) {
+        const double t0 = now_seconds();
+        {
+            kv::CachePtr copy = kv::clone(*whole);
+            benchmark::DoNotOptimize(copy);
+        }
+        const double t1 = now_seconds();
+        const long f1 = minor_faults();
+        {
+            kv::CachePtr merged = store.get_cache(ids);
+            merged_bytes = kv::footprint(*merged).bytes;
+        }
+        const double t2 = now_seconds();
+        merge_faults += minor_faults() - f1;
+        clone_seconds.add(t1 - t0);
+        merge_seconds.add(t2 - t1);
+        state.SetIterationTime(t2 - t1);
+    }
+    const double bytes = static_cast<double>(merged_bytes);
+    state.counters["parts"] = static_cast<double>(part_count);
+    state.counters["parts_bytes"] = bytes;
+    state.counters["merge_GBps"] = bytes / merge_seconds.median() / 1e9;
+    state.counters["clone_GBps"] = static_cast<double>(kv::footprint(*whole).bytes) / clone_seconds.median() / 1e9;
+    state.counters["merge_vs_clone"] = clone_seconds.median() / merge_seconds.median();
+    state.counters["merge_page_faults"] = static_cast<double>(merge_faults) / static_cast<double>(state.iterations());
+}
+
 // Rounds per size: enough for a stable median, about a second or two of
 // copying at the largest sizes.
 const bool registered = [] {
@@ -141,6 +183,16 @@ const bool registered = [] {
             benchmark::RegisterBenchmark(("clone_vs_memcpy/" + std::string(dtype_name) + "/" + size_name(bytes)).c_str(),
                                          clone_vs_memcpy, dtype, bytes)
                 ->Iterations(rounds)
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+        }
+    }
+    for (const std::int64_t mib : {1, 64}) {
+        for (const std::int64_t parts : {2, 8, 32, 128}) {
+            const std::int64_t bytes = mib << 20;
+            benchmark::RegisterBenchmark(("merge/" + std::to_string(parts) + "ids/" + size_name(bytes)).c_str(),
+                                         merge_vs_clone, parts, bytes)
+                ->Iterations(std::clamp<std::int64_t>((std::int64_t{1} << 30) / bytes, 10, 1000))
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
         }
