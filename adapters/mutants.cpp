@@ -276,7 +276,7 @@ const std::vector<BundledAdapter>& bundled() {
         {"M7", "merged layers are not marked initialized", {"merge-correct", "generation-equivalent"},
          with_copier("M7", nullptr, concat_m7)},
         {"M8", "storing an owned copy keeps its marker", {"owned-marker", "stored-immutable"}, make_engine<M8>},
-        {"M9", "clone copies layer objects but shares their tensors", {"clone-independent", "stored-immutable"},
+        {"M9", "clone copies layer objects but shares their tensors", {"clone-independent", "stored-immutable", "owned-marker"},
          with_copier("M9", clone_m9)},
         {"M10", "dump writes in place (no temporary file and rename)", {"dump-safe"}, make_engine<M10>},
         {"M11", "the boundary copy drops the last cached token", {"generation-equivalent"}, make_engine<M11>},

@@ -21,7 +21,9 @@ ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_ow
 void Auditor::store(const std::string& id, ObjectId object) {
     if (entries_.count(id) == 0) order_.push_back(id);
     entries_[id] = object;
-    objects_.at(object).expect_owned = false;  // storing clears the owned marker
+    Object& stored = objects_.at(object);
+    stored.expect_owned = false;  // storing clears the owned marker
+    stored.chain_sets = 1;        // and makes the cache an original: its copy history ends
 }
 
 void Auditor::remove(const std::string& id) {

@@ -76,14 +76,7 @@ class Run {
         for (Property p : all_properties()) {
             if (!possible.has(p)) properties_.remove(p);
         }
-        if (options.work_dir.empty()) {
-            std::string pattern = (fs::temp_directory_path() / "kvcheck-run-XXXXXX").string();
-            if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a temporary directory");
-            work_dir_ = pattern;
-            own_work_dir_ = true;
-        } else {
-            work_dir_ = options.work_dir;
-        }
+        work_dir_ = options.work_dir;
     }
 
     ~Run() {
@@ -366,7 +359,17 @@ class Run {
         return true;
     }
 
-    std::string slot_dir(std::int64_t slot) const { return work_dir_ + "/slot-" + std::to_string(slot); }
+    // Dumps live in a temporary directory made on the first dump of a run,
+    // and removed with the run.
+    std::string slot_dir(std::int64_t slot) {
+        if (work_dir_.empty()) {
+            std::string pattern = (fs::temp_directory_path() / "kvcheck-run-XXXXXX").string();
+            if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a temporary directory");
+            work_dir_ = pattern;
+            own_work_dir_ = true;
+        }
+        return work_dir_ + "/slot-" + std::to_string(slot);
+    }
 
     bool apply(const op::Dump& op) {
         if (!capabilities_.dump) return false;
@@ -439,7 +442,7 @@ class Run {
         std::string difference;
         for (const Snapshot& candidate : slot.candidates) {
             audit_.restore(candidate);
-            difference = store_difference(true);
+            difference = store_difference(false);  // the order is store-contract's to check
             if (difference.empty()) {
                 audit_.slots()[op.slot] = DumpSlot{{candidate}, slot.corrupted, false};
                 return true;

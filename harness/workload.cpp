@@ -167,15 +167,14 @@ CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadO
     for (std::int64_t i = 0; i < layers; ++i) {
         LayerSpec layer;
         layer.tokens = choose.one_in(6) ? 0 : choose.between(1, options.layer_tokens_max);
-        if (spec.layout == Layout::modern && swarm.odd_layers && choose.one_in(4)) {
+        if (spec.layout == Layout::modern && swarm.odd_layers && choose.one_in(2)) {
             std::uint8_t slots = 0;
             switch (choose.below(6)) {
                 case 0: slots = 0b0001; break;  // keys only
                 case 1: slots = 0b0010; break;  // values only
                 case 2: slots = 0b1100; break;  // legacy-named slots only
-                case 3: slots = 0b1111; break;  // both names
-                case 4: slots = 0b0000; break;  // a bare layer
-                default: slots = 0b0011; break;
+                case 3: slots = 0b0000; break;  // a bare layer
+                default: slots = 0b1111; break;  // both names: the layout-selection bugs need them
             }
             const bool one_sided = slots == 0b0001 || slots == 0b0010;
             if ((one_sided && !c.one_sided_layers) || ((slots & 0b1100) && !c.legacy_slot_names)) slots = 0b0011;
@@ -194,11 +193,20 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
     if (total == 0) return trace;
     Draft draft;
     const std::size_t length = static_cast<std::size_t>(choose.between(1, static_cast<std::int64_t>(options.trace_ops_max)));
+    // Some operations call for a follow-up, as they do in real use: a crash
+    // is followed by a restart that loads, a copy by a generation from it.
+    std::optional<Op> follow_up;
     while (trace.size() < length) {
+        if (follow_up) {
+            trace.push_back(std::move(*follow_up));
+            follow_up.reset();
+            continue;
+        }
         std::uint64_t pick = choose.below(total);
         std::size_t kind_index = 0;
         while (pick >= swarm.weights[kind_index]) pick -= swarm.weights[kind_index++];
-        const auto slot = [&] { return choose.below(static_cast<std::uint64_t>(options.dump_slots)); };
+        // Slot 0 most of the time: dumps, crashes and loads meet on it.
+        const auto slot = [&] { return choose.one_in(4) ? choose.below(static_cast<std::uint64_t>(options.dump_slots)) : 0; };
         Op op;
         switch (kind_index) {
             case kind<op::Add>(): {
@@ -225,6 +233,10 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
             case kind<op::GetCache>(): {
                 Ids ids = pick_ids(choose, draft, options, 1, 3);
                 op = op::GetCache{new_handle(draft, merged_layout(draft, ids)), ids};
+                if (swarm.weights[kind<op::Generate>()] != 0 && choose.one_in(3)) {
+                    follow_up = op::Generate{std::get<op::GetCache>(op).out, pick_prompt(choose, options),
+                                             choose.between(1, options.new_tokens_max)};
+                }
                 break;
             }
             case kind<op::Generate>(): {
@@ -249,7 +261,9 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
             case kind<op::Dump>(): op = op::Dump{static_cast<std::int64_t>(slot())}; break;
             case kind<op::DumpCrash>(): {
                 const auto at = static_cast<std::int64_t>(slot());
-                op = op::DumpCrash{at, static_cast<std::int64_t>(choose.below(12000))};
+                // A dump of a small store is a few KiB: most crashes land inside it.
+                op = op::DumpCrash{at, static_cast<std::int64_t>(choose.below(choose.one_in(4) ? 40000 : 4000))};
+                if (swarm.weights[kind<op::Load>()] != 0 && choose.one_in(2)) follow_up = op::Load{at};
                 break;
             }
             case kind<op::Load>(): op = op::Load{static_cast<std::int64_t>(slot())}; break;
@@ -257,6 +271,7 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
                 const auto at = static_cast<std::int64_t>(slot());
                 const auto offset = static_cast<std::int64_t>(choose.below(1 << 20));
                 op = op::Corrupt{at, offset, choose.one_in(4) ? 1 : 0};
+                if (swarm.weights[kind<op::Load>()] != 0 && choose.one_in(2)) follow_up = op::Load{at};
                 break;
             }
             case kind<op::Make>(): {
@@ -290,6 +305,12 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
         trace.push_back(std::move(op));
     }
     return trace;
+}
+
+Trace trace_for_seed(std::uint64_t seed, const WorkloadOptions& options) {
+    SeededChooser choose(seed);
+    const Swarm swarm = random_swarm(choose, options);
+    return generate_trace(choose, swarm, options);
 }
 
 }  // namespace kvcheck

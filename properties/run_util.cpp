@@ -20,12 +20,6 @@ RunResult run_on(const adapters::BundledAdapter& adapter, const Trace& trace, Pr
     return execute(trace, *engine, options);
 }
 
-Trace trace_for_seed(std::uint64_t seed, const WorkloadOptions& options) {
-    SeededChooser choose(seed);
-    const Swarm swarm = random_swarm(choose, options);
-    return generate_trace(choose, swarm, options);
-}
-
 std::optional<Finding> find_and_shrink(const adapters::BundledAdapter& adapter, std::uint64_t first_seed,
                                        std::size_t traces_max, const WorkloadOptions& options,
                                        PropertySet properties) {

@@ -17,9 +17,6 @@ namespace kvcheck::props {
 RunResult run_on(const adapters::BundledAdapter& adapter, const Trace& trace,
                  PropertySet properties = PropertySet::all());
 
-// The trace a seed stands for: the same seed gives the same trace.
-Trace trace_for_seed(std::uint64_t seed, const WorkloadOptions& options);
-
 struct Finding {
     std::uint64_t seed = 0;        // the seed of the first failing trace
     std::size_t traces_tried = 0;  // traces run until then

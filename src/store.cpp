@@ -22,7 +22,8 @@ void Store::add(const std::vector<NewItem>& items) {
         if (!item.cache) throw std::invalid_argument("add: item '" + item.id + "' has no cache");
     }
     for (const NewItem& item : items) {
-        item.cache->set_owned(false);  // a stored cache is never an owned copy
+        item.cache->set_owned(false);  // a stored cache is never an owned copy,
+        item.cache->set_lineage({});   // and no longer a copy of anything: it is the original now
         auto stored = std::make_shared<const Item>(Item{item.id, item.cache, item.metadata});
         auto [position, inserted] = items_.insert_or_assign(item.id, std::move(stored));
         (void)position;

@@ -64,4 +64,8 @@ Swarm uniform_swarm(const WorkloadOptions& options);
 Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options);
 CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options);
 
+// The trace a seed stands for (a random swarm, then a trace from it): the
+// same seed and options give the same trace on every machine.
+Trace trace_for_seed(std::uint64_t seed, const WorkloadOptions& options);
+
 }  // namespace kvcheck

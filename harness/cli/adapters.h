@@ -1,0 +1,36 @@
+// The adapters the CLI can check: the bundled ones by name, and plugins by
+// path (a shared library exporting the versioned entry point of
+// kvcheck/plugin.h).
+#pragma once
+
+#include "kvcheck/engine.h"
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvcheck::cli {
+
+// A usage or load error: the CLI exits 2 with its message.
+class UsageError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+struct Adapter {
+    std::string name;
+    std::string description;
+    std::string source;               // "bundled" or the plugin's path
+    std::vector<std::string> breaks;  // bundled mutants: the properties they are known to break
+    std::function<std::shared_ptr<Engine>()> make;
+};
+
+// "reference", "M3", ... or a path to a plugin. Throws UsageError naming
+// what is wrong (unknown name, missing file, dlopen error, missing entry
+// point, ABI version mismatch).
+Adapter load_adapter(const std::string& name_or_path);
+std::vector<Adapter> bundled_adapters();
+
+}  // namespace kvcheck::cli

@@ -1,0 +1,346 @@
+#include "conformance.h"
+
+#include "kvcheck/shrink.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace kvcheck::cli {
+namespace {
+
+std::string one_line(std::string text) {
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    return text;
+}
+
+// ---- what a child sends about a failure ---------------------------------------
+
+struct FoundFailure {
+    std::size_t cases = 0;
+    std::size_t found_length = 0;
+    Failure failure;
+    std::string trace;
+};
+
+std::string encode(const FoundFailure& found) {
+    std::ostringstream out;
+    out << "cases " << found.cases << "\nfound " << found.found_length << "\nstep " << found.failure.step
+        << "\nproperty " << found.failure.property << "\nmessage " << one_line(found.failure.message) << "\n";
+    for (const std::string& other : found.failure.also) out << "also " << one_line(other) << "\n";
+    out << "trace\n" << found.trace;
+    return out.str();
+}
+
+FoundFailure decode(const std::string& payload) {
+    FoundFailure found;
+    std::istringstream in(payload);
+    std::string line;
+    while (std::getline(in, line) && line != "trace") {
+        const std::size_t space = line.find(' ');
+        const std::string key = line.substr(0, space);
+        const std::string value = space == std::string::npos ? "" : line.substr(space + 1);
+        if (key == "cases") found.cases = std::stoul(value);
+        if (key == "found") found.found_length = std::stoul(value);
+        if (key == "step") found.failure.step = std::stoul(value);
+        if (key == "property") found.failure.property = value;
+        if (key == "message") found.failure.message = value;
+        if (key == "also") found.failure.also.push_back(value);
+    }
+    found.trace.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return found;
+}
+
+// ---- the child's work -------------------------------------------------------------
+
+std::optional<Failure> run_once(const Adapter& adapter, const Trace& trace, PropertySet properties, Channel& out) {
+    out.send("begin", format_trace(trace));
+    const std::shared_ptr<Engine> engine = adapter.make();
+    RunOptions run;
+    run.properties = properties;
+    return execute(trace, *engine, run).failure;
+}
+
+void report_failure(const Adapter& adapter, const Trace& trace, const Failure& failure, PropertySet properties,
+                    std::size_t cases, Channel& out) {
+    const Oracle oracle = [&](const Trace& candidate) { return run_once(adapter, candidate, properties, out); };
+    const ShrinkResult shrunk = shrink(trace, failure, oracle);
+    out.send("fail", encode({cases, trace.size(), shrunk.failure, format_trace(shrunk.trace)}));
+}
+
+// Searches seeded traces for a violation of one property.
+void search(const Adapter& adapter, Property property, const ConformanceOptions& options, Channel& out) {
+    const std::shared_ptr<Engine> probe = adapter.make();
+    const Capabilities capabilities = probe->capabilities();
+    if (!checkable(capabilities).has(property)) {
+        out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
+        return;
+    }
+    WorkloadOptions workload = options.workload;
+    workload.capabilities = capabilities;
+    const PropertySet only = PropertySet::only(property);
+    const double start = monotonic_seconds();
+    std::size_t cases = 0;
+    for (;; ++cases) {
+        const bool out_of_budget = options.seconds > 0 ? monotonic_seconds() - start >= options.seconds : cases >= options.cases;
+        if (out_of_budget) break;
+        const Trace trace = trace_for_seed(options.seed + cases, workload);
+        if (const std::optional<Failure> failure = run_once(adapter, trace, only, out)) {
+            report_failure(adapter, trace, *failure, only, cases + 1, out);
+            return;
+        }
+    }
+    out.send("pass", std::to_string(cases));
+}
+
+// ---- the parent's side -------------------------------------------------------------
+
+std::string reproduce_for(const Adapter& adapter, const std::string& file, const std::string& property) {
+    const std::string name = adapter.source == "bundled" ? adapter.name : adapter.source;
+    return "kvcheck replay " + file + " --adapter " + name + (property.empty() ? "" : " --property " + property);
+}
+
+void write_trace_file(const Adapter& adapter, PropertyResult& result, const ConformanceOptions& options) {
+    std::error_code error;
+    std::filesystem::create_directories(options.trace_dir, error);
+    const std::string file = options.trace_dir + "/" + adapter.name + "-" + result.id + ".trace";
+    result.reproduce = reproduce_for(adapter, file, result.id);
+    std::ofstream out(file);
+    out << "# kvcheck: " << (result.fault.empty() ? result.id + " fails" : "fault (" + result.fault + ")")
+        << " on adapter " << adapter.name << "\n# " << one_line(result.message) << "\n# seed " << options.seed
+        << "\n# reproduce: " << result.reproduce << "\n"
+        << result.trace;
+    if (out) result.trace_file = file;
+}
+
+// Shrinks a trace that made a child die, each candidate in a child of its
+// own; hangs are not shrunk (each try would cost the full time limit).
+std::string shrink_fault(const Adapter& adapter, const std::string& trace_text, const Fault& fault, PropertySet properties,
+                         const ConformanceOptions& options) {
+    if (fault.kind == "hang" || trace_text.empty()) return trace_text;
+    Trace trace;
+    try {
+        trace = parse_trace(trace_text);
+    } catch (const std::exception&) {
+        return trace_text;
+    }
+    const Failure as_failure{"fault:" + fault.kind, trace.empty() ? 0 : trace.size() - 1, fault.detail, {}};
+    Sandbox sandbox(options.limits);
+    const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
+        auto job = sandbox.run([&](Channel& out) { run_once(adapter, candidate, properties, out); });
+        if (!job->fault || job->fault->kind != fault.kind) return std::nullopt;
+        return Failure{"fault:" + fault.kind, candidate.size() - 1, job->fault->detail, {}};
+    };
+    ShrinkOptions limits;
+    limits.runs_max = 100;
+    return format_trace(shrink(trace, as_failure, oracle, limits).trace);
+}
+
+struct Task {
+    std::size_t adapter = 0;
+    std::size_t property = 0;  // index into the chosen properties
+    double started = 0;
+    double last_progress = 0;
+    std::shared_ptr<Job> job;
+};
+
+class Scheduler {
+  public:
+    Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
+        : adapters_(adapters), options_(options), sandbox_(options.limits) {
+        properties_ = options.properties;
+        if (properties_.empty()) properties_.assign(all_properties().begin(), all_properties().end());
+        for (const Adapter& adapter : adapters) {
+            AdapterResult result{adapter, {}};
+            for (Property p : properties_) {
+                PropertyResult property;
+                property.id = property_id(p);
+                result.properties.push_back(std::move(property));
+            }
+            results_.push_back(std::move(result));
+        }
+        for (std::size_t a = 0; a < adapters.size(); ++a) {
+            for (std::size_t p = 0; p < properties_.size(); ++p) {
+                Task task;
+                task.adapter = a;
+                task.property = p;
+                pending_.push_back(std::move(task));
+            }
+        }
+        total_ = pending_.size();
+    }
+
+    std::vector<AdapterResult> run() {
+        std::vector<Task> running;
+        while (!pending_.empty() || !running.empty()) {
+            while (!pending_.empty() && running.size() < std::max<std::size_t>(options_.jobs, 1)) {
+                running.push_back(start(pending_.front()));
+                pending_.pop_front();
+            }
+            sandbox_.poll(0.2);
+            const double now = monotonic_seconds();
+            for (auto it = running.begin(); it != running.end();) {
+                if (it->job->done) {
+                    collect(*it, now);
+                    it = running.erase(it);
+                    continue;
+                }
+                if (options_.progress && now - it->last_progress >= 5) {
+                    it->last_progress = now;
+                    std::cerr << "         " << adapters_[it->adapter].name << " / " << property_id(properties_[it->property])
+                              << ": " << count_begins(*it->job) << " traces so far\n";
+                }
+                ++it;
+            }
+        }
+        return results_;
+    }
+
+  private:
+    static std::size_t count_begins(const Job& job) {
+        return static_cast<std::size_t>(std::count_if(job.messages.begin(), job.messages.end(),
+                                                      [](const Message& m) { return m.kind == "begin"; }));
+    }
+
+    Task start(Task task) {
+        const Adapter& adapter = adapters_[task.adapter];
+        const Property property = properties_[task.property];
+        const ConformanceOptions& options = options_;
+        auto body = [&adapter, property, &options](Channel& out) { search(adapter, property, options, out); };
+        task.started = task.last_progress = monotonic_seconds();
+        if (options_.isolate) {
+            task.job = sandbox_.start(body, [](const Message&) {});
+        } else {
+            task.job = std::make_shared<Job>();
+            Job& job = *task.job;
+            Channel channel([&job](const std::string& kind, const std::string& payload) {
+                if (kind == "begin") job.last_begin = payload;
+                job.messages.push_back({kind, payload});
+            });
+            body(channel);
+            job.done = true;
+        }
+        return task;
+    }
+
+    void collect(const Task& task, double now) {
+        const Adapter& adapter = adapters_[task.adapter];
+        PropertyResult& result = results_[task.adapter].properties[task.property];
+        const Job& job = *task.job;
+        result.seconds = now - task.started;
+        result.cases = count_begins(job);
+        for (const Message& message : job.messages) {
+            if (message.kind == "pass") {
+                result.verdict = "pass";
+                result.cases = std::stoul(message.payload);
+            } else if (message.kind == "skipped") {
+                result.verdict = "skipped";
+                result.message = message.payload;
+            } else if (message.kind == "fail") {
+                const FoundFailure found = decode(message.payload);
+                result.verdict = "fail";
+                result.cases = found.cases;
+                result.found_length = found.found_length;
+                result.message = found.failure.property == result.id
+                                     ? found.failure.message
+                                     : found.failure.property + ": " + found.failure.message;
+                result.also = found.failure.also;
+                result.trace = found.trace;
+            } else if (message.kind == "error") {
+                result.verdict = "fail";
+                result.fault = "error: " + one_line(message.payload);
+                result.message = "the adapter failed outside any trace: " + one_line(message.payload);
+            }
+        }
+        if (job.fault) {
+            result.verdict = "fail";
+            result.fault = job.fault->kind + ": " + job.fault->detail;
+            result.message = "the engine " + (job.fault->kind == "crash" ? "crashed (" + job.fault->detail + ")"
+                                              : job.fault->kind == "hang" ? "hung (" + job.fault->detail + ")"
+                                              : job.fault->kind == "memory" ? "exceeded the memory limit (" + job.fault->detail + ")"
+                                                                            : "exited (" + job.fault->detail + ")") +
+                             " while running the trace below";
+            result.trace = shrink_fault(adapter, job.last_begin, *job.fault, PropertySet::only(properties_[task.property]), options_);
+            result.found_length = result.trace.empty() ? 0 : static_cast<std::size_t>(std::count(job.last_begin.begin(), job.last_begin.end(), '\n'));
+        }
+        if (result.verdict == "fail" && !result.trace.empty()) write_trace_file(adapter, result, options_);
+        ++finished_;
+        if (options_.progress) {
+            char line[256];
+            std::snprintf(line, sizeof line, "[%3zu/%zu] %-10s %-22s %-7s %5zu cases %6.2f s\n", finished_, total_,
+                          adapter.name.c_str(), result.id.c_str(),
+                          result.fault.empty() ? result.verdict.c_str() : "FAULT", result.cases, result.seconds);
+            std::cerr << line;
+        }
+    }
+
+    const std::vector<Adapter>& adapters_;
+    const ConformanceOptions& options_;
+    std::vector<Property> properties_;
+    Sandbox sandbox_;
+    std::deque<Task> pending_;
+    std::vector<AdapterResult> results_;
+    std::size_t total_ = 0;
+    std::size_t finished_ = 0;
+};
+
+}  // namespace
+
+bool AdapterResult::all_pass() const {
+    return std::none_of(properties.begin(), properties.end(), [](const PropertyResult& p) { return p.verdict == "fail"; });
+}
+
+bool AdapterResult::fails(const std::string& property) const {
+    return std::any_of(properties.begin(), properties.end(),
+                       [&](const PropertyResult& p) { return p.id == property && p.verdict == "fail"; });
+}
+
+std::vector<AdapterResult> check_adapters(const std::vector<Adapter>& adapters, const ConformanceOptions& options) {
+    return Scheduler(adapters, options).run();
+}
+
+ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
+                          const ConformanceOptions& options) {
+    auto body = [&](Channel& out) {
+        if (const std::optional<Failure> failure = run_once(adapter, trace, properties, out)) {
+            if (shrink_it) {
+                report_failure(adapter, trace, *failure, properties, 1, out);
+            } else {
+                out.send("fail", encode({1, trace.size(), *failure, format_trace(trace)}));
+            }
+            return;
+        }
+        out.send("pass", "1");
+    };
+    std::shared_ptr<Job> job;
+    if (options.isolate) {
+        Sandbox sandbox(options.limits);
+        job = sandbox.run(body);
+    } else {
+        job = std::make_shared<Job>();
+        Channel channel([&job](const std::string& kind, const std::string& payload) { job->messages.push_back({kind, payload}); });
+        body(channel);
+    }
+    ReplayResult result;
+    result.trace = trace;
+    for (const Message& message : job->messages) {
+        if (message.kind != "fail") continue;
+        const FoundFailure found = decode(message.payload);
+        result.failed = true;
+        result.failure = found.failure;
+        result.trace = parse_trace(found.trace);
+    }
+    if (job->fault) {
+        result.failed = true;
+        result.fault = job->fault->kind + ": " + job->fault->detail;
+        result.failure = Failure{"fault:" + job->fault->kind, trace.empty() ? 0 : trace.size() - 1, job->fault->detail, {}};
+        if (shrink_it) result.trace = parse_trace(shrink_fault(adapter, job->last_begin, *job->fault, properties, options));
+    }
+    return result;
+}
+
+}  // namespace kvcheck::cli
