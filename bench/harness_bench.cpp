@@ -1,0 +1,219 @@
+// Harness throughput: the executor's operations per second on the
+// reference, with every checker on and with none (PropertySet::none()), for
+// stores of 10, 100 and 1,000 entries; and the stateful property's cases
+// per second.
+//
+// A throughput trace first adds N entries, then runs a mix of operations on
+// them (mix_ops_count of them, seeded). Only the mix is timed: each round
+// runs the N adds alone and the whole trace, each on a fresh engine, and
+// counts the difference. Two mixes:
+// - "mixed": the workload's kinds at about the weights of its uniform swarm,
+//   generation included, files excluded (a dump's cost is the disk's);
+// - "store": the same without generation, the model's share of the time.
+// Handles are drawn from a pool of handle_pool_size names, reused, so that
+// the number of live handles stays that of a short trace.
+#include "bench_util.h"
+
+#include "bundled.h"
+#include "kvcheck/executor.h"
+#include "kvcheck/workload.h"
+
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+namespace kvbench {
+namespace {
+
+using namespace kvcheck;
+
+constexpr std::size_t mix_ops_count = 400;
+constexpr std::int64_t handle_pool_size = 8;
+constexpr std::uint64_t mix_seed = 6;
+
+const adapters::BundledAdapter& reference() { return *adapters::find_bundled("reference"); }
+
+// Small caches, as the workload makes them: up to 3 layers of up to 5
+// tokens, float32, both layouts, odd layers included.
+Swarm small_cache_swarm(const WorkloadOptions& options) {
+    Swarm swarm = uniform_swarm(options);
+    swarm.dtype = Dtype::f32;
+    return swarm;
+}
+
+std::string entry_id(std::uint64_t i) { return "e" + std::to_string(i); }
+
+Trace adds_of(std::size_t entries) {
+    SeededChooser choose(mix_seed);
+    const WorkloadOptions options;
+    const Swarm swarm = small_cache_swarm(options);
+    Trace trace;
+    for (std::size_t i = 0; i < entries; ++i) trace.push_back(op::Add{entry_id(i), random_cache_spec(choose, swarm, options)});
+    return trace;
+}
+
+// The mix: kinds and weights as the uniform swarm has them (adds 6,
+// get_cache 4, generate 3, the rest 2), files and delete_all left out (a
+// delete is followed by the add of the same id, so the store keeps its size).
+Trace mix_of(std::size_t entries, bool generation) {
+    SeededChooser choose(mix_seed + entries);
+    const WorkloadOptions options;
+    const Swarm swarm = small_cache_swarm(options);
+    auto id = [&] { return entry_id(choose.below(entries)); };
+    auto handle = [&] { return HandleName{choose.between(1, handle_pool_size)}; };
+    // A result goes to a handle none of its sources is in.
+    auto other_than = [&](std::initializer_list<HandleName> sources) {
+        for (;;) {
+            const HandleName out = handle();
+            bool taken = false;
+            for (const HandleName source : sources) taken = taken || source.value == out.value;
+            if (!taken) return out;
+        }
+    };
+    auto prompt = [&] { return Tokens{choose.between(1, 31), choose.between(1, 31)}; };
+    enum Kind { add, get_cache, generate, get, get_by_ids, get_all, remove, make, clone, concat, to_legacy, from_legacy, add_handle };
+    const std::vector<std::pair<Kind, int>> weights = {
+        {add, 6}, {get_cache, 4}, {generate, generation ? 3 : 0}, {get, 2}, {get_by_ids, 2}, {get_all, 2}, {remove, 2},
+        {make, 2}, {clone, 2}, {concat, 2}, {to_legacy, 2}, {from_legacy, 2}, {add_handle, 2}};
+    int total = 0;
+    for (const auto& [kind, weight] : weights) total += weight;
+    Trace trace;
+    while (trace.size() < mix_ops_count) {
+        int pick = static_cast<int>(choose.below(static_cast<std::uint64_t>(total)));
+        std::size_t k = 0;
+        while (pick >= weights[k].second) pick -= weights[k++].second;
+        switch (weights[k].first) {
+            case add: trace.push_back(op::Add{id(), random_cache_spec(choose, swarm, options)}); break;
+            case get_cache: {
+                const HandleName out = handle();
+                trace.push_back(op::GetCache{out, {id()}});
+                if (generation && choose.one_in(3)) trace.push_back(op::Generate{out, prompt(), choose.between(1, 4)});
+                break;
+            }
+            case generate: trace.push_back(op::Generate{handle(), prompt(), choose.between(1, 4)}); break;
+            case get: trace.push_back(op::Get{handle(), id()}); break;
+            case get_by_ids: trace.push_back(op::GetByIds{{id(), id(), id()}}); break;
+            case get_all: trace.push_back(op::GetAll{}); break;
+            case remove: {
+                const std::string removed = id();
+                trace.push_back(op::Delete{{removed}});
+                trace.push_back(op::Add{removed, random_cache_spec(choose, swarm, options)});
+                break;
+            }
+            case make: trace.push_back(op::Make{handle(), random_cache_spec(choose, swarm, options)}); break;
+            case clone: {
+                const HandleName source = handle();
+                trace.push_back(op::Clone{other_than({source}), source});
+                break;
+            }
+            case concat: {
+                const HandleName first = handle();
+                const HandleName second = handle();
+                trace.push_back(op::Concat{other_than({first, second}), {first, second}});
+                break;
+            }
+            case to_legacy: {
+                const HandleName source = handle();
+                trace.push_back(op::ToLegacy{other_than({source}), source});
+                break;
+            }
+            case from_legacy: {
+                const HandleName source = handle();
+                trace.push_back(op::FromLegacy{other_than({source}), source});
+                break;
+            }
+            case add_handle: trace.push_back(op::AddHandle{id(), handle()}); break;
+        }
+    }
+    return trace;
+}
+
+std::size_t ops_run(const RunResult& result) {
+    std::size_t run = 0;
+    for (const std::uint32_t count : result.coverage.ops_run) run += count;
+    return run;
+}
+
+void executor_throughput(benchmark::State& state, std::size_t entries, bool generation, bool checked) {
+    const Trace prefix = adds_of(entries);
+    Trace trace = prefix;
+    const Trace mix = mix_of(entries, generation);
+    trace.insert(trace.end(), mix.begin(), mix.end());
+    RunOptions options;
+    options.properties = checked ? PropertySet::all() : PropertySet::none();
+    Samples seconds;
+    std::size_t mix_ops_run = 0;
+    for (auto _ : state) {
+        const auto prefix_engine = reference().make();
+        const double t0 = now_seconds();
+        const RunResult before = execute(prefix, *prefix_engine, options);
+        const double t1 = now_seconds();
+        const auto engine = reference().make();
+        const double t2 = now_seconds();
+        const RunResult result = execute(trace, *engine, options);
+        const double t3 = now_seconds();
+        if (result.failure) {
+            state.SkipWithError(("the reference failed: " + result.failure->property + ": " + result.failure->message).c_str());
+            return;
+        }
+        mix_ops_run = ops_run(result) - ops_run(before);
+        const double mix_seconds = (t3 - t2) - (t1 - t0);
+        seconds.add(mix_seconds);
+        state.SetIterationTime(mix_seconds);
+    }
+    state.counters["entries"] = static_cast<double>(entries);
+    state.counters["mix_ops_run"] = static_cast<double>(mix_ops_run);
+    state.counters["ops_per_s"] = static_cast<double>(mix_ops_run) / seconds.median();
+    state.counters["us_per_op"] = seconds.median() / static_cast<double>(mix_ops_run) * 1e6;
+}
+
+// The stateful property's loop (properties/stateful_test.cpp) without
+// RapidCheck around it: 100 cases of sizes 0..99, a trace of
+// 4 + size/3 operations each, through the reference, every checker on.
+void stateful_cases(benchmark::State& state) {
+    constexpr int cases_per_round = 100;
+    std::uint64_t seed = 1;
+    std::size_t ops = 0;
+    const double start = now_seconds();
+    for (auto _ : state) {
+        for (int size = 0; size < cases_per_round; ++size) {
+            WorkloadOptions options;
+            options.trace_ops_max = 4 + static_cast<std::size_t>(size) / 3;
+            const Trace trace = trace_for_seed(seed++, options);
+            const auto engine = reference().make();
+            const RunResult result = execute(trace, *engine);
+            if (result.failure) {
+                state.SkipWithError("the reference failed a stateful case");
+                return;
+            }
+            ops += result.steps_run;
+        }
+    }
+    const double seconds = now_seconds() - start;
+    state.counters["cases_per_s"] = static_cast<double>(cases_per_round) * static_cast<double>(state.iterations()) / seconds;
+    state.counters["ops_per_s"] = static_cast<double>(ops) / seconds;
+}
+
+const bool registered = [] {
+    for (const bool generation : {true, false}) {
+        for (const std::size_t entries : {10, 100, 1000}) {
+            for (const bool checked : {true, false}) {
+                const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
+                                         std::to_string(entries) + "entries/" + (checked ? "checked" : "unchecked");
+                benchmark::RegisterBenchmark(name.c_str(), executor_throughput, entries, generation, checked)
+                    ->Iterations(entries >= 1000 ? 3 : 10)
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMillisecond);
+            }
+        }
+    }
+    benchmark::RegisterBenchmark("stateful_property/100cases", stateful_cases)
+        ->Iterations(5)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    return true;
+}();
+
+}  // namespace
+}  // namespace kvbench
