@@ -1,0 +1,95 @@
+// The fault plugins: the vector engine (adapters/examples) with one fault
+// injected, to prove that kvcheck survives an adapter that crashes, aborts,
+// throws, leaks or hangs, and reports it against the property and trace
+// that triggered it. KVCHECK_FAULT (set per plugin by CMakeLists.txt)
+// selects the fault. It strikes on the `fault_call`-th call of `add` on one
+// engine, and on every call after it: kvcheck makes one engine per trace,
+// so any trace with that many adds triggers it, and the shrunk trace is
+// `fault_call` adds.
+#include "adapter.h"
+
+#include <kvcheck/plugin.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#define KVCHECK_FAULT_SEGV 1
+#define KVCHECK_FAULT_ABORT 2
+#define KVCHECK_FAULT_THROW 3
+#define KVCHECK_FAULT_LEAK 4
+#define KVCHECK_FAULT_HANG 5
+
+#if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
+#define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
+#define KVCHECK_FAULT_WHAT "writes through a null pointer"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_ABORT
+#define KVCHECK_FAULT_NAME "kvcheck-fault-abort"
+#define KVCHECK_FAULT_WHAT "calls std::abort"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_THROW
+#define KVCHECK_FAULT_NAME "kvcheck-fault-throw"
+#define KVCHECK_FAULT_WHAT "throws std::runtime_error"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_LEAK
+#define KVCHECK_FAULT_NAME "kvcheck-fault-leak"
+#define KVCHECK_FAULT_WHAT "allocates and touches 64 MiB per call, never freed"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_HANG
+#define KVCHECK_FAULT_NAME "kvcheck-fault-hang"
+#define KVCHECK_FAULT_WHAT "sleeps forever"
+#else
+#error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
+#endif
+
+namespace {
+
+constexpr int fault_call = 3;
+constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
+
+// Held so that the leak stays reachable (LeakSanitizer stays quiet) yet is
+// never freed: the process only grows.
+[[maybe_unused]] std::vector<char*>& leaked() {
+    static std::vector<char*> blocks;
+    return blocks;
+}
+
+[[maybe_unused]] void write_through_null() {
+    // Both volatile: the compiler can neither prove the pointer null (and
+    // turn the store into a trap) nor drop the store as dead.
+    volatile int* volatile target = nullptr;
+    *target = 1;
+}
+
+void inject_fault() {
+#if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
+    write_through_null();
+#elif KVCHECK_FAULT == KVCHECK_FAULT_ABORT
+    std::abort();
+#elif KVCHECK_FAULT == KVCHECK_FAULT_THROW
+    throw std::runtime_error(KVCHECK_FAULT_NAME ": injected failure in add");
+#elif KVCHECK_FAULT == KVCHECK_FAULT_LEAK
+    char* block = new char[leak_bytes_per_call];
+    std::memset(block, 0x5A, leak_bytes_per_call);  // touched: it counts as resident
+    leaked().push_back(block);
+#elif KVCHECK_FAULT == KVCHECK_FAULT_HANG
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+#endif
+}
+
+class FaultyEngine final : public vector_engine::VectorEngine {
+  public:
+    std::string name() const override { return KVCHECK_FAULT_NAME; }
+
+    void add(const std::string& id, const kvcheck::CacheContent& content) override {
+        if (++adds_ >= fault_call) inject_fault();
+        VectorEngine::add(id, content);
+    }
+
+  private:
+    int adds_ = 0;
+};
+
+}  // namespace
+
+KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " from the 3rd add on")
