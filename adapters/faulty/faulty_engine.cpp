@@ -45,7 +45,7 @@
 namespace {
 
 constexpr int fault_call = 3;
-constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
+[[maybe_unused]] constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
 
 // Held so that the leak stays reachable (LeakSanitizer stays quiet) yet is
 // never freed: the process only grows.
