@@ -163,14 +163,15 @@ bool Sandbox::poll(double seconds) {
     const double now = monotonic_seconds();
     for (Job* job : polled) {
         if (job->done) continue;
-        if (now - job->last_heard > limits_.silence_seconds) {
-            kill_with(*job, Fault{"hang", "no progress for " + std::to_string(static_cast<int>(limits_.silence_seconds)) + " s"});
-            continue;
-        }
+        // Memory first: a leaking engine is slow too, and would read as hung.
         const std::int64_t resident = resident_bytes(job->pid);
         if (resident > limits_.memory_bytes) {
             kill_with(*job, Fault{"memory", "resident memory " + std::to_string(resident >> 20) + " MiB over the limit of " +
                                                 std::to_string(limits_.memory_bytes >> 20) + " MiB"});
+            continue;
+        }
+        if (now - job->last_heard > limits_.silence_seconds) {
+            kill_with(*job, Fault{"hang", "no progress for " + std::to_string(static_cast<int>(limits_.silence_seconds)) + " s"});
         }
     }
     return running() > 0;

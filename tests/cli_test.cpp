@@ -1,0 +1,151 @@
+// The kvcheck command line, end to end: help and exit codes, reports, replay
+// of the traces it writes, plugin loading errors, and isolation: an engine
+// that crashes, aborts, throws, leaks or hangs is reported as a fault of the
+// property and trace that triggered it, and the run completes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Outcome {
+    int status = -1;
+    std::string out;  // standard output and error together
+};
+
+Outcome kvcheck(const std::string& arguments) {
+    const std::string command = std::string(KVCHECK_BINARY) + " " + arguments + " 2>&1";
+    Outcome outcome;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return outcome;
+    std::array<char, 4096> chunk{};
+    std::size_t n = 0;
+    while ((n = std::fread(chunk.data(), 1, chunk.size(), pipe)) > 0) outcome.out.append(chunk.data(), n);
+    const int status = ::pclose(pipe);
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return outcome;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string scratch(const std::string& name) {
+    const auto dir = std::filesystem::temp_directory_path() / ("kvcheck-cli-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    return (dir / name).string();
+}
+
+TEST(Cli, HelpAndUsageErrors) {
+    const Outcome help = kvcheck("--help");
+    EXPECT_EQ(help.status, 0);
+    for (const char* command : {"list", "run", "replay", "shrink"}) {
+        EXPECT_TRUE(contains(help.out, command)) << help.out;
+        EXPECT_EQ(kvcheck(std::string(command) + " --help").status, 0) << command;
+    }
+    EXPECT_EQ(kvcheck("frobnicate").status, 2);
+    const Outcome bad_option = kvcheck("run --no-such-option");
+    EXPECT_EQ(bad_option.status, 2);
+    EXPECT_TRUE(contains(bad_option.out, "unknown option --no-such-option")) << bad_option.out;
+    const Outcome bad_adapter = kvcheck("run --adapter nonesuch");
+    EXPECT_EQ(bad_adapter.status, 2);
+    EXPECT_TRUE(contains(bad_adapter.out, "unknown adapter 'nonesuch'")) << bad_adapter.out;
+    EXPECT_EQ(kvcheck("run --adapter reference --property nonesuch").status, 2);
+    EXPECT_EQ(kvcheck("run --adapter reference --cases x").status, 2);
+    const Outcome missing = kvcheck("run --adapter /nonexistent/libengine.so");
+    EXPECT_EQ(missing.status, 2);
+    EXPECT_TRUE(contains(missing.out, "not found")) << missing.out;
+    const Outcome not_plugin = kvcheck(std::string("run --adapter ") + KVCHECK_NOT_A_PLUGIN);
+    EXPECT_EQ(not_plugin.status, 2);
+    EXPECT_TRUE(contains(not_plugin.out, "is not a kvcheck plugin")) << not_plugin.out;
+}
+
+TEST(Cli, ListNamesEveryPropertyAndMutant) {
+    const Outcome list = kvcheck("list");
+    EXPECT_EQ(list.status, 0);
+    for (const char* name : {"reference", "M1", "M10", "stored-immutable", "dump-safe", "store-contract"}) {
+        EXPECT_TRUE(contains(list.out, name)) << name;
+    }
+}
+
+TEST(Cli, TheReferencePassesAndExitsZero) {
+    const Outcome run = kvcheck("run --adapter reference --cases 30 --quiet --trace-dir " + scratch("traces"));
+    EXPECT_EQ(run.status, 0) << run.out;
+    EXPECT_TRUE(contains(run.out, "stored-immutable")) << run.out;
+    EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
+}
+
+TEST(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
+    const std::string traces = scratch("mutant-traces");
+    const std::string json = scratch("m3.json");
+    const Outcome run = kvcheck("run --adapter M3 --property single-copy --property dump-safe --cases 100 --quiet --report json --out " +
+                                json + " --trace-dir " + traces);
+    EXPECT_EQ(run.status, 1) << run.out;
+    std::ifstream in(json);
+    const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(contains(report, "\"adapter\": \"M3\"")) << report;
+    EXPECT_TRUE(contains(report, "\"seed\": 20261202")) << report;
+    EXPECT_TRUE(contains(report, "{\"id\": \"single-copy\", \"verdict\": \"fail\"")) << report;
+    EXPECT_TRUE(contains(report, "{\"id\": \"dump-safe\", \"verdict\": \"pass\"")) << report;
+    EXPECT_TRUE(contains(report, "\"reproduce\": \"kvcheck replay ")) << report;
+    const std::string trace = traces + "/M3-single-copy.trace";
+    ASSERT_TRUE(std::filesystem::exists(trace));
+    const Outcome replay = kvcheck("replay " + trace + " --adapter M3");
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.out, "ERROR: single-copy:")) << replay.out;
+    EXPECT_TRUE(contains(replay.out, "SUMMARY: kvcheck: single-copy violated")) << replay.out;
+    EXPECT_EQ(kvcheck("replay " + trace + " --adapter reference").status, 0);
+    const Outcome junit = kvcheck("run --adapter M3 --property single-copy --cases 50 --quiet --report junit --trace-dir " + traces);
+    EXPECT_TRUE(contains(junit.out, "<testcase classname=\"kvcheck.M3\" name=\"single-copy\"")) << junit.out;
+    EXPECT_TRUE(contains(junit.out, "<failure")) << junit.out;
+}
+
+TEST(Cli, ShrinkMakesALongFailingTraceShort) {
+    const std::string path = scratch("long.trace");
+    std::ofstream(path) << "# a long trace that M3 fails at the end\n"
+                           "add a modern/f32/1:[kv3 kv2]\nadd b legacy/f32/2:[kv1]\nget_all\nh1 = get a\n"
+                           "get_by_ids a b c\nh2 = get_cache a\ndelete c\nh3 = make modern/f32/3:[kv2]\n"
+                           "generate h2 prompt=4,5 max=3\n";
+    const std::string out = scratch("short.trace");
+    const Outcome shrink = kvcheck("shrink " + path + " --adapter M3 --out " + out);
+    EXPECT_EQ(shrink.status, 1) << shrink.out;
+    std::ifstream in(out);
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) lines += !line.empty() && line[0] != '#';
+    EXPECT_LE(lines, 3) << shrink.out;
+}
+
+struct FaultCase {
+    const char* plugin;
+    std::vector<const char*> expected;  // any of these in the report
+};
+
+TEST(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
+    const std::vector<FaultCase> cases = {
+        {KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}},  // ASan turns a SEGV into an exit
+        {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}},
+        {KVCHECK_FAULT_THROW, {"the engine threw"}},
+        {KVCHECK_FAULT_LEAK, {"memory: resident memory"}},
+        {KVCHECK_FAULT_HANG, {"hang: no progress"}},
+    };
+    for (const FaultCase& fault : cases) {
+        SCOPED_TRACE(fault.plugin);
+        const Outcome run = kvcheck(std::string("run --adapter ") + fault.plugin +
+                                    " --property stored-immutable --property store-contract --cases 40 --timeout 3"
+                                    " --memory-mb 768 --quiet --report json --trace-dir " + scratch("fault-traces"));
+        EXPECT_EQ(run.status, 1) << run.out;
+        bool found = false;
+        for (const char* expected : fault.expected) found = found || contains(run.out, expected);
+        EXPECT_TRUE(found) << run.out;
+        // Both properties have a verdict: the fault did not end the run.
+        EXPECT_TRUE(contains(run.out, "\"id\": \"stored-immutable\", \"verdict\": \"fail\"")) << run.out;
+        EXPECT_TRUE(contains(run.out, "\"id\": \"store-contract\", \"verdict\": \"fail\"")) << run.out;
+        EXPECT_TRUE(contains(run.out, "\"trace\": \"")) << "the triggering trace is reported\n" << run.out;
+    }
+}
+
+}  // namespace
