@@ -30,6 +30,9 @@ install(TARGETS kvcheck_harness kvcheck_warnings
   EXPORT kvcheckTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 if(TARGET kvcheck)
+  # Installed, kvcheck still finds libtorch (and any library linked from
+  # outside the system directories) where it was linked from.
+  set_target_properties(kvcheck PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS kvcheck EXPORT kvcheckTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/harness/kvcheck/
