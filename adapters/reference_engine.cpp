@@ -2,7 +2,9 @@
 
 #include <ATen/ops/tensor.h>
 
+#include <array>
 #include <stdexcept>
+#include <vector>
 
 namespace kvcheck::adapters {
 namespace {
@@ -96,6 +98,126 @@ CacheView view_of(const kv::Cache& cache) {
     return view;
 }
 
+// ---- entry versions -----------------------------------------------------------
+
+// A slot as it was: the tensor object itself, held so that no new tensor
+// can take its address while the snapshot lives, and what can change about
+// it in place. Its values change only through an in-place op, which bumps
+// the version counter (the counter views share with their base); its
+// geometry and storage may be changed in place, so they are kept as values.
+struct SlotSnapshot {
+    at::Tensor tensor;  // undefined: the slot was absent
+    bool trackable = false;  // see trackable(): never matches when false
+    std::int64_t version = 0;
+    const void* storage = nullptr;
+    const void* data = nullptr;
+    at::ScalarType dtype = at::kFloat;
+    std::int64_t offset = 0;
+    std::vector<std::int64_t> sizes;
+    std::vector<std::int64_t> strides;
+};
+
+// Everything view_of, storage_identities and owned() read of a cache: the
+// lists and layer objects (held, like the tensors), the flags, the slots.
+struct EntrySnapshot {
+    kv::Layout layout = kv::Layout::modern;
+    bool owned = false;
+    std::shared_ptr<kv::LayerList> layers;
+    std::shared_ptr<kv::TensorList> key_cache;
+    std::shared_ptr<kv::TensorList> value_cache;
+    std::vector<kv::LayerPtr> layer_objects;
+    std::vector<bool> initialized;
+    std::vector<SlotSnapshot> slots;  // modern: 4 per layer; legacy: the keys, then the values
+    std::size_t legacy_keys = 0;      // legacy: how many of the slots are keys
+    std::uint64_t version = 0;
+};
+
+namespace {
+
+// A tensor whose changes cannot be seen from its metadata: an inference
+// tensor has no version counter, a storage-less one no storage to compare.
+bool trackable(const at::Tensor& t) { return !t.defined() || (!t.is_inference() && t.has_storage()); }
+
+SlotSnapshot slot_snapshot(const at::Tensor& t) {
+    SlotSnapshot slot;
+    slot.tensor = t;
+    slot.trackable = trackable(t);
+    if (!t.defined() || !slot.trackable) return slot;
+    slot.version = static_cast<std::int64_t>(t._version());
+    slot.storage = t.storage().unsafeGetStorageImpl();
+    slot.data = t.storage().data();
+    slot.dtype = t.scalar_type();
+    slot.offset = t.storage_offset();
+    slot.sizes.assign(t.sizes().begin(), t.sizes().end());
+    slot.strides.assign(t.strides().begin(), t.strides().end());
+    return slot;
+}
+
+bool unchanged(const SlotSnapshot& slot, const at::Tensor& t) {
+    if (!t.defined() || !slot.tensor.defined()) return t.defined() == slot.tensor.defined();
+    // The same object: whether it is trackable cannot have changed.
+    return t.unsafeGetTensorImpl() == slot.tensor.unsafeGetTensorImpl() && slot.trackable &&
+           static_cast<std::int64_t>(t._version()) == slot.version &&
+           t.storage().unsafeGetStorageImpl() == slot.storage && t.storage().data() == slot.data &&
+           t.scalar_type() == slot.dtype && t.storage_offset() == slot.offset &&
+           t.sizes() == at::IntArrayRef(slot.sizes) && t.strides() == at::IntArrayRef(slot.strides);
+}
+
+std::array<const at::Tensor*, slot_count> layer_slots(const kv::Layer& layer) {
+    return {&layer.keys, &layer.values, &layer.key_cache, &layer.value_cache};
+}
+
+std::unique_ptr<EntrySnapshot> take_snapshot(const kv::Cache& cache) {
+    auto snapshot = std::make_unique<EntrySnapshot>();
+    snapshot->layout = cache.layout();
+    snapshot->owned = cache.owned();
+    if (cache.layout() == kv::Layout::modern) {
+        snapshot->layers = cache.layers();
+        for (const kv::LayerPtr& layer : *cache.layers()) {
+            snapshot->layer_objects.push_back(layer);
+            snapshot->initialized.push_back(layer->is_initialized);
+            for (const at::Tensor* t : layer_slots(*layer)) snapshot->slots.push_back(slot_snapshot(*t));
+        }
+    } else {
+        snapshot->key_cache = cache.key_cache();
+        snapshot->value_cache = cache.value_cache();
+        snapshot->legacy_keys = cache.key_cache()->size();
+        for (const at::Tensor& t : *cache.key_cache()) snapshot->slots.push_back(slot_snapshot(t));
+        for (const at::Tensor& t : *cache.value_cache()) snapshot->slots.push_back(slot_snapshot(t));
+    }
+    return snapshot;
+}
+
+// Is `cache` made of exactly what `snapshot` holds, unchanged?
+bool matches(const EntrySnapshot& snapshot, const kv::Cache& cache) {
+    if (cache.layout() != snapshot.layout || cache.owned() != snapshot.owned) return false;
+    std::size_t slot = 0;
+    if (cache.layout() == kv::Layout::modern) {
+        const kv::LayerList& layers = *cache.layers();
+        if (cache.layers() != snapshot.layers || layers.size() != snapshot.layer_objects.size()) return false;
+        for (std::size_t i = 0; i < layers.size(); ++i) {
+            if (layers[i] != snapshot.layer_objects[i] || layers[i]->is_initialized != snapshot.initialized[i]) return false;
+            for (const at::Tensor* t : layer_slots(*layers[i])) {
+                if (!unchanged(snapshot.slots[slot++], *t)) return false;
+            }
+        }
+        return true;
+    }
+    if (cache.key_cache() != snapshot.key_cache || cache.value_cache() != snapshot.value_cache) return false;
+    if (cache.key_cache()->size() != snapshot.legacy_keys ||
+        cache.key_cache()->size() + cache.value_cache()->size() != snapshot.slots.size()) {
+        return false;
+    }
+    for (const kv::TensorList* list : {cache.key_cache().get(), cache.value_cache().get()}) {
+        for (const at::Tensor& t : *list) {
+            if (!unchanged(snapshot.slots[slot++], t)) return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
 // ---- CrashingFileSystem -----------------------------------------------------
 
 void CrashingFileSystem::write_file(const std::string& path, const std::vector<char>& bytes) {
@@ -135,6 +257,14 @@ void CrashingFileSystem::make_dirs(const std::string& path) { kv::posix_file_sys
 
 ReferenceEngine::ReferenceEngine(std::shared_ptr<kv::Copier> copier)
     : copier_(copier), store_(std::move(copier)), model_(kv::models::DecoderConfig{}) {}
+
+ReferenceEngine::~ReferenceEngine() = default;
+
+Capabilities ReferenceEngine::capabilities() const {
+    Capabilities capabilities;
+    capabilities.entry_versions = true;
+    return capabilities;
+}
 
 kv::ConstCachePtr ReferenceEngine::handle(Handle h) const {
     const auto found = handles_.find(h);
@@ -204,9 +334,15 @@ void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out)
     handles_[out] = store_get_cache(ids);
 }
 
-void ReferenceEngine::remove(const std::vector<std::string>& ids) { store_.remove(ids); }
+void ReferenceEngine::remove(const std::vector<std::string>& ids) {
+    store_.remove(ids);
+    for (const std::string& id : ids) snapshots_.erase(id);
+}
 
-void ReferenceEngine::remove_all() { store_.remove_all(); }
+void ReferenceEngine::remove_all() {
+    store_.remove_all();
+    snapshots_.clear();
+}
 
 void ReferenceEngine::dump(const std::string& dir) { store_dump(dir, kv::posix_file_system()); }
 
@@ -220,6 +356,7 @@ void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t byte
 }
 
 LoadResult ReferenceEngine::load(const std::string& dir) {
+    snapshots_.clear();
     try {
         store_.load(dir);
         return {true, {}};
@@ -313,6 +450,18 @@ std::vector<CopyRecord> ReferenceEngine::take_copies() {
     }
     copies_reported_ = log.size();
     return records;
+}
+
+// The version stays while the cache is made of the same objects, unchanged
+// (the snapshot holds them, so "the same" cannot be an address reused by a
+// new object); any difference gives a version never issued before.
+std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
+    const kv::ConstCachePtr cache = stored(id);
+    std::unique_ptr<EntrySnapshot>& snapshot = snapshots_[id];
+    if (snapshot && matches(*snapshot, *cache)) return snapshot->version;
+    snapshot = take_snapshot(*cache);
+    snapshot->version = ++versions_issued_;
+    return snapshot->version;
 }
 
 }  // namespace kvcheck::adapters

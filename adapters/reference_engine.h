@@ -18,6 +18,7 @@
 #include "kvcheck/engine.h"
 
 #include <map>
+#include <unordered_map>
 #include <memory>
 
 namespace kvcheck::adapters {
@@ -45,11 +46,16 @@ class CrashingFileSystem final : public kv::FileSystem {
     std::int64_t budget_;
 };
 
+// What a stored cache was made of, for entry_version (reference_engine.cpp).
+struct EntrySnapshot;
+
 class ReferenceEngine : public Engine {
   public:
     explicit ReferenceEngine(std::shared_ptr<kv::Copier> copier = std::make_shared<kv::Copier>());
+    ~ReferenceEngine() override;
 
     std::string name() const override { return "reference"; }
+    Capabilities capabilities() const override;
 
     void add(const std::string& id, const CacheContent& content) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -84,6 +90,7 @@ class ReferenceEngine : public Engine {
     std::vector<std::uint64_t> storage_of_entry(const std::string& id) override;
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override;
     std::vector<CopyRecord> take_copies() override;
+    std::uint64_t entry_version(const std::string& id) override;
 
   protected:
     // The seams the mutants override; the reference behaviour is here.
@@ -105,6 +112,10 @@ class ReferenceEngine : public Engine {
   private:
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::size_t copies_reported_ = 0;
+    // Per stored id: what its cache was made of when its version was last
+    // handed out (entry_version), and that version.
+    std::unordered_map<std::string, std::unique_ptr<EntrySnapshot>> snapshots_;
+    std::uint64_t versions_issued_ = 0;
 };
 
 }  // namespace kvcheck::adapters

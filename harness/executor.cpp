@@ -55,18 +55,6 @@ std::string tokens_text(const std::vector<std::int64_t>& tokens) {
     return text + "]";
 }
 
-bool shares(const std::vector<std::uint64_t>& a, const std::unordered_map<std::uint64_t, std::string>& b,
-            std::string* with) {
-    for (std::uint64_t id : a) {
-        const auto found = b.find(id);
-        if (found != b.end()) {
-            *with = found->second;
-            return true;
-        }
-    }
-    return false;
-}
-
 class Run {
   public:
     Run(Engine& engine, const RunOptions& options)
@@ -77,6 +65,7 @@ class Run {
             if (!possible.has(p)) properties_.remove(p);
         }
         work_dir_ = options.work_dir;
+        trust_versions_ = capabilities_.entry_versions;
     }
 
     ~Run() {
@@ -103,6 +92,7 @@ class Run {
             result_.steps_run = step_ + 1;
             settle_step();
         }
+        if (!result_.failure && trust_versions_ && !trace.empty()) recheck_without_versions(trace.size() - 1);
         return std::move(result_);
     }
 
@@ -119,7 +109,8 @@ class Run {
     }
 
     void fail_as(const std::string& property, const std::string& message) {
-        step_failures_.push_back(Failure{property, step_, message, {}});
+        const char* late = rechecking_ ? " (found when every entry was read again at the end of the run)" : "";
+        step_failures_.push_back(Failure{property, step_, message + late, {}});
     }
 
     // Every violation of a step is kept; the first in property order is the
@@ -349,13 +340,17 @@ class Run {
 
     bool apply(const op::Delete& op) {
         engine_.remove(op.ids);
-        for (const std::string& id : op.ids) audit_.remove(id);
+        for (const std::string& id : op.ids) {
+            audit_.remove(id);
+            drop_reading(id);
+        }
         return true;
     }
 
     bool apply(const op::DeleteAll&) {
         engine_.remove_all();
         audit_.remove_all();
+        drop_readings();
         return true;
     }
 
@@ -424,6 +419,8 @@ class Run {
         if (!capabilities_.dump) return false;
         const Snapshot before = audit_.snapshot();
         const LoadResult loaded = engine_.load(slot_dir(op.slot));
+        drop_readings();  // the store may hold other entries now
+        begin_round();
         const auto found = audit_.slots().find(op.slot);
         const DumpSlot slot = found == audit_.slots().end() ? DumpSlot{} : found->second;
         if (!loaded.ok) {
@@ -533,6 +530,130 @@ class Run {
     bool apply(const op::ToLegacy& op) { return apply_conversion(op.source.value, op.out.value, Layout::modern); }
     bool apply(const op::FromLegacy& op) { return apply_conversion(op.source.value, op.out.value, Layout::legacy); }
 
+    // ---- reading the stored entries ----
+    //
+    // Reading every stored entry after every step (its view, which hashes
+    // its content; its owned marker; its storage identities) costs in
+    // proportion to the store. An engine with entry_versions says which
+    // entries may have changed: what was read of an entry is kept while its
+    // version stays, and read again when the version moves. Without
+    // versions nothing is kept from one round of reading to the next. A
+    // round starts whenever the engine may have changed: at the check after
+    // each step, and after a load.
+
+    struct EntryReading {
+        std::uint64_t round = 0;  // the round its version was last asked in
+        std::optional<std::uint64_t> version;
+        std::optional<ObjectId> matched;  // its view equalled this object's
+        std::optional<bool> owned;
+        bool indexed = false;  // its storage identities are in holders_
+        std::vector<std::uint64_t> storage;
+    };
+
+    void begin_round() {
+        ++round_;
+        listed_.reset();
+    }
+
+    // What is known of entry `id` in this round.
+    EntryReading& reading(const std::string& id) {
+        EntryReading& entry = readings_[id];
+        if (entry.round == round_) return entry;
+        entry.round = round_;
+        std::optional<std::uint64_t> version;
+        if (trust_versions_) version = engine_.entry_version(id);
+        if (version && version == entry.version) return entry;
+        unindex(id, entry);
+        entry = EntryReading{round_, version, std::nullopt, std::nullopt, false, {}};
+        return entry;
+    }
+
+    void unindex(const std::string& id, EntryReading& entry) {
+        if (!entry.indexed) return;
+        for (const std::uint64_t identity : entry.storage) {
+            auto& holders = holders_[identity];
+            holders.erase(std::remove(holders.begin(), holders.end(), id), holders.end());
+            if (holders.empty()) holders_.erase(identity);
+        }
+        entry.indexed = false;
+    }
+
+    void drop_reading(const std::string& id) {
+        const auto found = readings_.find(id);
+        if (found == readings_.end()) return;
+        unindex(id, found->second);
+        readings_.erase(found);
+    }
+
+    void drop_readings() {
+        readings_.clear();
+        holders_.clear();
+    }
+
+    // The ids the engine lists, asked once a round.
+    const std::vector<std::string>& listed() {
+        if (!listed_) listed_ = engine_.stored_ids();
+        return *listed_;
+    }
+
+    // The difference of entry `id` from the object the auditor expects.
+    std::string entry_difference(const std::string& id) {
+        const ObjectId expected = *audit_.entry(id);
+        EntryReading& entry = reading(id);
+        if (entry.matched == expected) return {};
+        const std::string difference = view_difference(engine_.view_entry(id), audit_.object(expected).view);
+        if (difference.empty()) entry.matched = expected;
+        return difference;
+    }
+
+    bool entry_owned(const std::string& id) {
+        EntryReading& entry = reading(id);
+        if (!entry.owned) entry.owned = engine_.entry_owned(id);
+        return *entry.owned;
+    }
+
+    void index_storage(const std::string& id) {
+        EntryReading& entry = reading(id);
+        if (entry.indexed) return;
+        entry.storage = engine_.storage_of_entry(id);
+        for (const std::uint64_t identity : entry.storage) holders_[identity].push_back(id);
+        entry.indexed = true;
+    }
+
+    // Does a cache made of `identities` share one with a stored entry? The
+    // entry named is the first, in insertion order, holding the first
+    // shared identity.
+    bool shared_with_entry(const std::vector<std::uint64_t>& identities, std::string* entry) {
+        for (const std::uint64_t identity : identities) {
+            const auto found = holders_.find(identity);
+            if (found == holders_.end()) continue;
+            const std::vector<std::string>& holders = found->second;
+            for (const std::string& id : audit_.order()) {
+                if (std::find(holders.begin(), holders.end(), id) != holders.end()) {
+                    *entry = id;
+                    return true;
+                }
+            }
+        }
+        return false;
+    }
+
+    // Every entry read again, versions or not, after the last step: an
+    // engine whose versions miss a change is caught all the same.
+    void recheck_without_versions(std::size_t last_step) {
+        trust_versions_ = false;
+        rechecking_ = true;
+        step_ = last_step;
+        drop_readings();
+        try {
+            begin_round();
+            check_store();
+        } catch (const std::exception& error) {
+            fail_as(engine_error_id, std::string("the engine threw: ") + error.what());
+        }
+        settle_step();
+    }
+
     // ---- checks after every step ----
 
     static std::string id_list(const std::vector<std::string>& ids) {
@@ -545,15 +666,21 @@ class Run {
     // as text: the ids held (in insertion order when `ordered`), then each
     // entry's content. Empty when they agree.
     std::string store_difference(bool ordered) {
-        auto ids = engine_.stored_ids();
-        auto expected = audit_.order();
-        if (!ordered) {
-            std::sort(ids.begin(), ids.end());
-            std::sort(expected.begin(), expected.end());
+        const std::vector<std::string>& ids = listed();
+        const std::vector<std::string>& expected = audit_.order();
+        if (ids != expected) {
+            auto ids_sorted = ids;
+            auto expected_sorted = expected;
+            if (!ordered) {
+                std::sort(ids_sorted.begin(), ids_sorted.end());
+                std::sort(expected_sorted.begin(), expected_sorted.end());
+            }
+            if (ids_sorted != expected_sorted) {
+                return "the store holds ids " + id_list(ids_sorted) + ", expected " + id_list(expected_sorted);
+            }
         }
-        if (ids != expected) return "the store holds ids " + id_list(ids) + ", expected " + id_list(expected);
         for (const std::string& id : expected) {
-            const std::string difference = view_difference(engine_.view_entry(id), audit_.object(*audit_.entry(id)).view);
+            const std::string difference = entry_difference(id);
             if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
         }
         return {};
@@ -566,8 +693,9 @@ class Run {
     }
 
     void check_store() {
+        begin_round();
         if (checking(Property::store_contract)) {
-            const auto ids = engine_.stored_ids();
+            const auto& ids = listed();
             expect(Property::store_contract, ids == audit_.order(),
                    "the store lists " + id_list(ids) + ", expected " + id_list(audit_.order()) + " (insertion order)");
         }
@@ -583,16 +711,11 @@ class Run {
         if (!immutable && !marker) return;
         if (marker) {
             for (const std::string& id : audit_.order()) {
-                if (!expect(Property::owned_marker, !engine_.entry_owned(id), "stored entry " + in_quotes(id) + " is marked owned")) break;
+                if (!expect(Property::owned_marker, !entry_owned(id), "stored entry " + in_quotes(id) + " is marked owned")) break;
             }
         }
         if (!capabilities_.storage_identity) return;
-        std::unordered_map<std::uint64_t, std::string> stored;
-        std::map<std::string, ObjectId> objects;
-        for (const std::string& id : audit_.order()) {
-            objects[id] = *audit_.entry(id);
-            for (std::uint64_t identity : engine_.storage_of_entry(id)) stored.emplace(identity, id);
-        }
+        for (const std::string& id : audit_.order()) index_storage(id);
         for (const auto& [handle, object] : audit_.handles()) {
             if (!object) continue;
             const Object& expected = audit_.object(*object);
@@ -600,8 +723,8 @@ class Run {
             const bool owned = marker && engine_.handle_facts(handle).owned;
             if (!(immutable && handed_out) && !owned) continue;
             std::string entry;
-            if (!shares(engine_.storage_of_handle(handle), stored, &entry)) continue;
-            if (audit_.may_alias(*object, objects.at(entry))) continue;
+            if (!shared_with_entry(engine_.storage_of_handle(handle), &entry)) continue;
+            if (audit_.may_alias(*object, *audit_.entry(entry))) continue;
             if (immutable && handed_out) {
                 fail_as(property_id(Property::stored_immutable),
                         "the cache get_cache handed out as " + handle_text(handle) + " shares storage with stored entry " + in_quotes(entry));
@@ -641,6 +764,12 @@ class Run {
     std::string work_dir_;
     bool own_work_dir_ = false;
     Auditor audit_;
+    bool trust_versions_ = false;  // the engine reports entry versions, and they are used
+    bool rechecking_ = false;      // the final read, without versions, is running
+    std::uint64_t round_ = 0;
+    std::optional<std::vector<std::string>> listed_;
+    std::unordered_map<std::string, EntryReading> readings_;
+    std::unordered_map<std::uint64_t, std::vector<std::string>> holders_;  // storage identity -> entries holding it
     std::size_t step_ = 0;
     std::vector<Failure> step_failures_;
     RunResult result_;

@@ -47,6 +47,7 @@ struct Capabilities {
     bool generate_stream = true;
     bool storage_identity = true;      // storage_of
     bool copy_log = true;              // take_copies and live sets
+    bool entry_versions = false;       // entry_version (off unless an engine claims it)
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.
@@ -126,6 +127,15 @@ class Engine {
     virtual std::vector<std::uint64_t> storage_of_handle(Handle handle) = 0;
     // The copies made since the last call.
     virtual std::vector<CopyRecord> take_copies() = 0;
+    // A number that stays the same while view_entry, entry_owned and
+    // storage_of_entry of `id` would report the same, and changes - to a
+    // value it never had before - whenever they may have changed. With it
+    // the harness re-reads and re-hashes after a step only the entries whose
+    // version changed, not every entry (it still reads every entry once at
+    // the end of a run). Claim it with capabilities().entry_versions only
+    // when it is cheap and certain: an entry whose version misses a change
+    // is checked late.
+    virtual std::uint64_t entry_version(const std::string& id) { return 0; }
 };
 
 // Engines are made by name through a factory, once per trace run.
