@@ -15,6 +15,7 @@
 #include "byte_chooser.h"
 #include "dump_records.h"
 #include "generators.h"
+#include "pickle_precheck.h"
 #include "reference_engine.h"
 
 #include "kv/store.h"
@@ -117,9 +118,16 @@ int main(int argc, char** argv) {
     const fs::path scratch = fs::temp_directory_path() / ("kvcheck-fuzz-seeds-" + std::to_string(::getpid()));
     for (const SeedStore& seed : seed_stores) {
         const std::vector<char> dump = dump_bytes(seed, scratch);
+        const std::vector<std::string> records = kvcheck::fuzz::unpack_records(dump);
+        // The proposed pickle check must accept every real dump.
+        const std::string problem = kvcheck::fuzz::pickle_problem(records.front());
+        if (!problem.empty()) {
+            std::cerr << "kvcheck_fuzz_seeds: the pickle precheck rejects the dump of " << seed.name << ": " << problem << "\n";
+            return 1;
+        }
         write(corpus / "dump_load" / (seed.name + ".pt"), std::string(dump.begin(), dump.end()));
         write(corpus / "dump_load_deep" / (seed.name + ".records"),
-              kvcheck::fuzz::join_records(kvcheck::fuzz::unpack_records(dump)));
+              kvcheck::fuzz::join_records(records));
     }
     fs::remove_all(scratch);
     for (std::uint64_t seed = 1; seed <= choice_seeds; ++seed) {
