@@ -6,11 +6,20 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <time.h>
 
 namespace kvbench {
 
 inline double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of this process (all threads, user and system): unlike the wall
+// clock, not inflated when other processes load a shared machine.
+inline double cpu_seconds() {
+    timespec now{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
 // Minor page faults of this process so far: each is a fresh page the
@@ -34,6 +43,7 @@ class Samples {
         const std::size_t n = sorted.size();
         return n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
     }
+    double max() const { return values_.empty() ? 0 : *std::max_element(values_.begin(), values_.end()); }
 
   private:
     std::vector<double> values_;

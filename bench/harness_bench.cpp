@@ -142,17 +142,21 @@ void executor_throughput(benchmark::State& state, std::size_t entries, bool gene
     trace.insert(trace.end(), mix.begin(), mix.end());
     RunOptions options;
     options.properties = checked ? PropertySet::all() : PropertySet::none();
-    Samples seconds;
+    Samples seconds, cpu;
     std::size_t mix_ops_run = 0;
     for (auto _ : state) {
         const auto prefix_engine = reference().make();
         const double t0 = now_seconds();
+        const double c0 = cpu_seconds();
         const RunResult before = execute(prefix, *prefix_engine, options);
         const double t1 = now_seconds();
+        const double c1 = cpu_seconds();
         const auto engine = reference().make();
         const double t2 = now_seconds();
+        const double c2 = cpu_seconds();
         const RunResult result = execute(trace, *engine, options);
         const double t3 = now_seconds();
+        const double c3 = cpu_seconds();
         if (result.failure) {
             state.SkipWithError(("the reference failed: " + result.failure->property + ": " + result.failure->message).c_str());
             return;
@@ -160,12 +164,15 @@ void executor_throughput(benchmark::State& state, std::size_t entries, bool gene
         mix_ops_run = ops_run(result) - ops_run(before);
         const double mix_seconds = (t3 - t2) - (t1 - t0);
         seconds.add(mix_seconds);
+        cpu.add((c3 - c2) - (c1 - c0));
         state.SetIterationTime(mix_seconds);
     }
+    const auto ops = static_cast<double>(mix_ops_run);
     state.counters["entries"] = static_cast<double>(entries);
-    state.counters["mix_ops_run"] = static_cast<double>(mix_ops_run);
-    state.counters["ops_per_s"] = static_cast<double>(mix_ops_run) / seconds.median();
-    state.counters["us_per_op"] = seconds.median() / static_cast<double>(mix_ops_run) * 1e6;
+    state.counters["mix_ops_run"] = ops;
+    state.counters["ops_per_s"] = ops / seconds.median();
+    state.counters["ops_per_cpu_s"] = ops / cpu.median();
+    state.counters["us_per_op"] = seconds.median() / ops * 1e6;
 }
 
 // The stateful property's loop (properties/stateful_test.cpp) without
@@ -176,6 +183,7 @@ void stateful_cases(benchmark::State& state) {
     std::uint64_t seed = 1;
     std::size_t ops = 0;
     const double start = now_seconds();
+    const double cpu_start = cpu_seconds();
     for (auto _ : state) {
         for (int size = 0; size < cases_per_round; ++size) {
             WorkloadOptions options;
@@ -191,7 +199,10 @@ void stateful_cases(benchmark::State& state) {
         }
     }
     const double seconds = now_seconds() - start;
-    state.counters["cases_per_s"] = static_cast<double>(cases_per_round) * static_cast<double>(state.iterations()) / seconds;
+    const double cpu = cpu_seconds() - cpu_start;
+    const double cases = static_cast<double>(cases_per_round) * static_cast<double>(state.iterations());
+    state.counters["cases_per_s"] = cases / seconds;
+    state.counters["cases_per_cpu_s"] = cases / cpu;
     state.counters["ops_per_s"] = static_cast<double>(ops) / seconds;
 }
 

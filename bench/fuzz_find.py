@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Time to find a bug, the fuzzer path: fuzz_ops (fuzz/) on each mutant from
+an empty corpus, as the fuzz CI's canaries run it (-len_control=0
+-max_len=256), with seeds 1..10, until it aborts on a violation (the target
+shrinks the trace before it aborts). Per run: the process's wall time less
+the target's start-up (loading libtorch, measured alone), libFuzzer's
+executions to the failure, and the shrunk trace's length.
+
+    python3 bench/fuzz_find.py [--out bench/results/fuzz_find.json] [--seeds 10]
+
+Builds fuzz_ops without sanitizers (the fuzz-fast preset's settings) in
+build/bench-fuzz when it is not there. Dumps go to /dev/shm, as the target
+does by default.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = "build/bench-fuzz"
+MUTANTS = [f"M{i}" for i in range(1, 13)]
+RUNS_MAX = 200000
+SECONDS_MAX = 60
+
+
+def build():
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["cmake", "-S", ".", "-B", BUILD, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                        "-DCMAKE_CXX_COMPILER=clang++-14", "-DKVCHECK_FUZZ=ON", "-DKVCHECK_TESTS=OFF",
+                        "-DKVCHECK_SANITIZE=OFF", "-DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link",
+                        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only"],
+                       check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", BUILD, "--target", "fuzz_ops"], check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(BUILD, "fuzz", "fuzz_ops")
+
+
+def run(target, mutant, seed, runs):
+    with tempfile.TemporaryDirectory(prefix="kvcheck-fuzz-find-") as scratch:
+        corpus = os.path.join(scratch, "corpus")
+        os.mkdir(corpus)
+        env = dict(os.environ, KVCHECK_ADAPTER=mutant, KVCHECK_ARTIFACT_DIR=scratch)
+        command = [target, f"-runs={runs}", f"-seed={seed}", "-len_control=0", "-max_len=256",
+                   f"-max_total_time={SECONDS_MAX}", "-print_final_stats=1", f"-artifact_prefix={scratch}/", corpus]
+        start = time.monotonic()
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        seconds = time.monotonic() - start
+        log = done.stdout + done.stderr
+        found = re.search(r"^ERROR: ([a-z-]+): ", log, re.M)
+        execs = re.search(r"^stat::number_of_executed_units: *(\d+)", log, re.M)
+        if execs is None:
+            counts = re.findall(r"^#(\d+)", log, re.M)
+            execs = int(counts[-1]) if counts else None
+        else:
+            execs = int(execs.group(1))
+        traces = glob.glob(os.path.join(scratch, "crash-*.trace"))
+        shrunk_ops = None
+        if traces:
+            with open(traces[0]) as f:
+                shrunk_ops = sum(1 for line in f if line.strip() and not line.startswith("#"))
+        return {"seconds": seconds, "failed": done.returncode != 0 and found is not None,
+                "property": found.group(1) if found else None, "execs": execs, "shrunk_ops": shrunk_ops,
+                "command": f"KVCHECK_ADAPTER={mutant} " + " ".join(command[:-2])}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results/fuzz_find.json")
+    parser.add_argument("--seeds", type=int, default=10)
+    args = parser.parse_args()
+    target = build()
+    startup = statistics.median(run(target, "reference", 1, 1)["seconds"] for _ in range(3))
+    results = []
+    for mutant in MUTANTS:
+        entry = {"mutant": mutant, "seeds": args.seeds, "missed": 0, "seconds": [], "execs": [], "shrunk_ops": [],
+                 "properties": []}
+        for seed in range(1, args.seeds + 1):
+            r = run(target, mutant, seed, RUNS_MAX)
+            if not r["failed"]:
+                entry["missed"] += 1
+                continue
+            entry["seconds"].append(max(0.0, r["seconds"] - startup))
+            entry["execs"].append(r["execs"] or 0)
+            if r["shrunk_ops"] is not None:
+                entry["shrunk_ops"].append(r["shrunk_ops"])
+            entry["properties"].append(r["property"])
+        if not entry["seconds"]:
+            entry["seconds"], entry["execs"] = [float("nan")], [0]
+        print(f"fuzz_find: {mutant}: median {statistics.median(entry['seconds']):.3f} s, "
+              f"{statistics.median(entry['execs']):.0f} execs, missed {entry['missed']}/{args.seeds}", flush=True)
+        results.append(entry)
+    description = (f"fuzz_ops without sanitizers on each mutant from an empty corpus, seeds 1..{args.seeds}, "
+                   f"-len_control=0 -max_len=256, at most {RUNS_MAX} runs or {SECONDS_MAX} s; time = the process's "
+                   f"wall time (find, then the target's shrink) less its start-up ({startup:.2f} s, loading libtorch).")
+    with open(args.out, "w") as f:
+        json.dump({"description": description, "startup_seconds": startup, "mutants": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Regenerates the tables of BENCHMARKS.md from the JSON in bench/results.
+
+    python3 bench/report.py [--results bench/results] [--out BENCHMARKS.md]
+
+Only the part between the markers `<!-- results:begin -->` and
+`<!-- results:end -->` is rewritten; the prose around it is kept. Every
+number comes from the JSON files of one run (copy.json, harness.json and,
+when present, fuzz_find.json); the executor's numbers before the checker
+change come from executor-before.json, measured once at the commit it names.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+BEGIN = "<!-- results:begin -->"
+END = "<!-- results:end -->"
+
+
+def load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def by_name(results):
+    if not results:
+        return {}
+    named = {}
+    for b in results["benchmarks"]:
+        # Registered names carry Google Benchmark's suffixes; keep the stem.
+        stem = "/".join(p for p in b["name"].split("/") if not p.startswith(("iterations:", "manual_time", "real_time", "min_time:")))
+        named[stem] = b
+    return named
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "-"
+    if abs(x) >= 1e5:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def seconds(x):
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def run_header(copy, harness):
+    context = (harness or copy or {}).get("context", {})
+    load_avg = context.get("load_avg") or []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return (f"Run of {context.get('date', '?')} on {context.get('host_name', '?')}: {context.get('num_cpus', '?')} CPUs "
+            f"at {context.get('mhz_per_cpu', '?')} MHz, load average {', '.join(f'{x:.1f}' for x in load_avg) or '?'} "
+            f"when the run started (other work shares the machine: wall-clock numbers carry its load), "
+            f"commit {commit or '?'}, library build {context.get('library_build_type', '?')}.")
+
+
+def clone_section(copy):
+    rows = []
+    for name, b in copy.items():
+        if not name.startswith("clone_vs_memcpy/"):
+            continue
+        _, dtype, size = name.split("/")
+        rows.append([dtype, size, fmt(b["clone_GBps"]), fmt(b["memcpy_GBps"]), fmt(b["memcpy_fresh_GBps"]),
+                     f"**{b['clone_vs_memcpy']:.2f}**", f"{b['clone_vs_memcpy_fresh']:.2f}",
+                     fmt(b["clone_page_faults"]), fmt(b["memcpy_fresh_page_faults"])])
+    return "\n".join([
+        "### Clone vs memcpy",
+        "",
+        "`kv::clone` of a 4-layer modern cache against memcpy of the same bytes, slot by slot, into reused "
+        "(resident) buffers and into fresh ones from the allocator; medians of interleaved rounds; GB/s = 1e9 bytes/s. "
+        "Target: clone/memcpy >= 0.8 from 1 MiB up.",
+        "",
+        table(["dtype", "cache", "clone GB/s", "memcpy GB/s", "memcpy fresh GB/s", "clone/memcpy",
+               "clone/memcpy fresh", "page faults per clone", "per fresh memcpy"], rows),
+    ])
+
+
+def merge_section(copy):
+    rows = []
+    for name, b in copy.items():
+        if not name.startswith("merge/"):
+            continue
+        _, parts, size = name.split("/")
+        rows.append([parts.replace("ids", ""), size, fmt(b["merge_GBps"]), fmt(b["clone_GBps"]), f"{b['merge_vs_clone']:.2f}",
+                     fmt(b["merge_page_faults"])])
+    return "\n".join([
+        "### Merge of many ids",
+        "",
+        "`Store::get_cache(ids)` of k stored caches of total/k bytes each; GB/s of the parts' bytes, against a clone "
+        "of one cache of the same total (interleaved).",
+        "",
+        table(["ids", "total", "merge GB/s", "clone GB/s", "merge/clone", "page faults per merge"], rows),
+    ])
+
+
+def generation_section(copy):
+    rows = []
+    for name, b in copy.items():
+        if not name.startswith("generation_path/"):
+            continue
+        _, adapter, size = name.split("/")
+        rss = b.get("peak_rss_added_MiB")
+        rows.append([adapter, size, fmt(b["copies"]), f"{b['bytes_copied'] / 2**20:.2f} MiB ({b['copied_in_caches']:.0f} caches)",
+                     fmt(b["peak_live_sets"]), f"{b['path_ms']:.1f}",
+                     "-" if rss is None else f"{rss:.0f} MiB ({b['peak_rss_added_in_caches']:.2f} caches)"])
+    return "\n".join([
+        "### The generation path",
+        "",
+        "`generate(get_cache(id))` through the engine interface, prompt of 2 tokens, up to 4 new: the K/V copies and "
+        "bytes the engine logs, the peak K/V sets alive it reports, the median time of one path, and the peak resident "
+        "memory the path adds (a child process; glibc maps allocations of 1 MiB and up on their own, so freed K/V "
+        "leaves at once). The reference must show 1 copy and 2 sets; M3 (the double copy) shows 2 and 3.",
+        "",
+        table(["adapter", "cache", "copies", "bytes copied", "peak live sets", "path ms", "peak RSS added"], rows),
+    ])
+
+
+def executor_rows(named, key):
+    rows = {}
+    for name, b in named.items():
+        if not name.startswith("executor/"):
+            continue
+        _, mix, entries, mode = name.split("/")
+        rows.setdefault((mix, int(entries.replace("entries", ""))), {})[mode] = b.get(key)
+    return rows
+
+
+def executor_section(harness, before):
+    cpu = executor_rows(harness, "ops_per_cpu_s")
+    wall = executor_rows(harness, "ops_per_s")
+    before_cpu = executor_rows(before, "ops_per_cpu_s")
+    rows = []
+    for (mix, entries) in sorted(cpu, key=lambda k: (k[0] != "mixed", k[1])):
+        now = cpu[(mix, entries)]
+        was = before_cpu.get((mix, entries), {})
+        ratio = now["unchecked"] / now["checked"] if now.get("checked") else None
+        ratio_before = was["unchecked"] / was["checked"] if was.get("checked") else None
+        rows.append([mix, entries, fmt(now.get("checked")), fmt(now.get("unchecked")), f"**{ratio:.2f}**",
+                     fmt(wall[(mix, entries)].get("checked")), fmt(was.get("checked")),
+                     "-" if ratio_before is None else f"{ratio_before:.1f}"])
+    stateful = harness.get("stateful_property/100cases", {})
+    lines = [
+        "### Harness throughput",
+        "",
+        "Executor operations per second on the reference, every checker on (checked) and none (unchecked, "
+        "`PropertySet::none()`), after N adds, over a seeded mix of 400 operations on small caches (up to 3 layers "
+        "of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, generation included, "
+        "files left out; `store`: the same without generation. Rates per CPU-second of the process (the load of "
+        "other processes does not inflate them); the wall-clock rate of the checked run beside. Overhead = "
+        "unchecked / checked. Before: the executor that re-read every entry after every step (the commit named in "
+        "executor-before.json). Targets: >= 25,000 checked ops/s on small caches; overhead <= 1.5 at 1,000 entries.",
+        "",
+        table(["mix", "entries", "checked ops/s", "unchecked ops/s", "overhead", "checked ops/s (wall)",
+               "checked ops/s before", "overhead before"], rows),
+        "",
+    ]
+    if stateful:
+        lines.append(f"Stateful RapidCheck property (its loop without RapidCheck: 100 cases of sizes 0..99, every "
+                     f"property after every step, dumps included): **{stateful['cases_per_s']:.0f} cases/s** wall-clock, "
+                     f"{stateful['cases_per_cpu_s']:.0f} per CPU-second, {stateful['ops_per_s']:.0f} ops/s.")
+    return "\n".join(lines)
+
+
+def find_section(harness, fuzz):
+    rows = []
+    for name, b in harness.items():
+        if not name.startswith("time_to_find/"):
+            continue
+        mutant = name.split("/")[1]
+        rows.append([mutant, seconds(b["find_s"]), fmt(b["traces_to_failure"]), seconds(b["shrink_s"]),
+                     fmt(b["shrunk_ops"]), f"**{seconds(b['verdict_s'])}**", seconds(b["verdict_cpu_s"]),
+                     seconds(b["verdict_s_max"]), f"{int(b['missed'])}/{int(b['seeds'])}"])
+    rows.sort(key=lambda r: int(r[0][1:]))
+    lines = [
+        "### Time to find a bug",
+        "",
+        "Per mutant, medians over 10 first seeds (100003 apart) of `find_and_shrink` (properties/run_util.h): seeded "
+        "traces of the default workload, every property checked, then the shrinker. Verdict = find + shrink. "
+        "Target: verdict median <= 0.5 s per mutant.",
+        "",
+        table(["mutant", "find", "traces to failure", "shrink", "shrunk ops", "verdict", "verdict CPU",
+               "verdict max", "missed"], rows),
+        "",
+    ]
+    if fuzz:
+        rows = []
+        for m in fuzz["mutants"]:
+            rows.append([m["mutant"], seconds(statistics.median(m["seconds"])), fmt(statistics.median(m["execs"])),
+                         fmt(statistics.median(m["shrunk_ops"])) if m["shrunk_ops"] else "-",
+                         seconds(max(m["seconds"])), f"{m['missed']}/{m['seeds']}"])
+        lines += [
+            "Fuzzer path: " + fuzz["description"],
+            "",
+            table(["mutant", "verdict (process)", "execs to failure", "shrunk ops", "verdict max", "missed"], rows),
+            "",
+        ]
+    else:
+        lines.append("Fuzzer path: not measured in this run (`scripts/bench --fuzz` adds it).")
+    return "\n".join(lines)
+
+
+def key_numbers(copy, harness, before):
+    def get(named, name, key):
+        return named.get(name, {}).get(key)
+
+    clone_1 = get(copy, "clone_vs_memcpy/f32/1MiB", "clone_vs_memcpy")
+    clone_256 = get(copy, "clone_vs_memcpy/f32/256MiB", "clone_vs_memcpy")
+    clone_256_fresh = get(copy, "clone_vs_memcpy/f32/256MiB", "clone_vs_memcpy_fresh")
+    lines = ["### Key numbers", ""]
+    if clone_1 is not None:
+        lines.append(f"- clone/memcpy (float32): {clone_1:.2f} at 1 MiB, {clone_256:.2f} at 256 MiB "
+                     f"({clone_256_fresh:.2f} of a memcpy into fresh pages).")
+    for mix in ("mixed", "store"):
+        now_checked = get(harness, f"executor/{mix}/1000entries/checked", "ops_per_cpu_s")
+        now_unchecked = get(harness, f"executor/{mix}/1000entries/unchecked", "ops_per_cpu_s")
+        was_checked = get(before, f"executor/{mix}/1000entries/checked", "ops_per_cpu_s")
+        was_unchecked = get(before, f"executor/{mix}/1000entries/unchecked", "ops_per_cpu_s")
+        if now_checked:
+            text = f"- checker overhead at 1,000 entries ({mix}): {now_unchecked / now_checked:.2f}"
+            if was_checked:
+                text += f" (before: {was_unchecked / was_checked:.1f})"
+            lines.append(text + ".")
+    finds = [(n.split("/")[1], b["verdict_s"], b["find_s"]) for n, b in harness.items() if n.startswith("time_to_find/")]
+    if finds:
+        finds.sort(key=lambda f: int(f[0][1:]))
+        lines.append("- median time to first failure (find + shrink) per mutant: " +
+                     ", ".join(f"{m} {seconds(f)} ({seconds(v)})" for m, v, f in finds) + ".")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results", default="bench/results")
+    parser.add_argument("--out", default="BENCHMARKS.md")
+    args = parser.parse_args()
+    copy_json = load(os.path.join(args.results, "copy.json"))
+    harness_json = load(os.path.join(args.results, "harness.json"))
+    before = by_name(load(os.path.join(args.results, "executor-before.json")))
+    fuzz = load(os.path.join(args.results, "fuzz_find.json"))
+    if not copy_json or not harness_json:
+        sys.exit(f"report.py: {args.results} lacks copy.json or harness.json: run scripts/bench")
+    copy, harness = by_name(copy_json), by_name(harness_json)
+    generated = "\n\n".join([
+        run_header(copy_json, harness_json),
+        key_numbers(copy, harness, before),
+        clone_section(copy),
+        merge_section(copy),
+        generation_section(copy),
+        executor_section(harness, before),
+        find_section(harness, fuzz),
+    ])
+    text = open(args.out).read() if os.path.exists(args.out) else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        sys.exit(f"report.py: {args.out} lacks the markers {BEGIN} / {END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(args.out, "w") as f:
+        f.write(head + BEGIN + "\n" + generated + "\n" + END + tail)
+
+
+if __name__ == "__main__":
+    main()
