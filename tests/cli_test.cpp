@@ -136,7 +136,7 @@ TEST(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
         SCOPED_TRACE(fault.plugin);
         const Outcome run = kvcheck(std::string("run --adapter ") + fault.plugin +
                                     " --property stored-immutable --property store-contract --cases 40 --timeout 3"
-                                    " --memory-mb 768 --quiet --report json --trace-dir " + scratch("fault-traces"));
+                                    " --memory-mb 1536 --quiet --report json --trace-dir " + scratch("fault-traces"));
         EXPECT_EQ(run.status, 1) << run.out;
         bool found = false;
         for (const char* expected : fault.expected) found = found || contains(run.out, expected);
