@@ -1,0 +1,135 @@
+// Entry versions (Engine::entry_version): the executor re-reads a stored
+// entry only when its version moves, so the reference's versions must move
+// on every change a check could see, and the executor must still catch a
+// change at the step it happens - or, for an engine whose versions miss
+// it, at the end of the run.
+#include "reference_engine.h"
+#include "run_util.h"
+
+#include <ATen/ops/ones.h>
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+namespace kvcheck::props {
+namespace {
+
+// The reference, with a way to reach into a stored cache as a bug would.
+class Tampering : public adapters::ReferenceEngine {
+  public:
+    kv::Cache& stored_cache(const std::string& id) { return *std::const_pointer_cast<kv::Cache>(stored(id)); }
+};
+
+CacheContent two_layers(Layout layout) {
+    return expand(parse_cache_spec(std::string(layout_name(layout)) + "/f32/3:[kv2 kv3]"));
+}
+
+// Each change made through `change` moves the version to a new value.
+void expect_moves(Layout layout, const char* what, const std::function<void(kv::Cache&)>& change) {
+    SCOPED_TRACE(what);
+    Tampering engine;
+    engine.add("a", two_layers(layout));
+    const std::uint64_t before = engine.entry_version("a");
+    EXPECT_EQ(engine.entry_version("a"), before) << "unchanged: the version stays";
+    change(engine.stored_cache("a"));
+    const std::uint64_t after = engine.entry_version("a");
+    EXPECT_NE(after, before);
+    EXPECT_EQ(engine.entry_version("a"), after);
+}
+
+at::Tensor& keys0(kv::Cache& cache) {
+    return cache.layout() == kv::Layout::modern ? (*cache.layers())[0]->keys : (*cache.key_cache())[0];
+}
+
+TEST(EntryVersions, MoveOnEveryChangeACheckCouldSee) {
+    for (const Layout layout : {Layout::modern, Layout::legacy}) {
+        expect_moves(layout, "in-place write", [](kv::Cache& c) { keys0(c).add_(1); });
+        expect_moves(layout, "in-place write through a view", [](kv::Cache& c) { keys0(c).narrow(2, 0, 1).mul_(2); });
+        expect_moves(layout, "slot rebound to an equal tensor", [](kv::Cache& c) { keys0(c) = keys0(c).clone(); });
+        expect_moves(layout, "metadata changed in place", [](kv::Cache& c) { keys0(c).transpose_(2, 3); });
+        expect_moves(layout, "a model's append", [](kv::Cache& c) {
+            c.update(at::ones({1, cache_heads, 1, cache_head_dim}), at::ones({1, cache_heads, 1, cache_head_dim}), 1);
+        });
+        expect_moves(layout, "owned marker", [](kv::Cache& c) { c.set_owned(true); });
+    }
+    expect_moves(Layout::modern, "initialized flag", [](kv::Cache& c) { (*c.layers())[1]->is_initialized = false; });
+    expect_moves(Layout::modern, "a one-sided layer", [](kv::Cache& c) { (*c.layers())[1]->values = at::Tensor(); });
+    expect_moves(Layout::modern, "a legacy-named slot", [](kv::Cache& c) { (*c.layers())[0]->key_cache = at::ones({1}); });
+    expect_moves(Layout::modern, "a layer object replaced", [](kv::Cache& c) {
+        (*c.layers())[0] = std::make_shared<kv::Layer>(*(*c.layers())[0]);
+    });
+    expect_moves(Layout::legacy, "keys moved between lists", [](kv::Cache& c) {
+        c.value_cache()->push_back(c.key_cache()->back());
+        c.key_cache()->pop_back();
+    });
+}
+
+TEST(EntryVersions, NeverReturnToAnEarlierValue) {
+    Tampering engine;
+    engine.add("a", two_layers(Layout::modern));
+    const std::uint64_t first = engine.entry_version("a");
+    const at::Tensor original = keys0(engine.stored_cache("a"));
+    keys0(engine.stored_cache("a")) = original.clone();
+    const std::uint64_t second = engine.entry_version("a");
+    keys0(engine.stored_cache("a")) = original;  // back to the very tensor of the first version
+    const std::uint64_t third = engine.entry_version("a");
+    EXPECT_NE(second, first);
+    EXPECT_NE(third, first);
+    EXPECT_NE(third, second);
+}
+
+TEST(EntryVersions, StayThroughReadsAndCopies) {
+    Tampering engine;
+    engine.add("a", two_layers(Layout::modern));
+    const std::uint64_t before = engine.entry_version("a");
+    engine.get("a", 1);
+    engine.get_cache({"a"}, 2);
+    engine.clone(1, 3);
+    engine.generate(2, {5, 7}, 3, false);
+    engine.view_entry("a");
+    engine.storage_of_entry("a");
+    EXPECT_EQ(engine.entry_version("a"), before);
+}
+
+// An engine whose generation writes into the stored entry in place (the
+// tensors keep their objects and storage: only the version counter shows).
+template <bool honest_versions>
+class WritesIntoTheStore : public Tampering {
+  public:
+    std::uint64_t entry_version(const std::string& id) override {
+        return honest_versions ? Tampering::entry_version(id) : 1;
+    }
+
+  protected:
+    std::vector<std::int64_t> run_generation(const kv::ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
+                                             std::int64_t max_new_tokens, bool stream,
+                                             kv::GenerationStats& stats) override {
+        keys0(stored_cache("a")).add_(1);
+        return Tampering::run_generation(past, prompt, max_new_tokens, stream, stats);
+    }
+};
+
+const Trace write_trace = {op::Add{"a", parse_cache_spec("modern/f32/3:[kv2 kv3]")}, op::GetCache{{1}, {"a"}},
+                           op::Generate{{1}, {5, 7}, 2}, op::Get{{2}, "a"}, op::GetAll{}};
+
+TEST(EntryVersions, AnInPlaceWriteIsCaughtAtItsStep) {
+    WritesIntoTheStore<true> engine;
+    const RunResult result = execute(write_trace, engine);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+    EXPECT_EQ(result.failure->step, 2u);
+    EXPECT_EQ(result.failure->message.find("end of the run"), std::string::npos) << result.failure->message;
+}
+
+TEST(EntryVersions, AChangeTheVersionsMissIsCaughtAtTheEnd) {
+    WritesIntoTheStore<false> engine;
+    const RunResult result = execute(write_trace, engine);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+    EXPECT_EQ(result.failure->step, write_trace.size() - 1);
+    EXPECT_NE(result.failure->message.find("end of the run"), std::string::npos) << result.failure->message;
+}
+
+}  // namespace
+}  // namespace kvcheck::props
