@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,9 @@ int main(int argc, char** argv) {
         const std::vector<char> dump = dump_bytes(seed, scratch);
         const std::vector<std::string> records = kvcheck::fuzz::unpack_records(dump);
         // The proposed pickle check must accept every real dump.
-        const std::string problem = kvcheck::fuzz::pickle_problem(records.front());
+        std::map<std::string, std::uint64_t> storage_bytes;
+        for (std::size_t i = 1; i < records.size(); ++i) storage_bytes[std::to_string(i - 1)] = records[i].size();
+        const std::string problem = kvcheck::fuzz::pickle_problem(records.front(), storage_bytes);
         if (!problem.empty()) {
             std::cerr << "kvcheck_fuzz_seeds: the pickle precheck rejects the dump of " << seed.name << ": " << problem << "\n";
             return 1;

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <sstream>
 
@@ -120,15 +121,37 @@ std::string over_limits(const Trace& trace, const TextLimits& limits) {
         return true;
     };
     const auto slot_ok = [&](std::int64_t slot) { return slot >= 0 && slot <= limits.dump_slot_max; };
+    // The generator gives every cache-making operation a fresh handle; a
+    // text trace that names h0 (no cache) or one of the operation's own
+    // sources as its output is outside what the executor models (it would
+    // compare a clone with itself).
+    const auto out_ok = [](HandleName out, std::initializer_list<HandleName> sources) {
+        if (out.value == 0) return false;
+        for (HandleName source : sources) {
+            if (source == out) return false;
+        }
+        return true;
+    };
+    const auto parts_ok = [&](HandleName out, const HandleNames& parts) {
+        if (parts.size() > limits.ids_max) return false;
+        for (HandleName part : parts) {
+            if (part == out) return false;
+        }
+        return out.value != 0;
+    };
     for (const Op& op : trace) {
         const bool ok = std::visit(
             Overloaded{
                 [&](const op::Add& o) { return cache_ok(o.cache); },
-                [&](const op::Make& o) { return cache_ok(o.cache); },
+                [&](const op::Make& o) { return cache_ok(o.cache) && out_ok(o.out, {}); },
+                [&](const op::Get& o) { return out_ok(o.out, {}); },
                 [&](const op::GetByIds& o) { return o.ids.size() <= limits.ids_max; },
-                [&](const op::GetCache& o) { return o.ids.size() <= limits.ids_max; },
+                [&](const op::GetCache& o) { return o.ids.size() <= limits.ids_max && out_ok(o.out, {}); },
                 [&](const op::Delete& o) { return o.ids.size() <= limits.ids_max; },
-                [&](const op::Concat& o) { return o.parts.size() <= limits.ids_max; },
+                [&](const op::Clone& o) { return out_ok(o.out, {o.source}); },
+                [&](const op::ToLegacy& o) { return out_ok(o.out, {o.source}); },
+                [&](const op::FromLegacy& o) { return out_ok(o.out, {o.source}); },
+                [&](const op::Concat& o) { return parts_ok(o.out, o.parts); },
                 [&](const op::Generate& o) { return prompt_ok(o.prompt, o.max); },
                 [&](const op::GenerateStream& o) { return prompt_ok(o.prompt, o.max); },
                 [&](const op::Dump& o) { return slot_ok(o.slot); },
