@@ -3,9 +3,9 @@
 // throws, leaks or hangs, and reports it against the property and trace
 // that triggered it. KVCHECK_FAULT (set per plugin by CMakeLists.txt)
 // selects the fault. It strikes on the `fault_call`-th call of `add` on one
-// engine, and on every call after it: kvcheck makes one engine per trace,
-// so any trace with that many adds triggers it, and the shrunk trace is
-// `fault_call` adds.
+// engine (and, for the leak, on every frequent call after it): kvcheck makes
+// one engine per trace, so any trace with that many adds triggers it, and
+// the shrunk trace is `fault_call` adds.
 #include "adapter.h"
 
 #include <kvcheck/plugin.h>
@@ -45,7 +45,10 @@
 
 namespace {
 
-constexpr int fault_call = 3;
+// The leak strikes from the first add on, so that every trace leaks and the
+// leak outgrows a memory limit within a few traces; the others from the
+// third, so that their shrunk trace shows an engine failing in mid-trace.
+constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
 [[maybe_unused]] constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
 
 // Held so that the leak stays reachable (LeakSanitizer stays quiet) yet is
@@ -83,19 +86,44 @@ void inject_fault() {
 #endif
 }
 
+// Armed by the `fault_call`-th add; from then on every add, get_cache,
+// generate and make strikes. The first strike is that add itself, which
+// ends the process for every fault but the leak; the leak grows with each
+// later operation (a few hundred MiB per trace, so that one trace stays
+// quick) and across the traces a child process runs, so a memory limit of
+// a GiB or two is crossed within a few traces.
 class FaultyEngine final : public vector_engine::VectorEngine {
   public:
     std::string name() const override { return KVCHECK_FAULT_NAME; }
 
     void add(const std::string& id, const kvcheck::CacheContent& content) override {
-        if (++adds_ >= fault_call) inject_fault();
+        armed_ = armed_ || ++adds_ >= fault_call;
+        strike();
         VectorEngine::add(id, content);
+    }
+    void get_cache(const std::vector<std::string>& ids, kvcheck::Handle out) override {
+        strike();
+        VectorEngine::get_cache(ids, out);
+    }
+    kvcheck::GenerateResult generate(kvcheck::Handle handle, const std::vector<std::int64_t>& prompt,
+                                     std::int64_t max_new_tokens, bool stream) override {
+        strike();
+        return VectorEngine::generate(handle, prompt, max_new_tokens, stream);
+    }
+    void make(const kvcheck::CacheContent& content, kvcheck::Handle out) override {
+        strike();
+        VectorEngine::make(content, out);
     }
 
   private:
+    void strike() {
+        if (armed_) inject_fault();
+    }
+
     int adds_ = 0;
+    bool armed_ = false;
 };
 
 }  // namespace
 
-KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " from the 3rd add on")
+KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " from its 3rd add on")
