@@ -2,10 +2,10 @@
 // injected, to prove that kvcheck survives an adapter that crashes, aborts,
 // throws, leaks or hangs, and reports it against the property and trace
 // that triggered it. KVCHECK_FAULT (set per plugin by CMakeLists.txt)
-// selects the fault. It strikes on the `fault_call`-th call of `add` on one
-// engine (and, for the leak, on every frequent call after it): kvcheck makes
-// one engine per trace, so any trace with that many adds triggers it, and
-// the shrunk trace is `fault_call` adds.
+// selects the fault. It strikes on the third call of `add` on one engine
+// (the leak: on the first, and on every frequent call after it): kvcheck
+// makes one engine per trace, so any trace with three adds triggers it, and
+// the shrunk trace is three adds.
 #include "adapter.h"
 
 #include <kvcheck/plugin.h>
@@ -126,4 +126,4 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
 }  // namespace
 
-KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " from its 3rd add on")
+KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " (see adapters/faulty)")
