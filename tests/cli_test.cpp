@@ -129,7 +129,7 @@ TEST(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
         {KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}},  // ASan turns a SEGV into an exit
         {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}},
         {KVCHECK_FAULT_THROW, {"the engine threw"}},
-        {KVCHECK_FAULT_LEAK, {"memory: resident memory"}},
+        {KVCHECK_FAULT_LEAK, {"memory: resident memory", "memory: peak resident memory"}},
         {KVCHECK_FAULT_HANG, {"hang: no progress"}},
     };
     for (const FaultCase& fault : cases) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <poll.h>
 #include <stdexcept>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,10 +129,19 @@ void Sandbox::read_from(Job& job) {
 
 void Sandbox::finish(Job& job) {
     int status = 0;
-    ::waitpid(job.pid, &status, 0);
+    struct rusage usage {};
+    ::wait4(job.pid, &status, 0, &usage);
     ::close(job.fd);
     job.done = true;
     if (job.fault) return;  // killed by us: the fault says why
+    // The peak, not only what the polls saw: a child may cross the limit
+    // and finish between two polls (or while the parent shrinks a fault).
+    const std::int64_t peak = static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+    if (peak > limits_.memory_bytes) {
+        job.fault = Fault{"memory", "peak resident memory " + std::to_string(peak >> 20) + " MiB over the limit of " +
+                                        std::to_string(limits_.memory_bytes >> 20) + " MiB"};
+        return;
+    }
     if (WIFSIGNALED(status)) {
         job.fault = Fault{"crash", signal_name(WTERMSIG(status))};
     } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) {

@@ -135,7 +135,7 @@ class Engine {
     // the end of a run). Claim it with capabilities().entry_versions only
     // when it is cheap and certain: an entry whose version misses a change
     // is checked late.
-    virtual std::uint64_t entry_version(const std::string& id) { return 0; }
+    virtual std::uint64_t entry_version(const std::string& /*id*/) { return 0; }
 };
 
 // Engines are made by name through a factory, once per trace run.
