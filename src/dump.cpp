@@ -6,11 +6,14 @@
 // field by field before anything reaches the store.
 #include "kv/store.h"
 
+#include "kv/pickle_check.h"
+
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <array>
 #include <cstring>
+#include <map>
 
 namespace kv {
 namespace {
@@ -96,6 +99,11 @@ class Reader {
         if (!t.device().is_cpu()) fail(what + " is not a CPU tensor");
         if (t.dim() != 4 && t.numel() != 0) {
             fail(what + " has " + std::to_string(t.dim()) + " dimensions; 4 expected");
+        }
+        // A dump holds each tensor's logical bytes, contiguous, as its whole
+        // storage (encode_tensor): anything else could reach past the storage.
+        if (!t.is_contiguous() || t.storage_offset() != 0 || t.storage().nbytes() != t.nbytes()) {
+            fail(what + " does not fill its storage exactly (offset, strides or sizes disagree with it)");
         }
         tensor_bytes_ += static_cast<std::int64_t>(t.nbytes());
         if (tensor_bytes_ > limits_.tensor_bytes_max) fail("tensors exceed the load limit");
@@ -196,10 +204,23 @@ std::uint32_t crc32(const char* data, std::size_t size) {
     return crc ^ 0xFFFFFFFFu;
 }
 
+// What the zip holds that the pickle check needs: the pickle stream and the
+// size of each storage record, by key.
+struct Archive {
+    std::string pickle;
+    std::map<std::string, std::uint64_t> storage_bytes;
+};
+
+bool ends_with(const std::string& text, const std::string& end) {
+    return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
 // Every record must be stored (not compressed), lie inside the file (no
 // record can claim more bytes than the file has) and match its CRC-32:
 // torch's reader checks none of this, and misreads damaged records.
-void check_archive(const std::vector<char>& bytes, const Reader& reader) {
+Archive check_archive(const std::vector<char>& bytes, const Reader& reader) {
+    Archive archive;
+    bool have_pickle = false;
     constexpr std::size_t eocd_size = 22;
     constexpr std::size_t central_size = 46;
     constexpr std::size_t local_size = 30;
@@ -238,8 +259,19 @@ void check_archive(const std::vector<char>& bytes, const Reader& reader) {
             reader.fail(record + " claims " + std::to_string(unpacked) + " bytes the file does not have");
         }
         if (crc32(bytes.data() + data, unpacked) != crc) reader.fail(record + " fails its CRC-32 check");
+        if (at + central_size + name_size > eocd) reader.fail(record + " has a name past the directory");
+        const std::string name(bytes.data() + at + central_size, name_size);
+        if (ends_with(name, "/data.pkl")) {
+            if (have_pickle) reader.fail("two pickle records");
+            archive.pickle.assign(bytes.data() + data, unpacked);
+            have_pickle = true;
+        }
+        const std::size_t slash = name.rfind("/data/");
+        if (slash != std::string::npos) archive.storage_bytes[name.substr(slash + 6)] = unpacked;
         at += central_size + name_size + extra_size + comment_size;
     }
+    if (!have_pickle) reader.fail("no pickle record (data.pkl)");
+    return archive;
 }
 
 }  // namespace
@@ -257,7 +289,11 @@ std::vector<char> encode_dump(const std::vector<ItemPtr>& items) {
 std::vector<Item> decode_dump(const std::vector<char>& bytes, const std::string& origin,
                               const LoadLimits& limits) {
     Reader reader(origin, limits);
-    check_archive(bytes, reader);
+    const Archive archive = check_archive(bytes, reader);
+    // torch's unpickler trusts its input (kv/pickle_check.h): nothing that
+    // is not a well-formed dump pickle reaches it.
+    const std::string problem = pickle_problem(archive.pickle, archive.storage_bytes);
+    if (!problem.empty()) reader.fail("malformed pickle: " + problem);
     IValue root;
     try {
         root = torch::jit::pickle_load(bytes);
