@@ -4,16 +4,18 @@
 // more than the stack holds crashes it (SEGV; corpus/regressions/dump_load/
 // unpickler-tuple3-empty-stack.pt), a string length field makes it
 // allocate that many bytes before reading them (2 GiB from an 8-byte
-// pickle; unpickler-string-length-2gib.pt), and a storage is made of the
+// pickle; unpickler-string-length-2gib.pt) or, for a memo index, that many
+// memo slots (30 GiB; unpickler-memo-index-30gib.pt), and a storage is made of the
 // size its persistent id claims over a record that may be shorter (a heap
 // overflow on the next read; storage-record-shorter-than-tensor.pt).
 // kv::decode_dump checks the zip and CRCs, which a crafted file passes.
 //
 // The check walks the opcodes kv::encode_dump's pickles use (protocol 2:
 // strings, small ints, tuples, None/bools, the tensor-rebuild globals,
-// persistent ids, memo puts and gets) with a stack of item counts: every
-// operand must lie inside the stream, every pop must find its items above
-// the last mark, every memo get must name a put, only the globals a dump
+// persistent ids, memo puts and gets) with a small model of the stack:
+// every operand must lie inside the stream, every pop must find its items
+// above the last mark, every memo index must be below the stream's size and
+// every memo get must name a put, only the globals a dump
 // needs may be named, every persistent id must be ('storage', type, key,
 // location, numel) with a record data/<key> of exactly numel elements, and
 // the stream must end with STOP leaving one item. Anything else is rejected

@@ -12,6 +12,9 @@
 // kvcheck_fuzz_seeds --pack RECORDS DUMP: packs a record-form input (a
 // fuzz_dump_load_deep input) into the dump file it stands for, so that a
 // deep finding can be replayed through the honest fuzz_dump_load.
+//
+// kvcheck_fuzz_seeds --precheck RECORDS: prints what the proposed pickle
+// check (pickle_precheck.h) says of a record-form input.
 #include "byte_chooser.h"
 #include "dump_records.h"
 #include "generators.h"
@@ -109,10 +112,22 @@ int pack(const std::string& from, const std::string& to) {
     return 0;
 }
 
+int precheck(const std::string& from) {
+    std::ifstream in(from, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::vector<std::string> records = kvcheck::fuzz::split_records(text);
+    std::map<std::string, std::uint64_t> storage_bytes;
+    for (std::size_t i = 1; i < records.size(); ++i) storage_bytes[std::to_string(i - 1)] = records[i].size();
+    const std::string problem = kvcheck::fuzz::pickle_problem(records.front(), storage_bytes);
+    std::cout << from << ": " << (problem.empty() ? "passes the pickle precheck" : "rejected: " + problem) << "\n";
+    return problem.empty() ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "--pack") return pack(argv[2], argv[3]);
+    if (argc == 3 && std::string(argv[1]) == "--precheck") return precheck(argv[2]);
     if (argc != 2) {
-        std::cerr << "usage: kvcheck_fuzz_seeds CORPUS_DIR | --pack RECORDS DUMP\n";
+        std::cerr << "usage: kvcheck_fuzz_seeds CORPUS_DIR | --pack RECORDS DUMP | --precheck RECORDS\n";
         return 2;
     }
     const fs::path corpus = argv[1];
