@@ -6,15 +6,15 @@
 Only the part between the markers `<!-- results:begin -->` and
 `<!-- results:end -->` is rewritten; the prose around it is kept. Every
 number comes from the JSON files of one run (copy.json, harness.json and,
-when present, fuzz_find.json); the executor's numbers before the checker
-change come from executor-before.json, measured once at the commit it names.
+when present, fuzz_find.json; commit.txt names the commit it ran at); the executor's numbers before the checker
+change come from executor-before.json, measured once at 3521b8a (the
+executor before entry versions) with the same benchmark sources.
 """
 
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 BEGIN = "<!-- results:begin -->"
@@ -61,14 +61,14 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def run_header(copy, harness):
+def run_header(copy, harness, commit):
     context = (harness or copy or {}).get("context", {})
     load_avg = context.get("load_avg") or []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return (f"Run of {context.get('date', '?')} on {context.get('host_name', '?')}: {context.get('num_cpus', '?')} CPUs "
             f"at {context.get('mhz_per_cpu', '?')} MHz, load average {', '.join(f'{x:.1f}' for x in load_avg) or '?'} "
             f"when the run started (other work shares the machine: wall-clock numbers carry its load), "
-            f"commit {commit or '?'}, library build {context.get('library_build_type', '?')}.")
+            f"commit {commit or '?'} (and the working tree). Google Benchmark is Debian's build "
+            f"({context.get('library_build_type', '?')}); it only keeps the time.")
 
 
 def clone_section(copy):
@@ -164,13 +164,16 @@ def executor_section(harness, before):
         "of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, generation included, "
         "files left out; `store`: the same without generation. Rates per CPU-second of the process (the load of "
         "other processes does not inflate them); the wall-clock rate of the checked run beside. Overhead = "
-        "unchecked / checked. Before: the executor that re-read every entry after every step (the commit named in "
-        "executor-before.json). Targets: >= 25,000 checked ops/s on small caches; overhead <= 1.5 at 1,000 entries.",
+        "unchecked / checked. Before: the executor of 3521b8a, which re-read every entry after every step "
+        "(executor-before.json, measured once, with these benchmark sources). Targets: >= 25,000 checked ops/s on small caches; overhead <= 1.5 at 1,000 entries.",
         "",
         table(["mix", "entries", "checked ops/s", "unchecked ops/s", "overhead", "checked ops/s (wall)",
                "checked ops/s before", "overhead before"], rows),
         "",
     ]
+    lines.append("Fuzz exec/s of the operation target, with and without sanitizers: measured by the fuzzing work "
+                 "(`scripts/fuzz-speed [SECONDS] [PRESET...]`, presets `fuzz` and `fuzz-fast`), not by this run.")
+    lines.append("")
     if stateful:
         lines.append(f"Stateful RapidCheck property (its loop without RapidCheck: 100 cases of sizes 0..99, every "
                      f"property after every step, dumps included): **{stateful['cases_per_s']:.0f} cases/s** wall-clock, "
@@ -257,8 +260,10 @@ def main():
     if not copy_json or not harness_json:
         sys.exit(f"report.py: {args.results} lacks copy.json or harness.json: run scripts/bench")
     copy, harness = by_name(copy_json), by_name(harness_json)
+    commit_path = os.path.join(args.results, "commit.txt")
+    commit = open(commit_path).read().strip() if os.path.exists(commit_path) else None
     generated = "\n\n".join([
-        run_header(copy_json, harness_json),
+        run_header(copy_json, harness_json, commit),
         key_numbers(copy, harness, before),
         clone_section(copy),
         merge_section(copy),
