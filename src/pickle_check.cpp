@@ -106,7 +106,10 @@ class Scan {
     bool put(std::size_t index_bytes) {
         if (!need(index_bytes)) return false;
         if (free_items() == 0) return fail("memo put of an empty stack");
-        memo_[little(index_bytes)] = stack_.back();
+        // torch's unpickler sizes its memo table by the largest index.
+        const std::uint64_t index = little(index_bytes);
+        if (index > p_.size()) return fail("memo index " + std::to_string(index) + " past the stream's size");
+        memo_[index] = stack_.back();
         return true;
     }
     bool get(std::size_t index_bytes) {
