@@ -106,7 +106,12 @@ Overloaded(F...) -> Overloaded<F...>;
 // Why a text trace is over the limits; empty when it is within them.
 std::string over_limits(const Trace& trace, const TextLimits& limits) {
     if (trace.size() > limits.trace_ops_max) return "too many operations";
+    // One dtype per trace, as the workload draws it: the auditor's
+    // expected_concat models merges of one dtype only.
+    std::optional<Dtype> dtype;
     const auto cache_ok = [&](const CacheSpec& spec) {
+        if (dtype && *dtype != spec.dtype) return false;
+        dtype = spec.dtype;
         if (spec.layers.size() > limits.cache_layers_max) return false;
         for (const LayerSpec& layer : spec.layers) {
             if (layer.tokens < 0 || layer.tokens > limits.layer_tokens_max) return false;
@@ -215,7 +220,11 @@ std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const
               << " violated at step " << failure.step + 1 << " of " << trace.size() << "\n";
     ShrinkResult shrunk{trace, failure, 0};
     if (s.shrink) {
-        const Oracle oracle = [&](const Trace& candidate) {
+        // Only traces the target itself accepts as text, so the shrunk
+        // trace replays through it (the shrinker may, say, change one
+        // cache's dtype, which a text trace may not).
+        const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
+            if (!over_limits(candidate, s.limits).empty()) return std::nullopt;
             return s.target.check(candidate, s.adapter->make, false).failure;
         };
         shrunk = shrink(trace, failure, oracle);

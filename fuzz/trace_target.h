@@ -38,7 +38,8 @@ namespace kvcheck::fuzz {
 
 // Bounds on a text trace (choice bytes stay within the workload options).
 // Beyond these, a text trace may not name h0 or one of an operation's own
-// sources as the handle it makes (the generator never does).
+// sources as the handle it makes, nor mix dtypes (the generator never does,
+// and the executor does not model it).
 struct TextLimits {
     std::size_t trace_ops_max = 64;
     std::size_t cache_layers_max = 8;
