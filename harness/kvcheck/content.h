@@ -136,7 +136,8 @@ std::uint64_t content_hash(const float* values, std::size_t count);
 CacheView expected_view(const CacheContent& content);
 
 // The first difference between two views, as "layer 1 keys: content
-// differs"; empty when equal.
+// differs"; empty when equal. The dtype of an empty slot (shape [0]) is not
+// compared: it holds no value and update never reads it.
 std::string view_difference(const CacheView& actual, const CacheView& expected);
 
 // The logical K or V a model sees in layer i of a content (modern: the
