@@ -14,16 +14,14 @@
 // target: every zip and CRC check stands in the way), and
 // fuzz_dump_load_deep (KVCHECK_FUZZ_DEEP) takes the records of a dump
 // (dump_records.h) and packs them into a valid archive first, so mutations
-// reach torch's unpickler and the loader's field checks. With
-// KVCHECK_FUZZ_PICKLE_PRECHECK=1 it first applies the proposed pickle check
-// (pickle_precheck.h) and skips what that rejects: a test of the proposal,
-// and a way past the unpickler crashes already found.
+// reach decode_dump's pickle check (kv/pickle_check.h), torch's unpickler
+// and the loader's field checks.
 #include "dump_records.h"
 #include "extra_counters.h"
-#include "pickle_precheck.h"
 #include "reference_engine.h"
 #include "sha1.h"
 
+#include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "kvcheck/content.h"
 
@@ -109,7 +107,6 @@ struct Setup {
     std::string artifact_prefix;
     std::vector<kv::NewItem> items;     // the known items, added to a fresh store per input
     std::vector<ItemSnapshot> before;   // what a store holding them looks like
-    bool precheck = false;              // deep only: apply pickle_precheck first
     kv::LoadLimits limits;
 };
 
@@ -231,8 +228,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
         std::exit(2);
     }
     s.dir = pattern;
-    const char* precheck = std::getenv("KVCHECK_FUZZ_PICKLE_PRECHECK");
-    s.precheck = deep && precheck != nullptr && std::string(precheck) == "1";
+
     s.file = s.dir + "/" + kv::dump_file_name;
     std::atexit(remove_dir);
     // Tight enough that nothing a small file claims can exhaust memory;
@@ -250,8 +246,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
     std::cerr << "kvcheck fuzz target " << target_name << ": input = " << (deep ? "the records of a dump" : "a dump file")
               << ", written to " << s.file << "; load limits: file_bytes_max=" << s.limits.file_bytes_max
               << " tensor_bytes_max=" << s.limits.tensor_bytes_max << " items_max=" << s.limits.items_max
-              << " layers_max=" << s.limits.layers_max << "; the store holds " << s.items.size() << " known items"
-              << (s.precheck ? "; the proposed pickle precheck is on" : "") << "\n";
+              << " layers_max=" << s.limits.layers_max << "; the store holds " << s.items.size() << " known items\n";
     return 0;
 }
 
@@ -260,15 +255,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<char> bytes(data, data + size);
     if (deep) {
         const std::vector<std::string> records = fuzz::split_records(std::string(bytes.begin(), bytes.end()));
-        if (s.precheck) {
-            std::map<std::string, std::uint64_t> storage_bytes;
-            for (std::size_t i = 1; i < records.size(); ++i) storage_bytes[std::to_string(i - 1)] = records[i].size();
-            const std::string problem = fuzz::pickle_problem(records.front(), storage_bytes);
-            if (!problem.empty()) {
-                fuzz::count_outcome("precheck: " + problem);
-                return -1;
-            }
-        }
         try {
             bytes = fuzz::pack_records(records);
         } catch (const std::exception&) {

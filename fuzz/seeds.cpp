@@ -13,14 +13,14 @@
 // fuzz_dump_load_deep input) into the dump file it stands for, so that a
 // deep finding can be replayed through the honest fuzz_dump_load.
 //
-// kvcheck_fuzz_seeds --precheck RECORDS: prints what the proposed pickle
-// check (pickle_precheck.h) says of a record-form input.
+// kvcheck_fuzz_seeds --precheck RECORDS: prints what decode_dump's pickle
+// check (kv/pickle_check.h) says of a record-form input.
 #include "byte_chooser.h"
 #include "dump_records.h"
 #include "generators.h"
-#include "pickle_precheck.h"
 #include "reference_engine.h"
 
+#include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "kvcheck/content.h"
 
@@ -118,8 +118,8 @@ int precheck(const std::string& from) {
     const std::vector<std::string> records = kvcheck::fuzz::split_records(text);
     std::map<std::string, std::uint64_t> storage_bytes;
     for (std::size_t i = 1; i < records.size(); ++i) storage_bytes[std::to_string(i - 1)] = records[i].size();
-    const std::string problem = kvcheck::fuzz::pickle_problem(records.front(), storage_bytes);
-    std::cout << from << ": " << (problem.empty() ? "passes the pickle precheck" : "rejected: " + problem) << "\n";
+    const std::string problem = kv::pickle_problem(records.front(), storage_bytes);
+    std::cout << from << ": " << (problem.empty() ? "passes the pickle check" : "rejected: " + problem) << "\n";
     return problem.empty() ? 0 : 1;
 }
 
@@ -135,12 +135,12 @@ int main(int argc, char** argv) {
     for (const SeedStore& seed : seed_stores) {
         const std::vector<char> dump = dump_bytes(seed, scratch);
         const std::vector<std::string> records = kvcheck::fuzz::unpack_records(dump);
-        // The proposed pickle check must accept every real dump.
+        // decode_dump's pickle check must accept every real dump.
         std::map<std::string, std::uint64_t> storage_bytes;
         for (std::size_t i = 1; i < records.size(); ++i) storage_bytes[std::to_string(i - 1)] = records[i].size();
-        const std::string problem = kvcheck::fuzz::pickle_problem(records.front(), storage_bytes);
+        const std::string problem = kv::pickle_problem(records.front(), storage_bytes);
         if (!problem.empty()) {
-            std::cerr << "kvcheck_fuzz_seeds: the pickle precheck rejects the dump of " << seed.name << ": " << problem << "\n";
+            std::cerr << "kvcheck_fuzz_seeds: the pickle check rejects the dump of " << seed.name << ": " << problem << "\n";
             return 1;
         }
         write(corpus / "dump_load" / (seed.name + ".pt"), std::string(dump.begin(), dump.end()));
