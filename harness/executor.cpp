@@ -55,6 +55,26 @@ std::string tokens_text(const std::vector<std::int64_t>& tokens) {
     return text + "]";
 }
 
+// An operation whose output is h0 ("no cache") or one of its own inputs
+// names nothing an engine can do; it is skipped like a dangling handle.
+bool well_formed(const Op& operation) {
+    return std::visit(
+        [](const auto& o) {
+            using T = std::decay_t<decltype(o)>;
+            if constexpr (std::is_same_v<T, op::Clone> || std::is_same_v<T, op::ToLegacy> ||
+                          std::is_same_v<T, op::FromLegacy>) {
+                return o.out.value != 0 && !(o.out == o.source);
+            } else if constexpr (std::is_same_v<T, op::Concat>) {
+                return o.out.value != 0 && std::find(o.parts.begin(), o.parts.end(), o.out) == o.parts.end();
+            } else if constexpr (std::is_same_v<T, op::Get> || std::is_same_v<T, op::GetCache> || std::is_same_v<T, op::Make>) {
+                return o.out.value != 0;
+            } else {
+                return true;
+            }
+        },
+        operation);
+}
+
 class Run {
   public:
     Run(Engine& engine, const RunOptions& options)
@@ -78,7 +98,8 @@ class Run {
     RunResult run(const Trace& trace) {
         for (step_ = 0; step_ < trace.size() && !result_.failure; ++step_) {
             try {
-                const bool ran = std::visit([this](const auto& op) { return apply(op); }, trace[step_]);
+                const bool ran = well_formed(trace[step_]) &&
+                                 std::visit([this](const auto& op) { return apply(op); }, trace[step_]);
                 if (!ran) {
                     ++result_.coverage.ops_skipped;
                     continue;
