@@ -9,10 +9,18 @@
 // alike, and each reports its median round. Minor page faults per round
 // show when fresh pages dominate.
 //
+// kv::clone takes its buffers from the buffer pool (kv/buffer_pool.h), so
+// from the second round on a clone copies into the pages the previous one
+// left resident. clone_vs_memcpy_pool_off runs the same rounds with the
+// pool's limit at 0 (every block goes back to the system when freed), to
+// show what the pool buys; it cannot share rounds with the pooled clone,
+// as turning the pool off empties it.
+//
 // Merges: Store::get_cache of k ids (k parts of total/k bytes each) against
 // a clone of one cache of the same total bytes, also interleaved.
 #include "bench_util.h"
 
+#include "kv/buffer_pool.h"
 #include "kv/cache.h"
 #include "kv/store.h"
 
@@ -75,7 +83,22 @@ Buffer allocate(std::size_t bytes) {
     return Buffer(p);
 }
 
-void clone_vs_memcpy(benchmark::State& state, at::ScalarType dtype, std::int64_t cache_bytes) {
+// Sets the buffer pool's limit for the life of a benchmark, and restores it.
+class PoolLimit {
+  public:
+    explicit PoolLimit(std::int64_t limit_bytes) : saved_(kv::buffer_pool_stats().limit_bytes) {
+        kv::set_buffer_pool_limit(limit_bytes);
+    }
+    ~PoolLimit() { kv::set_buffer_pool_limit(saved_); }
+    PoolLimit(const PoolLimit&) = delete;
+    PoolLimit& operator=(const PoolLimit&) = delete;
+
+  private:
+    std::int64_t saved_;
+};
+
+void clone_vs_memcpy(benchmark::State& state, at::ScalarType dtype, std::int64_t cache_bytes, bool pool) {
+    const PoolLimit limit(pool ? kv::buffer_pool_limit_bytes_default : 0);
     const kv::CachePtr source = cache_of_bytes(cache_bytes, dtype);
     const std::vector<Range> ranges = slot_ranges(*source);
     std::size_t total_bytes = 0;
@@ -88,6 +111,7 @@ void clone_vs_memcpy(benchmark::State& state, at::ScalarType dtype, std::int64_t
     Samples clone_seconds, memcpy_seconds, fresh_seconds;
     long clone_faults = 0;
     long fresh_faults = 0;
+    const kv::BufferPoolStats pool_before = kv::buffer_pool_stats();
     for (auto _ : state) {
         const double t0 = now_seconds();
         for (std::size_t i = 0; i < ranges.size(); ++i) std::memcpy(reused[i].get(), ranges[i].data, ranges[i].bytes);
@@ -117,8 +141,14 @@ void clone_vs_memcpy(benchmark::State& state, at::ScalarType dtype, std::int64_t
         clone_faults += f3 - f2;
         state.SetIterationTime(t3 - t2);
     }
+    const kv::BufferPoolStats pool_after = kv::buffer_pool_stats();
     const double bytes = static_cast<double>(total_bytes);
     const double rounds = static_cast<double>(state.iterations());
+    state.counters["pool"] = pool ? 1 : 0;
+    state.counters["pool_reused_blocks_per_clone"] =
+        static_cast<double>(pool_after.reused_blocks - pool_before.reused_blocks) / rounds;
+    state.counters["pool_fresh_blocks_per_clone"] =
+        static_cast<double>(pool_after.fresh_blocks - pool_before.fresh_blocks) / rounds;
     state.counters["cache_bytes"] = bytes;
     state.counters["clone_GBps"] = bytes / clone_seconds.median() / 1e9;
     state.counters["memcpy_GBps"] = bytes / memcpy_seconds.median() / 1e9;
@@ -180,11 +210,14 @@ const bool registered = [] {
         for (const std::int64_t kib : {4, 64, 1024, 16 * 1024, 64 * 1024, 256 * 1024}) {
             const std::int64_t bytes = kib * 1024;
             const std::int64_t rounds = std::clamp<std::int64_t>((std::int64_t{2} << 30) / bytes, 10, 2000);
-            benchmark::RegisterBenchmark(("clone_vs_memcpy/" + std::string(dtype_name) + "/" + size_name(bytes)).c_str(),
-                                         clone_vs_memcpy, dtype, bytes)
-                ->Iterations(rounds)
-                ->UseManualTime()
-                ->Unit(benchmark::kMicrosecond);
+            for (const bool pool : {true, false}) {
+                const std::string name = pool ? "clone_vs_memcpy/" : "clone_vs_memcpy_pool_off/";
+                benchmark::RegisterBenchmark((name + dtype_name + "/" + size_name(bytes)).c_str(), clone_vs_memcpy,
+                                             dtype, bytes, pool)
+                    ->Iterations(rounds)
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMicrosecond);
+            }
         }
     }
     for (const std::int64_t mib : {1, 64}) {

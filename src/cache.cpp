@@ -1,5 +1,7 @@
 #include "kv/cache.h"
 
+#include "kv/buffer_pool.h"
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/EmptyTensor.h>
@@ -9,8 +11,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <unordered_set>
-
-#include <sys/mman.h>
 
 namespace kv {
 
@@ -31,44 +31,27 @@ at::Tensor append(const at::Tensor& slot, const at::Tensor& piece) {
     return at::cat({slot, piece}, -2);
 }
 
-// From this size on, a slot's copy asks the kernel for huge pages.
-constexpr std::size_t huge_page_copy_bytes_min = std::size_t{4} << 20;
-
-// A large copy lands in fresh pages from the kernel (glibc maps every
-// allocation over 32 MiB anew), and with 4 KiB pages the page faults cost
-// more than the copy itself (BENCHMARKS.md). Asking for transparent
-// huge pages before the first touch cuts the faults 512-fold. Only advice:
-// it changes no byte, and is ignored where huge pages are off.
-void advise_huge_pages(void* data, std::size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes < huge_page_copy_bytes_min) return;
-    constexpr std::uintptr_t page = 4096;
-    const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
-    const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
-    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-    (void)data;
-    (void)bytes;
-#endif
-}
-
 // Copy of one slot; absent stays absent. The result is what t.clone()
 // gives (same sizes, strides, dtype, a storage of its own). For a plain
 // contiguous CPU tensor, which is what caches hold, it is made the way
 // clone makes it (an empty_strided tensor, then a copy of the bytes), but
 // with memcpy instead of copy_: copy_ costs about a microsecond per tensor
-// to set up, which is most of the cost of cloning a small cache.
+// to set up, which is most of the cost of cloning a small cache. Its
+// buffer comes from the buffer pool (kv/buffer_pool.h): a clone of a large
+// cache copies into pages a freed clone left resident, instead of fresh
+// pages the kernel must zero and map first.
 at::Tensor copy_slot(const at::Tensor& t) {
     if (!t.defined()) return at::Tensor();
     const bool plain = t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
                        !t.requires_grad() && !t.is_conj() && !t.is_neg() && !t._is_zerotensor();
     if (!plain) return t.clone();
-    // The allocation at::empty_strided makes for a CPU tensor, without the
-    // trip through the dispatcher (a third of a small clone's time).
-    at::Tensor copy(at::detail::empty_strided_cpu(t.sizes(), t.strides(), t.scalar_type()));
+    // What at::empty_strided does for a CPU tensor, without the trip through
+    // the dispatcher (a third of a small clone's time), with the pool's
+    // allocator in place of the CPU one.
+    at::Tensor copy(at::detail::empty_strided_generic(t.sizes(), t.strides(), buffer_pool_allocator(),
+                                                      c10::DispatchKeySet(c10::DispatchKey::CPU), t.scalar_type()));
     const std::size_t bytes = t.nbytes();
     if (bytes == 0) return copy;
-    advise_huge_pages(copy.data_ptr(), bytes);
     std::memcpy(copy.data_ptr(), t.data_ptr(), bytes);
     return copy;
 }
