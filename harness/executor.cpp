@@ -1,8 +1,32 @@
 // The executor: one trace against one engine, with the auditor in step and
-// every named checker run after every operation.
+// the named checkers run around every operation.
+//
+// What is read when. The checks of an operation's own result (the cache it
+// made, the copies it logged, the tokens it generated) run at its step,
+// always. The stored entries are read on a schedule that follows what an
+// operation can reach, so that a step costs what it touches, not what the
+// store holds:
+// - after a step: the entries it names, and the entries that share storage
+//   with a handle it names (before or after it ran: that is how a model's
+//   in-place write reaches the store); the ownership of the handles it
+//   names; the listing, while the store is small (listing_every_step_max);
+// - before a step that replaces or removes the entries it names (add,
+//   delete), those entries, so that a change is not wiped before it is seen;
+// - every entry, the listing and every handle ("a full read"): before and
+//   after a step that reads or replaces the whole store (dump, load,
+//   delete_all), every max(sweep_steps_min, entries) steps, and at the end
+//   of the run, then without entry versions.
+// A change no handle can reach (an engine writing into an entry it was not
+// asked about) is therefore found at the next full read, at a later step than
+// it happened; RunOptions::every_entry_every_step reads everything after
+// every step instead and pins it to its step (kvcheck re-runs a shrunk trace
+// that way before reporting it). Without storage identities no handle can
+// be traced to the entries it reaches, and every step is a full read.
 #include "kvcheck/executor.h"
 
 #include "auditor.h"
+
+#include <boost/pfr.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -75,6 +99,57 @@ bool well_formed(const Op& operation) {
         operation);
 }
 
+// What an operation names: the schedule of reads around it follows from it.
+struct StepScope {
+    std::vector<std::string> ids;       // stored entries it names
+    std::vector<std::int64_t> handles;  // handles it reads or binds (never h0)
+    bool destroys_named = false;        // it replaces or removes the entries it names
+    bool whole_store = false;           // it reads or replaces the whole store
+    bool membership = false;            // it may change which ids the store holds
+};
+
+template <typename T>
+void add_unique(std::vector<T>& list, const T& value) {
+    if (std::find(list.begin(), list.end(), value) == list.end()) list.push_back(value);
+}
+
+StepScope scope_of(const Op& operation) {
+    StepScope scope;
+    std::visit(
+        [&scope](const auto& o) {
+            using T = std::decay_t<decltype(o)>;
+            boost::pfr::for_each_field(o, [&scope](const auto& field) {
+                using F = std::decay_t<decltype(field)>;
+                if constexpr (std::is_same_v<F, std::string>) {
+                    add_unique(scope.ids, field);
+                } else if constexpr (std::is_same_v<F, Ids>) {
+                    for (const std::string& id : field) add_unique(scope.ids, id);
+                } else if constexpr (std::is_same_v<F, HandleName>) {
+                    if (field.value != 0) add_unique(scope.handles, field.value);
+                } else if constexpr (std::is_same_v<F, HandleNames>) {
+                    for (const HandleName& handle : field) {
+                        if (handle.value != 0) add_unique(scope.handles, handle.value);
+                    }
+                }
+            });
+            scope.destroys_named = std::is_same_v<T, op::Add> || std::is_same_v<T, op::AddHandle> ||
+                                   std::is_same_v<T, op::Delete>;
+            scope.whole_store = std::is_same_v<T, op::Dump> || std::is_same_v<T, op::DumpCrash> ||
+                                std::is_same_v<T, op::Load> || std::is_same_v<T, op::DeleteAll>;
+            scope.membership = scope.destroys_named || std::is_same_v<T, op::Load> || std::is_same_v<T, op::DeleteAll>;
+        },
+        operation);
+    return scope;
+}
+
+// A full read at least this often (in steps), and once per entry in a big
+// store: a change no handle reaches is found within that many steps.
+constexpr std::size_t sweep_steps_min = 16;
+// Up to this many entries the listing is compared after every step that may
+// change it; beyond, at full reads (listing a thousand ids costs more than
+// the operation).
+constexpr std::size_t listing_every_step_max = 64;
+
 class Run {
   public:
     Run(Engine& engine, const RunOptions& options)
@@ -86,6 +161,7 @@ class Run {
         }
         work_dir_ = options.work_dir;
         trust_versions_ = capabilities_.entry_versions;
+        every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
     }
 
     ~Run() {
@@ -98,26 +174,89 @@ class Run {
     RunResult run(const Trace& trace) {
         for (step_ = 0; step_ < trace.size() && !result_.failure; ++step_) {
             try {
-                const bool ran = well_formed(trace[step_]) &&
-                                 std::visit([this](const auto& op) { return apply(op); }, trace[step_]);
-                if (!ran) {
-                    ++result_.coverage.ops_skipped;
-                    continue;
-                }
-                ++result_.coverage.ops_run[trace[step_].index()];
-                record_state(trace[step_]);
-                check_store();
+                run_step(trace[step_]);
             } catch (const std::exception& error) {
                 fail_as(engine_error_id, std::string("the engine threw: ") + error.what());
             }
+            note_.clear();
             result_.steps_run = step_ + 1;
             settle_step();
         }
-        if (!result_.failure && trust_versions_ && !trace.empty()) recheck_without_versions(trace.size() - 1);
+        if (!result_.failure && !trace.empty()) recheck_everything(trace.size() - 1);
         return std::move(result_);
     }
 
   private:
+    // ---- the schedule ----
+
+    void run_step(const Op& operation) {
+        if (!well_formed(operation)) {
+            ++result_.coverage.ops_skipped;
+            return;
+        }
+        const StepScope scope = scope_of(operation);
+        std::vector<std::string> reached;
+        if (!every_step_) {
+            check_before(scope);
+            if (!step_failures_.empty()) return;
+            reached = entries_reached(scope.handles);
+        }
+        const bool ran = std::visit([this](const auto& op) { return apply(op); }, operation);
+        if (!ran) {
+            ++result_.coverage.ops_skipped;
+            return;
+        }
+        ++result_.coverage.ops_run[operation.index()];
+        record_state(operation);
+        if (scope.membership) listing_due_ = true;
+        check_after(scope, reached);
+    }
+
+    // The evidence an operation is about to replace, read while it is there.
+    void check_before(const StepScope& scope) {
+        if (scope.whole_store) {
+            check_everything(" (read before this operation read or replaced the whole store)");
+            return;
+        }
+        if (!scope.destroys_named) return;
+        begin_round();
+        note_ = " (read before this operation replaced or removed it)";
+        check_entries(scope.ids);
+        note_.clear();
+    }
+
+    void check_after(const StepScope& scope, std::vector<std::string> reached) {
+        ++steps_since_full_read_;
+        if (every_step_ || scope.whole_store) {
+            check_everything("");
+            return;
+        }
+        if (steps_since_full_read_ >= std::max(sweep_steps_min, audit_.order().size())) {
+            check_everything(" (found by the periodic read of every entry: it may have happened at an earlier step; "
+                             "kvcheck replay pins it to its step)");
+            return;
+        }
+        begin_round();
+        for (const std::int64_t handle : scope.handles) handle_readings_.erase(handle);
+        for (const std::string& id : scope.ids) add_unique(reached, id);
+        for (const std::string& id : entries_reached(scope.handles)) add_unique(reached, id);
+        if (listing_due_ && audit_.order().size() <= listing_every_step_max) check_listing();
+        const std::vector<std::string> renewed = check_entries(reached);
+        check_ownership_of(scope.handles, renewed);
+    }
+
+    // The store's listing, its content and every handle's ownership.
+    void check_everything(const std::string& note) {
+        note_ = note;
+        begin_round();
+        handle_readings_.clear();
+        steps_since_full_read_ = 0;
+        check_listing();
+        check_store_content(Property::stored_immutable, "");
+        check_ownership();
+        note_.clear();
+    }
+
     // ---- failures ----
 
     // Is `p` checked, and not already violated at this step?
@@ -131,7 +270,7 @@ class Run {
 
     void fail_as(const std::string& property, const std::string& message) {
         const char* late = rechecking_ ? " (found when every entry was read again at the end of the run)" : "";
-        step_failures_.push_back(Failure{property, step_, message + late, {}});
+        step_failures_.push_back(Failure{property, step_, message + note_ + late, {}});
     }
 
     // Every violation of a step is kept; the first in property order is the
@@ -553,14 +692,15 @@ class Run {
 
     // ---- reading the stored entries ----
     //
-    // Reading every stored entry after every step (its view, which hashes
-    // its content; its owned marker; its storage identities) costs in
-    // proportion to the store. An engine with entry_versions says which
-    // entries may have changed: what was read of an entry is kept while its
-    // version stays, and read again when the version moves. Without
-    // versions nothing is kept from one round of reading to the next. A
-    // round starts whenever the engine may have changed: at the check after
-    // each step, and after a load.
+    // Reading a stored entry (its view, which hashes its content; its owned
+    // marker; its storage identities) is what a check costs. An engine with
+    // entry_versions says which entries may have changed: what was read of an
+    // entry is kept while its version stays, and read again when the version
+    // moves. Without versions what was read is not trusted from one round of
+    // reading to the next. A round starts whenever the engine may have
+    // changed: at the checks before and after each step, and after a load.
+    // The storage index (holders_) keeps each entry's identities from its
+    // last reading: it is what traces a handle to the entries it reaches.
 
     struct EntryReading {
         std::uint64_t round = 0;  // the round its version was last asked in
@@ -641,34 +781,80 @@ class Run {
         entry.indexed = true;
     }
 
-    // Does a cache made of `identities` share one with a stored entry? The
-    // entry named is the first, in insertion order, holding the first
-    // shared identity.
-    bool shared_with_entry(const std::vector<std::uint64_t>& identities, std::string* entry) {
+    // The stored entries that hold one of `identities`, in no set order.
+    std::vector<std::string> holders_of(const std::vector<std::uint64_t>& identities) const {
+        std::vector<std::string> entries;
         for (const std::uint64_t identity : identities) {
             const auto found = holders_.find(identity);
             if (found == holders_.end()) continue;
-            const std::vector<std::string>& holders = found->second;
-            for (const std::string& id : audit_.order()) {
-                if (std::find(holders.begin(), holders.end(), id) != holders.end()) {
-                    *entry = id;
-                    return true;
-                }
-            }
+            for (const std::string& id : found->second) add_unique(entries, id);
         }
-        return false;
+        return entries;
     }
 
-    // Every entry read again, versions or not, after the last step: an
-    // engine whose versions miss a change is caught all the same.
-    void recheck_without_versions(std::size_t last_step) {
+    // Does the cache of `object`, made of `identities`, share one with a
+    // stored entry it may not alias? The entry named is the first such, in
+    // insertion order.
+    bool shared_with_entry(ObjectId object, const std::vector<std::uint64_t>& identities, std::string* entry) {
+        std::vector<std::string> offending;
+        for (const std::string& id : holders_of(identities)) {
+            const std::optional<ObjectId> stored = audit_.entry(id);
+            if (stored && !audit_.may_alias(object, *stored)) offending.push_back(id);
+        }
+        if (offending.empty()) return false;
+        for (const std::string& id : audit_.order()) {
+            if (std::find(offending.begin(), offending.end(), id) != offending.end()) {
+                *entry = id;
+                return true;
+            }
+        }
+        *entry = offending.front();
+        return true;
+    }
+
+    // ---- reading the handles ----
+    //
+    // What a handle is made of and whether it is marked owned, kept from the
+    // step that last named it (or the last full read): a handle changes only
+    // through the operations that name it.
+
+    struct HandleReading {
+        bool owned = false;
+        std::vector<std::uint64_t> storage;
+    };
+
+    const HandleReading& handle_reading(std::int64_t handle) {
+        const auto found = handle_readings_.find(handle);
+        if (found != handle_readings_.end()) return found->second;
+        HandleReading reading;
+        const HandleFacts facts = engine_.handle_facts(handle);
+        reading.owned = facts.exists && facts.owned;
+        if (facts.exists && capabilities_.storage_identity) reading.storage = engine_.storage_of_handle(handle);
+        return handle_readings_.emplace(handle, std::move(reading)).first->second;
+    }
+
+    // The stored entries that share storage with one of `handles`, as the
+    // index knows them.
+    std::vector<std::string> entries_reached(const std::vector<std::int64_t>& handles) {
+        std::vector<std::string> entries;
+        if (!capabilities_.storage_identity) return entries;
+        for (const std::int64_t handle : handles) {
+            if (!audit_.handle(handle)) continue;
+            for (const std::string& id : holders_of(handle_reading(handle).storage)) add_unique(entries, id);
+        }
+        return entries;
+    }
+
+    // Every entry and handle read again, versions or not, after the last
+    // step: an engine whose versions miss a change, or whose change no
+    // handle reached, is caught all the same.
+    void recheck_everything(std::size_t last_step) {
         trust_versions_ = false;
         rechecking_ = true;
         step_ = last_step;
         drop_readings();
         try {
-            begin_round();
-            check_store();
+            check_everything("");
         } catch (const std::exception& error) {
             fail_as(engine_error_id, std::string("the engine threw: ") + error.what());
         }
@@ -713,20 +899,42 @@ class Run {
         expect(p, difference.empty(), when + (when.empty() ? "" : " ") + difference);
     }
 
-    void check_store() {
-        begin_round();
+    void check_listing() {
+        listing_due_ = false;
         // Messages are built only for a failure: listing a thousand ids
-        // after every step costs more than comparing them.
+        // costs more than comparing them.
         if (checking(Property::store_contract) && listed() != audit_.order()) {
             expect(Property::store_contract, false,
                    "the store lists " + id_list(listed()) + ", expected " + id_list(audit_.order()) + " (insertion order)");
         }
-        check_store_content(Property::stored_immutable, "");
-        check_ownership();
+    }
+
+    // Entries `ids` (those the auditor holds): content, owned marker and
+    // storage index. Returns the entries whose storage identities changed
+    // since they were last indexed.
+    std::vector<std::string> check_entries(const std::vector<std::string>& ids) {
+        std::vector<std::string> renewed;
+        for (const std::string& id : ids) {
+            if (!audit_.entry(id)) continue;
+            if (checking(Property::stored_immutable)) {
+                const std::string difference = entry_difference(id);
+                expect(Property::stored_immutable, difference.empty(), "entry " + in_quotes(id) + " " + difference);
+            }
+            if (checking(Property::owned_marker) && entry_owned(id)) {
+                expect(Property::owned_marker, false, "stored entry " + in_quotes(id) + " is marked owned");
+            }
+            if (!capabilities_.storage_identity) continue;
+            const auto before = readings_.find(id);
+            const std::vector<std::uint64_t> old_storage =
+                before != readings_.end() && before->second.indexed ? before->second.storage : std::vector<std::uint64_t>{};
+            index_storage(id);
+            if (reading(id).storage != old_storage) renewed.push_back(id);
+        }
+        return renewed;
     }
 
     // Entries are never owned; owned handles and get_cache results share
-    // nothing with any entry they are not derived from.
+    // nothing with any entry they are not derived from. All of them.
     void check_ownership() {
         const bool immutable = checking(Property::stored_immutable) && capabilities_.storage_identity;
         const bool marker = checking(Property::owned_marker);
@@ -742,23 +950,61 @@ class Run {
         if (!capabilities_.storage_identity) return;
         for (const std::string& id : audit_.order()) index_storage(id);
         for (const auto& [handle, object] : audit_.handles()) {
-            if (!object) continue;
-            const Object& expected = audit_.object(*object);
-            const bool handed_out = expected.origin == Origin::get_cache;
-            const bool owned = marker && engine_.handle_facts(handle).owned;
-            if (!(immutable && handed_out) && !owned) continue;
-            std::string entry;
-            if (!shared_with_entry(engine_.storage_of_handle(handle), &entry)) continue;
-            if (audit_.may_alias(*object, *audit_.entry(entry))) continue;
-            if (immutable && handed_out) {
-                fail_as(property_id(Property::stored_immutable),
-                        "the cache get_cache handed out as " + handle_text(handle) + " shares storage with stored entry " + in_quotes(entry));
-            } else {
-                fail_as(property_id(Property::owned_marker),
-                        handle_text(handle) + " is marked owned but shares storage with stored entry " + in_quotes(entry));
-            }
-            return;
+            if (object && check_handle_ownership(handle)) return;
         }
+    }
+
+    // The same for the handles a step named, and for any handle that shares
+    // storage with an entry whose storage changed at this step.
+    void check_ownership_of(const std::vector<std::int64_t>& handles, const std::vector<std::string>& renewed) {
+        if (!capabilities_.storage_identity) return;
+        if (!checking(Property::stored_immutable) && !checking(Property::owned_marker)) return;
+        std::vector<std::int64_t> to_check;
+        for (const std::int64_t handle : handles) {
+            if (audit_.handle(handle)) to_check.push_back(handle);
+        }
+        if (!renewed.empty()) {
+            std::set<std::uint64_t> identities;
+            for (const std::string& id : renewed) {
+                const EntryReading& entry = reading(id);
+                identities.insert(entry.storage.begin(), entry.storage.end());
+            }
+            for (const auto& [handle, object] : audit_.handles()) {
+                if (!object) continue;
+                for (const std::uint64_t identity : handle_reading(handle).storage) {
+                    if (identities.count(identity) != 0) {
+                        add_unique(to_check, handle);
+                        break;
+                    }
+                }
+            }
+        }
+        std::sort(to_check.begin(), to_check.end());
+        for (const std::int64_t handle : to_check) {
+            if (check_handle_ownership(handle)) return;
+        }
+    }
+
+    // Records the violation of one handle, if any; true when one was found.
+    bool check_handle_ownership(std::int64_t handle) {
+        const std::optional<ObjectId> object = audit_.handle(handle);
+        if (!object) return false;
+        const bool immutable = checking(Property::stored_immutable) && capabilities_.storage_identity;
+        const bool marker = checking(Property::owned_marker);
+        const bool handed_out = audit_.object(*object).origin == Origin::get_cache;
+        const HandleReading& facts = handle_reading(handle);
+        const bool owned = marker && facts.owned;
+        if (!(immutable && handed_out) && !owned) return false;
+        std::string entry;
+        if (!shared_with_entry(*object, facts.storage, &entry)) return false;
+        if (immutable && handed_out) {
+            fail_as(property_id(Property::stored_immutable),
+                    "the cache get_cache handed out as " + handle_text(handle) + " shares storage with stored entry " + in_quotes(entry));
+        } else {
+            fail_as(property_id(Property::owned_marker),
+                    handle_text(handle) + " is marked owned but shares storage with stored entry " + in_quotes(entry));
+        }
+        return true;
     }
 
     // ---- coverage ----
@@ -791,10 +1037,15 @@ class Run {
     Auditor audit_;
     bool trust_versions_ = false;  // the engine reports entry versions, and they are used
     bool rechecking_ = false;      // the final read, without versions, is running
+    bool every_step_ = false;      // a full read after every step (RunOptions, or no storage identities)
+    bool listing_due_ = false;     // the store's membership changed since its listing was compared
+    std::size_t steps_since_full_read_ = 0;
+    std::string note_;             // appended to the failures found by the read running now
     std::uint64_t round_ = 0;
     std::optional<std::vector<std::string>> listed_;
     std::unordered_map<std::string, EntryReading> readings_;
     std::unordered_map<std::uint64_t, std::vector<std::string>> holders_;  // storage identity -> entries holding it
+    std::unordered_map<std::int64_t, HandleReading> handle_readings_;
     std::size_t step_ = 0;
     std::vector<Failure> step_failures_;
     RunResult result_;

@@ -1,8 +1,9 @@
 // Entry versions (Engine::entry_version): the executor re-reads a stored
 // entry only when its version moves, so the reference's versions must move
 // on every change a check could see, and the executor must still catch a
-// change at the step it happens - or, for an engine whose versions miss
-// it, at the end of the run.
+// change: when the entry is next read (or at its step, reading everything
+// every step), or, for an engine whose versions miss it, at the end of the
+// run.
 #include "reference_engine.h"
 #include "run_util.h"
 
@@ -113,22 +114,70 @@ class WritesIntoTheStore : public Tampering {
 const Trace write_trace = {op::Add{"a", parse_cache_spec("modern/f32/3:[kv2 kv3]")}, op::GetCache{{1}, {"a"}},
                            op::Generate{{1}, {5, 7}, 2}, op::Get{{2}, "a"}, op::GetAll{}};
 
-TEST(EntryVersions, AnInPlaceWriteIsCaughtAtItsStep) {
+RunOptions every_step() {
+    RunOptions options;
+    options.every_entry_every_step = true;
+    return options;
+}
+
+// The write at step 2 reaches no handle (the generation ran on an owned
+// copy): the default schedule reads "a" when step 3 names it; reading every
+// entry after every step pins it to step 2.
+TEST(EntryVersions, AnInPlaceWriteIsCaughtWhenTheEntryIsNextReadOrAtItsStep) {
     WritesIntoTheStore<true> engine;
-    const RunResult result = execute(write_trace, engine);
+    const RunResult focused = execute(write_trace, engine);
+    ASSERT_TRUE(focused.failure);
+    EXPECT_EQ(focused.failure->property, "stored-immutable");
+    EXPECT_EQ(focused.failure->step, 3u);
+    EXPECT_EQ(focused.failure->message.find("end of the run"), std::string::npos) << focused.failure->message;
+
+    WritesIntoTheStore<true> again;
+    const RunResult strict = execute(write_trace, again, every_step());
+    ASSERT_TRUE(strict.failure);
+    EXPECT_EQ(strict.failure->property, "stored-immutable");
+    EXPECT_EQ(strict.failure->step, 2u);
+    EXPECT_EQ(strict.failure->message.find("end of the run"), std::string::npos) << strict.failure->message;
+}
+
+// A delete would wipe the evidence: the entries it names are read before it.
+TEST(EntryVersions, AWriteIsFoundBeforeTheEntryIsDeleted) {
+    const Trace trace = {op::Add{"a", parse_cache_spec("modern/f32/3:[kv2 kv3]")}, op::GetCache{{1}, {"a"}},
+                         op::Generate{{1}, {5, 7}, 2}, op::Delete{{"a"}}, op::GetAll{}};
+    WritesIntoTheStore<true> engine;
+    const RunResult result = execute(trace, engine);
     ASSERT_TRUE(result.failure);
     EXPECT_EQ(result.failure->property, "stored-immutable");
-    EXPECT_EQ(result.failure->step, 2u);
-    EXPECT_EQ(result.failure->message.find("end of the run"), std::string::npos) << result.failure->message;
+    EXPECT_EQ(result.failure->step, 3u);
+    EXPECT_NE(result.failure->message.find("before this operation replaced or removed it"), std::string::npos)
+        << result.failure->message;
+}
+
+// Nothing names "a" again: the periodic read of every entry finds the write,
+// within sweep_steps_min (16) steps.
+TEST(EntryVersions, AWriteNothingReachesIsFoundAtTheNextFullRead) {
+    Trace trace = {op::Add{"a", parse_cache_spec("modern/f32/3:[kv2 kv3]")},
+                   op::Add{"b", parse_cache_spec("modern/f32/3:[kv2 kv3]")}, op::GetCache{{1}, {"b"}},
+                   op::Generate{{1}, {5, 7}, 2}};
+    for (int i = 0; i < 30; ++i) trace.push_back(op::GetAll{});
+    WritesIntoTheStore<true> engine;
+    const RunResult result = execute(trace, engine);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+    EXPECT_GT(result.failure->step, 3u);
+    EXPECT_LE(result.failure->step, 3u + 16u);
+    EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos) << result.failure->message;
 }
 
 TEST(EntryVersions, AChangeTheVersionsMissIsCaughtAtTheEnd) {
-    WritesIntoTheStore<false> engine;
-    const RunResult result = execute(write_trace, engine);
-    ASSERT_TRUE(result.failure);
-    EXPECT_EQ(result.failure->property, "stored-immutable");
-    EXPECT_EQ(result.failure->step, write_trace.size() - 1);
-    EXPECT_NE(result.failure->message.find("end of the run"), std::string::npos) << result.failure->message;
+    for (const bool strict : {false, true}) {
+        SCOPED_TRACE(strict ? "every entry every step" : "default schedule");
+        WritesIntoTheStore<false> engine;
+        const RunResult result = execute(write_trace, engine, strict ? every_step() : RunOptions{});
+        ASSERT_TRUE(result.failure);
+        EXPECT_EQ(result.failure->property, "stored-immutable");
+        EXPECT_EQ(result.failure->step, write_trace.size() - 1);
+        EXPECT_NE(result.failure->message.find("end of the run"), std::string::npos) << result.failure->message;
+    }
 }
 
 }  // namespace

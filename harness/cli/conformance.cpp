@@ -57,19 +57,34 @@ FoundFailure decode(const std::string& payload) {
 
 // ---- the child's work -------------------------------------------------------------
 
-std::optional<Failure> run_once(const Adapter& adapter, const Trace& trace, PropertySet properties, Channel& out) {
+// `every_step`: read every entry after every step (RunOptions), so that a
+// failure is reported at the step it happened; searching and shrinking run
+// with the cheaper default schedule, which finds the same failures.
+std::optional<Failure> run_once(const Adapter& adapter, const Trace& trace, PropertySet properties, Channel& out,
+                                bool every_step = false) {
     out.send("begin", format_trace(trace));
     const std::shared_ptr<Engine> engine = adapter.make();
     RunOptions run;
     run.properties = properties;
+    run.every_entry_every_step = every_step;
     return execute(trace, *engine, run).failure;
+}
+
+// The failure of `trace` as reported: found again reading everything every
+// step, which pins it to its step ("found" when that run passes, which it
+// should not: both schedules find the same failures).
+Failure at_its_step(const Adapter& adapter, const Trace& trace, const Failure& found, PropertySet properties,
+                    Channel& out) {
+    const std::optional<Failure> exact = run_once(adapter, trace, properties, out, true);
+    return exact ? *exact : found;
 }
 
 void report_failure(const Adapter& adapter, const Trace& trace, const Failure& failure, PropertySet properties,
                     std::size_t cases, Channel& out) {
     const Oracle oracle = [&](const Trace& candidate) { return run_once(adapter, candidate, properties, out); };
     const ShrinkResult shrunk = shrink(trace, failure, oracle);
-    out.send("fail", encode({cases, trace.size(), shrunk.failure, format_trace(shrunk.trace)}));
+    const Failure reported = at_its_step(adapter, shrunk.trace, shrunk.failure, properties, out);
+    out.send("fail", encode({cases, trace.size(), reported, format_trace(shrunk.trace)}));
 }
 
 // Searches seeded traces for a violation of one property.
@@ -307,7 +322,7 @@ std::vector<AdapterResult> check_adapters(const std::vector<Adapter>& adapters, 
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
                           const ConformanceOptions& options) {
     auto body = [&](Channel& out) {
-        if (const std::optional<Failure> failure = run_once(adapter, trace, properties, out)) {
+        if (const std::optional<Failure> failure = run_once(adapter, trace, properties, out, !shrink_it)) {
             if (shrink_it) {
                 report_failure(adapter, trace, *failure, properties, 1, out);
             } else {

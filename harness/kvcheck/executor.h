@@ -1,6 +1,7 @@
 // The executor runs a trace against an engine, keeps the auditor's expected
-// state in step, and runs the named checkers after every operation. The
-// first violation stops the run and is reported as a Failure.
+// state in step, and runs the named checkers around every operation (what
+// each step reads: harness/executor.cpp, top). The first violation stops
+// the run and is reported as a Failure.
 //
 //   kvcheck::adapters::ReferenceEngine engine;
 //   kvcheck::RunResult result = kvcheck::execute(trace, engine, {});
@@ -86,6 +87,16 @@ struct RunOptions {
     PropertySet properties = PropertySet::all();
     std::string work_dir;  // dumps go under it; empty: a fresh temporary directory, removed after
     bool record_states = false;
+    // Read every stored entry, the listing and every handle after every
+    // step. By default the executor reads after a step what the step can
+    // reach (the entries it names, those sharing storage with the handles it
+    // names) and everything at full reads (around dump, load and delete_all,
+    // every max(16, entries) steps, and at the end of the run): a change no
+    // handle reaches is found, but at a later step than it happened. With
+    // this option it is found at its step, at a cost that grows with the
+    // store. Both find the same failures on the same traces
+    // (properties/mutants_test.cpp, Schedule).
+    bool every_entry_every_step = false;
 };
 
 struct RunResult {
