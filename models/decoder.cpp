@@ -1,15 +1,11 @@
 #include "kv/models.h"
 
-#include <ATen/ops/argmax.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/matmul.h>
-#include <ATen/ops/sin.h>
-#include <ATen/ops/softmax.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <cassert>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -61,36 +57,150 @@ class SplitMix64 {
     std::uint64_t state_;
 };
 
-// A [rows, cols] float32 tensor of uniform values times `scale`, owning its
-// memory (the vector is only borrowed by from_blob).
-at::Tensor seeded(SplitMix64& random, std::int64_t rows, std::int64_t cols, float scale) {
-    std::vector<float> data(static_cast<std::size_t>(rows * cols));
+std::size_t at_index(std::int64_t i) {
+    assert(i >= 0);
+    return static_cast<std::size_t>(i);
+}
+
+// A row-major [rows, cols] matrix of uniform values times `scale`.
+std::vector<float> seeded(SplitMix64& random, std::int64_t rows, std::int64_t cols, float scale) {
+    std::vector<float> data(at_index(rows * cols));
     for (float& value : data) value = random.uniform() * scale;
-    return at::from_blob(data.data(), {rows, cols}, at::kFloat).clone();
+    return data;
 }
 
-// A fresh contiguous copy. Every matmul operand of one token goes through
-// this, so the operand has the same shape, strides and (allocator) alignment
-// whether the token came in a long prefill or alone: the BLAS kernel then
-// takes the same path and rounds the same way.
-at::Tensor fresh(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
+// The arithmetic below is plain float32 scalar code, and every quantity of
+// one token (its projections, its attention scores, weights and output, its
+// logits) is computed by the same loops in the same order whatever else came
+// in the forward call: nothing is blocked, tiled or reduced in an order that
+// depends on the number of tokens. That is what makes a token's bits depend
+// on its position and the cache alone. Nothing here may be reassociated, so
+// the build must not use -ffast-math or -fassociative-math.
 
-// [n, H*D] -> [1, H, n, D], in a storage of its own: K and V must never
-// share storage with each other or with Q (a legacy cache keeps the tensor
-// itself, and the harness computes aliasing from storages).
-at::Tensor to_heads(const at::Tensor& rows, std::int64_t heads, std::int64_t dims) {
-    return fresh(rows.reshape({rows.size(0), heads, dims}).permute({1, 0, 2}).unsqueeze(0));
-}
-
-// Row-by-row product: row i of the result is fresh(row i) · weight, so it
-// does not depend on how many rows came with it.
-at::Tensor rows_times(const at::Tensor& rows, const at::Tensor& weight) {
-    std::vector<at::Tensor> products;
-    products.reserve(static_cast<std::size_t>(rows.size(0)));
-    for (std::int64_t i = 0; i < rows.size(0); ++i) {
-        products.push_back(at::matmul(fresh(rows.narrow(0, i, 1)), weight));
+// out[c] = row · weight[:, c] for a row-major [inner, cols] weight; each
+// sum runs over the inner index in ascending order.
+void row_times(const float* row, const float* weight, std::int64_t inner, std::int64_t cols, float* out) {
+    for (std::int64_t c = 0; c < cols; ++c) out[c] = 0.0F;
+    for (std::int64_t e = 0; e < inner; ++e) {
+        const float factor = row[e];
+        const float* weight_row = weight + e * cols;
+        for (std::int64_t c = 0; c < cols; ++c) out[c] += factor * weight_row[c];
     }
-    return at::cat(products, 0);
+}
+
+float dot(const float* a, const float* b, std::int64_t length) {
+    float sum = 0.0F;
+    for (std::int64_t d = 0; d < length; ++d) sum += a[d] * b[d];
+    return sum;
+}
+
+// The geometry one layer's attention works on.
+struct Heads {
+    std::int64_t count;  // heads
+    std::int64_t dims;   // head_dim
+    std::int64_t width() const { return count * dims; }
+};
+
+// Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
+// [1, heads, n, head_dim] float32 tensor in a storage of its own: K and V
+// must never share storage with each other or with anything else (a legacy
+// cache keeps the tensor itself, and the harness computes aliasing from
+// storages). Every element is written: no `empty` contents survive.
+at::Tensor to_heads(const std::vector<float>& qkv, std::int64_t count, Heads heads, std::int64_t part) {
+    at::Tensor t = at::empty({1, heads.count, count, heads.dims}, at::kFloat);
+    float* data = t.data_ptr<float>();
+    const std::int64_t width = heads.width();
+    std::int64_t written = 0;
+    for (std::int64_t h = 0; h < heads.count; ++h) {
+        for (std::int64_t i = 0; i < count; ++i) {
+            const float* source = qkv.data() + i * 3 * width + part * width + h * heads.dims;
+            for (std::int64_t d = 0; d < heads.dims; ++d, ++written) data[written] = source[d];
+        }
+    }
+    assert(written == t.numel());
+    return t;
+}
+
+std::string shape_text(const at::Tensor& t) {
+    std::string text = "[";
+    for (std::int64_t i = 0; i < t.dim(); ++i) text += (i ? ", " : "") + std::to_string(t.size(i));
+    return text + "]";
+}
+
+// What the cache holds for one side of `layer` after the update, as a
+// contiguous float32 [1, heads, S, head_dim] tensor (the cache's own tensor
+// when it already is one; only read). A cache of another geometry is
+// refused rather than read out of bounds.
+at::Tensor read_back(const at::Tensor& held, Heads heads, std::int64_t count, std::int64_t layer,
+                     const char* side) {
+    const bool fits = held.defined() && held.dim() == 4 && held.size(0) == 1 && held.size(1) == heads.count &&
+                      held.size(2) >= count && held.size(3) == heads.dims;
+    if (!fits) {
+        throw std::invalid_argument("Decoder: layer " + std::to_string(layer) + " " + side + " of shape " +
+                                    (held.defined() ? shape_text(held) : std::string("(none)")) + ", expected [1, " +
+                                    std::to_string(heads.count) + ", >= " + std::to_string(count) + ", " +
+                                    std::to_string(heads.dims) + "]");
+    }
+    // Checked first so that the common case costs no dispatcher call.
+    if (held.scalar_type() == at::kFloat && held.is_contiguous()) return held;
+    at::Tensor t = held.to(at::kFloat).contiguous();
+    assert(t.scalar_type() == at::kFloat);
+    assert(t.is_contiguous());
+    return t;
+}
+
+// Causal attention of the `count` new tokens of one layer. qkv: their
+// [n, 3E] projections (q in the first E columns); keys, values: contiguous
+// float32 [1, H, S, D] with S >= n. The query of new token i sits at
+// position P = S - n + i and sees keys 0..P. Writes [n, E] into `out`.
+// Token i's result is a function of its query and cached rows 0..P only.
+void attend(const std::vector<float>& qkv, const float* keys, const float* values, std::int64_t total,
+            std::int64_t count, Heads heads, std::vector<float>& out) {
+    const std::int64_t past = total - count;
+    assert(past >= 0);
+    const std::int64_t width = heads.width();
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(heads.dims)));
+    std::vector<float> weights(at_index(total));
+    for (std::int64_t i = 0; i < count; ++i) {
+        const std::int64_t visible = past + i + 1;
+        for (std::int64_t h = 0; h < heads.count; ++h) {
+            const float* query = qkv.data() + i * 3 * width + h * heads.dims;
+            const float* head_keys = keys + h * total * heads.dims;
+            const float* head_values = values + h * total * heads.dims;
+            // softmax(q·kᵀ · scale), stable: the maximum is subtracted first.
+            float top = -std::numeric_limits<float>::infinity();
+            for (std::int64_t j = 0; j < visible; ++j) {
+                const float score = dot(query, head_keys + j * heads.dims, heads.dims) * scale;
+                weights[at_index(j)] = score;
+                if (score > top) top = score;
+            }
+            float sum = 0.0F;
+            for (std::int64_t j = 0; j < visible; ++j) {
+                const float e = std::exp(weights[at_index(j)] - top);
+                weights[at_index(j)] = e;
+                sum += e;
+            }
+            float* result = out.data() + i * width + h * heads.dims;
+            for (std::int64_t d = 0; d < heads.dims; ++d) result[d] = 0.0F;
+            for (std::int64_t j = 0; j < visible; ++j) {
+                const float weight = weights[at_index(j)] / sum;
+                const float* row = head_values + j * heads.dims;
+                for (std::int64_t d = 0; d < heads.dims; ++d) result[d] += weight * row[d];
+            }
+        }
+    }
+}
+
+// The first index of the largest value; a NaN counts as larger than any
+// number, as at::argmax has it, so a poisoned state still gives one token.
+std::int64_t first_argmax(const std::vector<float>& values) {
+    std::int64_t best = 0;
+    for (std::int64_t c = 1; c < static_cast<std::int64_t>(values.size()); ++c) {
+        const float current = values[at_index(best)];
+        if (std::isnan(current)) break;
+        if (std::isnan(values[at_index(c)]) || values[at_index(c)] > current) best = c;
+    }
+    return best;
 }
 
 // Weight scales: unit weights give attention scores of a few units, so
@@ -110,7 +220,7 @@ constexpr float unembedding_scale = 1.0F;
 // state: over 300 seeds with a 6-token memory, removing or doubling any one
 // cached token changed the 8 generated tokens every time (1800 cases each). Sensitivity costs nothing in
 // exactness, because the logits themselves are bit-reproducible.
-constexpr double readout_gain = 8.0;
+constexpr float readout_gain = 8.0F;
 
 }  // namespace
 
@@ -120,7 +230,7 @@ Decoder::Decoder(DecoderConfig config) : config_(config) {
     SplitMix64 random(config_.seed);
     embedding_ = seeded(random, config_.vocab_size, width, embedding_scale);
     unembedding_ = seeded(random, width, config_.vocab_size, unembedding_scale);
-    layers_.reserve(static_cast<std::size_t>(config_.layer_count));
+    layers_.reserve(at_index(config_.layer_count));
     for (std::int64_t layer = 0; layer < config_.layer_count; ++layer) {
         LayerWeights weights;
         weights.qkv = seeded(random, width, 3 * width, projection_scale);
@@ -129,52 +239,25 @@ Decoder::Decoder(DecoderConfig config) : config_(config) {
     }
 }
 
-// x_i = embedding[token_i] + position(first_position + i), [n, E]. The
-// position term is sinusoidal, computed in double from the position alone.
-at::Tensor Decoder::embed_rows(const std::vector<std::int64_t>& tokens,
-                               std::int64_t first_position) const {
+// x_i = embedding[token_i] + position(first_position + i), [n, E] row-major.
+// The position term is sinusoidal, computed in double from the position
+// alone and rounded to float32 before the sum.
+std::vector<float> Decoder::embed_rows(const std::vector<std::int64_t>& tokens,
+                                       std::int64_t first_position) const {
     const auto count = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t width = embedding_.size(1);
-    std::vector<float> positions(static_cast<std::size_t>(count * width));
+    const std::int64_t width = config_.head_count * config_.head_dim;
+    std::vector<float> x(at_index(count * width));
     for (std::int64_t i = 0; i < count; ++i) {
         const auto position = static_cast<double>(first_position + i);
+        const float* embedded = embedding_.data() + tokens[at_index(i)] * width;
         for (std::int64_t e = 0; e < width; ++e) {
             const double rate = std::pow(10000.0, -static_cast<double>(e - e % 2) / static_cast<double>(width));
             const double angle = position * rate;
             const double term = e % 2 == 0 ? std::sin(angle) : std::cos(angle);
-            positions[static_cast<std::size_t>(i * width + e)] = static_cast<float>(term) * position_scale;
+            x[at_index(i * width + e)] = embedded[e] + static_cast<float>(term) * position_scale;
         }
     }
-    std::vector<std::int64_t> ids(tokens);
-    const at::Tensor index = at::from_blob(ids.data(), {count}, at::kLong);
-    const at::Tensor position = at::from_blob(positions.data(), {count, width}, at::kFloat);
-    // The sum is a new tensor: nothing borrowed outlives this call.
-    return at::index_select(embedding_, 0, index).add(position);
-}
-
-// Causal attention of the `new_count` last positions of one layer.
-// queries [1, H, n, D]; keys, values [1, H, S, D] float32 with S >= n; the
-// query of new token i sits at position P = S - n + i and sees keys 0..P.
-// Returns [n, H*D]. Each query works on its own fresh [H, P+1, D] slices, so
-// its result depends on P and the cached values, not on n.
-at::Tensor Decoder::attend(const at::Tensor& queries, const at::Tensor& keys,
-                           const at::Tensor& values, std::int64_t new_count) const {
-    const std::int64_t total = keys.size(2);
-    const std::int64_t past = total - new_count;
-    assert(past >= 0);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
-    std::vector<at::Tensor> rows;
-    rows.reserve(static_cast<std::size_t>(new_count));
-    for (std::int64_t i = 0; i < new_count; ++i) {
-        const std::int64_t visible = past + i + 1;
-        const at::Tensor q = fresh(queries[0].narrow(1, i, 1));      // [H, 1, D]
-        const at::Tensor k = fresh(keys[0].narrow(1, 0, visible));    // [H, P+1, D]
-        const at::Tensor v = fresh(values[0].narrow(1, 0, visible));  // [H, P+1, D]
-        const at::Tensor weights = at::softmax(at::matmul(q, k.transpose(1, 2)).mul(scale), -1);
-        const at::Tensor out = at::matmul(weights, v);  // [H, 1, D]
-        rows.push_back(out.permute({1, 0, 2}).reshape({1, -1}));
-    }
-    return at::cat(rows, 0);
+    return x;
 }
 
 std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
@@ -182,28 +265,41 @@ std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache&
     check_tokens(tokens, config_.vocab_size);
     if (!at::isFloatingType(dtype)) throw std::invalid_argument("Decoder: the K/V dtype must be floating");
     const auto count = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t heads = config_.head_count;
-    const std::int64_t dims = config_.head_dim;
-    const std::int64_t width = heads * dims;
-    at::Tensor x = embed_rows(tokens, cache.get_seq_length(0));
+    const Heads heads{config_.head_count, config_.head_dim};
+    const std::int64_t width = heads.width();
+    std::vector<float> x = embed_rows(tokens, cache.get_seq_length(0));
+    std::vector<float> qkv(at_index(count * 3 * width));
+    std::vector<float> attended(at_index(count * width));
+    std::vector<float> product(at_index(width));
     for (std::int64_t layer = 0; layer < config_.layer_count; ++layer) {
-        const LayerWeights& weights = layers_[static_cast<std::size_t>(layer)];
-        const at::Tensor qkv = rows_times(x, weights.qkv);  // [n, 3E]
-        const at::Tensor q = to_heads(qkv.narrow(1, 0, width), heads, dims);
-        const at::Tensor k = to_heads(qkv.narrow(1, width, width), heads, dims);
-        const at::Tensor v = to_heads(qkv.narrow(1, 2 * width, width), heads, dims);
-        cache.update(k.to(dtype), v.to(dtype), layer);
+        const LayerWeights& weights = layers_[at_index(layer)];
+        for (std::int64_t i = 0; i < count; ++i) {
+            row_times(x.data() + i * width, weights.qkv.data(), width, 3 * width, qkv.data() + i * 3 * width);
+        }
+        const at::Tensor k = to_heads(qkv, count, heads, 1);
+        const at::Tensor v = to_heads(qkv, count, heads, 2);
+        // A cast makes a new tensor; float32 K/V go in as they are.
+        cache.update(dtype == at::kFloat ? k : k.to(dtype), dtype == at::kFloat ? v : v.to(dtype), layer);
         // Attend over what the cache holds now, as a model does: the past
         // is whatever the cache gave, in the cache's precision.
-        const at::Tensor keys = logical_keys(cache, layer).to(at::kFloat);
-        const at::Tensor values = logical_values(cache, layer).to(at::kFloat);
-        assert(keys.dim() == 4);
-        assert(keys.size(2) >= count);
-        assert(values.sizes() == keys.sizes());
-        x = x.add(rows_times(attend(q, keys, values, count), weights.out));
+        const at::Tensor keys = read_back(logical_keys(cache, layer), heads, count, layer, "keys");
+        const at::Tensor values = read_back(logical_values(cache, layer), heads, count, layer, "values");
+        if (values.size(2) != keys.size(2)) {
+            throw std::invalid_argument("Decoder: layer " + std::to_string(layer) + " holds " +
+                                        std::to_string(keys.size(2)) + " keys but " +
+                                        std::to_string(values.size(2)) + " values");
+        }
+        attend(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), count, heads, attended);
+        for (std::int64_t i = 0; i < count; ++i) {
+            row_times(attended.data() + i * width, weights.out.data(), width, width, product.data());
+            float* row = x.data() + i * width;
+            for (std::int64_t e = 0; e < width; ++e) row[e] += product[at_index(e)];
+        }
     }
-    const at::Tensor logits = at::matmul(fresh(x.narrow(0, count - 1, 1)), unembedding_);  // [1, V]
-    return at::argmax(at::sin(logits.mul(readout_gain)), 1).item<std::int64_t>();
+    std::vector<float> logits(at_index(config_.vocab_size));
+    row_times(x.data() + (count - 1) * width, unembedding_.data(), width, config_.vocab_size, logits.data());
+    for (float& logit : logits) logit = std::sin(logit * readout_gain);
+    return first_argmax(logits);
 }
 
 CachePtr memory_cache(TypedModel& model, const std::vector<std::int64_t>& memory_tokens,

@@ -90,21 +90,28 @@ struct DecoderConfig {
 // version and thread count; the position term is sinusoidal. A token at
 // absolute position P (cache.get_seq_length(0) before the call, plus its
 // index) starts as x = E[token] + pos(P). Per layer: q, k, v = x·Wq, x·Wk,
-// x·Wv as [1, heads, n, head_dim]; k and v are cast to the write dtype and
-// appended through update; attention then reads the layer's whole K/V back
-// from the cache (cast to float32), each new token seeing every cached token
-// and the new tokens up to itself, softmax(q·kᵀ/sqrt(head_dim))·v; then
-// x += out·Wo. The next token is argmax(sin(8 · x_last·U)): the fold through
+// x·Wv; k and v, as [1, heads, n, head_dim] tensors in storages of their
+// own, are cast to the write dtype and appended through update; attention
+// then reads the layer's whole K/V back from the cache (cast to float32),
+// each new token seeing every cached token and the new tokens up to itself,
+// softmax(q·kᵀ/sqrt(head_dim))·v; then x += out·Wo. The next token is
+// argmax(sin(8 · x_last·U)), the first maximum winning: the fold through
 // sin keeps greedy decoding from settling on a fixed point (decoder.cpp
 // says why), so the tokens follow every change of the cache.
 //
-// Every quantity of a token at absolute position P is computed with tensor
-// shapes that depend on P only, never on how the sequence was split into
-// forward calls. So a float32 memory cache plus a prompt gives bit-for-bit
-// the logits of recomputing memory + prompt with no cache, and generation
-// equivalence is an exact property, not a tolerance. Every cached key and
-// value carries a positive attention weight, so dropping or duplicating a
-// cached token changes the logits (and, for a sensitive seed, the tokens).
+// The arithmetic is plain scalar float32 loops over std::vector weights
+// (libtorch only carries K/V in and out of the cache: per layer, the update
+// and the read-back). Every quantity of a token at absolute position P is
+// computed by the same loops in the same order, whatever the number of
+// tokens in the forward call: nothing is blocked or reduced in an order
+// that depends on it, and nothing depends on the thread count. So a float32
+// memory cache plus a prompt gives bit-for-bit the logits of recomputing
+// memory + prompt with no cache, and generation equivalence is an exact
+// property, not a tolerance. Every cached key and value carries a positive
+// attention weight, so dropping or duplicating a cached token changes the
+// logits (and, for a sensitive seed, the tokens). A cache whose layer holds
+// K/V of another geometry than [1, heads, S, head_dim] is refused with
+// std::invalid_argument after that layer's update.
 class Decoder final : public TypedModel {
   public:
     explicit Decoder(DecoderConfig config);
@@ -115,18 +122,18 @@ class Decoder final : public TypedModel {
     const DecoderConfig& config() const { return config_; }
 
   private:
+    // All weights are row-major float32 matrices.
     struct LayerWeights {
-        at::Tensor qkv;  // [E, 3E]: Wq | Wk | Wv side by side
-        at::Tensor out;  // [E, E]
+        std::vector<float> qkv;  // [E, 3E]: Wq | Wk | Wv side by side
+        std::vector<float> out;  // [E, E]
     };
 
-    at::Tensor embed_rows(const std::vector<std::int64_t>& tokens, std::int64_t first_position) const;
-    at::Tensor attend(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& values,
-                      std::int64_t new_count) const;
+    // [n, E] row-major: embedding row plus position term per token.
+    std::vector<float> embed_rows(const std::vector<std::int64_t>& tokens, std::int64_t first_position) const;
 
     DecoderConfig config_;
-    at::Tensor embedding_;    // [vocab, E]
-    at::Tensor unembedding_;  // [E, vocab], untied from embedding_
+    std::vector<float> embedding_;    // [vocab, E]
+    std::vector<float> unembedding_;  // [E, vocab], untied from embedding_
     std::vector<LayerWeights> layers_;
 };
 
