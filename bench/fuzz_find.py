@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to find a bug, the fuzzer path: fuzz_ops (fuzz/) on each mutant from
 an empty corpus, as the fuzz CI's canaries run it (-len_control=0
--max_len=256), with seeds 1..10, until it aborts on a violation (the target
+-max_len=256 -entropic=0), with seeds 1..10, until it aborts on a violation (the target
 shrinks the trace before it aborts). Per run: the process's wall time less
 the target's start-up (loading libtorch, measured alone), libFuzzer's
 executions to the failure, and the shrunk trace's length.
@@ -9,7 +9,10 @@ executions to the failure, and the shrunk trace's length.
     python3 bench/fuzz_find.py [--out bench/results/fuzz_find.json] [--seeds 10]
 
 Builds fuzz_ops without sanitizers (the fuzz-fast preset's settings) in
-build/bench-fuzz when it is not there. Dumps go to /dev/shm, as the target
+build/bench-fuzz when it is not there. Before the mutants, measures the
+exec/s of fuzz_ops on the reference (from the repository corpus, the
+flags of scripts/fuzz-overnight) in that build and in the fuzz preset's
+(ASan + UBSan, build/fuzz, built when missing). Dumps go to /dev/shm, as the target
 does by default.
 """
 
@@ -25,9 +28,39 @@ import tempfile
 import time
 
 BUILD = "build/bench-fuzz"
+SANITIZED_BUILD = "build/fuzz"  # the fuzz preset's: ASan + UBSan
+SPEED_SECONDS = 20
 MUTANTS = [f"M{i}" for i in range(1, 13)]
 RUNS_MAX = 200000
 SECONDS_MAX = 60
+
+
+def build_sanitized():
+    if not os.path.exists(os.path.join(SANITIZED_BUILD, "build.ninja")):
+        subprocess.run(["cmake", "--preset", "fuzz"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", SANITIZED_BUILD, "--target", "fuzz_ops"], check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(SANITIZED_BUILD, "fuzz", "fuzz_ops")
+
+
+def speed(target, seconds):
+    """exec/s of fuzz_ops on the reference from a copy of the repository's
+    corpus, with the flags scripts/fuzz-overnight gives it."""
+    with tempfile.TemporaryDirectory(prefix="kvcheck-fuzz-speed-") as scratch:
+        corpus = os.path.join(scratch, "corpus")
+        subprocess.run(["cp", "-r", "corpus/ops", corpus], check=True)
+        env = dict(os.environ, KVCHECK_ADAPTER="reference", KVCHECK_ARTIFACT_DIR=scratch,
+                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "detect_leaks=0"))
+        command = [target, "-seed=1", f"-max_total_time={seconds}", "-max_len=1024", "-entropic=0",
+                   "-dict=corpus/ops.dict", "-print_final_stats=1", f"-artifact_prefix={scratch}/", corpus]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        log = done.stdout + done.stderr
+        execs = re.search(r"^stat::number_of_executed_units: *(\d+)", log, re.M)
+        rate = re.search(r"^stat::average_exec_per_sec: *(\d+)", log, re.M)
+        if done.returncode != 0 or not execs or not rate:
+            print(log[-2000:], file=sys.stderr)
+            sys.exit(f"fuzz_find: the speed run of {target} failed (exit {done.returncode})")
+        return {"execs": int(execs.group(1)), "exec_per_s": int(rate.group(1)), "seconds": seconds,
+                "command": "KVCHECK_ADAPTER=reference " + " ".join(command[:-2]) + " <copy of corpus/ops>"}
 
 
 def build():
@@ -47,7 +80,7 @@ def run(target, mutant, seed, runs):
         os.mkdir(corpus)
         env = dict(os.environ, KVCHECK_ADAPTER=mutant, KVCHECK_ARTIFACT_DIR=scratch)
         command = [target, f"-runs={runs}", f"-seed={seed}", "-len_control=0", "-max_len=256",
-                   f"-max_total_time={SECONDS_MAX}", "-print_final_stats=1", f"-artifact_prefix={scratch}/", corpus]
+                   "-entropic=0", f"-max_total_time={SECONDS_MAX}", "-print_final_stats=1", f"-artifact_prefix={scratch}/", corpus]
         start = time.monotonic()
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         seconds = time.monotonic() - start
@@ -75,6 +108,10 @@ def main():
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
     target = build()
+    sanitized = build_sanitized()
+    speeds = {"no_sanitizers": speed(target, SPEED_SECONDS), "asan_ubsan": speed(sanitized, SPEED_SECONDS)}
+    print(f"fuzz_find: fuzz_ops exec/s on the reference: {speeds['no_sanitizers']['exec_per_s']} without sanitizers, "
+          f"{speeds['asan_ubsan']['exec_per_s']} with ASan + UBSan", flush=True)
     startup = statistics.median(run(target, "reference", 1, 1)["seconds"] for _ in range(3))
     results = []
     for mutant in MUTANTS:
@@ -96,10 +133,11 @@ def main():
               f"{statistics.median(entry['execs']):.0f} execs, missed {entry['missed']}/{args.seeds}", flush=True)
         results.append(entry)
     description = (f"fuzz_ops without sanitizers on each mutant from an empty corpus, seeds 1..{args.seeds}, "
-                   f"-len_control=0 -max_len=256, at most {RUNS_MAX} runs or {SECONDS_MAX} s; time = the process's "
+                   f"-len_control=0 -max_len=256 -entropic=0, at most {RUNS_MAX} runs or {SECONDS_MAX} s; time = the process's "
                    f"wall time (find, then the target's shrink) less its start-up ({startup:.2f} s, loading libtorch).")
     with open(args.out, "w") as f:
-        json.dump({"description": description, "startup_seconds": startup, "mutants": results}, f, indent=1)
+        json.dump({"description": description, "startup_seconds": startup, "mutants": results, "speed": speeds},
+                  f, indent=1)
 
 
 if __name__ == "__main__":

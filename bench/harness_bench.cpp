@@ -1,7 +1,14 @@
 // Harness throughput: the executor's operations per second on the
-// reference, with every checker on and with none (PropertySet::none()), for
-// stores of 10, 100 and 1,000 entries; and the stateful property's cases
-// per second.
+// reference, for stores of 10, 100 and 1,000 entries, checked four ways:
+// - checked: every checker on, the default schedule (what a step can reach
+//   after each step, everything at full reads: harness/executor.cpp);
+// - every_step: every checker on, every entry read after every step
+//   (RunOptions::every_entry_every_step), the schedule before it;
+// - no_generation_rerun (mixed only): every checker but
+//   generation-equivalent, whose reference generation on a fresh copy
+//   doubles the model's share;
+// - unchecked: no checker (PropertySet::none()).
+// And the stateful property's cases per second.
 //
 // A throughput trace first adds N entries, then runs a mix of operations on
 // them (mix_ops_count of them, seeded). Only the mix is timed: each round
@@ -135,13 +142,32 @@ std::size_t ops_run(const RunResult& result) {
     return run;
 }
 
-void executor_throughput(benchmark::State& state, std::size_t entries, bool generation, bool checked) {
+enum class Checking { checked, every_step, no_generation_rerun, unchecked };
+
+const char* checking_name(Checking checking) {
+    switch (checking) {
+        case Checking::checked: return "checked";
+        case Checking::every_step: return "every_step";
+        case Checking::no_generation_rerun: return "no_generation_rerun";
+        case Checking::unchecked: return "unchecked";
+    }
+    return "?";
+}
+
+RunOptions options_for(Checking checking) {
+    RunOptions options;
+    options.properties = checking == Checking::unchecked ? PropertySet::none() : PropertySet::all();
+    if (checking == Checking::no_generation_rerun) options.properties.remove(Property::generation_equivalent);
+    options.every_entry_every_step = checking == Checking::every_step;
+    return options;
+}
+
+void executor_throughput(benchmark::State& state, std::size_t entries, bool generation, Checking checking) {
     const Trace prefix = adds_of(entries);
     Trace trace = prefix;
     const Trace mix = mix_of(entries, generation);
     trace.insert(trace.end(), mix.begin(), mix.end());
-    RunOptions options;
-    options.properties = checked ? PropertySet::all() : PropertySet::none();
+    const RunOptions options = options_for(checking);
     Samples seconds, cpu;
     std::size_t mix_ops_run = 0;
     for (auto _ : state) {
@@ -209,11 +235,13 @@ void stateful_cases(benchmark::State& state) {
 const bool registered = [] {
     for (const bool generation : {true, false}) {
         for (const std::size_t entries : {10, 100, 1000}) {
-            for (const bool checked : {true, false}) {
+            for (const Checking checking :
+                 {Checking::checked, Checking::every_step, Checking::no_generation_rerun, Checking::unchecked}) {
+                if (checking == Checking::no_generation_rerun && !generation) continue;
                 const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
-                                         std::to_string(entries) + "entries/" + (checked ? "checked" : "unchecked");
-                benchmark::RegisterBenchmark(name.c_str(), executor_throughput, entries, generation, checked)
-                    ->Iterations(entries >= 1000 ? 3 : 10)
+                                         std::to_string(entries) + "entries/" + checking_name(checking);
+                benchmark::RegisterBenchmark(name.c_str(), executor_throughput, entries, generation, checking)
+                    ->Iterations(entries >= 1000 ? 5 : 10)
                     ->UseManualTime()
                     ->Unit(benchmark::kMillisecond);
             }

@@ -77,18 +77,24 @@ def clone_section(copy):
         if not name.startswith("clone_vs_memcpy/"):
             continue
         _, dtype, size = name.split("/")
+        off = copy.get(f"clone_vs_memcpy_pool_off/{dtype}/{size}", {})
         rows.append([dtype, size, fmt(b["clone_GBps"]), fmt(b["memcpy_GBps"]), fmt(b["memcpy_fresh_GBps"]),
                      f"**{b['clone_vs_memcpy']:.2f}**", f"{b['clone_vs_memcpy_fresh']:.2f}",
-                     fmt(b["clone_page_faults"]), fmt(b["memcpy_fresh_page_faults"])])
+                     fmt(b["clone_page_faults"]), fmt(b.get("pool_reused_blocks_per_clone")),
+                     "-" if not off else f"{off['clone_vs_memcpy']:.2f}",
+                     "-" if not off else fmt(off["clone_page_faults"])])
     return "\n".join([
         "### Clone vs memcpy",
         "",
         "`kv::clone` of a 4-layer modern cache against memcpy of the same bytes, slot by slot, into reused "
         "(resident) buffers and into fresh ones from the allocator; medians of interleaved rounds; GB/s = 1e9 bytes/s. "
-        "Target: clone/memcpy >= 0.8 from 1 MiB up.",
+        "kv::clone takes slot buffers of 64 KiB and up from its buffer pool (src/kv/buffer_pool.h), which keeps "
+        "the blocks of freed copies resident; the last two columns are the same rounds with the pool off (limit 0: "
+        "every block from and back to the system). Target: clone/memcpy >= 0.8 from 1 MiB up.",
         "",
         table(["dtype", "cache", "clone GB/s", "memcpy GB/s", "memcpy fresh GB/s", "clone/memcpy",
-               "clone/memcpy fresh", "page faults per clone", "per fresh memcpy"], rows),
+               "clone/memcpy fresh", "page faults per clone", "pool blocks reused per clone",
+               "clone/memcpy, pool off", "page faults per clone, pool off"], rows),
     ])
 
 
@@ -142,37 +148,56 @@ def executor_rows(named, key):
     return rows
 
 
-def executor_section(harness, before):
+def executor_section(harness, before, fuzz):
     cpu = executor_rows(harness, "ops_per_cpu_s")
     wall = executor_rows(harness, "ops_per_s")
     before_cpu = executor_rows(before, "ops_per_cpu_s")
+
+    def over(row, mode):
+        return "-" if not row.get(mode) or not row.get("unchecked") else f"{row['unchecked'] / row[mode]:.2f}"
+
     rows = []
     for (mix, entries) in sorted(cpu, key=lambda k: (k[0] != "mixed", k[1])):
         now = cpu[(mix, entries)]
         was = before_cpu.get((mix, entries), {})
-        ratio = now["unchecked"] / now["checked"] if now.get("checked") else None
         ratio_before = was["unchecked"] / was["checked"] if was.get("checked") else None
-        rows.append([mix, entries, fmt(now.get("checked")), fmt(now.get("unchecked")), f"**{ratio:.2f}**",
-                     fmt(wall[(mix, entries)].get("checked")), fmt(was.get("checked")),
+        rows.append([mix, entries, fmt(now.get("checked")), fmt(now.get("every_step")), fmt(now.get("unchecked")),
+                     f"**{over(now, 'checked')}**", over(now, "every_step"), over(now, "no_generation_rerun"),
+                     fmt(wall[(mix, entries)].get("checked")),
                      "-" if ratio_before is None else f"{ratio_before:.1f}"])
     stateful = harness.get("stateful_property/100cases", {})
     lines = [
         "### Harness throughput",
         "",
-        "Executor operations per second on the reference, every checker on (checked) and none (unchecked, "
-        "`PropertySet::none()`), after N adds, over a seeded mix of 400 operations on small caches (up to 3 layers "
-        "of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, generation included, "
-        "files left out; `store`: the same without generation. Rates per CPU-second of the process (the load of "
-        "other processes does not inflate them); the wall-clock rate of the checked run beside. Overhead = "
-        "unchecked / checked. Before: the executor of 3521b8a, which re-read every entry after every step "
-        "(executor-before.json, measured once, with these benchmark sources). Targets: >= 25,000 checked ops/s on small caches; overhead <= 1.5 at 1,000 entries.",
+        "Executor operations per second on the reference, after N adds, over a seeded mix of 400 operations on small "
+        "caches (up to 3 layers of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, "
+        "generation included, files left out; `store`: the same without generation. Checked: every checker on, "
+        "the default schedule (after each step, what it can reach; every entry at full reads: harness/executor.cpp). "
+        "Every step: every checker on, every entry, the listing and every handle read after every step "
+        "(`RunOptions::every_entry_every_step`, the schedule of the executor before, with entry versions). "
+        "Unchecked: no checker (`PropertySet::none()`). All from one run, rates per CPU-second of the process "
+        "(the load of other processes does not inflate them); the wall-clock rate of the checked run beside. "
+        "Overhead = unchecked / checked (or / every step); `no gen. rerun`: the overhead with every checker but "
+        "generation-equivalent, whose reference generation on a fresh copy runs the model a second time. "
+        "Overhead before versions: the executor of 3521b8a, which re-read and re-hashed every entry after every "
+        "step (executor-before.json, measured once, with the decoder of then). Targets: >= 25,000 checked ops/s on "
+        "small caches; overhead <= 1.5 at 1,000 entries.",
         "",
-        table(["mix", "entries", "checked ops/s", "unchecked ops/s", "overhead", "checked ops/s (wall)",
-               "checked ops/s before", "overhead before"], rows),
+        table(["mix", "entries", "checked ops/s", "every-step ops/s", "unchecked ops/s", "overhead",
+               "overhead every step", "overhead, no gen. rerun", "checked ops/s (wall)", "overhead before versions"],
+              rows),
         "",
     ]
-    lines.append("Fuzz exec/s of the operation target, with and without sanitizers: measured by the fuzzing work "
-                 "(`scripts/fuzz-speed [SECONDS] [PRESET...]`, presets `fuzz` and `fuzz-fast`), not by this run.")
+    speed = (fuzz or {}).get("speed")
+    if speed:
+        fast, asan = speed["no_sanitizers"], speed["asan_ubsan"]
+        lines.append(f"Fuzz exec/s of the operation target (`fuzz_ops` on the reference, {fast['seconds']} s from the "
+                     f"repository corpus, the flags of `scripts/fuzz-overnight`): **{fast['exec_per_s']:,}** without "
+                     f"sanitizers, **{asan['exec_per_s']:,}** with ASan + UBSan "
+                     f"(ratio {fast['exec_per_s'] / max(asan['exec_per_s'], 1):.1f}). Command: `{fast['command']}`.")
+    else:
+        lines.append("Fuzz exec/s of the operation target, with and without sanitizers: not measured in this run "
+                     "(`scripts/bench --fuzz` adds it; `scripts/fuzz-speed` measures every target).")
     lines.append("")
     if stateful:
         lines.append(f"Stateful RapidCheck property (its loop without RapidCheck: 100 cases of sizes 0..99, every "
@@ -227,19 +252,32 @@ def key_numbers(copy, harness, before):
     clone_256 = get(copy, "clone_vs_memcpy/f32/256MiB", "clone_vs_memcpy")
     clone_256_fresh = get(copy, "clone_vs_memcpy/f32/256MiB", "clone_vs_memcpy_fresh")
     lines = ["### Key numbers", ""]
+    off_1 = get(copy, "clone_vs_memcpy_pool_off/f32/1MiB", "clone_vs_memcpy")
+    off_256 = get(copy, "clone_vs_memcpy_pool_off/f32/256MiB", "clone_vs_memcpy")
     if clone_1 is not None:
-        lines.append(f"- clone/memcpy (float32): {clone_1:.2f} at 1 MiB, {clone_256:.2f} at 256 MiB "
-                     f"({clone_256_fresh:.2f} of a memcpy into fresh pages).")
+        text = (f"- clone/memcpy (float32): {clone_1:.2f} at 1 MiB, {clone_256:.2f} at 256 MiB "
+                f"({clone_256_fresh:.2f} of a memcpy into fresh pages)")
+        if off_1 is not None and off_256 is not None:
+            text += f"; with the buffer pool off: {off_1:.2f} at 1 MiB, {off_256:.2f} at 256 MiB"
+        lines.append(text + ".")
     for mix in ("mixed", "store"):
         now_checked = get(harness, f"executor/{mix}/1000entries/checked", "ops_per_cpu_s")
+        now_every = get(harness, f"executor/{mix}/1000entries/every_step", "ops_per_cpu_s")
         now_unchecked = get(harness, f"executor/{mix}/1000entries/unchecked", "ops_per_cpu_s")
         was_checked = get(before, f"executor/{mix}/1000entries/checked", "ops_per_cpu_s")
         was_unchecked = get(before, f"executor/{mix}/1000entries/unchecked", "ops_per_cpu_s")
         if now_checked:
             text = f"- checker overhead at 1,000 entries ({mix}): {now_unchecked / now_checked:.2f}"
-            if was_checked:
-                text += f" (before: {was_unchecked / was_checked:.1f})"
+            if now_every:
+                text += f" (every entry every step: {now_unchecked / now_every:.1f}"
+                if was_checked:
+                    text += f"; before entry versions: {was_unchecked / was_checked:.1f}"
+                text += ")"
             lines.append(text + ".")
+    small = [(mix, get(harness, f"executor/{mix}/10entries/checked", "ops_per_cpu_s")) for mix in ("mixed", "store")]
+    if all(rate for _, rate in small):
+        lines.append("- checked ops/s on small caches (10 entries): " +
+                     ", ".join(f"{rate:,.0f} ({mix})" for mix, rate in small) + ".")
     finds = [(n.split("/")[1], b["verdict_s"], b["find_s"]) for n, b in harness.items() if n.startswith("time_to_find/")]
     if finds:
         finds.sort(key=lambda f: int(f[0][1:]))
@@ -268,7 +306,7 @@ def main():
         clone_section(copy),
         merge_section(copy),
         generation_section(copy),
-        executor_section(harness, before),
+        executor_section(harness, before, fuzz),
         find_section(harness, fuzz),
     ])
     text = open(args.out).read() if os.path.exists(args.out) else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
