@@ -240,14 +240,26 @@ CachePtr concat(const std::vector<ConstCachePtr>& parts) {
         layers = std::max(layers, part->layer_count());
         all_legacy = all_legacy && part->layout() == Layout::legacy;
     }
-    // The options of an empty merged layer: the first part holding a tensor.
+    // The merged dtype, of every merged slot: that of the parts holding any
+    // tensor, promoted as torch.cat promotes its inputs (empty ones
+    // included: two different floating dtypes of these give float32), so
+    // that a layer only one part fills has it too; float32 when no part
+    // holds a tensor. The other options: the first part holding a tensor.
     at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+    bool dtype_known = false;
     for (const ConstCachePtr& part : parts) {
-        if (footprint(*part).tensors > 0) {
-            options = cache_options(*part);
-            break;
+        if (footprint(*part).tensors == 0) continue;
+        const at::TensorOptions part_options = cache_options(*part);
+        if (!dtype_known) {
+            options = part_options;
+            dtype_known = true;
+        } else {
+            options = options.dtype(c10::promoteTypes(options.dtype().toScalarType(),
+                                                      part_options.dtype().toScalarType()));
         }
     }
+    const at::ScalarType dtype = options.dtype().toScalarType();
+    auto in_merged_dtype = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
     std::vector<at::Tensor> merged_keys;
     std::vector<at::Tensor> merged_values;
     for (std::int64_t i = 0; i < layers; ++i) {
@@ -260,8 +272,8 @@ CachePtr concat(const std::vector<ConstCachePtr>& parts) {
         at::Tensor k = cat_present(keys);
         at::Tensor v = cat_present(values);
         // A layer no part fills is still a merged layer: empty, initialized.
-        merged_keys.push_back(k.defined() ? k : empty_slot(options));
-        merged_values.push_back(v.defined() ? v : empty_slot(options));
+        merged_keys.push_back(k.defined() ? in_merged_dtype(k) : empty_slot(options));
+        merged_values.push_back(v.defined() ? in_merged_dtype(v) : empty_slot(options));
     }
     CachePtr merged;
     if (all_legacy) {

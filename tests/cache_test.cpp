@@ -190,6 +190,31 @@ TEST(Concat, LegacyPartsGiveALegacyCacheAndMixedPartsAModernOne) {
     EXPECT_EQ(mixed->get_seq_length(1), 3);
 }
 
+// Every merged slot has one dtype: that of the parts holding any tensor,
+// promoted as torch.cat promotes (an empty part included), also in a layer
+// only one part fills (corpus/regressions/ops-reference-merge-correct-
+// promotion-by-empty-part.trace).
+TEST(Concat, PromotesTheDtypeOverEveryPartHoldingATensor) {
+    auto bf16 = make_cache(Layout::modern, 1, 2, 1, at::kBFloat16);
+    auto empty_f32 = make_cache(Layout::modern, 1, 0, 2, at::kFloat);
+    auto merged = kv::concat({bf16, empty_f32});
+    EXPECT_EQ(kv::logical_keys(*merged, 0).scalar_type(), at::kFloat);
+    EXPECT_EQ(merged->get_seq_length(0), 2);
+    EXPECT_TRUE(at::equal(kv::logical_keys(*merged, 0), kv::logical_keys(*bf16, 0).to(at::kFloat)));
+
+    auto f16_two_layers = make_cache(Layout::modern, 2, 0, 3, at::kHalf);
+    f16_two_layers->update(kvtest::kv_tensor(1, 4, at::kHalf), kvtest::kv_tensor(1, 5, at::kHalf), 1);
+    auto mixed = kv::concat({bf16, f16_two_layers});
+    for (std::int64_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(kv::logical_keys(*mixed, i).scalar_type(), at::kFloat) << "layer " << i;
+        EXPECT_EQ(kv::logical_values(*mixed, i).scalar_type(), at::kFloat) << "layer " << i;
+    }
+
+    // A part with no tensor at all has no dtype to give.
+    auto bare = kv::Cache::make(Layout::modern);
+    EXPECT_EQ(kv::logical_keys(*kv::concat({bf16, bare}), 0).scalar_type(), at::kBFloat16);
+}
+
 TEST(Conversion, ModernLegacyModernRoundTrips) {
     for (at::ScalarType dtype : dtypes) {
         auto modern = make_cache(Layout::modern, 3, 4, 5, dtype);
