@@ -169,7 +169,7 @@ def executor_section(harness, before, fuzz):
     lines = [
         "### Harness throughput",
         "",
-        "Executor operations per second on the reference, after N adds, over a seeded mix of 400 operations on small "
+        "Executor operations per second on the reference, after N adds, over a seeded mix of 2,000 operations on small "
         "caches (up to 3 layers of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, "
         "generation included, files left out; `store`: the same without generation. Checked: every checker on, "
         "the default schedule (after each step, what it can reach; every entry at full reads: harness/executor.cpp). "
