@@ -1,5 +1,7 @@
 // Harness throughput: the executor's operations per second on the
-// reference, for stores of 10, 100 and 1,000 entries, checked four ways:
+// reference, for stores of 10, 100 and 1,000 entries, checked four ways
+// (the first, third and last interleaved round by round in one benchmark,
+// so that their ratios do not carry the machine's drift):
 // - checked: every checker on, the default schedule (what a step can reach
 //   after each step, everything at full reads: harness/executor.cpp);
 // - every_step: every checker on, every entry read after every step
@@ -11,9 +13,9 @@
 // And the stateful property's cases per second.
 //
 // A throughput trace first adds N entries, then runs a mix of operations on
-// them (mix_ops_count of them, seeded). Only the mix is timed: each round
-// runs the N adds alone and the whole trace, each on a fresh engine, and
-// counts the difference. Two mixes:
+// them (mix_ops_count of them, seeded). Only the mix is timed, from its
+// first step (RunOptions::on_step) to the end of the run, the final full
+// read of every entry included. Two mixes:
 // - "mixed": the workload's kinds at about the weights of its uniform swarm,
 //   generation included, files excluded (a dump's cost is the disk's);
 // - "store": the same without generation, the model's share of the time.
@@ -35,9 +37,9 @@ namespace {
 
 using namespace kvcheck;
 
-// Long enough that the mix, not the adds before it, is most of a round's
-// time (the mix's time is the difference of two runs), and that the full
-// reads a big store gets every max(16, entries) steps are inside it.
+// Long enough that the full reads a big store gets every max(16, entries)
+// steps, and the one at the end of the run, weigh in the mix as they do in
+// a long run.
 constexpr std::size_t mix_ops_count = 2000;
 constexpr std::int64_t handle_pool_size = 8;
 constexpr std::uint64_t mix_seed = 6;
@@ -165,43 +167,102 @@ RunOptions options_for(Checking checking) {
     return options;
 }
 
-void executor_throughput(benchmark::State& state, std::size_t entries, bool generation, Checking checking) {
-    const Trace prefix = adds_of(entries);
+// One round of one way of checking: the wall and CPU seconds from the
+// mix's first step to the end of the run (its final full read included),
+// and the operations the mix ran.
+struct MixTime {
+    double seconds = 0;
+    double cpu = 0;
+    std::size_t ops = 0;
+    std::string failure;
+};
+
+MixTime time_mix(std::size_t prefix_size, const Trace& trace, RunOptions options) {
+    double wall_start = 0;
+    double cpu_start = 0;
+    options.on_step = [&](std::size_t step) {
+        if (step != prefix_size) return;
+        wall_start = now_seconds();
+        cpu_start = cpu_seconds();
+    };
+    const auto engine = reference().make();
+    const RunResult result = execute(trace, *engine, options);
+    MixTime time;
+    time.seconds = now_seconds() - wall_start;
+    time.cpu = cpu_seconds() - cpu_start;
+    if (result.failure) time.failure = "the reference failed: " + result.failure->property + ": " + result.failure->message;
+    time.ops = ops_run(result) - prefix_size;  // every add of the prefix runs
+    return time;
+}
+
+Trace with_mix(const Trace& prefix, std::size_t entries, bool generation) {
     Trace trace = prefix;
     const Trace mix = mix_of(entries, generation);
     trace.insert(trace.end(), mix.begin(), mix.end());
-    const RunOptions options = options_for(checking);
+    return trace;
+}
+
+// The ways of checking whose ratios matter, interleaved round by round, so
+// that a change in the machine's load moves all of them alike: checked,
+// unchecked and (with generation) no_generation_rerun. Counters per way:
+// <way>_ops_per_s, <way>_ops_per_cpu_s (medians over rounds); overhead =
+// unchecked / checked per CPU-second.
+void executor_interleaved(benchmark::State& state, std::size_t entries, bool generation) {
+    const Trace prefix = adds_of(entries);
+    const Trace trace = with_mix(prefix, entries, generation);
+    std::vector<Checking> ways = {Checking::checked, Checking::unchecked};
+    if (generation) ways.push_back(Checking::no_generation_rerun);
+    std::vector<Samples> seconds(ways.size()), cpu(ways.size());
+    std::size_t mix_ops_run = 0;
+    for (auto _ : state) {
+        double round_seconds = 0;
+        for (std::size_t i = 0; i < ways.size(); ++i) {
+            const MixTime time = time_mix(prefix.size(), trace, options_for(ways[i]));
+            if (!time.failure.empty()) {
+                state.SkipWithError(time.failure.c_str());
+                return;
+            }
+            seconds[i].add(time.seconds);
+            cpu[i].add(time.cpu);
+            mix_ops_run = time.ops;
+            round_seconds += time.seconds;
+        }
+        state.SetIterationTime(round_seconds);
+    }
+    const auto ops = static_cast<double>(mix_ops_run);
+    state.counters["entries"] = static_cast<double>(entries);
+    state.counters["mix_ops_run"] = ops;
+    for (std::size_t i = 0; i < ways.size(); ++i) {
+        const std::string way = checking_name(ways[i]);
+        state.counters[way + "_ops_per_s"] = ops / seconds[i].median();
+        state.counters[way + "_ops_per_cpu_s"] = ops / cpu[i].median();
+    }
+    state.counters["overhead"] = cpu[0].median() / cpu[1].median();
+}
+
+// Every entry read after every step: the schedule before the current one,
+// about 30 times slower at 1,000 entries, so measured on its own.
+void executor_every_step(benchmark::State& state, std::size_t entries, bool generation) {
+    const Trace prefix = adds_of(entries);
+    const Trace trace = with_mix(prefix, entries, generation);
     Samples seconds, cpu;
     std::size_t mix_ops_run = 0;
     for (auto _ : state) {
-        const auto prefix_engine = reference().make();
-        const double t0 = now_seconds();
-        const double c0 = cpu_seconds();
-        const RunResult before = execute(prefix, *prefix_engine, options);
-        const double t1 = now_seconds();
-        const double c1 = cpu_seconds();
-        const auto engine = reference().make();
-        const double t2 = now_seconds();
-        const double c2 = cpu_seconds();
-        const RunResult result = execute(trace, *engine, options);
-        const double t3 = now_seconds();
-        const double c3 = cpu_seconds();
-        if (result.failure) {
-            state.SkipWithError(("the reference failed: " + result.failure->property + ": " + result.failure->message).c_str());
+        const MixTime time = time_mix(prefix.size(), trace, options_for(Checking::every_step));
+        if (!time.failure.empty()) {
+            state.SkipWithError(time.failure.c_str());
             return;
         }
-        mix_ops_run = ops_run(result) - ops_run(before);
-        const double mix_seconds = (t3 - t2) - (t1 - t0);
-        seconds.add(mix_seconds);
-        cpu.add((c3 - c2) - (c1 - c0));
-        state.SetIterationTime(mix_seconds);
+        seconds.add(time.seconds);
+        cpu.add(time.cpu);
+        mix_ops_run = time.ops;
+        state.SetIterationTime(time.seconds);
     }
     const auto ops = static_cast<double>(mix_ops_run);
     state.counters["entries"] = static_cast<double>(entries);
     state.counters["mix_ops_run"] = ops;
     state.counters["ops_per_s"] = ops / seconds.median();
     state.counters["ops_per_cpu_s"] = ops / cpu.median();
-    state.counters["us_per_op"] = seconds.median() / ops * 1e6;
 }
 
 // The stateful property's loop (properties/stateful_test.cpp) without
@@ -238,16 +299,16 @@ void stateful_cases(benchmark::State& state) {
 const bool registered = [] {
     for (const bool generation : {true, false}) {
         for (const std::size_t entries : {10, 100, 1000}) {
-            for (const Checking checking :
-                 {Checking::checked, Checking::every_step, Checking::no_generation_rerun, Checking::unchecked}) {
-                if (checking == Checking::no_generation_rerun && !generation) continue;
-                const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
-                                         std::to_string(entries) + "entries/" + checking_name(checking);
-                benchmark::RegisterBenchmark(name.c_str(), executor_throughput, entries, generation, checking)
-                    ->Iterations(entries < 1000 ? 15 : checking == Checking::every_step ? 3 : 7)
-                    ->UseManualTime()
-                    ->Unit(benchmark::kMillisecond);
-            }
+            const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
+                                     std::to_string(entries) + "entries/";
+            benchmark::RegisterBenchmark((name + "interleaved").c_str(), executor_interleaved, entries, generation)
+                ->Iterations(entries < 1000 ? 15 : 7)
+                ->UseManualTime()
+                ->Unit(benchmark::kMillisecond);
+            benchmark::RegisterBenchmark((name + "every_step").c_str(), executor_every_step, entries, generation)
+                ->Iterations(entries < 1000 ? 15 : 3)
+                ->UseManualTime()
+                ->Unit(benchmark::kMillisecond);
         }
     }
     benchmark::RegisterBenchmark("stateful_property/100cases", stateful_cases)

@@ -139,12 +139,20 @@ def generation_section(copy):
 
 
 def executor_rows(named, key):
+    """{(mix, entries): {way: value}}: from executor/<mix>/<N>entries/<way>
+    benchmarks (key), and from the interleaved ones (<way>_<key> counters)."""
     rows = {}
     for name, b in named.items():
         if not name.startswith("executor/"):
             continue
         _, mix, entries, mode = name.split("/")
-        rows.setdefault((mix, int(entries.replace("entries", ""))), {})[mode] = b.get(key)
+        row = rows.setdefault((mix, int(entries.replace("entries", ""))), {})
+        if mode == "interleaved":
+            for way in ("checked", "unchecked", "no_generation_rerun"):
+                if f"{way}_{key}" in b:
+                    row[way] = b[f"{way}_{key}"]
+        else:
+            row[mode] = b.get(key)
     return rows
 
 
@@ -177,6 +185,8 @@ def executor_section(harness, before, fuzz):
         "(`RunOptions::every_entry_every_step`, the schedule of the executor before, with entry versions). "
         "Unchecked: no checker (`PropertySet::none()`). All from one run, rates per CPU-second of the process "
         "(the load of other processes does not inflate them); the wall-clock rate of the checked run beside. "
+        "Checked, unchecked and without the generation rerun run interleaved, round by round, in one benchmark "
+        "(`executor/<mix>/<N>entries/interleaved`), so their ratios do not carry the machine's drift. "
         "Overhead = unchecked / checked (or / every step); `no gen. rerun`: the overhead with every checker but "
         "generation-equivalent, whose reference generation on a fresh copy runs the model a second time. "
         "Overhead before versions: the executor of 3521b8a, which re-read and re-hashed every entry after every "

@@ -15,6 +15,7 @@ ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_ow
     object.chain_sets = chain_sets;
     const ObjectId id = next_object_++;
     objects_.emplace(id, std::move(object));
+    if (alias_parent != 0) alias_children_[alias_parent].push_back(id);
     return id;
 }
 
@@ -69,9 +70,16 @@ bool Auditor::may_alias(ObjectId a, ObjectId b) const {
     return false;
 }
 
+// The object and every object derived from it by conversions, through the
+// children index: a walk over what may alias it, not over every object.
 void Auditor::consumed(ObjectId object) {
-    for (auto& [id, candidate] : objects_) {
-        if (may_alias(id, object)) candidate.known = false;
+    std::vector<ObjectId> pending = {object};
+    while (!pending.empty()) {
+        const ObjectId at = pending.back();
+        pending.pop_back();
+        objects_.at(at).known = false;
+        const auto children = alias_children_.find(at);
+        if (children != alias_children_.end()) pending.insert(pending.end(), children->second.begin(), children->second.end());
     }
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kvcheck {
@@ -80,6 +81,7 @@ class Auditor {
 
   private:
     std::map<ObjectId, Object> objects_;
+    std::unordered_map<ObjectId, std::vector<ObjectId>> alias_children_;  // alias_parent -> the objects naming it
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
     std::map<std::string, ObjectId> entries_;

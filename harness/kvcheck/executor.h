@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,9 @@ struct RunOptions {
     // store. Both find the same failures on the same traces
     // (properties/mutants_test.cpp, Schedule).
     bool every_entry_every_step = false;
+    // Called before each step with its index (progress reports, benchmarks
+    // timing part of a trace). Must not touch the engine.
+    std::function<void(std::size_t step)> on_step;
 };
 
 struct RunResult {
