@@ -1,8 +1,10 @@
 #include "reference_engine.h"
 
-#include <ATen/ops/tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <array>
+#include <cassert>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -30,7 +32,12 @@ at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
     if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
     std::vector<float> values;
     fill_slot(slot, values);
-    return at::tensor(values).reshape({cache_batch, cache_heads, slot.tokens(), cache_head_dim}).to(dtype);
+    // Made in place: at::tensor, reshape and to would be three trips through
+    // the dispatcher per slot.
+    at::Tensor made = at::empty({cache_batch, cache_heads, slot.tokens(), cache_head_dim}, at::kFloat);
+    assert(static_cast<std::size_t>(made.numel()) == values.size());
+    std::memcpy(made.data_ptr<float>(), values.data(), values.size() * sizeof(float));
+    return dtype == at::kFloat ? made : made.to(dtype);
 }
 
 SlotView slot_view(const at::Tensor& t) {
@@ -39,8 +46,16 @@ SlotView slot_view(const at::Tensor& t) {
     view.present = true;
     view.dtype = dtype_of(t.scalar_type());
     view.shape.assign(t.sizes().begin(), t.sizes().end());
+    const auto count = static_cast<std::size_t>(t.numel());
+    // A contiguous float32 slot (what caches mostly hold) is hashed where
+    // it lies: the conversion would cost two trips through the dispatcher
+    // per slot, most of a small cache's view.
+    if (t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu()) {
+        view.hash = content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
+        return view;
+    }
     const at::Tensor values = t.to(at::kFloat).contiguous();
-    view.hash = content_hash(values.data_ptr<float>(), static_cast<std::size_t>(values.numel()));
+    view.hash = content_hash(values.data_ptr<float>(), count);
     return view;
 }
 
