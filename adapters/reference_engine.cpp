@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cstring>
@@ -115,6 +116,8 @@ CacheView view_of(const kv::Cache& cache) {
 
 // ---- entry versions -----------------------------------------------------------
 
+constexpr std::size_t geometry_dims_max = 6;
+
 // A slot as it was: the tensor object itself, held so that no new tensor
 // can take its address while the snapshot lives, and what can change about
 // it in place. Its values change only through an in-place op, which bumps
@@ -128,8 +131,13 @@ struct SlotSnapshot {
     const void* data = nullptr;
     at::ScalarType dtype = at::kFloat;
     std::int64_t offset = 0;
-    std::vector<std::int64_t> sizes;
-    std::vector<std::int64_t> strides;
+    // Inline, not vectors: a snapshot is taken whenever an entry is read
+    // anew, and two allocations per slot were most of its cost. Slots of
+    // more than geometry_dims_max dimensions keep their tensor only and
+    // never match (trackable is false), so they are read every time.
+    std::uint8_t dims = 0;
+    std::array<std::int64_t, geometry_dims_max> sizes{};
+    std::array<std::int64_t, geometry_dims_max> strides{};
 };
 
 // Everything view_of, storage_identities and owned() read of a cache: the
@@ -151,7 +159,10 @@ namespace {
 
 // A tensor whose changes cannot be seen from its metadata: an inference
 // tensor has no version counter, a storage-less one no storage to compare.
-bool trackable(const at::Tensor& t) { return !t.defined() || (!t.is_inference() && t.has_storage()); }
+bool trackable(const at::Tensor& t) {
+    return !t.defined() ||
+           (!t.is_inference() && t.has_storage() && static_cast<std::size_t>(t.dim()) <= geometry_dims_max);
+}
 
 SlotSnapshot slot_snapshot(const at::Tensor& t) {
     SlotSnapshot slot;
@@ -163,8 +174,9 @@ SlotSnapshot slot_snapshot(const at::Tensor& t) {
     slot.data = t.storage().data();
     slot.dtype = t.scalar_type();
     slot.offset = t.storage_offset();
-    slot.sizes.assign(t.sizes().begin(), t.sizes().end());
-    slot.strides.assign(t.strides().begin(), t.strides().end());
+    slot.dims = static_cast<std::uint8_t>(t.dim());
+    std::copy(t.sizes().begin(), t.sizes().end(), slot.sizes.begin());
+    std::copy(t.strides().begin(), t.strides().end(), slot.strides.begin());
     return slot;
 }
 
@@ -175,19 +187,36 @@ bool unchanged(const SlotSnapshot& slot, const at::Tensor& t) {
            static_cast<std::int64_t>(t._version()) == slot.version &&
            t.storage().unsafeGetStorageImpl() == slot.storage && t.storage().data() == slot.data &&
            t.scalar_type() == slot.dtype && t.storage_offset() == slot.offset &&
-           t.sizes() == at::IntArrayRef(slot.sizes) && t.strides() == at::IntArrayRef(slot.strides);
+           t.sizes() == at::IntArrayRef(slot.sizes.data(), slot.dims) &&
+           t.strides() == at::IntArrayRef(slot.strides.data(), slot.dims);
 }
 
 std::array<const at::Tensor*, slot_count> layer_slots(const kv::Layer& layer) {
     return {&layer.keys, &layer.values, &layer.key_cache, &layer.value_cache};
 }
 
-std::unique_ptr<EntrySnapshot> take_snapshot(const kv::Cache& cache) {
-    auto snapshot = std::make_unique<EntrySnapshot>();
+// Lets go of everything `snapshot` holds, keeping the capacity of its lists.
+void let_go(EntrySnapshot* snapshot) {
+    snapshot->layers.reset();
+    snapshot->key_cache.reset();
+    snapshot->value_cache.reset();
+    snapshot->layer_objects.clear();
+    snapshot->initialized.clear();
+    snapshot->slots.clear();
+    snapshot->legacy_keys = 0;
+}
+
+// Fills `snapshot` anew, keeping the capacity of its lists: an entry read
+// anew (added again, or changed) takes no allocation for them.
+void take_snapshot(const kv::Cache& cache, EntrySnapshot* snapshot) {
+    let_go(snapshot);
     snapshot->layout = cache.layout();
     snapshot->owned = cache.owned();
     if (cache.layout() == kv::Layout::modern) {
         snapshot->layers = cache.layers();
+        snapshot->layer_objects.reserve(cache.layers()->size());
+        snapshot->initialized.reserve(cache.layers()->size());
+        snapshot->slots.reserve(cache.layers()->size() * slot_count);
         for (const kv::LayerPtr& layer : *cache.layers()) {
             snapshot->layer_objects.push_back(layer);
             snapshot->initialized.push_back(layer->is_initialized);
@@ -197,10 +226,10 @@ std::unique_ptr<EntrySnapshot> take_snapshot(const kv::Cache& cache) {
         snapshot->key_cache = cache.key_cache();
         snapshot->value_cache = cache.value_cache();
         snapshot->legacy_keys = cache.key_cache()->size();
+        snapshot->slots.reserve(cache.key_cache()->size() + cache.value_cache()->size());
         for (const at::Tensor& t : *cache.key_cache()) snapshot->slots.push_back(slot_snapshot(t));
         for (const at::Tensor& t : *cache.value_cache()) snapshot->slots.push_back(slot_snapshot(t));
     }
-    return snapshot;
 }
 
 // Is `cache` made of exactly what `snapshot` holds, unchanged?
@@ -351,7 +380,18 @@ void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out)
 
 void ReferenceEngine::remove(const std::vector<std::string>& ids) {
     store_.remove(ids);
-    for (const std::string& id : ids) snapshots_.erase(id);
+    for (const std::string& id : ids) forget_snapshot(id);
+}
+
+// A removed entry's snapshot lets go of what it holds and is kept for the
+// next new entry (up to spare_snapshots_max of them): a store whose ids
+// come and go then takes no allocation to snapshot them.
+void ReferenceEngine::forget_snapshot(const std::string& id) {
+    const auto found = snapshots_.find(id);
+    if (found == snapshots_.end()) return;
+    let_go(found->second.get());
+    if (spare_snapshots_.size() < spare_snapshots_max) spare_snapshots_.push_back(std::move(found->second));
+    snapshots_.erase(found);
 }
 
 void ReferenceEngine::remove_all() {
@@ -474,7 +514,12 @@ std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
     const kv::ConstCachePtr cache = stored(id);
     std::unique_ptr<EntrySnapshot>& snapshot = snapshots_[id];
     if (snapshot && matches(*snapshot, *cache)) return snapshot->version;
-    snapshot = take_snapshot(*cache);
+    if (!snapshot && !spare_snapshots_.empty()) {
+        snapshot = std::move(spare_snapshots_.back());
+        spare_snapshots_.pop_back();
+    }
+    if (!snapshot) snapshot = std::make_unique<EntrySnapshot>();
+    take_snapshot(*cache, snapshot.get());
     snapshot->version = ++versions_issued_;
     return snapshot->version;
 }

@@ -20,6 +20,7 @@
 #include <map>
 #include <unordered_map>
 #include <memory>
+#include <vector>
 
 namespace kvcheck::adapters {
 
@@ -115,7 +116,11 @@ class ReferenceEngine : public Engine {
     // Per stored id: what its cache was made of when its version was last
     // handed out (entry_version), and that version.
     std::unordered_map<std::string, std::unique_ptr<EntrySnapshot>> snapshots_;
+    static constexpr std::size_t spare_snapshots_max = 64;
+    std::vector<std::unique_ptr<EntrySnapshot>> spare_snapshots_;  // emptied, kept for reuse
     std::uint64_t versions_issued_ = 0;
+
+    void forget_snapshot(const std::string& id);
 };
 
 }  // namespace kvcheck::adapters

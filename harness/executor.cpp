@@ -714,6 +714,38 @@ class Run {
         std::optional<bool> owned;
         bool indexed = false;  // its storage identities are in holders_
         std::vector<std::uint64_t> storage;
+        const std::string* id = nullptr;  // the key of its node in readings_ (stable until erased)
+    };
+
+    // The entries holding one storage identity, by their keys in readings_
+    // (an entry is unindexed before its reading is erased): nearly always
+    // one, kept inline, so that indexing an entry allocates no list per
+    // identity and copies no id.
+    struct Holders {
+        const std::string* first = nullptr;
+        std::vector<const std::string*> more;
+
+        void add(const std::string* id) {
+            if (first == nullptr) {
+                first = id;
+            } else {
+                more.push_back(id);
+            }
+        }
+        void remove(const std::string* id) {
+            more.erase(std::remove(more.begin(), more.end(), id), more.end());
+            if (first != id) return;
+            first = nullptr;
+            if (more.empty()) return;
+            first = more.back();
+            more.pop_back();
+        }
+        bool empty() const { return first == nullptr; }
+        template <typename F>
+        void for_each(F&& f) const {
+            if (first != nullptr) f(*first);
+            for (const std::string* id : more) f(*id);
+        }
     };
 
     void begin_round() {
@@ -723,23 +755,26 @@ class Run {
 
     // What is known of entry `id` in this round.
     EntryReading& reading(const std::string& id) {
-        EntryReading& entry = readings_[id];
+        const auto [found, inserted] = readings_.try_emplace(id);
+        EntryReading& entry = found->second;
+        if (inserted) entry.id = &found->first;
         if (entry.round == round_) return entry;
         entry.round = round_;
         std::optional<std::uint64_t> version;
         if (trust_versions_) version = engine_.entry_version(id);
         if (version && version == entry.version) return entry;
-        unindex(id, entry);
-        entry = EntryReading{round_, version, std::nullopt, std::nullopt, false, {}};
+        unindex(entry);
+        entry = EntryReading{round_, version, std::nullopt, std::nullopt, false, {}, &found->first};
         return entry;
     }
 
-    void unindex(const std::string& id, EntryReading& entry) {
+    void unindex(EntryReading& entry) {
         if (!entry.indexed) return;
         for (const std::uint64_t identity : entry.storage) {
-            auto& holders = holders_[identity];
-            holders.erase(std::remove(holders.begin(), holders.end(), id), holders.end());
-            if (holders.empty()) holders_.erase(identity);
+            const auto found = holders_.find(identity);
+            if (found == holders_.end()) continue;
+            found->second.remove(entry.id);
+            if (found->second.empty()) holders_.erase(found);
         }
         entry.indexed = false;
     }
@@ -747,7 +782,7 @@ class Run {
     void drop_reading(const std::string& id) {
         const auto found = readings_.find(id);
         if (found == readings_.end()) return;
-        unindex(id, found->second);
+        unindex(found->second);
         readings_.erase(found);
     }
 
@@ -782,7 +817,7 @@ class Run {
         EntryReading& entry = reading(id);
         if (entry.indexed) return;
         entry.storage = engine_.storage_of_entry(id);
-        for (const std::uint64_t identity : entry.storage) holders_[identity].push_back(id);
+        for (const std::uint64_t identity : entry.storage) holders_[identity].add(entry.id);
         entry.indexed = true;
     }
 
@@ -792,7 +827,7 @@ class Run {
         for (const std::uint64_t identity : identities) {
             const auto found = holders_.find(identity);
             if (found == holders_.end()) continue;
-            for (const std::string& id : found->second) add_unique(entries, id);
+            found->second.for_each([&entries](const std::string& id) { add_unique(entries, id); });
         }
         return entries;
     }
@@ -1053,7 +1088,7 @@ class Run {
     std::uint64_t round_ = 0;
     std::optional<std::vector<std::string>> listed_;
     std::unordered_map<std::string, EntryReading> readings_;
-    std::unordered_map<std::uint64_t, std::vector<std::string>> holders_;  // storage identity -> entries holding it
+    std::unordered_map<std::uint64_t, Holders> holders_;  // storage identity -> entries holding it
     std::unordered_map<std::int64_t, HandleReading> handle_readings_;
     std::size_t step_ = 0;
     std::vector<Failure> step_failures_;
