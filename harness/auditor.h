@@ -80,11 +80,12 @@ class Auditor {
     std::map<std::int64_t, DumpSlot>& slots() { return slots_; }
 
   private:
-    std::map<ObjectId, Object> objects_;
+    // Looked up by every check of every step: hashed, not ordered.
+    std::unordered_map<ObjectId, Object> objects_;
     std::unordered_map<ObjectId, std::vector<ObjectId>> alias_children_;  // alias_parent -> the objects naming it
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
-    std::map<std::string, ObjectId> entries_;
+    std::unordered_map<std::string, ObjectId> entries_;  // in no order: order_ has it
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
 };
