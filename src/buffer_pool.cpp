@@ -229,13 +229,18 @@ void Pool::give_back(Block* block) noexcept {
     // Poisoned before another thread can take it (taking unpoisons).
     poison(block->data, block->bytes);
     bool kept = false;
+    bool over_limit = false;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         kept = retain_locked(block);
         if (!kept) released_blocks_ += 1;
+        over_limit = retained_bytes_ > limit_bytes_;
     }
     if (!kept) system_release(block);
-    release_beyond_limit();
+    // The lock is taken again only when there is something to release (a
+    // clone frees a block per slot). Whoever takes the pool over its limit,
+    // a give_back or set_limit, sees it so under the lock and releases.
+    if (over_limit) release_beyond_limit();
 }
 
 void Pool::set_limit(std::int64_t limit_bytes) {

@@ -63,7 +63,7 @@ void set_buffer_pool_limit(std::int64_t limit_bytes);
 // A snapshot of the pool's counters (the "so far" ones never go down).
 BufferPoolStats buffer_pool_stats();
 
-// The allocator of pooled CPU buffers, for at::detail::empty_strided_generic.
+// The allocator of pooled CPU buffers (kv::clone builds its storages with it).
 // It lives as long as the process; storages made with it stay ordinary CPU
 // storages (a resize allocates the new buffer from the pool too).
 c10::Allocator* buffer_pool_allocator();
