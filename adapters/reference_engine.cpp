@@ -96,6 +96,7 @@ kv::CachePtr materialize(const CacheContent& content) {
 CacheView view_of(const kv::Cache& cache) {
     CacheView view;
     view.layout = cache.layout() == kv::Layout::modern ? Layout::modern : Layout::legacy;
+    view.layers.reserve(static_cast<std::size_t>(cache.layer_count()));
     for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
         LayerView layer_view;
         if (cache.layout() == kv::Layout::legacy) {
@@ -109,7 +110,7 @@ CacheView view_of(const kv::Cache& cache) {
             layer_view.slots[key_cache] = slot_view(layer.key_cache);
             layer_view.slots[value_cache] = slot_view(layer.value_cache);
         }
-        view.layers.push_back(layer_view);
+        view.layers.push_back(std::move(layer_view));  // a copy would allocate every shape again
     }
     return view;
 }

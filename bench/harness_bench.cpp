@@ -302,7 +302,7 @@ const bool registered = [] {
             const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
                                      std::to_string(entries) + "entries/";
             benchmark::RegisterBenchmark((name + "interleaved").c_str(), executor_interleaved, entries, generation)
-                ->Iterations(entries < 1000 ? 15 : 7)
+                ->Iterations(entries < 1000 ? 15 : 11)
                 ->UseManualTime()
                 ->Unit(benchmark::kMillisecond);
             benchmark::RegisterBenchmark((name + "every_step").c_str(), executor_every_step, entries, generation)

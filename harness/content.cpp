@@ -4,6 +4,7 @@
 #include "kvcheck/content.h"
 
 #include <cstring>
+#include <utility>
 
 namespace kvcheck {
 namespace {
@@ -70,7 +71,7 @@ CacheContent expand(const CacheSpec& spec) {
             slot.present = true;
             if (layer_spec.tokens > 0) slot.segments.push_back({slot_seed(spec.seed, i, s), layer_spec.tokens});
         }
-        content.layers.push_back(layer);
+        content.layers.push_back(std::move(layer));
     }
     return content;
 }
@@ -126,7 +127,7 @@ CacheView expected_view(const CacheContent& content) {
             fill_slot(slot, values);
             slot_view.hash = content_hash(values.data(), values.size());
         }
-        view.layers.push_back(layer_view);
+        view.layers.push_back(std::move(layer_view));
     }
     return view;
 }
@@ -204,9 +205,9 @@ CacheContent expected_concat(const std::vector<CacheContent>& parts) {
                 const SlotContent piece = logical_slot(part, i, side);
                 if (piece.present) slot.segments.insert(slot.segments.end(), piece.segments.begin(), piece.segments.end());
             }
-            layer.slots[side] = slot;
+            layer.slots[side] = std::move(slot);
         }
-        merged.layers.push_back(layer);
+        merged.layers.push_back(std::move(layer));
     }
     return merged;
 }
@@ -221,7 +222,7 @@ CacheContent expected_to_legacy(const CacheContent& content) {
             const SlotContent logical = logical_slot(content, i, side);
             layer.slots[side] = logical.present ? logical : empty_present();
         }
-        legacy.layers.push_back(layer);
+        legacy.layers.push_back(std::move(layer));
     }
     // A cache with no tensor at all converts to float32 empty slots.
     if (!has_any_slot(content)) legacy.dtype = Dtype::f32;

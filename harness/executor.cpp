@@ -32,7 +32,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -326,11 +325,11 @@ class Run {
 
     void check_disjoint(Property p, std::int64_t out, const std::vector<std::int64_t>& sources, const std::string& what) {
         if (!checking(p) || !capabilities_.storage_identity) return;
-        const auto& mine = handle_reading(out).storage;
-        const std::set<std::uint64_t> own(mine.begin(), mine.end());
+        std::vector<std::uint64_t> own = handle_reading(out).storage;
+        std::sort(own.begin(), own.end());
         for (std::int64_t source : sources) {
             for (std::uint64_t id : handle_reading(source).storage) {
-                if (own.count(id) != 0) {
+                if (std::binary_search(own.begin(), own.end(), id)) {
                     fail_as(property_id(p), what + " " + handle_text(out) + " shares storage with its source " + handle_text(source));
                     return;
                 }
@@ -1036,15 +1035,16 @@ class Run {
             if (audit_.handle(handle)) to_check.push_back(handle);
         }
         if (!renewed.empty()) {
-            std::set<std::uint64_t> identities;
+            std::vector<std::uint64_t> identities;
             for (const std::string& id : renewed) {
                 const EntryReading& entry = reading(id);
-                identities.insert(entry.storage.begin(), entry.storage.end());
+                identities.insert(identities.end(), entry.storage.begin(), entry.storage.end());
             }
+            std::sort(identities.begin(), identities.end());
             for (const auto& [handle, object] : audit_.handles()) {
                 if (!object) continue;
                 for (const std::uint64_t identity : handle_reading(handle).storage) {
-                    if (identities.count(identity) != 0) {
+                    if (std::binary_search(identities.begin(), identities.end(), identity)) {
                         add_unique(to_check, handle);
                         break;
                     }
