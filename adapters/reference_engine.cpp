@@ -1,6 +1,6 @@
 #include "reference_engine.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/EmptyTensor.h>
 
 #include <algorithm>
 #include <array>
@@ -34,8 +34,8 @@ at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
     std::vector<float> values;
     fill_slot(slot, values);
     // Made in place: at::tensor, reshape and to would be three trips through
-    // the dispatcher per slot.
-    at::Tensor made = at::empty({cache_batch, cache_heads, slot.tokens(), cache_head_dim}, at::kFloat);
+    // the dispatcher per slot (and at::empty a fourth).
+    at::Tensor made = at::detail::empty_cpu({cache_batch, cache_heads, slot.tokens(), cache_head_dim}, at::kFloat);
     assert(static_cast<std::size_t>(made.numel()) == values.size());
     std::memcpy(made.data_ptr<float>(), values.data(), values.size() * sizeof(float));
     return dtype == at::kFloat ? made : made.to(dtype);

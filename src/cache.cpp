@@ -4,6 +4,7 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
@@ -28,9 +29,50 @@ namespace {
 
 bool holds_elements(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
+// A plain tensor: contiguous on the CPU, no autograd, no lazy conjugate or
+// negation, not a zero tensor; its copy is its bytes. What caches hold.
+// (ComplexHalf goes through clone, which warns that it is experimental.)
+bool is_plain(const at::Tensor& t) {
+    return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.requires_grad() &&
+           !t.is_conj() && !t.is_neg() && !t._is_zerotensor() && t.scalar_type() != at::kComplexHalf;
+}
+
+// at::cat(pieces, -2) for what a model appends: [batch, heads, tokens, dim]
+// tensors of one dtype that agree but in tokens. The result is what cat
+// gives (a new contiguous tensor of its own, version 0), made without the
+// dispatcher and TensorIterator: that set-up was half of a small model
+// step (two cats per layer per token). Anything else goes to at::cat, which
+// also promotes mixed dtypes and reports mismatched shapes.
+at::Tensor cat_tokens(std::initializer_list<at::Tensor> pieces) {
+    const at::Tensor& first = *pieces.begin();
+    bool fast = true;
+    std::int64_t tokens = 0;
+    for (const at::Tensor& t : pieces) {
+        fast = fast && t.defined() && is_plain(t) && t.dim() == 4 && t.scalar_type() == first.scalar_type() &&
+               t.size(0) == first.size(0) && t.size(1) == first.size(1) && t.size(3) == first.size(3);
+        if (!fast) break;
+        tokens += t.size(2);
+    }
+    if (!fast) return at::cat(pieces, -2);
+    at::Tensor out = at::detail::empty_cpu({first.size(0), first.size(1), tokens, first.size(3)}, first.scalar_type());
+    // Row by row of [batch, heads]: each piece's tokens x dim block in turn.
+    const auto rows = static_cast<std::size_t>(first.size(0) * first.size(1));
+    const std::size_t element = first.element_size();
+    auto* to = static_cast<char*>(out.data_ptr());
+    for (std::size_t row = 0; row < rows; ++row) {
+        for (const at::Tensor& t : pieces) {
+            const std::size_t block = static_cast<std::size_t>(t.size(2) * t.size(3)) * element;
+            if (block == 0) continue;
+            std::memcpy(to, static_cast<const char*>(t.data_ptr()) + row * block, block);
+            to += block;
+        }
+    }
+    return out;
+}
+
 at::Tensor append(const at::Tensor& slot, const at::Tensor& piece) {
-    if (!holds_elements(slot)) return at::cat({piece}, -2);
-    return at::cat({slot, piece}, -2);
+    if (!holds_elements(slot)) return cat_tokens({piece});
+    return cat_tokens({slot, piece});
 }
 
 // A slot's bytes still to be copied: see copy_slot.
@@ -42,14 +84,6 @@ struct PendingCopy {
 // Inline room for the slots of 8 modern layers (4 slots each): a clone of a
 // cache that size allocates nothing for its list of pending copies.
 using PendingCopies = c10::SmallVector<PendingCopy, 32>;
-
-// A plain tensor: contiguous on the CPU, no autograd, no lazy conjugate or
-// negation, not a zero tensor; its copy is its bytes. What caches hold.
-// (ComplexHalf goes through clone, which warns that it is experimental.)
-bool is_plain(const at::Tensor& t) {
-    return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.requires_grad() &&
-           !t.is_conj() && !t.is_neg() && !t._is_zerotensor() && t.scalar_type() != at::kComplexHalf;
-}
 
 // An unfilled tensor of t's sizes, strides and dtype with a storage of its
 // own from the buffer pool, and where its bytes go. Built as
@@ -206,8 +240,8 @@ void Cache::update_legacy(const at::Tensor& k, const at::Tensor& v, std::int64_t
         keys[index] = k;
         values[index] = v;
     } else {
-        keys[index] = at::cat({keys[index], k}, -2);
-        values[index] = at::cat({values[index], v}, -2);
+        keys[index] = cat_tokens({keys[index], k});
+        values[index] = cat_tokens({values[index], v});
     }
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
 namespace {
@@ -87,6 +88,48 @@ TEST(CacheUpdate, EveryFloatDtype) {
             EXPECT_EQ(kv::logical_keys(*cache, 1).scalar_type(), dtype);
         }
     }
+}
+
+// update appends without at::cat for plain pieces (src/cache.cpp,
+// cat_tokens): the result must be what at::cat gives, for every dtype, with
+// several heads (the copy goes row by row of [batch, heads]), in a storage
+// of its own at version 0; mixed dtypes and non-contiguous pieces go
+// through at::cat itself (promotion, strides).
+TEST(CacheUpdate, AppendIsWhatCatGives) {
+    for (Layout layout : layouts) {
+        for (at::ScalarType dtype : dtypes) {
+            const at::Tensor first = at::randn({1, 3, 2, 4}).to(dtype);
+            const at::Tensor second = at::randn({1, 3, 5, 4}).to(dtype);
+            const at::Tensor first_v = at::randn({1, 3, 2, 4}).to(dtype);
+            const at::Tensor second_v = at::randn({1, 3, 5, 4}).to(dtype);
+            auto cache = kv::Cache::make(layout);
+            cache->update(first, first_v, 0);
+            cache->update(second, second_v, 0);
+            const at::Tensor keys = kv::logical_keys(*cache, 0);
+            const at::Tensor expected = at::cat({first, second}, -2);
+            EXPECT_TRUE(at::equal(keys, expected));
+            EXPECT_EQ(keys.sizes(), expected.sizes());
+            EXPECT_EQ(keys.scalar_type(), dtype);
+            EXPECT_TRUE(keys.is_contiguous());
+            EXPECT_EQ(keys._version(), 0u);
+            EXPECT_FALSE(keys.is_alias_of(first));
+            EXPECT_FALSE(keys.is_alias_of(second));
+            EXPECT_TRUE(at::equal(kv::logical_values(*cache, 0), at::cat({first_v, second_v}, -2)));
+        }
+    }
+    // A float32 piece on a bfloat16 slot: at::cat promotes.
+    auto mixed = kv::Cache::make(Layout::modern);
+    mixed->update(kv_tensor(2, 1, at::kBFloat16), kv_tensor(2, 2, at::kBFloat16), 0);
+    mixed->update(kv_tensor(1, 3), kv_tensor(1, 4), 0);
+    EXPECT_EQ(kv::logical_keys(*mixed, 0).scalar_type(), at::kFloat);
+    // A transposed (non-contiguous) piece: at::cat reads it by its strides.
+    const at::Tensor base = at::randn({1, 2, 4, 3});
+    const at::Tensor strided = base.transpose(2, 3);
+    ASSERT_FALSE(strided.is_contiguous());
+    auto odd = kv::Cache::make(Layout::legacy);
+    odd->update(kv_tensor(2, 1), kv_tensor(2, 2), 0);
+    odd->update(strided, strided, 0);
+    EXPECT_TRUE(at::equal(kv::logical_keys(*odd, 0), at::cat({kv_tensor(2, 1), strided}, -2)));
 }
 
 TEST(Clone, IsIndependentAndOwned) {
