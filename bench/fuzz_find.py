@@ -2,9 +2,11 @@
 """Time to find a bug, the fuzzer path: fuzz_ops (fuzz/) on each mutant from
 an empty corpus, as the fuzz CI's canaries run it (-len_control=0
 -max_len=256 -entropic=0), with seeds 1..10, until it aborts on a violation (the target
-shrinks the trace before it aborts). Per run: the process's wall time less
-the target's start-up (loading libtorch, measured alone), libFuzzer's
-executions to the failure, and the shrunk trace's length.
+shrinks the trace before it aborts). Per run: the time to the violation and
+the shrink's, as the target reports them (its clock starts at its first
+input), libFuzzer's executions to the failure, the shrunk trace's length,
+and the process's wall time less the target's start-up (loading libtorch,
+measured alone).
 
     python3 bench/fuzz_find.py [--out bench/results/fuzz_find.json] [--seeds 10]
 
@@ -100,12 +102,17 @@ def run(target, mutant, seed, runs):
             execs = int(counts[-1]) if counts else None
         else:
             execs = int(execs.group(1))
+        # The target's own clock: from its first input to the violation, then
+        # the shrink (start-up, libFuzzer's crash handler and exit excluded).
+        timed = re.search(r"^INFO: kvcheck: found after ([0-9.e+-]+) s and (\d+) inputs .*shrunk in ([0-9.e+-]+) s", log, re.M)
         traces = glob.glob(os.path.join(scratch, "crash-*.trace"))
         shrunk_ops = None
         if traces:
             with open(traces[0]) as f:
                 shrunk_ops = sum(1 for line in f if line.strip() and not line.startswith("#"))
         return {"seconds": seconds, "failed": done.returncode != 0 and found is not None,
+                "find_seconds": float(timed.group(1)) if timed else None,
+                "shrink_seconds": float(timed.group(3)) if timed else None,
                 "property": found.group(1) if found else None, "execs": execs, "shrunk_ops": shrunk_ops,
                 "command": f"KVCHECK_ADAPTER={mutant} " + " ".join(command[:-2])}
 
@@ -124,13 +131,18 @@ def main():
     results = []
     for mutant in MUTANTS:
         entry = {"mutant": mutant, "seeds": args.seeds, "missed": 0, "seconds": [], "execs": [], "shrunk_ops": [],
-                 "properties": []}
+                 "properties": [], "find_seconds": [], "shrink_seconds": [], "process_seconds": []}
         for seed in range(1, args.seeds + 1):
             r = run(target, mutant, seed, RUNS_MAX)
             if not r["failed"]:
                 entry["missed"] += 1
                 continue
-            entry["seconds"].append(max(0.0, r["seconds"] - startup))
+            entry["process_seconds"].append(max(0.0, r["seconds"] - startup))
+            if r["find_seconds"] is None:
+                sys.exit(f"fuzz_find: {mutant} seed {seed}: the target did not report its find and shrink times")
+            entry["find_seconds"].append(r["find_seconds"])
+            entry["shrink_seconds"].append(r["shrink_seconds"])
+            entry["seconds"].append(r["find_seconds"] + r["shrink_seconds"])
             entry["execs"].append(r["execs"] or 0)
             if r["shrunk_ops"] is not None:
                 entry["shrunk_ops"].append(r["shrunk_ops"])
@@ -141,9 +153,11 @@ def main():
               f"{statistics.median(entry['execs']):.0f} execs, missed {entry['missed']}/{args.seeds}", flush=True)
         results.append(entry)
     description = (f"fuzz_ops without sanitizers on each mutant from an empty corpus, seeds 1..{args.seeds}, "
-                   f"-len_control=0 -max_len=256 -entropic=0, at most {RUNS_MAX} runs or {SECONDS_MAX} s; time = the process's "
-                   f"wall time (find, then the target's shrink) less its start-up ({startup:.2f} s, loading libtorch); corpus, "
-                   f"artifacts and dumps on {scratch_base() or 'the temporary directory'}.")
+                   f"-len_control=0 -max_len=256 -entropic=0, at most {RUNS_MAX} runs or {SECONDS_MAX} s; verdict = find + shrink "
+                   f"as the target times them (from its first input to the violation, then the shrink: the INFO line of "
+                   f"its failure report); process = the process's wall time less its start-up ({startup:.2f} s, loading "
+                   f"libtorch, measured alone: under load the difference is noisy); corpus, artifacts and dumps on "
+                   f"{scratch_base() or 'the temporary directory'}.")
     with open(args.out, "w") as f:
         json.dump({"description": description, "startup_seconds": startup, "mutants": results, "speed": speeds},
                   f, indent=1)

@@ -239,14 +239,20 @@ def find_section(harness, fuzz):
     ]
     if fuzz:
         rows = []
+        def median_of(m, key):
+            return seconds(statistics.median(m[key])) if m.get(key) else "-"
+
         for m in fuzz["mutants"]:
-            rows.append([m["mutant"], seconds(statistics.median(m["seconds"])), fmt(statistics.median(m["execs"])),
+            rows.append([m["mutant"], median_of(m, "find_seconds"), fmt(statistics.median(m["execs"])),
+                         median_of(m, "shrink_seconds"),
                          fmt(statistics.median(m["shrunk_ops"])) if m["shrunk_ops"] else "-",
-                         seconds(max(m["seconds"])), f"{m['missed']}/{m['seeds']}"])
+                         f"**{seconds(statistics.median(m['seconds']))}**", seconds(max(m["seconds"])),
+                         median_of(m, "process_seconds"), f"{m['missed']}/{m['seeds']}"])
         lines += [
             "Fuzzer path: " + fuzz["description"],
             "",
-            table(["mutant", "verdict (process)", "execs to failure", "shrunk ops", "verdict max", "missed"], rows),
+            table(["mutant", "find", "execs to failure", "shrink", "shrunk ops", "verdict", "verdict max",
+                   "process less start-up", "missed"], rows),
             "",
         ]
     else:
@@ -254,7 +260,7 @@ def find_section(harness, fuzz):
     return "\n".join(lines)
 
 
-def key_numbers(copy, harness, before):
+def key_numbers(copy, harness, before, fuzz):
     def get(named, name, key):
         return named.get(name, {}).get(key)
 
@@ -291,8 +297,11 @@ def key_numbers(copy, harness, before):
     finds = [(n.split("/")[1], b["verdict_s"], b["find_s"]) for n, b in harness.items() if n.startswith("time_to_find/")]
     if finds:
         finds.sort(key=lambda f: int(f[0][1:]))
-        lines.append("- median time to first failure (find + shrink) per mutant: " +
+        lines.append("- seeded path, median time to first failure per mutant, find (verdict = find + shrink): " +
                      ", ".join(f"{m} {seconds(f)} ({seconds(v)})" for m, v, f in finds) + ".")
+    if fuzz:
+        lines.append("- fuzzer path from an empty corpus, median verdict (find + shrink) per mutant: " +
+                     ", ".join(f"{m['mutant']} {seconds(statistics.median(m['seconds']))}" for m in fuzz["mutants"]) + ".")
     return "\n".join(lines)
 
 
@@ -312,7 +321,7 @@ def main():
     commit = open(commit_path).read().strip() if os.path.exists(commit_path) else None
     generated = "\n\n".join([
         run_header(copy_json, harness_json, commit),
-        key_numbers(copy, harness, before),
+        key_numbers(copy, harness, before, fuzz),
         clone_section(copy),
         merge_section(copy),
         generation_section(copy),

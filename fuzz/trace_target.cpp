@@ -12,11 +12,13 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace kvcheck::fuzz {
@@ -33,6 +35,11 @@ struct Settings {
     TextLimits limits;
     bool shrink = true;
     bool print_trace = false;
+    // Time to a verdict, as the failure report gives it: from the first
+    // input this process ran (libtorch loaded, libFuzzer set up) to the
+    // violation, then the shrink.
+    std::optional<std::chrono::steady_clock::time_point> first_input;
+    std::uint64_t inputs = 0;
 };
 
 Settings& settings() {
@@ -214,8 +221,14 @@ std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const
     return text.str();
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 [[noreturn]] void report(const Trace& trace, const Failure& failure, const std::uint8_t* data, std::size_t size) {
     const Settings& s = settings();
+    const double found_seconds = s.first_input ? seconds_since(*s.first_input) : 0.0;
+    const auto shrink_start = std::chrono::steady_clock::now();
     std::cerr << "==kvcheck== fuzz_" << s.target.name << " on adapter " << s.adapter->name << ": " << failure.property
               << " violated at step " << failure.step + 1 << " of " << trace.size() << "\n";
     ShrinkResult shrunk{trace, failure, 0};
@@ -229,6 +242,7 @@ std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const
         };
         shrunk = shrink(trace, failure, oracle);
     }
+    const double shrink_seconds = seconds_since(shrink_start);
     const std::string file = s.artifact_prefix + "crash-" + sha1_hex(data, size) + ".trace";
     const std::string reproduce = reproduce_command(s, file);
     std::ofstream out(file);
@@ -241,6 +255,8 @@ std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const
     } else {
         std::cerr << "WARNING: kvcheck: could not write " << file << "\n";
     }
+    std::cerr << "INFO: kvcheck: found after " << found_seconds << " s and " << s.inputs
+              << " inputs (from the first input this process ran), shrunk in " << shrink_seconds << " s\n";
     remove_work_dir();  // abort() skips atexit
     std::abort();
 }
@@ -287,7 +303,9 @@ void init_target(int* argc, char*** argv, TraceTarget target) {
 }
 
 int run_input(const std::uint8_t* data, std::size_t size) {
-    const Settings& s = settings();
+    Settings& s = settings();
+    if (!s.first_input) s.first_input = std::chrono::steady_clock::now();
+    ++s.inputs;
     const std::optional<Trace> trace = decode(data, size, s);
     if (!trace) return -1;
     if (s.print_trace) std::cerr << "---- trace (" << trace->size() << " operations)\n" << format_trace(*trace);
