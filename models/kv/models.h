@@ -134,6 +134,7 @@ class Decoder final : public TypedModel {
     DecoderConfig config_;
     std::vector<float> embedding_;    // [vocab, E]
     std::vector<float> unembedding_;  // [E, vocab], untied from embedding_
+    std::vector<double> position_rates_;  // [E]: the position term's frequency per embedding column
     std::vector<LayerWeights> layers_;
 };
 
