@@ -204,19 +204,27 @@ Trace with_mix(const Trace& prefix, std::size_t entries, bool generation) {
 
 // The ways of checking whose ratios matter, interleaved round by round, so
 // that a change in the machine's load moves all of them alike: checked,
-// unchecked and (with generation) no_generation_rerun. Counters per way:
-// <way>_ops_per_s, <way>_ops_per_cpu_s (medians over rounds); overhead =
-// unchecked / checked per CPU-second.
+// unchecked and (with generation) no_generation_rerun, in turn, the order
+// reversed every other round (a run inherits the heap the one before it
+// left). Counters per way: <way>_ops_per_s, <way>_ops_per_cpu_s (medians
+// over rounds); overhead (and overhead_no_generation_rerun) = the median
+// over rounds of the round's CPU seconds checked / unchecked: a ratio of
+// two runs a few milliseconds apart, which the machine's drift over the
+// benchmark moves far less than a ratio of two medians.
 void executor_interleaved(benchmark::State& state, std::size_t entries, bool generation) {
     const Trace prefix = adds_of(entries);
     const Trace trace = with_mix(prefix, entries, generation);
     std::vector<Checking> ways = {Checking::checked, Checking::unchecked};
     if (generation) ways.push_back(Checking::no_generation_rerun);
     std::vector<Samples> seconds(ways.size()), cpu(ways.size());
+    Samples overhead, overhead_no_rerun;
     std::size_t mix_ops_run = 0;
+    std::size_t round = 0;
     for (auto _ : state) {
         double round_seconds = 0;
-        for (std::size_t i = 0; i < ways.size(); ++i) {
+        std::vector<double> round_cpu(ways.size());
+        for (std::size_t n = 0; n < ways.size(); ++n) {
+            const std::size_t i = round % 2 == 0 ? n : ways.size() - 1 - n;
             const MixTime time = time_mix(prefix.size(), trace, options_for(ways[i]));
             if (!time.failure.empty()) {
                 state.SkipWithError(time.failure.c_str());
@@ -224,9 +232,13 @@ void executor_interleaved(benchmark::State& state, std::size_t entries, bool gen
             }
             seconds[i].add(time.seconds);
             cpu[i].add(time.cpu);
+            round_cpu[i] = time.cpu;
             mix_ops_run = time.ops;
             round_seconds += time.seconds;
         }
+        overhead.add(round_cpu[0] / round_cpu[1]);
+        if (generation) overhead_no_rerun.add(round_cpu[2] / round_cpu[1]);
+        ++round;
         state.SetIterationTime(round_seconds);
     }
     const auto ops = static_cast<double>(mix_ops_run);
@@ -237,7 +249,8 @@ void executor_interleaved(benchmark::State& state, std::size_t entries, bool gen
         state.counters[way + "_ops_per_s"] = ops / seconds[i].median();
         state.counters[way + "_ops_per_cpu_s"] = ops / cpu[i].median();
     }
-    state.counters["overhead"] = cpu[0].median() / cpu[1].median();
+    state.counters["overhead"] = overhead.median();
+    if (generation) state.counters["overhead_no_generation_rerun"] = overhead_no_rerun.median();
 }
 
 // Every entry read after every step: the schedule before the current one,
@@ -302,7 +315,7 @@ const bool registered = [] {
             const std::string name = std::string("executor/") + (generation ? "mixed" : "store") + "/" +
                                      std::to_string(entries) + "entries/";
             benchmark::RegisterBenchmark((name + "interleaved").c_str(), executor_interleaved, entries, generation)
-                ->Iterations(entries < 1000 ? 15 : 11)
+                ->Iterations(15)
                 ->UseManualTime()
                 ->Unit(benchmark::kMillisecond);
             benchmark::RegisterBenchmark((name + "every_step").c_str(), executor_every_step, entries, generation)
