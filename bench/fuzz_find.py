@@ -155,8 +155,9 @@ def main():
     description = (f"fuzz_ops without sanitizers on each mutant from an empty corpus, seeds 1..{args.seeds}, "
                    f"-len_control=0 -max_len=256 -entropic=0, at most {RUNS_MAX} runs or {SECONDS_MAX} s; verdict = find + shrink "
                    f"as the target times them (from its first input to the violation, then the shrink: the INFO line of "
-                   f"its failure report); process = the process's wall time less its start-up ({startup:.2f} s, loading "
-                   f"libtorch, measured alone: under load the difference is noisy); corpus, artifacts and dumps on "
+                   f"its failure report; it includes the first use of every code path: libtorch's lazy set-up, about 0.1 s); the "
+                   f"JSON also keeps the process's wall time less its start-up ({startup:.2f} s, loading libtorch, measured "
+                   f"alone: under load that difference swings by more than a verdict); corpus, artifacts and dumps on "
                    f"{scratch_base() or 'the temporary directory'}.")
     with open(args.out, "w") as f:
         json.dump({"description": description, "startup_seconds": startup, "mutants": results, "speed": speeds},

@@ -255,12 +255,12 @@ def find_section(harness, fuzz):
                          median_of(m, "shrink_seconds"),
                          fmt(statistics.median(m["shrunk_ops"])) if m["shrunk_ops"] else "-",
                          f"**{seconds(statistics.median(m['seconds']))}**", seconds(max(m["seconds"])),
-                         median_of(m, "process_seconds"), f"{m['missed']}/{m['seeds']}"])
+                         f"{m['missed']}/{m['seeds']}"])
         lines += [
             "Fuzzer path: " + fuzz["description"],
             "",
-            table(["mutant", "find", "execs to failure", "shrink", "shrunk ops", "verdict", "verdict max",
-                   "process less start-up", "missed"], rows),
+            table(["mutant", "find", "execs to failure", "shrink", "shrunk ops", "verdict", "verdict max", "missed"],
+                  rows),
             "",
         ]
     else:
