@@ -812,11 +812,17 @@ class Run {
         return *entry.owned;
     }
 
-    void index_storage(const std::string& id) {
+    // Reads entry `id`'s storage identities into the index; with `only` (a
+    // sorted list), just those among them (see index_held_storage).
+    void index_storage(const std::string& id, const std::vector<std::uint64_t>* only = nullptr) {
         EntryReading& entry = reading(id);
         if (entry.indexed) return;
         entry.storage = engine_.storage_of_entry(id);
-        for (const std::uint64_t identity : entry.storage) holders_[identity].add(entry.id);
+        for (const std::uint64_t identity : entry.storage) {
+            if (only == nullptr || std::binary_search(only->begin(), only->end(), identity)) {
+                holders_[identity].add(entry.id);
+            }
+        }
         entry.indexed = true;
     }
 
@@ -1014,15 +1020,7 @@ class Run {
             held.insert(held.end(), storage.begin(), storage.end());
         }
         std::sort(held.begin(), held.end());
-        for (const std::string& id : audit_.order()) {
-            EntryReading& entry = reading(id);
-            if (entry.indexed) continue;
-            entry.storage = engine_.storage_of_entry(id);
-            for (const std::uint64_t identity : entry.storage) {
-                if (std::binary_search(held.begin(), held.end(), identity)) holders_[identity].add(entry.id);
-            }
-            entry.indexed = true;
-        }
+        for (const std::string& id : audit_.order()) index_storage(id, &held);
     }
 
     // The same for the handles a step named, and for any handle that shares
