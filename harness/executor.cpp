@@ -161,6 +161,8 @@ class Run {
         work_dir_ = options.work_dir;
         trust_versions_ = capabilities_.entry_versions;
         every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
+        reads_store_ = properties_.has(Property::stored_immutable) || properties_.has(Property::owned_marker) ||
+                       properties_.has(Property::store_contract);
     }
 
     ~Run() {
@@ -182,7 +184,7 @@ class Run {
             result_.steps_run = step_ + 1;
             settle_step();
         }
-        if (!result_.failure && !trace.empty()) recheck_everything(trace.size() - 1);
+        if (!result_.failure && !trace.empty() && reads_store_) recheck_everything(trace.size() - 1);
         return std::move(result_);
     }
 
@@ -196,7 +198,7 @@ class Run {
         }
         const StepScope scope = scope_of(operation);
         std::vector<std::string> reached;
-        if (!every_step_) {
+        if (reads_store_ && !every_step_) {
             check_before(scope);
             if (!step_failures_.empty()) return;
             reached = entries_reached(scope.handles);
@@ -210,7 +212,7 @@ class Run {
         ++result_.coverage.ops_run[operation.index()];
         record_state(operation);
         if (scope.membership) listing_due_ = true;
-        check_after(scope, reached);
+        if (reads_store_) check_after(scope, reached);
     }
 
     // The evidence an operation is about to replace, read while it is there.
@@ -1108,6 +1110,9 @@ class Run {
     bool trust_versions_ = false;  // the engine reports entry versions, and they are used
     bool rechecking_ = false;      // the final read, without versions, is running
     bool every_step_ = false;      // a full read after every step (RunOptions, or no storage identities)
+    // A property checked on the store's entries and listing: without one, no
+    // step reads them (and no run ends reading them all).
+    bool reads_store_ = false;
     bool listing_due_ = false;     // the store's membership changed since its listing was compared
     std::size_t steps_since_full_read_ = 0;
     std::string note_;             // appended to the failures found by the read running now
