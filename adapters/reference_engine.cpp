@@ -165,12 +165,19 @@ bool trackable(const at::Tensor& t) {
            (!t.is_inference() && t.has_storage() && static_cast<std::size_t>(t.dim()) <= geometry_dims_max);
 }
 
+// A trackable tensor's version counter, read from its TensorImpl (inline):
+// Tensor::_version() is an out-of-line call through the autograd hooks'
+// registry, per tensor, every time a snapshot is taken or matched.
+std::int64_t version_of(const at::Tensor& t) {
+    return static_cast<std::int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+
 SlotSnapshot slot_snapshot(const at::Tensor& t) {
     SlotSnapshot slot;
     slot.tensor = t;
     slot.trackable = trackable(t);
     if (!t.defined() || !slot.trackable) return slot;
-    slot.version = static_cast<std::int64_t>(t._version());
+    slot.version = version_of(t);
     slot.storage = t.storage().unsafeGetStorageImpl();
     slot.data = t.storage().data();
     slot.dtype = t.scalar_type();
@@ -185,7 +192,7 @@ bool unchanged(const SlotSnapshot& slot, const at::Tensor& t) {
     if (!t.defined() || !slot.tensor.defined()) return t.defined() == slot.tensor.defined();
     // The same object: whether it is trackable cannot have changed.
     return t.unsafeGetTensorImpl() == slot.tensor.unsafeGetTensorImpl() && slot.trackable &&
-           static_cast<std::int64_t>(t._version()) == slot.version &&
+           version_of(t) == slot.version &&
            t.storage().unsafeGetStorageImpl() == slot.storage && t.storage().data() == slot.data &&
            t.scalar_type() == slot.dtype && t.storage_offset() == slot.offset &&
            t.sizes() == at::IntArrayRef(slot.sizes.data(), slot.dims) &&
@@ -320,6 +327,12 @@ kv::ConstCachePtr ReferenceEngine::stored(const std::string& id) const {
     const kv::ItemPtr item = store_.get(id);
     if (!item) throw std::out_of_range("no stored entry '" + id + "'");
     return item->cache;
+}
+
+const kv::Cache& ReferenceEngine::stored_cache(const std::string& id) const {
+    const kv::Item* item = store_.find(id);
+    if (item == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
+    return *item->cache;
 }
 
 kv::CachePtr ReferenceEngine::store_get_cache(const std::vector<std::string>& ids) {
@@ -474,9 +487,9 @@ void ReferenceEngine::release(Handle h) { handles_.erase(h); }
 
 std::vector<std::string> ReferenceEngine::stored_ids() { return get_all_ids(); }
 
-CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(*stored(id)); }
+CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(stored_cache(id)); }
 
-bool ReferenceEngine::entry_owned(const std::string& id) { return stored(id)->owned(); }
+bool ReferenceEngine::entry_owned(const std::string& id) { return stored_cache(id).owned(); }
 
 CacheView ReferenceEngine::view_handle(Handle h) {
     const kv::ConstCachePtr cache = handle(h);
@@ -490,7 +503,7 @@ HandleFacts ReferenceEngine::handle_facts(Handle h) {
 }
 
 std::vector<std::uint64_t> ReferenceEngine::storage_of_entry(const std::string& id) {
-    return as_numbers(kv::storage_identities(*stored(id)));
+    return as_numbers(kv::storage_identities(stored_cache(id)));
 }
 
 std::vector<std::uint64_t> ReferenceEngine::storage_of_handle(Handle h) {
@@ -512,15 +525,15 @@ std::vector<CopyRecord> ReferenceEngine::take_copies() {
 // (the snapshot holds them, so "the same" cannot be an address reused by a
 // new object); any difference gives a version never issued before.
 std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
-    const kv::ConstCachePtr cache = stored(id);
+    const kv::Cache& cache = stored_cache(id);
     std::unique_ptr<EntrySnapshot>& snapshot = snapshots_[id];
-    if (snapshot && matches(*snapshot, *cache)) return snapshot->version;
+    if (snapshot && matches(*snapshot, cache)) return snapshot->version;
     if (!snapshot && !spare_snapshots_.empty()) {
         snapshot = std::move(spare_snapshots_.back());
         spare_snapshots_.pop_back();
     }
     if (!snapshot) snapshot = std::make_unique<EntrySnapshot>();
-    take_snapshot(*cache, snapshot.get());
+    take_snapshot(cache, snapshot.get());
     snapshot->version = ++versions_issued_;
     return snapshot->version;
 }

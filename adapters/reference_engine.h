@@ -105,6 +105,9 @@ class ReferenceEngine : public Engine {
 
     kv::ConstCachePtr handle(Handle h) const;  // null for unknown or empty handles
     kv::ConstCachePtr stored(const std::string& id) const;  // throws for a missing id
+    // The same, without taking a reference: for the observations, which
+    // read the cache and let go before the store can change.
+    const kv::Cache& stored_cache(const std::string& id) const;
 
     std::shared_ptr<kv::Copier> copier_;
     kv::Store store_;

@@ -254,8 +254,7 @@ class Run {
         handle_readings_.clear();
         steps_since_full_read_ = 0;
         check_listing();
-        check_store_content(Property::stored_immutable, "");
-        check_ownership();
+        read_every_entry();
         note_.clear();
     }
 
@@ -792,34 +791,45 @@ class Run {
         holders_.clear();
     }
 
+    // Every reading made stale, kept for reuse: the next reading of each
+    // entry reads it anew (and, without versions, all of it).
+    void forget_readings() {
+        holders_.clear();
+        for (auto& [id, entry] : readings_) {
+            entry.indexed = false;
+            entry.round = 0;
+            entry.version.reset();
+        }
+    }
+
     // The ids the engine lists, asked once a round.
     const std::vector<std::string>& listed() {
         if (!listed_) listed_ = engine_.stored_ids();
         return *listed_;
     }
 
+    // The helpers below take the entry's reading of this round
+    // (reading(id)), asked once per entry and check.
+
     // The difference of entry `id` from the object the auditor expects.
-    std::string entry_difference(const std::string& id) {
+    std::string entry_difference(const std::string& id, EntryReading& entry) {
         const ObjectId expected = *audit_.entry(id);
-        EntryReading& entry = reading(id);
         if (entry.matched == expected) return {};
         const std::string difference = view_difference(engine_.view_entry(id), audit_.object(expected).view);
         if (difference.empty()) entry.matched = expected;
         return difference;
     }
 
-    bool entry_owned(const std::string& id) {
-        EntryReading& entry = reading(id);
+    bool entry_owned(const std::string& id, EntryReading& entry) {
         if (!entry.owned) entry.owned = engine_.entry_owned(id);
         return *entry.owned;
     }
 
-    // Reads entry `id`'s storage identities into the index; with `only` (a
-    // sorted list), just those among them (see index_held_storage).
-    void index_storage(const std::string& id, const std::vector<std::uint64_t>* only = nullptr) {
-        EntryReading& entry = reading(id);
+    // Reads the entry's storage identities into the index; with `only` (a
+    // sorted list), just those among them (see read_every_entry).
+    void index_storage(EntryReading& entry, const std::vector<std::uint64_t>* only = nullptr) {
         if (entry.indexed) return;
-        entry.storage = engine_.storage_of_entry(id);
+        entry.storage = engine_.storage_of_entry(*entry.id);
         for (const std::uint64_t identity : entry.storage) {
             if (only == nullptr || std::binary_search(only->begin(), only->end(), identity)) {
                 holders_[identity].add(entry.id);
@@ -903,7 +913,7 @@ class Run {
         trust_versions_ = false;
         rechecking_ = true;
         step_ = last_step;
-        drop_readings();
+        forget_readings();
         try {
             check_everything("");
         } catch (const std::exception& error) {
@@ -938,7 +948,7 @@ class Run {
             }
         }
         for (const std::string& id : expected) {
-            const std::string difference = entry_difference(id);
+            const std::string difference = entry_difference(id, reading(id));
             if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
         }
         return {};
@@ -967,62 +977,81 @@ class Run {
         std::vector<std::string> renewed;
         for (const std::string& id : ids) {
             if (!audit_.entry(id)) continue;
+            EntryReading& entry = reading(id);
             // Messages are built only for a failure: this runs every step.
             if (checking(Property::stored_immutable)) {
-                const std::string difference = entry_difference(id);
+                const std::string difference = entry_difference(id, entry);
                 if (!difference.empty()) expect(Property::stored_immutable, false, "entry " + in_quotes(id) + " " + difference);
             }
-            if (checking(Property::owned_marker) && entry_owned(id)) {
+            if (checking(Property::owned_marker) && entry_owned(id, entry)) {
                 expect(Property::owned_marker, false, "stored entry " + in_quotes(id) + " is marked owned");
             }
             if (!capabilities_.storage_identity) continue;
             // Not indexed in this round's reading: new, or its version moved.
-            const bool renewing = !reading(id).indexed;
-            index_storage(id);
+            const bool renewing = !entry.indexed;
+            index_storage(entry);
             if (renewing) renewed.push_back(id);
         }
         return renewed;
     }
 
+    // Every entry, in one pass (one reading each): its content, its owned
+    // marker and its storage identities; then every handle's ownership.
     // Entries are never owned; owned handles and get_cache results share
-    // nothing with any entry they are not derived from. All of them.
-    void check_ownership() {
-        const bool immutable = checking(Property::stored_immutable) && capabilities_.storage_identity;
-        const bool marker = checking(Property::owned_marker);
-        if (!immutable && !marker) return;
-        if (marker) {
-            for (const std::string& id : audit_.order()) {
-                if (entry_owned(id)) {
-                    expect(Property::owned_marker, false, "stored entry " + in_quotes(id) + " is marked owned");
-                    break;
-                }
+    // nothing with any entry they are not derived from. Reported as
+    // separate passes would: the ids the store holds, or else the first
+    // entry whose content differs; the first entry marked owned; then the
+    // handles (stored-immutable sorts before owned-marker).
+    void read_every_entry() {
+        bool content = checking(Property::stored_immutable);
+        bool marker = checking(Property::owned_marker);
+        const bool index = capabilities_.storage_identity && (content || marker);
+        if (content && listed() != audit_.order()) {
+            std::vector<std::string> ids = listed();
+            std::vector<std::string> expected = audit_.order();
+            std::sort(ids.begin(), ids.end());
+            std::sort(expected.begin(), expected.end());
+            if (ids != expected) {
+                expect(Property::stored_immutable, false,
+                       "the store holds ids " + id_list(ids) + ", expected " + id_list(expected));
+                content = false;
             }
         }
-        if (!capabilities_.storage_identity) return;
-        if (rechecking_) {
-            index_held_storage();
-        } else {
-            for (const std::string& id : audit_.order()) index_storage(id);
+        // The end-of-run read indexes, of every entry's storage identities,
+        // only those a live handle holds: the handles' checks need no more,
+        // and no step runs after it. (Indexing all of them was a third of
+        // that read at 1,000 entries.) unindex skips the identities an entry
+        // so indexed did not index.
+        std::vector<std::uint64_t> held;
+        if (index && rechecking_) {
+            for (const auto& [handle, object] : audit_.handles()) {
+                if (!object) continue;
+                const std::vector<std::uint64_t>& storage = handle_reading(handle).storage;
+                held.insert(held.end(), storage.begin(), storage.end());
+            }
+            std::sort(held.begin(), held.end());
         }
+        for (const std::string& id : audit_.order()) {
+            if (!content && !marker && !index) break;
+            EntryReading& entry = reading(id);
+            // Messages are built only for a failure.
+            if (content) {
+                const std::string difference = entry_difference(id, entry);
+                if (!difference.empty()) {
+                    expect(Property::stored_immutable, false, "entry " + in_quotes(id) + " " + difference);
+                    content = false;
+                }
+            }
+            if (marker && entry_owned(id, entry)) {
+                expect(Property::owned_marker, false, "stored entry " + in_quotes(id) + " is marked owned");
+                marker = false;
+            }
+            if (index) index_storage(entry, rechecking_ ? &held : nullptr);
+        }
+        if (!index) return;
         for (const auto& [handle, object] : audit_.handles()) {
             if (object && check_handle_ownership(handle)) return;
         }
-    }
-
-    // The end-of-run read indexes, of every entry's storage identities, only
-    // those a live handle holds: the handles' checks need no more, and no
-    // step runs after it. (Indexing all of them was a third of that read at
-    // 1,000 entries.) An entry so indexed is marked indexed; unindex skips
-    // the identities it did not index.
-    void index_held_storage() {
-        std::vector<std::uint64_t> held;
-        for (const auto& [handle, object] : audit_.handles()) {
-            if (!object) continue;
-            const std::vector<std::uint64_t>& storage = handle_reading(handle).storage;
-            held.insert(held.end(), storage.begin(), storage.end());
-        }
-        std::sort(held.begin(), held.end());
-        for (const std::string& id : audit_.order()) index_storage(id, &held);
     }
 
     // The same for the handles a step named, and for any handle that shares

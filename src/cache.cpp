@@ -433,6 +433,8 @@ Footprint footprint(const Cache& cache) {
 
 std::vector<const void*> storage_identities(const Cache& cache) {
     std::vector<const void*> ids;
+    // The list(s), then per layer its object and up to four storages.
+    ids.reserve(2 + static_cast<std::size_t>(cache.layer_count()) * 5);
     auto add_tensor = [&ids](const at::Tensor& t) {
         if (t.defined() && t.storage().nbytes() > 0) ids.push_back(t.storage().data());
     };

@@ -36,6 +36,11 @@ ItemPtr Store::get(const std::string& id) const {
     return found == items_.end() ? nullptr : found->second;
 }
 
+const Item* Store::find(const std::string& id) const {
+    const auto found = items_.find(id);
+    return found == items_.end() ? nullptr : found->second.get();
+}
+
 std::vector<ItemPtr> Store::get_by_ids(const std::vector<std::string>& ids) const {
     std::vector<ItemPtr> found;
     found.reserve(ids.size());

@@ -72,6 +72,9 @@ class Store {
     void add(const std::vector<NewItem>& items);
 
     ItemPtr get(const std::string& id) const;  // null when missing
+    // The stored item, without taking a reference: valid until the store
+    // next changes. Null when missing.
+    const Item* find(const std::string& id) const;
     std::vector<ItemPtr> get_by_ids(const std::vector<std::string>& ids) const;  // null for missing
     std::vector<ItemPtr> get_all() const;  // insertion order
 
