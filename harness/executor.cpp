@@ -25,6 +25,7 @@
 #include "kvcheck/executor.h"
 
 #include "auditor.h"
+#include "storage_index.h"
 
 #include <boost/pfr.hpp>
 
@@ -33,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 #include <unordered_map>
 
 namespace kvcheck {
@@ -298,27 +300,38 @@ class Run {
         return ok;
     }
 
+    // The same, with the message made only for a failure: the checks that
+    // run on every operation pass nearly always, and their texts cost more
+    // than their comparisons.
+    template <typename MakeMessage, typename = std::enable_if_t<std::is_invocable_r_v<std::string, MakeMessage>>>
+    bool expect(Property p, bool ok, MakeMessage&& message) {
+        if (!ok && checking(p)) fail_as(property_id(p), message());
+        return ok;
+    }
+
     // ---- shared checks ----
 
     // The view of handle `out` must be the expected one.
     void check_view(Property p, std::int64_t out, const Object& expected, const std::string& what) {
         if (!checking(p)) return;
         const std::string difference = view_difference(engine_.view_handle(out), expected.view);
-        expect(p, difference.empty(), what + " " + handle_text(out) + ": " + difference);
+        expect(p, difference.empty(), [&] { return what + " " + handle_text(out) + ": " + difference; });
     }
 
     void check_owned(std::int64_t out, bool expected, const std::string& what) {
         if (!checking(Property::owned_marker)) return;
         const HandleReading& facts = handle_reading(out);
-        expect(Property::owned_marker, facts.owned == expected,
-               what + " " + handle_text(out) + (expected ? " is not marked owned" : " is marked owned"));
+        expect(Property::owned_marker, facts.owned == expected, [&] {
+            return what + " " + handle_text(out) + (expected ? " is not marked owned" : " is marked owned");
+        });
     }
 
     void check_exists(std::int64_t out, bool expected, Property p, const std::string& what) {
         if (!checking(p)) return;
         const HandleReading& facts = handle_reading(out);
-        expect(p, facts.exists == expected,
-               what + " " + handle_text(out) + (expected ? " holds no cache, expected one" : " holds a cache, expected none"));
+        expect(p, facts.exists == expected, [&] {
+            return what + " " + handle_text(out) + (expected ? " holds no cache, expected one" : " holds a cache, expected none");
+        });
     }
 
     // How many copies the engine logged during this step.
@@ -406,17 +419,19 @@ class Run {
     bool apply(const op::GetByIds& op) {
         const auto found = engine_.get_by_ids(op.ids);
         if (!checking(Property::store_contract)) return true;
-        if (!expect(Property::store_contract, found.size() == op.ids.size(),
-                    "get_by_ids returned " + std::to_string(found.size()) + " items for " +
-                        std::to_string(op.ids.size()) + " ids")) {
+        if (!expect(Property::store_contract, found.size() == op.ids.size(), [&] {
+                return "get_by_ids returned " + std::to_string(found.size()) + " items for " +
+                       std::to_string(op.ids.size()) + " ids";
+            })) {
             return true;
         }
         for (std::size_t i = 0; i < op.ids.size(); ++i) {
             const bool exists = audit_.entry(op.ids[i]).has_value();
             const bool ok = exists ? found[i] == op.ids[i] : !found[i].has_value();
-            if (!expect(Property::store_contract, ok,
-                        "get_by_ids position " + std::to_string(i) + " (" + in_quotes(op.ids[i]) + ") returned " +
-                            (found[i] ? in_quotes(*found[i]) : std::string("none")))) {
+            if (!expect(Property::store_contract, ok, [&] {
+                    return "get_by_ids position " + std::to_string(i) + " (" + in_quotes(op.ids[i]) + ") returned " +
+                           (found[i] ? in_quotes(*found[i]) : std::string("none"));
+                })) {
                 break;
             }
         }
@@ -457,8 +472,9 @@ class Run {
         const Property content_property = merged ? Property::merge_correct : Property::layout_roundtrip;
         check_exists(op.out.value, true, Property::store_contract, what);
         check_view(content_property, op.out.value, audit_.object(object), merged ? "the merged cache" : "the copy");
-        expect(Property::single_copy, !capabilities_.copy_log || copies == 1,
-               what + " " + handle_text(op.out.value) + " made " + std::to_string(copies) + " copies, expected 1");
+        expect(Property::single_copy, !capabilities_.copy_log || copies == 1, [&] {
+            return what + " " + handle_text(op.out.value) + " made " + std::to_string(copies) + " copies, expected 1";
+        });
         check_owned(op.out.value, true, merged ? "the merged cache" : "the copy");
         return true;
     }
@@ -475,23 +491,29 @@ class Run {
         const GenerateResult result = engine_.generate(none ? 0 : source.value, prompt, max, stream);
         const std::size_t copies = copies_now();
         if (owned) audit_.consumed(*object);
-        const std::string what = std::string(stream ? "generate_stream" : "generate") + " from " +
-                                 (none ? std::string("no cache") : handle_text(source.value));
+        const auto what = [&] {
+            return std::string(stream ? "generate_stream" : "generate") + " from " +
+                   (none ? std::string("no cache") : handle_text(source.value));
+        };
         const std::size_t expected_copies = (object && !owned) ? 1 : 0;
         // The sets alive while the model runs: the input's copy chain, plus
         // the boundary's copy when it must make one.
         const std::int64_t sets_max = (object ? audit_.object(*object).chain_sets : 0) + 1 - (owned ? 1 : 0);
         if (capabilities_.copy_log) {
-            expect(Property::single_copy, copies == expected_copies,
-                   what + " made " + std::to_string(copies) + " copies of the K/V, expected " + std::to_string(expected_copies));
-            expect(Property::single_copy, result.peak_live_sets <= sets_max,
-                   what + " held " + std::to_string(result.peak_live_sets) + " K/V sets alive, at most " +
-                       std::to_string(sets_max) + " allowed");
+            expect(Property::single_copy, copies == expected_copies, [&] {
+                return what() + " made " + std::to_string(copies) + " copies of the K/V, expected " +
+                       std::to_string(expected_copies);
+            });
+            expect(Property::single_copy, result.peak_live_sets <= sets_max, [&] {
+                return what() + " held " + std::to_string(result.peak_live_sets) + " K/V sets alive, at most " +
+                       std::to_string(sets_max) + " allowed";
+            });
         }
         if (checking(Property::generation_equivalent)) {
             const auto reference = engine_.generate_fresh(fresh, prompt, max);
-            expect(Property::generation_equivalent, result.tokens == reference,
-                   what + " gave tokens " + tokens_text(result.tokens) + ", a fresh copy gives " + tokens_text(reference));
+            expect(Property::generation_equivalent, result.tokens == reference, [&] {
+                return what() + " gave tokens " + tokens_text(result.tokens) + ", a fresh copy gives " + tokens_text(reference);
+            });
         }
         return true;
     }
@@ -717,37 +739,6 @@ class Run {
         const std::string* id = nullptr;  // the key of its node in readings_ (stable until erased)
     };
 
-    // The entries holding one storage identity, by their keys in readings_
-    // (an entry is unindexed before its reading is erased): nearly always
-    // one, kept inline, so that indexing an entry allocates no list per
-    // identity and copies no id.
-    struct Holders {
-        const std::string* first = nullptr;
-        std::vector<const std::string*> more;
-
-        void add(const std::string* id) {
-            if (first == nullptr) {
-                first = id;
-            } else {
-                more.push_back(id);
-            }
-        }
-        void remove(const std::string* id) {
-            more.erase(std::remove(more.begin(), more.end(), id), more.end());
-            if (first != id) return;
-            first = nullptr;
-            if (more.empty()) return;
-            first = more.back();
-            more.pop_back();
-        }
-        bool empty() const { return first == nullptr; }
-        template <typename F>
-        void for_each(F&& f) const {
-            if (first != nullptr) f(*first);
-            for (const std::string* id : more) f(*id);
-        }
-    };
-
     void begin_round() {
         ++round_;
         listed_.reset();
@@ -770,12 +761,7 @@ class Run {
 
     void unindex(EntryReading& entry) {
         if (!entry.indexed) return;
-        for (const std::uint64_t identity : entry.storage) {
-            const auto found = holders_.find(identity);
-            if (found == holders_.end()) continue;
-            found->second.remove(entry.id);
-            if (found->second.empty()) holders_.erase(found);
-        }
+        for (const std::uint64_t identity : entry.storage) holders_.remove(identity, entry.id);
         entry.indexed = false;
     }
 
@@ -812,8 +798,7 @@ class Run {
     // (reading(id)), asked once per entry and check.
 
     // The difference of entry `id` from the object the auditor expects.
-    std::string entry_difference(const std::string& id, EntryReading& entry) {
-        const ObjectId expected = *audit_.entry(id);
+    std::string entry_difference(const std::string& id, EntryReading& entry, ObjectId expected) {
         if (entry.matched == expected) return {};
         const std::string difference = view_difference(engine_.view_entry(id), audit_.object(expected).view);
         if (difference.empty()) entry.matched = expected;
@@ -832,7 +817,7 @@ class Run {
         entry.storage = engine_.storage_of_entry(*entry.id);
         for (const std::uint64_t identity : entry.storage) {
             if (only == nullptr || std::binary_search(only->begin(), only->end(), identity)) {
-                holders_[identity].add(entry.id);
+                holders_.add(identity, entry.id);
             }
         }
         entry.indexed = true;
@@ -842,9 +827,7 @@ class Run {
     std::vector<std::string> holders_of(const std::vector<std::uint64_t>& identities) const {
         std::vector<std::string> entries;
         for (const std::uint64_t identity : identities) {
-            const auto found = holders_.find(identity);
-            if (found == holders_.end()) continue;
-            found->second.for_each([&entries](const std::string& id) { add_unique(entries, id); });
+            holders_.for_each_holder(identity, [&entries](const std::string& id) { add_unique(entries, id); });
         }
         return entries;
     }
@@ -948,7 +931,7 @@ class Run {
             }
         }
         for (const std::string& id : expected) {
-            const std::string difference = entry_difference(id, reading(id));
+            const std::string difference = entry_difference(id, reading(id), *audit_.entry(id));
             if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
         }
         return {};
@@ -976,11 +959,12 @@ class Run {
     std::vector<std::string> check_entries(const std::vector<std::string>& ids) {
         std::vector<std::string> renewed;
         for (const std::string& id : ids) {
-            if (!audit_.entry(id)) continue;
+            const std::optional<ObjectId> expected = audit_.entry(id);
+            if (!expected) continue;
             EntryReading& entry = reading(id);
             // Messages are built only for a failure: this runs every step.
             if (checking(Property::stored_immutable)) {
-                const std::string difference = entry_difference(id, entry);
+                const std::string difference = entry_difference(id, entry, *expected);
                 if (!difference.empty()) expect(Property::stored_immutable, false, "entry " + in_quotes(id) + " " + difference);
             }
             if (checking(Property::owned_marker) && entry_owned(id, entry)) {
@@ -1036,7 +1020,7 @@ class Run {
             EntryReading& entry = reading(id);
             // Messages are built only for a failure.
             if (content) {
-                const std::string difference = entry_difference(id, entry);
+                const std::string difference = entry_difference(id, entry, *audit_.entry(id));
                 if (!difference.empty()) {
                     expect(Property::stored_immutable, false, "entry " + in_quotes(id) + " " + difference);
                     content = false;
@@ -1148,7 +1132,7 @@ class Run {
     std::uint64_t round_ = 0;
     std::optional<std::vector<std::string>> listed_;
     std::unordered_map<std::string, EntryReading> readings_;
-    std::unordered_map<std::uint64_t, Holders> holders_;  // storage identity -> entries holding it
+    StorageIndex holders_;  // storage identity -> entries holding it
     std::unordered_map<std::int64_t, HandleReading> handle_readings_;
     std::size_t step_ = 0;
     std::vector<Failure> step_failures_;
