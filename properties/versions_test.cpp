@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 
 namespace kvcheck::props {
 namespace {
@@ -166,6 +167,25 @@ TEST(EntryVersions, AWriteNothingReachesIsFoundAtTheNextFullRead) {
     EXPECT_GT(result.failure->step, 3u);
     EXPECT_LE(result.failure->step, 3u + 16u);
     EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos) << result.failure->message;
+}
+
+// In a store of 40 entries, every entry is read at least once every 40
+// steps, however often the steps read the others: the write into "a" at
+// step 41 (which nothing names again) is found by step 81.
+TEST(EntryVersions, AWriteNothingReachesIsFoundWithinAPeriodInABigStore) {
+    Trace trace = {op::Add{"a", parse_cache_spec("modern/f32/3:[kv2 kv3]")}};
+    for (int i = 1; i < 40; ++i) trace.push_back(op::Add{"e" + std::to_string(i), parse_cache_spec("modern/f32/2:[kv1]")});
+    trace.push_back(op::GetCache{{1}, {"e1"}});
+    trace.push_back(op::Generate{{1}, {5, 7}, 2});  // step 41
+    for (int i = 0; i < 100; ++i) trace.push_back(op::Get{{2}, "e" + std::to_string(1 + i % 39)});
+    WritesIntoTheStore<true> engine;
+    const RunResult result = execute(trace, engine);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+    EXPECT_GT(result.failure->step, 41u);
+    EXPECT_LE(result.failure->step, 41u + 40u);
+    EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos)
+        << result.failure->message;
 }
 
 TEST(EntryVersions, AChangeTheVersionsMissIsCaughtAtTheEnd) {
