@@ -341,9 +341,12 @@ kv::ConstCachePtr ReferenceEngine::stored(const std::string& id) const {
 }
 
 const kv::Cache& ReferenceEngine::stored_cache(const std::string& id) const {
-    const kv::Item* item = store_.find(id);
-    if (item == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
-    return *item->cache;
+    if (found_item_ == nullptr || found_changes_ != store_.changes() || found_item_->id != id) {
+        found_item_ = store_.find(id);
+        found_changes_ = store_.changes();
+        if (found_item_ == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
+    }
+    return *found_item_->cache;
 }
 
 kv::CachePtr ReferenceEngine::store_get_cache(const std::vector<std::string>& ids) {

@@ -116,6 +116,10 @@ class ReferenceEngine : public Engine {
   private:
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::size_t copies_reported_ = 0;
+    // The item stored_cache found last, while the store's items stay: the
+    // checks ask for one entry's version, view, marker and storage in turn.
+    mutable const kv::Item* found_item_ = nullptr;
+    mutable std::uint64_t found_changes_ = 0;
     // Per stored id: what its cache was made of when its version was last
     // handed out (entry_version), and that version.
     std::unordered_map<std::string, std::unique_ptr<EntrySnapshot>> snapshots_;

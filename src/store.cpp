@@ -27,6 +27,7 @@ void Store::add(const std::vector<NewItem>& items) {
         auto stored = std::make_shared<const Item>(Item{item.id, item.cache, item.metadata});
         auto [position, inserted] = items_.insert_or_assign(item.id, std::move(stored));
         (void)position;
+        ++changes_;
         if (inserted) order_.push_back(item.id);
     }
 }
@@ -64,11 +65,13 @@ CachePtr Store::get_cache(const std::vector<std::string>& ids) {
 void Store::remove(const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
         if (items_.erase(id) == 0) continue;
+        ++changes_;
         order_.erase(std::find(order_.begin(), order_.end(), id));
     }
 }
 
 void Store::remove_all() {
+    ++changes_;
     items_.clear();
     order_.clear();
 }
@@ -101,6 +104,7 @@ void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limit
     }
     order_.swap(order);
     items_.swap(items);
+    ++changes_;
 }
 
 }  // namespace kv

@@ -87,6 +87,9 @@ class Store {
     void remove_all();
 
     std::size_t size() const { return order_.size(); }
+    // Moves whenever the set of stored items changes (an add, a remove, a
+    // load): a pointer from find() is still good while it stays.
+    std::uint64_t changes() const { return changes_; }
 
     // Writes the whole store to `dir`/kvcheck-store.pt: to a temporary file
     // first, then renamed over the previous dump, so a crash at any point
@@ -103,6 +106,7 @@ class Store {
     std::shared_ptr<Copier> copier_;
     std::vector<std::string> order_;
     std::map<std::string, ItemPtr> items_;
+    std::uint64_t changes_ = 0;
 };
 
 // The dump format, for tools and adapters that write dumps their own way:
