@@ -9,7 +9,9 @@
 // - no_generation_rerun (mixed only): every checker but
 //   generation-equivalent, whose reference generation on a fresh copy
 //   doubles the model's share;
-// - unchecked: no checker (PropertySet::none()).
+// - unchecked: no checker (PropertySet::none()): the engine's operations
+//   and the auditor's model of them; no step reads the store's entries,
+//   listing or handles (harness/executor.cpp, reads_store_).
 // And the stateful property's cases per second.
 //
 // A throughput trace first adds N entries, then runs a mix of operations on
