@@ -121,11 +121,15 @@ std::uint64_t content_hash(const float* values, std::size_t count) {
     std::size_t i = 0;
     for (; i + 8 <= count; i += 8) {
         for (std::size_t k = 0; k < 4; ++k) {
-            const std::uint64_t word = canonical_bits(values[i + 2 * k]) | (canonical_bits(values[i + 2 * k + 1]) << 32);
-            lanes[k] = hash_step(lanes[k], word);
+            const std::uint64_t low = canonical_bits(values[i + 2 * k]);
+            const std::uint64_t high = canonical_bits(values[i + 2 * k + 1]);
+            lanes[k] = hash_step(lanes[k], low | (high << 32));
         }
     }
-    for (std::size_t k = 0; i < count; ++i, ++k) lanes[k % 4] = hash_step(lanes[k % 4], canonical_bits(values[i]) | (1ull << 40));
+    // The last 0-7 values one by one, marked apart from a pair.
+    for (std::size_t k = 0; i < count; ++i, ++k) {
+        lanes[k % 4] = hash_step(lanes[k % 4], canonical_bits(values[i]) | (1ull << 40));
+    }
     std::uint64_t hash = 0;
     for (const std::uint64_t lane : lanes) hash = splitmix64(hash ^ lane);
     return hash;
