@@ -6,6 +6,7 @@
 #include <array>
 #include <cassert>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -117,29 +118,35 @@ CacheView view_of(const kv::Cache& cache) {
 
 // ---- entry versions -----------------------------------------------------------
 
-constexpr std::size_t geometry_dims_max = 6;
+// K/V slots are 4-D (an empty one 1-D).
+constexpr std::size_t geometry_dims_max = 4;
 
 // A slot as it was: the tensor object itself, held so that no new tensor
 // can take its address while the snapshot lives, and what can change about
 // it in place. Its values change only through an in-place op, which bumps
 // the version counter (the counter views share with their base); its
 // geometry and storage may be changed in place, so they are kept as values.
+// Compact (80 bytes): matching an entry's snapshot reads all of its slots,
+// cold in a big store, so its size is what a poll of a version costs in
+// memory traffic after the tensors themselves.
 struct SlotSnapshot {
     at::Tensor tensor;  // undefined: the slot was absent
-    bool trackable = false;  // see trackable(): never matches when false
     std::int64_t version = 0;
     const void* storage = nullptr;
     const void* data = nullptr;
-    at::ScalarType dtype = at::kFloat;
     std::int64_t offset = 0;
     // Inline, not vectors: a snapshot is taken whenever an entry is read
     // anew, and two allocations per slot were most of its cost. Slots of
-    // more than geometry_dims_max dimensions keep their tensor only and
-    // never match (trackable is false), so they are read every time.
+    // more than geometry_dims_max dimensions, or of a size or stride over
+    // 2^31 - 1, keep their tensor only and never match (trackable is
+    // false), so they are read every time.
+    std::array<std::int32_t, geometry_dims_max> sizes{};
+    std::array<std::int32_t, geometry_dims_max> strides{};
+    at::ScalarType dtype = at::kFloat;
     std::uint8_t dims = 0;
-    std::array<std::int64_t, geometry_dims_max> sizes{};
-    std::array<std::int64_t, geometry_dims_max> strides{};
+    bool trackable = false;  // see trackable(): never matches when false
 };
+static_assert(sizeof(SlotSnapshot) <= 80, "a snapshot of 12 slots stays under 1 KiB");
 
 // Everything view_of, storage_identities and owned() read of a cache: the
 // lists and layer objects (held, like the tensors), the flags, the slots.
@@ -160,9 +167,29 @@ namespace {
 
 // A tensor whose changes cannot be seen from its metadata: an inference
 // tensor has no version counter, a storage-less one no storage to compare.
+bool fits_inline(at::IntArrayRef values) {
+    if (values.size() > geometry_dims_max) return false;
+    for (const std::int64_t value : values) {
+        if (value < 0 || value > std::numeric_limits<std::int32_t>::max()) return false;
+    }
+    return true;
+}
+
 bool trackable(const at::Tensor& t) {
     return !t.defined() ||
-           (!t.is_inference() && t.has_storage() && static_cast<std::size_t>(t.dim()) <= geometry_dims_max);
+           (!t.is_inference() && t.has_storage() && fits_inline(t.sizes()) && fits_inline(t.strides()));
+}
+
+void keep_inline(at::IntArrayRef values, std::array<std::int32_t, geometry_dims_max>& kept) {
+    for (std::size_t d = 0; d < values.size(); ++d) kept[d] = static_cast<std::int32_t>(values[d]);
+}
+
+bool same_inline(at::IntArrayRef values, const std::array<std::int32_t, geometry_dims_max>& kept, std::size_t dims) {
+    if (values.size() != dims) return false;
+    for (std::size_t d = 0; d < dims; ++d) {
+        if (values[d] != kept[d]) return false;
+    }
+    return true;
 }
 
 // A trackable tensor's version counter, read from its TensorImpl (inline):
@@ -183,8 +210,8 @@ SlotSnapshot slot_snapshot(const at::Tensor& t) {
     slot.dtype = t.scalar_type();
     slot.offset = t.storage_offset();
     slot.dims = static_cast<std::uint8_t>(t.dim());
-    std::copy(t.sizes().begin(), t.sizes().end(), slot.sizes.begin());
-    std::copy(t.strides().begin(), t.strides().end(), slot.strides.begin());
+    keep_inline(t.sizes(), slot.sizes);
+    keep_inline(t.strides(), slot.strides);
     return slot;
 }
 
@@ -195,8 +222,7 @@ bool unchanged(const SlotSnapshot& slot, const at::Tensor& t) {
            version_of(t) == slot.version &&
            t.storage().unsafeGetStorageImpl() == slot.storage && t.storage().data() == slot.data &&
            t.scalar_type() == slot.dtype && t.storage_offset() == slot.offset &&
-           t.sizes() == at::IntArrayRef(slot.sizes.data(), slot.dims) &&
-           t.strides() == at::IntArrayRef(slot.strides.data(), slot.dims);
+           same_inline(t.sizes(), slot.sizes, slot.dims) && same_inline(t.strides(), slot.strides, slot.dims);
 }
 
 std::array<const at::Tensor*, slot_count> layer_slots(const kv::Layer& layer) {
