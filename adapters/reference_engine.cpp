@@ -42,23 +42,35 @@ at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
     return dtype == at::kFloat ? made : made.to(dtype);
 }
 
+// A slot's content_hash. A contiguous float32 slot (what caches mostly
+// hold) is hashed where it lies: the conversion would cost two trips
+// through the dispatcher per slot, most of a small cache's view.
+std::uint64_t slot_hash(const at::Tensor& t) {
+    const auto count = static_cast<std::size_t>(t.numel());
+    if (t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu()) {
+        return content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
+    }
+    const at::Tensor values = t.to(at::kFloat).contiguous();
+    return content_hash(values.data_ptr<float>(), count);
+}
+
 SlotView slot_view(const at::Tensor& t) {
     SlotView view;
     if (!t.defined()) return view;
     view.present = true;
     view.dtype = dtype_of(t.scalar_type());
     view.shape.assign(t.sizes().begin(), t.sizes().end());
-    const auto count = static_cast<std::size_t>(t.numel());
-    // A contiguous float32 slot (what caches mostly hold) is hashed where
-    // it lies: the conversion would cost two trips through the dispatcher
-    // per slot, most of a small cache's view.
-    if (t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu()) {
-        view.hash = content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
-        return view;
-    }
-    const at::Tensor values = t.to(at::kFloat).contiguous();
-    view.hash = content_hash(values.data_ptr<float>(), count);
+    view.hash = slot_hash(t);
     return view;
+}
+
+void digest_slot(ViewDigest& digest, const at::Tensor& t) {
+    if (!t.defined()) {
+        digest.absent_slot();
+        return;
+    }
+    const at::IntArrayRef sizes = t.sizes();
+    digest.slot(dtype_of(t.scalar_type()), sizes.data(), sizes.size(), slot_hash(t));
 }
 
 std::vector<std::uint64_t> as_numbers(const std::vector<const void*>& ids) {
@@ -114,6 +126,30 @@ CacheView view_of(const kv::Cache& cache) {
         view.layers.push_back(std::move(layer_view));  // a copy would allocate every shape again
     }
     return view;
+}
+
+// view_digest(view_of(cache)), without building the view: no list of
+// layers, no shape per slot.
+std::uint64_t digest_of(const kv::Cache& cache) {
+    const bool legacy = cache.layout() == kv::Layout::legacy;
+    ViewDigest digest(legacy ? Layout::legacy : Layout::modern, static_cast<std::size_t>(cache.layer_count()));
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        if (legacy) {
+            digest.layer(true);
+            digest_slot(digest, (*cache.key_cache())[i]);
+            digest_slot(digest, (*cache.value_cache())[i]);
+            digest.absent_slot();
+            digest.absent_slot();
+        } else {
+            const kv::Layer& layer = *(*cache.layers())[i];
+            digest.layer(layer.is_initialized);
+            digest_slot(digest, layer.keys);
+            digest_slot(digest, layer.values);
+            digest_slot(digest, layer.key_cache);
+            digest_slot(digest, layer.value_cache);
+        }
+    }
+    return digest.value();
 }
 
 // ---- entry versions -----------------------------------------------------------
@@ -529,7 +565,15 @@ std::vector<std::string> ReferenceEngine::stored_ids() { return get_all_ids(); }
 
 CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(stored_cache(id)); }
 
+std::uint64_t ReferenceEngine::entry_digest(const std::string& id) { return digest_of(stored_cache(id)); }
+
 bool ReferenceEngine::entry_owned(const std::string& id) { return stored_cache(id).owned(); }
+
+std::uint64_t ReferenceEngine::handle_digest(Handle h) {
+    const kv::ConstCachePtr cache = handle(h);
+    if (!cache) throw std::invalid_argument("handle_digest: handle holds no cache");
+    return digest_of(*cache);
+}
 
 CacheView ReferenceEngine::view_handle(Handle h) {
     const kv::ConstCachePtr cache = handle(h);

@@ -29,6 +29,8 @@ kv::CachePtr materialize(const CacheContent& content);
 // What kvcheck sees of a cache: layout, flags, and per slot dtype, shape
 // and content hash.
 CacheView view_of(const kv::Cache& cache);
+// view_digest(view_of(cache)), without building the view.
+std::uint64_t digest_of(const kv::Cache& cache);
 
 // A file system that "loses power" once `bytes_budget` bytes are written:
 // the file being written keeps only the bytes that fit, and every later
@@ -85,8 +87,10 @@ class ReferenceEngine : public Engine {
 
     std::vector<std::string> stored_ids() override;
     CacheView view_entry(const std::string& id) override;
+    std::uint64_t entry_digest(const std::string& id) override;
     bool entry_owned(const std::string& id) override;
     CacheView view_handle(Handle handle) override;
+    std::uint64_t handle_digest(Handle handle) override;
     HandleFacts handle_facts(Handle handle) override;
     std::vector<std::uint64_t> storage_of_entry(const std::string& id) override;
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override;

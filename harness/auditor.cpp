@@ -8,6 +8,7 @@ ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_ow
                              std::int64_t chain_sets) {
     Object object;
     object.view = expected_view(content);
+    object.digest = view_digest(object.view);
     object.content = std::move(content);
     object.origin = origin;
     object.expect_owned = expect_owned;

@@ -24,6 +24,7 @@ enum class Origin : std::uint8_t { stored_item, get_cache, clone, concat, make, 
 struct Object {
     CacheContent content;
     CacheView view;            // expected_view(content), computed once
+    std::uint64_t digest = 0;  // view_digest(view)
     bool known = true;         // false once a model may have written into it
     bool expect_owned = false;
     Origin origin = Origin::make;

@@ -160,6 +160,40 @@ CacheView expected_view(const CacheContent& content) {
     return view;
 }
 
+ViewDigest::ViewDigest(Layout layout, std::size_t layers) : hash_(splitmix64(0x5649455744494745ull)) {
+    mix(static_cast<std::uint64_t>(layout));
+    mix(layers);
+}
+
+void ViewDigest::mix(std::uint64_t word) { hash_ = splitmix64(hash_ ^ word); }
+
+void ViewDigest::layer(bool initialized) { mix(initialized ? 0x11 : 0x10); }
+
+void ViewDigest::absent_slot() { mix(0x20); }
+
+void ViewDigest::slot(Dtype dtype, const std::int64_t* shape, std::size_t dims, std::uint64_t hash) {
+    const bool empty = dims == 1 && shape[0] == 0;  // its dtype is not compared (view_difference)
+    mix(0x21 + (empty ? 0 : 0x100 * (static_cast<std::uint64_t>(dtype) + 1)));
+    mix(dims);
+    for (std::size_t d = 0; d < dims; ++d) mix(static_cast<std::uint64_t>(shape[d]));
+    mix(hash);
+}
+
+std::uint64_t view_digest(const CacheView& view) {
+    ViewDigest digest(view.layout, view.layers.size());
+    for (const LayerView& layer : view.layers) {
+        digest.layer(layer.initialized);
+        for (const SlotView& slot : layer.slots) {
+            if (slot.present) {
+                digest.slot(slot.dtype, slot.shape.data(), slot.shape.size(), slot.hash);
+            } else {
+                digest.absent_slot();
+            }
+        }
+    }
+    return digest.value();
+}
+
 std::string view_difference(const CacheView& actual, const CacheView& expected) {
     if (actual.layout != expected.layout) {
         return std::string("layout is ") + layout_name(actual.layout) + ", expected " + layout_name(expected.layout);

@@ -135,6 +135,26 @@ std::uint64_t content_hash(const float* values, std::size_t count);
 // What a correct engine reports for `content`.
 CacheView expected_view(const CacheContent& content);
 
+// A digest of a view, for comparing views without building them: views
+// that view_difference finds equal have the same digest (so an empty
+// slot's dtype is left out, as there), and different ones differ but for a
+// 64-bit collision. Fed in view order: the layout and the number of layers,
+// then per layer its flag and its slot_count slots.
+class ViewDigest {
+  public:
+    ViewDigest(Layout layout, std::size_t layers);
+    void layer(bool initialized);
+    void absent_slot();
+    void slot(Dtype dtype, const std::int64_t* shape, std::size_t dims, std::uint64_t hash);
+    std::uint64_t value() const { return hash_; }
+
+  private:
+    void mix(std::uint64_t word);
+    std::uint64_t hash_;
+};
+
+std::uint64_t view_digest(const CacheView& view);
+
 // The first difference between two views, as "layer 1 keys: content
 // differs"; empty when equal. The dtype of an empty slot (shape [0]) is not
 // compared: it holds no value and update never reads it.

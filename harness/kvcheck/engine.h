@@ -120,6 +120,12 @@ class Engine {
     virtual CacheView view_entry(const std::string& id) = 0;
     virtual bool entry_owned(const std::string& id) = 0;
     virtual CacheView view_handle(Handle handle) = 0;
+    // view_digest(view_entry(id)) and view_digest(view_handle(handle)), for
+    // an engine that can compute them without building the view (with
+    // ViewDigest): the harness compares digests, and asks for the view only
+    // to name a difference. The defaults build the view.
+    virtual std::uint64_t entry_digest(const std::string& id) { return view_digest(view_entry(id)); }
+    virtual std::uint64_t handle_digest(Handle handle) { return view_digest(view_handle(handle)); }
     virtual HandleFacts handle_facts(Handle handle) = 0;
     // Identities of everything a cache is made of (tensor storages, layer
     // objects, lists), as opaque numbers: two caches alias iff they share one.

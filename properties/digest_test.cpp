@@ -1,0 +1,146 @@
+// View digests (ViewDigest, Engine::entry_digest/handle_digest): the
+// harness compares digests and builds a view only to name a difference, so
+// a digest must be equal exactly when view_difference finds no difference,
+// and the reference's digest, computed from the cache without building the
+// view, must be the digest of its view.
+#include "reference_engine.h"
+#include "run_util.h"
+
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace kvcheck::props {
+namespace {
+
+CacheSpec any_spec() {
+    SeededChooser choose(*rc::gen::arbitrary<std::uint64_t>());
+    WorkloadOptions options;
+    Swarm swarm = uniform_swarm(options);
+    swarm.dtype = *rc::gen::element(Dtype::f32, Dtype::f16, Dtype::bf16);
+    return random_cache_spec(choose, swarm, options);
+}
+
+// One small change to a view, of any of the kinds view_difference knows,
+// the dtype of an empty slot included (which it does not count).
+CacheView changed(CacheView view) {
+    const int kind = *rc::gen::inRange(0, 7);
+    if (kind == 0) {
+        view.layout = view.layout == Layout::modern ? Layout::legacy : Layout::modern;
+        return view;
+    }
+    if (kind == 1 || view.layers.empty()) {
+        view.layers.push_back(LayerView{});
+        return view;
+    }
+    LayerView& layer = view.layers[*rc::gen::inRange<std::size_t>(0, view.layers.size())];
+    if (kind == 2) {
+        layer.initialized = !layer.initialized;
+        return view;
+    }
+    SlotView& slot = layer.slots[*rc::gen::inRange(0, slot_count)];
+    if (kind == 3 || !slot.present) {
+        slot.present = !slot.present;
+        if (slot.present) slot.shape = {0};
+        return view;
+    }
+    if (kind == 4) {
+        slot.dtype = slot.dtype == Dtype::f32 ? Dtype::bf16 : Dtype::f32;
+    } else if (kind == 5) {
+        slot.shape.back() += 1;
+    } else {
+        slot.hash ^= 1;
+    }
+    return view;
+}
+
+// The same view with one slot made empty (shape [0], float32), and a copy
+// whose empty slot is bfloat16: no difference.
+std::pair<CacheView, CacheView> empty_slot_dtypes(CacheView view) {
+    if (view.layers.empty()) view.layers.push_back(LayerView{});
+    SlotView& slot = view.layers[*rc::gen::inRange<std::size_t>(0, view.layers.size())].slots[*rc::gen::inRange(0, slot_count)];
+    slot.present = true;
+    slot.dtype = Dtype::f32;
+    slot.shape = {0};
+    slot.hash = content_hash(nullptr, 0);
+    CacheView other = view;
+    for (LayerView& layer : other.layers) {
+        for (SlotView& s : layer.slots) {
+            if (s.present && s.shape == std::vector<std::int64_t>{0}) s.dtype = Dtype::bf16;
+        }
+    }
+    return {view, other};
+}
+
+TEST(ViewDigest, EqualExactlyWhenTheViewsAre) {
+    EXPECT_TRUE(rc::check("digests of a view and of a changed copy", [] {
+        CacheView view = expected_view(expand(any_spec()));
+        CacheView other;
+        if (*rc::gen::inRange(0, 4) == 0) {
+            std::tie(view, other) = empty_slot_dtypes(view);
+        } else {
+            other = changed(view);
+        }
+        const bool same = view_difference(other, view).empty();
+        RC_TAG(same ? "no difference (an empty slot's dtype)" : "a difference");
+        RC_ASSERT((view_digest(other) == view_digest(view)) == same);
+    }));
+}
+
+TEST(ViewDigest, TheReferencesIsItsViews) {
+    EXPECT_TRUE(rc::check("made, stored, cloned, converted and merged caches", [] {
+        const CacheSpec spec = any_spec();
+        const CacheContent content = expand(spec);
+        adapters::ReferenceEngine engine;
+        engine.make(content, 1);
+        engine.add("a", content);
+        engine.clone(1, 2);
+        if (spec.layout == Layout::modern) {
+            engine.to_legacy(1, 3);
+        } else {
+            engine.from_legacy(1, 3);
+        }
+        engine.concat({1, 3}, 4);
+        RC_ASSERT(engine.entry_digest("a") == view_digest(engine.view_entry("a")));
+        RC_ASSERT(engine.entry_digest("a") == view_digest(expected_view(content)));
+        for (const Handle handle : {1, 2, 3, 4}) {
+            RC_ASSERT(engine.handle_digest(handle) == view_digest(engine.view_handle(handle)));
+        }
+    }));
+}
+
+// An adapter whose digests disagree with its views is named, not trusted.
+class WrongDigests : public adapters::ReferenceEngine {
+  public:
+    explicit WrongDigests(bool entries) : entries_(entries) {}
+    std::uint64_t entry_digest(const std::string& id) override {
+        return ReferenceEngine::entry_digest(id) + (entries_ ? 1 : 0);
+    }
+    std::uint64_t handle_digest(Handle handle) override {
+        return ReferenceEngine::handle_digest(handle) + (entries_ ? 0 : 1);
+    }
+
+  private:
+    bool entries_;
+};
+
+TEST(ViewDigest, ADigestThatDisagreesWithItsViewIsAnEngineError) {
+    const CacheSpec spec = parse_cache_spec("modern/f32/3:[kv2 kv3]");
+    for (const bool entries : {true, false}) {
+        WrongDigests engine(entries);
+        const RunResult result = execute({op::Add{"a", spec}, op::GetCache{{1}, {"a"}}}, engine);
+        ASSERT_TRUE(result.failure);
+        EXPECT_EQ(result.failure->property, engine_error_id);
+        EXPECT_NE(result.failure->message.find(entries ? "entry_digest of entry \"a\" disagrees with its view_entry"
+                                                       : "handle_digest of h1 disagrees with its view_handle"),
+                  std::string::npos)
+            << result.failure->message;
+    }
+}
+
+}  // namespace
+}  // namespace kvcheck::props
