@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 namespace kvcheck::props {
@@ -92,6 +93,62 @@ TEST(EntryVersions, StayThroughReadsAndCopies) {
     engine.view_entry("a");
     engine.storage_of_entry("a");
     EXPECT_EQ(engine.entry_version("a"), before);
+}
+
+// The reference's observations keep the stored item they found last while
+// the store's items stay (Store::changes()): what they report must follow
+// every change of what an id holds, made through the adapter (add,
+// add_handle, remove, remove_all) or behind its back (a use after free
+// here is what the AddressSanitizer runs catch).
+class ChangedBehindItsBack : public Tampering {
+  public:
+    void store_directly(const std::string& id, const CacheContent& content) {
+        store_.add({{id, adapters::materialize(content), {}}});
+    }
+};
+
+TEST(EntryVersions, FollowWhatAnIdHoldsThroughEveryChange) {
+    ChangedBehindItsBack engine;
+    const CacheContent one = two_layers(Layout::modern);
+    const CacheContent other = expand(parse_cache_spec("legacy/f32/2:[kv1]"));
+    const auto holds = [&engine](const std::string& id, const CacheContent& content) {
+        return engine.entry_digest(id) == view_digest(expected_view(content)) &&
+               view_difference(engine.view_entry(id), expected_view(content)).empty();
+    };
+    engine.add("a", one);
+    engine.add("b", one);
+    std::uint64_t a = engine.entry_version("a");
+    std::uint64_t b = engine.entry_version("b");
+    EXPECT_TRUE(holds("a", one));
+
+    engine.add("a", other);
+    EXPECT_NE(engine.entry_version("a"), a);
+    EXPECT_TRUE(holds("a", other));
+    EXPECT_EQ(engine.entry_version("b"), b);
+    EXPECT_TRUE(holds("b", one));
+
+    engine.store_directly("b", other);
+    engine.add("c", one);  // a change made here after one behind its back
+    EXPECT_NE(engine.entry_version("b"), b);
+    EXPECT_TRUE(holds("b", other));
+    a = engine.entry_version("a");
+    EXPECT_TRUE(holds("a", other));
+
+    engine.remove({"a"});
+    engine.add("a", one);
+    EXPECT_NE(engine.entry_version("a"), a);
+    EXPECT_TRUE(holds("a", one));
+
+    b = engine.entry_version("b");
+    engine.make(one, 1);
+    engine.add_handle("b", 1);
+    EXPECT_NE(engine.entry_version("b"), b);
+    EXPECT_TRUE(holds("b", one));
+
+    engine.remove_all();
+    EXPECT_THROW(engine.entry_version("a"), std::out_of_range);
+    engine.store_directly("a", other);
+    EXPECT_TRUE(holds("a", other));
 }
 
 // An engine whose generation writes into the stored entry in place (the
