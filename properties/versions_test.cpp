@@ -210,6 +210,19 @@ TEST(EntryVersions, AWriteIsFoundBeforeTheEntryIsDeleted) {
         << result.failure->message;
 }
 
+// The write a WritesIntoTheStore engine makes at step `write` (a
+// generation) is found by the periodic read of every entry, within
+// `period` steps.
+void expect_found_by_the_periodic_read(const Trace& trace, std::size_t write, std::size_t period) {
+    WritesIntoTheStore<true> engine;
+    const RunResult result = execute(trace, engine);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+    EXPECT_GT(result.failure->step, write);
+    EXPECT_LE(result.failure->step, write + period);
+    EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos) << result.failure->message;
+}
+
 // Nothing names "a" again: the periodic read of every entry finds the write,
 // within sweep_steps_min (16) steps.
 TEST(EntryVersions, AWriteNothingReachesIsFoundAtTheNextFullRead) {
@@ -217,13 +230,7 @@ TEST(EntryVersions, AWriteNothingReachesIsFoundAtTheNextFullRead) {
                    op::Add{"b", parse_cache_spec("modern/f32/3:[kv2 kv3]")}, op::GetCache{{1}, {"b"}},
                    op::Generate{{1}, {5, 7}, 2}};
     for (int i = 0; i < 30; ++i) trace.push_back(op::GetAll{});
-    WritesIntoTheStore<true> engine;
-    const RunResult result = execute(trace, engine);
-    ASSERT_TRUE(result.failure);
-    EXPECT_EQ(result.failure->property, "stored-immutable");
-    EXPECT_GT(result.failure->step, 3u);
-    EXPECT_LE(result.failure->step, 3u + 16u);
-    EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos) << result.failure->message;
+    expect_found_by_the_periodic_read(trace, 3, 16);
 }
 
 // In a store of 40 entries, every entry is read at least once every 40
@@ -235,14 +242,7 @@ TEST(EntryVersions, AWriteNothingReachesIsFoundWithinAPeriodInABigStore) {
     trace.push_back(op::GetCache{{1}, {"e1"}});
     trace.push_back(op::Generate{{1}, {5, 7}, 2});  // step 41
     for (int i = 0; i < 100; ++i) trace.push_back(op::Get{{2}, "e" + std::to_string(1 + i % 39)});
-    WritesIntoTheStore<true> engine;
-    const RunResult result = execute(trace, engine);
-    ASSERT_TRUE(result.failure);
-    EXPECT_EQ(result.failure->property, "stored-immutable");
-    EXPECT_GT(result.failure->step, 41u);
-    EXPECT_LE(result.failure->step, 41u + 40u);
-    EXPECT_NE(result.failure->message.find("periodic read of every entry"), std::string::npos)
-        << result.failure->message;
+    expect_found_by_the_periodic_read(trace, 41, 40);
 }
 
 TEST(EntryVersions, AChangeTheVersionsMissIsCaughtAtTheEnd) {
