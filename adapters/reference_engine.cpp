@@ -341,7 +341,108 @@ bool matches(const EntrySnapshot& snapshot, const kv::Cache& cache) {
     return true;
 }
 
+// ---- reading many entries at once ----
+//
+// A full read of a big store finds its entries cold in memory, and a cache
+// is a chain of objects: the cache, its lists and their arrays, the layer
+// objects, each tensor's TensorImpl, its storage, then its values. Read an
+// entry at a time, each link waits on the one before it. read_entries takes
+// a chunk of entries and first asks the memory for every object of one link
+// of the chunk before reading any of the next, so that the misses of a link
+// overlap; then it reads each entry with the one-entry methods, from the
+// cache. (Versions gain nothing from it: entry_versions is the default.)
+
+constexpr std::size_t warm_chunk = 32;
+
+// The values of a slot brought in beyond this are left to the hardware's
+// prefetcher (a long slot streams).
+constexpr std::size_t warm_values_max = 256;
+
+void prefetch(const void* object, std::size_t bytes = 64) {
+    const char* at = static_cast<const char*>(object);
+    for (std::size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(at + offset);
+}
+
+// Brings in what digest_of, owned() and storage_identities read of
+// `caches`, link by link. `impls` is scratch.
+void warm(const std::vector<const kv::Cache*>& caches, std::vector<const c10::TensorImpl*>& impls) {
+    for (const kv::Cache* cache : caches) prefetch(cache, sizeof(kv::Cache));
+    for (const kv::Cache* cache : caches) {
+        if (cache->layout() == kv::Layout::modern) {
+            prefetch(cache->layers().get());
+        } else {
+            prefetch(cache->key_cache().get());
+            prefetch(cache->value_cache().get());
+        }
+    }
+    for (const kv::Cache* cache : caches) {
+        if (cache->layout() == kv::Layout::modern) {
+            prefetch(cache->layers()->data(), cache->layers()->size() * sizeof(kv::LayerPtr));
+        } else {
+            prefetch(cache->key_cache()->data(), cache->key_cache()->size() * sizeof(at::Tensor));
+            prefetch(cache->value_cache()->data(), cache->value_cache()->size() * sizeof(at::Tensor));
+        }
+    }
+    impls.clear();
+    for (const kv::Cache* cache : caches) {
+        if (cache->layout() == kv::Layout::modern) {
+            for (const kv::LayerPtr& layer : *cache->layers()) prefetch(layer.get(), sizeof(kv::Layer));
+            continue;
+        }
+        for (const kv::TensorList* list : {cache->key_cache().get(), cache->value_cache().get()}) {
+            for (const at::Tensor& t : *list) {
+                if (t.defined()) impls.push_back(t.unsafeGetTensorImpl());
+            }
+        }
+    }
+    for (const kv::Cache* cache : caches) {
+        if (cache->layout() != kv::Layout::modern) continue;
+        for (const kv::LayerPtr& layer : *cache->layers()) {
+            for (const at::Tensor* t : layer_slots(*layer)) {
+                if (t->defined()) impls.push_back(t->unsafeGetTensorImpl());
+            }
+        }
+    }
+    for (const c10::TensorImpl* impl : impls) prefetch(impl, sizeof(c10::TensorImpl));
+    for (const c10::TensorImpl* impl : impls) {
+        if (impl->has_storage()) prefetch(impl->storage().unsafeGetStorageImpl(), sizeof(c10::StorageImpl));
+    }
+    for (const c10::TensorImpl* impl : impls) {
+        if (!impl->has_storage() || impl->storage().data() == nullptr) continue;
+        const auto itemsize = static_cast<std::size_t>(impl->itemsize());
+        prefetch(static_cast<const char*>(impl->storage().data()) + impl->storage_offset() * itemsize,
+                 std::min(static_cast<std::size_t>(impl->numel()) * itemsize, warm_values_max));
+    }
+}
+
 }  // namespace
+
+std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::string>& ids, bool with_storage) {
+    std::vector<EntryFacts> facts;
+    facts.reserve(ids.size());
+    std::vector<const kv::Item*> items;
+    std::vector<const kv::Cache*> caches;
+    std::vector<const c10::TensorImpl*> impls;
+    for (std::size_t begin = 0; begin < ids.size(); begin += warm_chunk) {
+        const std::size_t end = std::min(ids.size(), begin + warm_chunk);
+        items.clear();
+        caches.clear();
+        for (std::size_t i = begin; i < end; ++i) {
+            items.push_back(store_.find(ids[i]));  // a missing id is left to stored_cache, which names it
+            if (items.back() != nullptr) caches.push_back(items.back()->cache.get());
+        }
+        warm(caches, impls);
+        for (std::size_t i = begin; i < end; ++i) {
+            // The one-entry methods (a subclass's overrides included), on
+            // the item found above.
+            found_item_ = items[i - begin];
+            found_changes_ = store_.changes();
+            const std::string& id = ids[i];
+            facts.push_back({entry_digest(id), entry_owned(id), with_storage ? storage_of_entry(id) : std::vector<std::uint64_t>{}});
+        }
+    }
+    return facts;
+}
 
 // ---- CrashingFileSystem -----------------------------------------------------
 

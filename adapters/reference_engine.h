@@ -96,6 +96,7 @@ class ReferenceEngine : public Engine {
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override;
     std::vector<CopyRecord> take_copies() override;
     std::uint64_t entry_version(const std::string& id) override;
+    std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) override;
 
   protected:
     // The seams the mutants override; the reference behaviour is here.

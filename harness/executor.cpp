@@ -738,8 +738,11 @@ class Run {
         std::uint64_t round = 0;  // the round its version was last asked in
         std::optional<std::uint64_t> version;
         std::optional<ObjectId> matched;  // its view equalled this object's
+        std::optional<std::uint64_t> digest;
         std::optional<bool> owned;
-        bool indexed = false;  // its storage identities are in holders_
+        bool storage_read = false;  // storage holds its storage identities
+        bool indexed = false;       // they are in holders_
+        bool batched = false;       // digest, owned and storage came from read_entries
         std::vector<std::uint64_t> storage;
         const std::string* id = nullptr;  // the key of its node in readings_ (stable until erased)
     };
@@ -749,19 +752,87 @@ class Run {
         listed_.reset();
     }
 
-    // What is known of entry `id` in this round.
-    EntryReading& reading(const std::string& id) {
+    // What is known of entry `id` in this round. `known_version`: its
+    // version, already asked (entry_versions) when versions are trusted.
+    EntryReading& reading(const std::string& id, const std::uint64_t* known_version = nullptr) {
         const auto [found, inserted] = readings_.try_emplace(id);
         EntryReading& entry = found->second;
         if (inserted) entry.id = &found->first;
         if (entry.round == round_) return entry;
         entry.round = round_;
         std::optional<std::uint64_t> version;
-        if (trust_versions_) version = engine_.entry_version(id);
+        if (trust_versions_) version = known_version ? *known_version : engine_.entry_version(id);
         if (version && version == entry.version) return entry;
         unindex(entry);
-        entry = EntryReading{round_, version, std::nullopt, std::nullopt, false, {}, &found->first};
+        entry = EntryReading{};
+        entry.round = round_;
+        entry.version = version;
+        entry.id = &found->first;
         return entry;
+    }
+
+    // The readings of every entry the auditor holds, in insertion order,
+    // with the objects they must match: what the checks of a full read will
+    // ask of them is asked of the engine in two calls for all of them (the
+    // versions, then the facts the versions do not vouch for), not a few
+    // calls per entry. None when the engine answers for other entries than
+    // it was asked about (an engine error).
+    struct ReadEntry {
+        EntryReading* reading;
+        ObjectId expected;
+    };
+
+    std::vector<ReadEntry> read_all(bool content, bool marker, bool index) {
+        const std::vector<std::string>& ids = audit_.order();
+        std::vector<std::uint64_t> versions;
+        if (trust_versions_) {
+            versions = engine_.entry_versions(ids);
+            if (!answered_all("entry_versions", versions.size(), ids.size())) return {};
+        }
+        std::vector<ReadEntry> entries;
+        entries.reserve(ids.size());
+        std::vector<std::string> unread;
+        std::vector<EntryReading*> unread_entries;
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            EntryReading& entry = reading(ids[i], trust_versions_ ? &versions[i] : nullptr);
+            const ObjectId expected = *audit_.entry(ids[i]);
+            entries.push_back({&entry, expected});
+            if ((content && !entry.digest && entry.matched != expected) || (marker && !entry.owned) ||
+                (index && !entry.indexed && !entry.storage_read)) {
+                unread.push_back(ids[i]);
+                unread_entries.push_back(&entry);
+            }
+        }
+        if (unread.empty()) return entries;
+        const bool with_storage = capabilities_.storage_identity;
+        std::vector<EntryFacts> facts = engine_.read_entries(unread, with_storage);
+        if (!answered_all("read_entries", facts.size(), unread.size())) return {};
+        for (std::size_t i = 0; i < unread.size(); ++i) {
+            EntryReading& entry = *unread_entries[i];
+            entry.batched = true;
+            entry.digest = facts[i].digest;
+            entry.owned = facts[i].owned;
+            if (!with_storage) continue;
+            entry.storage = std::move(facts[i].storage);
+            entry.storage_read = true;
+        }
+        return entries;
+    }
+
+    bool answered_all(const char* method, std::size_t answers, std::size_t ids) {
+        if (answers == ids) return true;
+        fail_as(engine_error_id, std::string("the adapter's ") + method + " returned " + std::to_string(answers) +
+                                     " results for " + std::to_string(ids) + " ids");
+        return false;
+    }
+
+    // A fact read_entries gave that a check is about to report is asked
+    // again of its one-entry method: an adapter whose two disagree has an
+    // engine error, not a violation. True when they agree.
+    bool batch_agrees(const EntryReading& entry, const char* method, bool agree) {
+        if (!entry.batched || agree) return true;
+        fail_as(engine_error_id, std::string("the adapter's read_entries and ") + method + " disagree on entry " + in_quotes(*entry.id));
+        return false;
     }
 
     void unindex(EntryReading& entry) {
@@ -806,10 +877,12 @@ class Run {
     std::string entry_difference(const std::string& id, EntryReading& entry, ObjectId expected) {
         if (entry.matched == expected) return {};
         const Object& object = audit_.object(expected);
-        if (engine_.entry_digest(id) == object.digest) {
+        if (!entry.digest) entry.digest = engine_.entry_digest(id);
+        if (*entry.digest == object.digest) {
             entry.matched = expected;
             return {};
         }
+        if (!batch_agrees(entry, "entry_digest", engine_.entry_digest(id) == *entry.digest)) return {};
         // The view only to name the difference.
         const std::string difference = view_difference(engine_.view_entry(id), object.view);
         if (difference.empty()) {
@@ -820,6 +893,7 @@ class Run {
 
     bool entry_owned(const std::string& id, EntryReading& entry) {
         if (!entry.owned) entry.owned = engine_.entry_owned(id);
+        if (*entry.owned && !batch_agrees(entry, "entry_owned", engine_.entry_owned(id))) entry.owned = false;
         return *entry.owned;
     }
 
@@ -827,7 +901,10 @@ class Run {
     // sorted list), just those among them (see read_every_entry).
     void index_storage(EntryReading& entry, const std::vector<std::uint64_t>* only = nullptr) {
         if (entry.indexed) return;
-        entry.storage = engine_.storage_of_entry(*entry.id);
+        if (!entry.storage_read) {
+            entry.storage = engine_.storage_of_entry(*entry.id);
+            entry.storage_read = true;
+        }
         for (const std::uint64_t identity : entry.storage) {
             if (only == nullptr || std::binary_search(only->begin(), only->end(), identity)) {
                 holders_.add(identity, entry.id);
@@ -1029,12 +1106,13 @@ class Run {
             }
             std::sort(held.begin(), held.end());
         }
-        for (const std::string& id : audit_.order()) {
+        for (const ReadEntry& read : read_all(content, marker, index)) {
             if (!content && !marker && !index) break;
-            EntryReading& entry = reading(id);
+            EntryReading& entry = *read.reading;
+            const std::string& id = *entry.id;
             // Messages are built only for a failure.
             if (content) {
-                const std::string difference = entry_difference(id, entry, *audit_.entry(id));
+                const std::string difference = entry_difference(id, entry, read.expected);
                 if (!difference.empty()) {
                     expect(Property::stored_immutable, false, "entry " + in_quotes(id) + " " + difference);
                     content = false;
@@ -1096,6 +1174,14 @@ class Run {
         if (!(immutable && handed_out) && !owned) return false;
         std::string entry;
         if (!shared_with_entry(*object, facts.storage, &entry)) return false;
+        const auto found = readings_.find(entry);
+        if (found != readings_.end() && found->second.batched) {
+            std::vector<std::uint64_t> batch = found->second.storage;
+            std::vector<std::uint64_t> one = engine_.storage_of_entry(entry);
+            std::sort(batch.begin(), batch.end());
+            std::sort(one.begin(), one.end());
+            if (!batch_agrees(found->second, "storage_of_entry", batch == one)) return true;
+        }
         if (immutable && handed_out) {
             fail_as(property_id(Property::stored_immutable),
                     "the cache get_cache handed out as " + handle_text(handle) + " shares storage with stored entry " + in_quotes(entry));

@@ -33,6 +33,14 @@ namespace kvcheck {
 
 using Handle = std::int64_t;  // 0 means "no cache"
 
+// What a full read of the store asks of one stored entry: entry_digest,
+// entry_owned and (when asked for) storage_of_entry.
+struct EntryFacts {
+    std::uint64_t digest = 0;
+    bool owned = false;
+    std::vector<std::uint64_t> storage;
+};
+
 // What an engine supports. A property whose observations an engine lacks is
 // reported as skipped; an operation it lacks is never generated.
 struct Capabilities {
@@ -142,6 +150,29 @@ class Engine {
     // when it is cheap and certain: an entry whose version misses a change
     // is checked late.
     virtual std::uint64_t entry_version(const std::string& /*id*/) { return 0; }
+
+    // ---- many entries at once ----
+    // The full reads (every entry, every few steps and at the end of a run)
+    // ask these for every stored id, in the order of `ids`. Each must report
+    // exactly what its one-entry methods report. The defaults call them entry
+    // by entry; an engine can do better in one call: one round trip instead
+    // of one per entry for an engine behind a process boundary, or, as the
+    // reference does, memory asked for a batch of entries at a time (a store
+    // of a thousand small caches is cold in memory).
+    virtual std::vector<std::uint64_t> entry_versions(const std::vector<std::string>& ids) {
+        std::vector<std::uint64_t> versions;
+        versions.reserve(ids.size());
+        for (const std::string& id : ids) versions.push_back(entry_version(id));
+        return versions;
+    }
+    virtual std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) {
+        std::vector<EntryFacts> facts;
+        facts.reserve(ids.size());
+        for (const std::string& id : ids) {
+            facts.push_back({entry_digest(id), entry_owned(id), with_storage ? storage_of_entry(id) : std::vector<std::uint64_t>{}});
+        }
+        return facts;
+    }
 };
 
 // Engines are made by name through a factory, once per trace run.
