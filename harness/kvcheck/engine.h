@@ -152,13 +152,15 @@ class Engine {
     virtual std::uint64_t entry_version(const std::string& /*id*/) { return 0; }
 
     // ---- many entries at once ----
-    // The full reads (every entry, every few steps and at the end of a run)
-    // ask these for every stored id, in the order of `ids`. Each must report
-    // exactly what its one-entry methods report. The defaults call them entry
-    // by entry; an engine can do better in one call: one round trip instead
-    // of one per entry for an engine behind a process boundary, or, as the
-    // reference does, memory asked for a batch of entries at a time (a store
-    // of a thousand small caches is cold in memory).
+    // The full reads of the store (periodically, and at the end of a run)
+    // ask these about every stored id, answers in the order of `ids`. Each
+    // must report exactly what its one-entry methods report (a fact a check
+    // is about to report is asked again of them, and a disagreement is an
+    // engine error). The defaults call them entry by entry; an engine can do
+    // better in one call: one round trip instead of one per entry for an
+    // engine behind a process boundary, or, as the reference does, memory
+    // asked for a batch of entries at a time (a store of a thousand small
+    // caches is cold in memory).
     virtual std::vector<std::uint64_t> entry_versions(const std::vector<std::string>& ids) {
         std::vector<std::uint64_t> versions;
         versions.reserve(ids.size());
