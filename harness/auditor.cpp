@@ -7,8 +7,6 @@ namespace kvcheck {
 ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent,
                              std::int64_t chain_sets) {
     Object object;
-    object.view = expected_view(content);
-    object.digest = view_digest(object.view);
     object.content = std::move(content);
     object.origin = origin;
     object.expect_owned = expect_owned;
@@ -17,6 +15,13 @@ ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_ow
     const ObjectId id = next_object_++;
     objects_.emplace(id, std::move(object));
     if (alias_parent != 0) alias_children_[alias_parent].push_back(id);
+    return id;
+}
+
+ObjectId Auditor::copy_object(ObjectId source, Origin origin, bool expect_owned, std::int64_t chain_sets) {
+    const std::optional<std::uint64_t> digest = objects_.at(source).digest;
+    const ObjectId id = new_object(objects_.at(source).content, origin, expect_owned, 0, chain_sets);
+    objects_.at(id).digest = digest;
     return id;
 }
 
@@ -42,6 +47,18 @@ std::optional<ObjectId> Auditor::entry(const std::string& id) const {
     const auto found = entries_.find(id);
     if (found == entries_.end()) return std::nullopt;
     return found->second;
+}
+
+const CacheView& Auditor::view_of(ObjectId id) {
+    Object& object = objects_.at(id);
+    if (!object.view) object.view = expected_view(object.content);
+    return *object.view;
+}
+
+std::uint64_t Auditor::digest_of(ObjectId id) {
+    Object& object = objects_.at(id);
+    if (!object.digest) object.digest = view_digest(view_of(id));
+    return *object.digest;
 }
 
 Snapshot Auditor::snapshot() const {

@@ -23,8 +23,11 @@ enum class Origin : std::uint8_t { stored_item, get_cache, clone, concat, make, 
 // A cache object as the auditor expects it.
 struct Object {
     CacheContent content;
-    CacheView view;            // expected_view(content), computed once
-    std::uint64_t digest = 0;  // view_digest(view)
+    // expected_view(content) and its view_digest, made when a check first
+    // asks (Auditor::view_of, digest_of): a run that checks no content,
+    // such as the benchmarks' unchecked one, never makes them.
+    std::optional<CacheView> view;
+    std::optional<std::uint64_t> digest;
     bool known = true;         // false once a model may have written into it
     bool expect_owned = false;
     Origin origin = Origin::make;
@@ -53,6 +56,9 @@ class Auditor {
   public:
     ObjectId new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent = 0,
                         std::int64_t chain_sets = 1);
+    // A new object with the content of `source` (a clone, the copy of an
+    // entry get_cache hands out), and its digest if made already.
+    ObjectId copy_object(ObjectId source, Origin origin, bool expect_owned, std::int64_t chain_sets);
     Object& object(ObjectId id) { return objects_.at(id); }
     const Object& object(ObjectId id) const { return objects_.at(id); }
 
@@ -62,6 +68,9 @@ class Auditor {
     void remove_all();
     const std::vector<std::string>& order() const { return order_; }
     std::optional<ObjectId> entry(const std::string& id) const;
+    // The view and digest the engine's cache of `object` must have.
+    const CacheView& view_of(ObjectId object);
+    std::uint64_t digest_of(ObjectId object);
     Snapshot snapshot() const;
     void restore(const Snapshot& snapshot);  // load: new objects, same content
 

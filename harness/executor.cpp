@@ -312,10 +312,10 @@ class Run {
     // ---- shared checks ----
 
     // The view of handle `out` must be the expected one.
-    void check_view(Property p, std::int64_t out, const Object& expected, const std::string& what) {
+    void check_view(Property p, std::int64_t out, ObjectId expected, const std::string& what) {
         if (!checking(p)) return;
-        if (engine_.handle_digest(out) == expected.digest) return;
-        const std::string difference = view_difference(engine_.view_handle(out), expected.view);
+        if (engine_.handle_digest(out) == audit_.digest_of(expected)) return;
+        const std::string difference = view_difference(engine_.view_handle(out), audit_.view_of(expected));
         if (difference.empty()) {
             fail_as(engine_error_id, "the adapter's handle_digest of " + handle_text(out) + " disagrees with its view_handle");
             return;
@@ -339,8 +339,11 @@ class Run {
         });
     }
 
-    // How many copies the engine logged during this step.
-    std::size_t copies_now() { return capabilities_.copy_log ? engine_.take_copies().size() : 0; }
+    // How many copies the engine logged since the last call (only
+    // single-copy counts them: without it the log is not read).
+    std::size_t copies_now() {
+        return capabilities_.copy_log && properties_.has(Property::single_copy) ? engine_.take_copies().size() : 0;
+    }
 
     void check_disjoint(Property p, std::int64_t out, const std::vector<std::int64_t>& sources, const std::string& what) {
         if (!checking(p) || !capabilities_.storage_identity) return;
@@ -455,10 +458,10 @@ class Run {
     }
 
     bool apply(const op::GetCache& op) {
-        std::vector<CacheContent> parts;
+        std::vector<ObjectId> parts;  // the entries that hold tokens
         for (const std::string& id : op.ids) {
             const std::optional<ObjectId> entry = audit_.entry(id);
-            if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(audit_.object(*entry).content);
+            if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(*entry);
         }
         copies_now();
         engine_.get_cache(op.ids, op.out.value);
@@ -471,12 +474,18 @@ class Run {
         }
         const bool merged = parts.size() > 1;
         if (merged) ++result_.coverage.merges;
-        CacheContent expected = merged ? expected_concat(parts) : parts.front();
-        const ObjectId object = audit_.new_object(std::move(expected), Origin::get_cache, true, 0, 2);
+        ObjectId object = 0;
+        if (merged) {
+            std::vector<CacheContent> contents;
+            for (const ObjectId part : parts) contents.push_back(audit_.object(part).content);
+            object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2);
+        } else {
+            object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
+        }
         audit_.bind(op.out.value, object);
         const Property content_property = merged ? Property::merge_correct : Property::layout_roundtrip;
         check_exists(op.out.value, true, Property::store_contract, what);
-        check_view(content_property, op.out.value, audit_.object(object), merged ? "the merged cache" : "the copy");
+        check_view(content_property, op.out.value, object, merged ? "the merged cache" : "the copy");
         expect(Property::single_copy, !capabilities_.copy_log || copies == 1, [&] {
             return what + " " + handle_text(op.out.value) + " made " + std::to_string(copies) + " copies, expected 1";
         });
@@ -649,7 +658,7 @@ class Run {
         engine_.make(content, op.out.value);
         const ObjectId object = audit_.new_object(std::move(content), Origin::make, false);
         audit_.bind(op.out.value, object);
-        check_view(Property::layout_roundtrip, op.out.value, audit_.object(object), "the cache made as");
+        check_view(Property::layout_roundtrip, op.out.value, object, "the cache made as");
         return true;
     }
 
@@ -659,10 +668,9 @@ class Run {
         if (!source) return false;  // cloning nothing is not an operation of the API
         engine_.clone(op.source.value, op.out.value);
         copies_now();
-        const ObjectId object = audit_.new_object(audit_.object(*source).content, Origin::clone, true, 0,
-                                                  audit_.object(*source).chain_sets + 1);
+        const ObjectId object = audit_.copy_object(*source, Origin::clone, true, audit_.object(*source).chain_sets + 1);
         audit_.bind(op.out.value, object);
-        check_view(Property::layout_roundtrip, op.out.value, audit_.object(object), "the clone");
+        check_view(Property::layout_roundtrip, op.out.value, object, "the clone");
         check_disjoint(Property::clone_independent, op.out.value, {op.source.value}, "the clone");
         check_owned(op.out.value, true, "the clone");
         return true;
@@ -689,7 +697,7 @@ class Run {
         if (parts.size() > 1) ++result_.coverage.merges;
         const ObjectId object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1);
         audit_.bind(op.out.value, object);
-        check_view(Property::merge_correct, op.out.value, audit_.object(object), "the merged cache");
+        check_view(Property::merge_correct, op.out.value, object, "the merged cache");
         check_disjoint(Property::merge_correct, op.out.value, sources, "the merged cache");
         check_owned(op.out.value, true, "the merged cache");
         return true;
@@ -714,7 +722,7 @@ class Run {
             : audit_.new_object(expected_from_legacy(content), Origin::from_legacy, false, 0,
                                 audit_.object(*source).chain_sets + 1);
         audit_.bind(out, object);
-        check_view(Property::layout_roundtrip, out, audit_.object(object), to_legacy ? "to_legacy gave" : "from_legacy gave");
+        check_view(Property::layout_roundtrip, out, object, to_legacy ? "to_legacy gave" : "from_legacy gave");
         check_owned(out, false, to_legacy ? "to_legacy gave" : "from_legacy gave");
         return true;
     }
@@ -876,15 +884,14 @@ class Run {
     // The difference of entry `id` from the object the auditor expects.
     std::string entry_difference(const std::string& id, EntryReading& entry, ObjectId expected) {
         if (entry.matched == expected) return {};
-        const Object& object = audit_.object(expected);
         if (!entry.digest) entry.digest = engine_.entry_digest(id);
-        if (*entry.digest == object.digest) {
+        if (*entry.digest == audit_.digest_of(expected)) {
             entry.matched = expected;
             return {};
         }
         if (!batch_agrees(entry, "entry_digest", engine_.entry_digest(id) == *entry.digest)) return {};
         // The view only to name the difference.
-        const std::string difference = view_difference(engine_.view_entry(id), object.view);
+        const std::string difference = view_difference(engine_.view_entry(id), audit_.view_of(expected));
         if (difference.empty()) {
             fail_as(engine_error_id, "the adapter's entry_digest of entry " + in_quotes(id) + " disagrees with its view_entry");
         }

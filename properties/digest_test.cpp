@@ -3,6 +3,7 @@
 // a digest must be equal exactly when view_difference finds no difference,
 // and the reference's digest, computed from the cache without building the
 // view, must be the digest of its view.
+#include "auditor.h"
 #include "reference_engine.h"
 #include "run_util.h"
 
@@ -110,6 +111,26 @@ TEST(ViewDigest, TheReferencesIsItsViews) {
         for (const Handle handle : {1, 2, 3, 4}) {
             RC_ASSERT(engine.handle_digest(handle) == view_digest(engine.view_handle(handle)));
         }
+    }));
+}
+
+// The auditor makes an object's expected view and digest when a check first
+// asks for them: a run that checks no content (the benchmarks' unchecked
+// one) must not pay for them. A copy takes its source's digest when made.
+TEST(ViewDigest, TheAuditorMakesExpectedViewsWhenAsked) {
+    EXPECT_TRUE(rc::check("any content", [] {
+        const CacheContent content = expand(any_spec());
+        Auditor audit;
+        const ObjectId made = audit.new_object(content, Origin::make, false);
+        RC_ASSERT(!audit.object(made).view && !audit.object(made).digest);
+        const ObjectId early_copy = audit.copy_object(made, Origin::clone, true, 2);
+        RC_ASSERT(!audit.object(early_copy).digest);
+        RC_ASSERT(audit.digest_of(made) == view_digest(expected_view(content)));
+        RC_ASSERT(audit.view_of(made).layers.size() == expected_view(content).layers.size());
+        RC_ASSERT(view_difference(audit.view_of(made), expected_view(content)).empty());
+        const ObjectId copy = audit.copy_object(made, Origin::clone, true, 2);
+        RC_ASSERT(audit.object(copy).digest == audit.object(made).digest);
+        RC_ASSERT(audit.digest_of(early_copy) == audit.digest_of(made));
     }));
 }
 
