@@ -3,6 +3,7 @@
 // tensors.
 #include "kvcheck/content.h"
 
+#include <array>
 #include <cstring>
 #include <utility>
 
@@ -135,29 +136,76 @@ std::uint64_t content_hash(const float* values, std::size_t count) {
     return hash;
 }
 
-CacheView expected_view(const CacheContent& content) {
-    CacheView view;
-    view.layout = content.layout;
+namespace {
+
+// What a correct engine reports for `content`, in the order a view lists
+// it: on_layer(initialized) for each layer, then for each of its slots
+// on_slot(nullptr) when absent, or on_slot(&slot) with the slot's dtype,
+// shape and content_hash.
+struct ExpectedSlot {
+    Dtype dtype;
+    std::array<std::int64_t, 4> shape;
+    std::size_t dims;
+    std::uint64_t hash;
+};
+
+template <typename OnLayer, typename OnSlot>
+void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_slot) {
     const Dtype dtype = effective_dtype(content);
     std::vector<float> values;
     for (const LayerContent& layer : content.layers) {
-        LayerView layer_view;
-        layer_view.initialized = content.layout == Layout::legacy || layer.initialized;
-        for (int s = 0; s < slot_count; ++s) {
-            const SlotContent& slot = layer.slots[s];
-            SlotView& slot_view = layer_view.slots[s];
-            slot_view.present = slot.present;
-            if (!slot.present) continue;
-            slot_view.dtype = dtype;
+        on_layer(content.layout == Layout::legacy || layer.initialized);
+        for (const SlotContent& slot : layer.slots) {
+            if (!slot.present) {
+                on_slot(static_cast<const ExpectedSlot*>(nullptr));
+                continue;
+            }
             const std::int64_t tokens = slot.tokens();
-            slot_view.shape = tokens == 0 ? std::vector<std::int64_t>{0}
-                                          : std::vector<std::int64_t>{cache_batch, cache_heads, tokens, cache_head_dim};
             fill_slot(slot, values);
-            slot_view.hash = content_hash(values.data(), values.size());
+            const ExpectedSlot expected = tokens == 0
+                ? ExpectedSlot{dtype, {0}, 1, content_hash(values.data(), values.size())}
+                : ExpectedSlot{dtype, {cache_batch, cache_heads, tokens, cache_head_dim}, 4, content_hash(values.data(), values.size())};
+            on_slot(&expected);
         }
-        view.layers.push_back(std::move(layer_view));
     }
+}
+
+}  // namespace
+
+CacheView expected_view(const CacheContent& content) {
+    CacheView view;
+    view.layout = content.layout;
+    int slot = 0;
+    walk_expected(
+        content,
+        [&](bool initialized) {
+            view.layers.emplace_back();
+            view.layers.back().initialized = initialized;
+            slot = 0;
+        },
+        [&](const ExpectedSlot* expected) {
+            SlotView& slot_view = view.layers.back().slots[slot++];
+            slot_view.present = expected != nullptr;
+            if (expected == nullptr) return;
+            slot_view.dtype = expected->dtype;
+            slot_view.shape.assign(expected->shape.begin(), expected->shape.begin() + expected->dims);
+            slot_view.hash = expected->hash;
+        });
     return view;
+}
+
+std::uint64_t expected_digest(const CacheContent& content) {
+    ViewDigest digest(content.layout, content.layers.size());
+    walk_expected(
+        content, [&](bool initialized) { digest.layer(initialized); },
+        [&](const ExpectedSlot* expected) {
+            if (expected == nullptr) {
+                digest.absent_slot();
+            } else {
+                digest.slot(expected->dtype, expected->shape.data(), expected->dims, expected->hash);
+            }
+        });
+    return digest.value();
 }
 
 ViewDigest::ViewDigest(Layout layout, std::size_t layers) : hash_(splitmix64(0x5649455744494745ull)) {

@@ -125,6 +125,7 @@ TEST(ViewDigest, TheAuditorMakesExpectedViewsWhenAsked) {
         RC_ASSERT(!audit.object(made).view && !audit.object(made).digest);
         const ObjectId early_copy = audit.copy_object(made, Origin::clone, true, 2);
         RC_ASSERT(!audit.object(early_copy).digest);
+        RC_ASSERT(expected_digest(content) == view_digest(expected_view(content)));
         RC_ASSERT(audit.digest_of(made) == view_digest(expected_view(content)));
         RC_ASSERT(audit.view_of(made).layers.size() == expected_view(content).layers.size());
         RC_ASSERT(view_difference(audit.view_of(made), expected_view(content)).empty());

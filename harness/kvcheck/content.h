@@ -154,6 +154,8 @@ class ViewDigest {
 };
 
 std::uint64_t view_digest(const CacheView& view);
+// view_digest(expected_view(content)), without building the view.
+std::uint64_t expected_digest(const CacheContent& content);
 
 // The first difference between two views, as "layer 1 keys: content
 // differs"; empty when equal. The dtype of an empty slot (shape [0]) is not
