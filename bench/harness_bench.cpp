@@ -11,7 +11,8 @@
 //   doubles the model's share;
 // - unchecked: no checker (PropertySet::none()): the engine's operations
 //   and the auditor's model of them; no step reads the store's entries,
-//   listing or handles (harness/executor.cpp, reads_store_).
+//   listing or handles (harness/executor.cpp, reads_store_), and no
+//   expected view or digest is made (Auditor::view_of, digest_of).
 // And the stateful property's cases per second.
 //
 // A throughput trace first adds N entries, then runs a mix of operations on

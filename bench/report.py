@@ -191,7 +191,7 @@ def executor_section(harness, before, fuzz):
         "Every step: every checker on, every entry, the listing and every handle read after every step "
         "(`RunOptions::every_entry_every_step`, the schedule of the executor before, with entry versions). "
         "Unchecked: no checker (`PropertySet::none()`): the engine's operations and the auditor's model of them, "
-        "nothing read from the store (until 08422d4 this run still did the checkers' reading: see the notes). "
+        "nothing read from the store and no expected view or digest made (until 08422d4 this run still did the checkers' reading, and until bb80f07 it made every object's expected view and digest: see the notes). "
         "All from one run, rates per CPU-second of the process "
         "(the load of other processes does not inflate them); the wall-clock rate of the checked run beside. "
         "Checked, unchecked and without the generation rerun run interleaved, round by round, in one benchmark "

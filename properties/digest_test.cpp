@@ -4,6 +4,7 @@
 // and the reference's digest, computed from the cache without building the
 // view, must be the digest of its view.
 #include "auditor.h"
+#include "generators.h"
 #include "reference_engine.h"
 #include "run_util.h"
 
@@ -17,14 +18,6 @@
 
 namespace kvcheck::props {
 namespace {
-
-CacheSpec any_spec() {
-    SeededChooser choose(*rc::gen::arbitrary<std::uint64_t>());
-    WorkloadOptions options;
-    Swarm swarm = uniform_swarm(options);
-    swarm.dtype = *rc::gen::element(Dtype::f32, Dtype::f16, Dtype::bf16);
-    return random_cache_spec(choose, swarm, options);
-}
 
 // One small change to a view, of any of the kinds view_difference knows,
 // the dtype of an empty slot included (which it does not count).

@@ -1,6 +1,7 @@
 // Focused properties, one per row of the property table that a short
 // trace of a known shape exercises best: round trips, clone independence,
 // merge correctness.
+#include "generators.h"
 #include "reference_engine.h"
 #include "run_util.h"
 
@@ -11,17 +12,6 @@ namespace kvcheck::props {
 namespace {
 
 const adapters::BundledAdapter& reference() { return *adapters::find_bundled("reference"); }
-
-Dtype any_dtype() { return *rc::gen::element(Dtype::f32, Dtype::f16, Dtype::bf16); }
-
-// A random cache spec of any layout and layer shape.
-CacheSpec any_spec(Dtype dtype) {
-    SeededChooser choose(*rc::gen::arbitrary<std::uint64_t>());
-    WorkloadOptions options;
-    Swarm swarm = uniform_swarm(options);
-    swarm.dtype = dtype;
-    return random_cache_spec(choose, swarm, options);
-}
 
 void expect_passes(const Trace& trace, PropertySet properties) {
     const RunResult result = run_on(reference(), trace, properties);

@@ -4,6 +4,7 @@
 // into the cache a chunk at a time, over chunk boundaries included), and an
 // adapter whose batch and one-entry methods disagree must be named, not
 // taken at its word.
+#include "generators.h"
 #include "reference_engine.h"
 #include "run_util.h"
 
@@ -16,14 +17,6 @@
 
 namespace kvcheck::props {
 namespace {
-
-CacheContent any_content() {
-    SeededChooser choose(*rc::gen::arbitrary<std::uint64_t>());
-    WorkloadOptions options;
-    Swarm swarm = uniform_swarm(options);
-    swarm.dtype = *rc::gen::element(Dtype::f32, Dtype::f16, Dtype::bf16);
-    return expand(random_cache_spec(choose, swarm, options));
-}
 
 void expect_same(const std::vector<EntryFacts>& actual, const std::vector<EntryFacts>& expected, bool with_storage) {
     RC_ASSERT(actual.size() == expected.size());
@@ -44,11 +37,11 @@ TEST(ReadEntries, TheReferencesAreItsOneEntryReads) {
             ids.push_back("e" + std::to_string(i));
             if (*rc::gen::inRange(0, 4) == 0) {
                 // An owned copy stored back: the store clears its marker.
-                engine.make(any_content(), 1);
+                engine.make(expand(any_spec()), 1);
                 engine.clone(1, 2);
                 engine.add_handle(ids.back(), 2);
             } else {
-                engine.add(ids.back(), any_content());
+                engine.add(ids.back(), expand(any_spec()));
             }
         }
         // Asked in any order, with repeats.
