@@ -138,17 +138,17 @@ std::uint64_t content_hash(const float* values, std::size_t count) {
 
 namespace {
 
-// What a correct engine reports for `content`, in the order a view lists
-// it: on_layer(initialized) for each layer, then for each of its slots
-// on_slot(nullptr) when absent, or on_slot(&slot) with the slot's dtype,
-// shape and content_hash.
+// A present slot as a correct engine reports it.
 struct ExpectedSlot {
     Dtype dtype;
     std::array<std::int64_t, 4> shape;
     std::size_t dims;
-    std::uint64_t hash;
+    std::uint64_t hash;  // content_hash of its values
 };
 
+// What a correct engine reports for `content`, in the order a view lists
+// it: on_layer(initialized) for each layer, then for each of its slots
+// on_slot(nullptr) when absent, else on_slot(&slot).
 template <typename OnLayer, typename OnSlot>
 void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_slot) {
     const Dtype dtype = effective_dtype(content);
@@ -162,9 +162,9 @@ void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_
             }
             const std::int64_t tokens = slot.tokens();
             fill_slot(slot, values);
-            const ExpectedSlot expected = tokens == 0
-                ? ExpectedSlot{dtype, {0}, 1, content_hash(values.data(), values.size())}
-                : ExpectedSlot{dtype, {cache_batch, cache_heads, tokens, cache_head_dim}, 4, content_hash(values.data(), values.size())};
+            const std::uint64_t hash = content_hash(values.data(), values.size());
+            const ExpectedSlot expected = tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash}
+                                                      : ExpectedSlot{dtype, {cache_batch, cache_heads, tokens, cache_head_dim}, 4, hash};
             on_slot(&expected);
         }
     }
