@@ -110,7 +110,7 @@ def merge_section(copy):
         "### Merge of many ids",
         "",
         "`Store::get_cache(ids)` of k stored caches of total/k bytes each; GB/s of the parts' bytes, against a clone "
-        "of one cache of the same total (interleaved).",
+        "of one cache of the same total (interleaved); both take their slot buffers from the buffer pool.",
         "",
         table(["ids", "total", "merge GB/s", "clone GB/s", "merge/clone", "page faults per merge"], rows),
     ])

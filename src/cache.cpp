@@ -37,34 +37,77 @@ bool is_plain(const at::Tensor& t) {
            !t.is_conj() && !t.is_neg() && !t._is_zerotensor() && t.scalar_type() != at::kComplexHalf;
 }
 
-// at::cat(pieces, -2) for what a model appends: [batch, heads, tokens, dim]
-// tensors of one dtype that agree but in tokens. The result is what cat
-// gives (a new contiguous tensor of its own, version 0), made without the
-// dispatcher and TensorIterator: that set-up was half of a small model
-// step (two cats per layer per token). Anything else goes to at::cat, which
-// also promotes mixed dtypes and reports mismatched shapes.
-at::Tensor cat_tokens(std::initializer_list<at::Tensor> pieces) {
-    const at::Tensor& first = *pieces.begin();
-    bool fast = true;
+// Where a new slot's buffer comes from: libtorch's CPU allocator, or the
+// buffer pool (kv/buffer_pool.h; blocks under its minimum size come from
+// the CPU allocator all the same).
+enum class Buffer { cpu, pool };
+
+// An unfilled contiguous tensor of `sizes` and `dtype` with a storage of its
+// own from the buffer pool, and where its bytes go. Built as
+// at::detail::empty_strided_generic builds it for a CPU tensor (a resizable
+// StorageImpl with the allocator's DataPtr, a TensorImpl of the CPU key
+// set, then its sizes and strides), without what that re-derives from
+// scratch: the checks of sizes a source tensor already passed.
+at::Tensor empty_pooled(at::IntArrayRef sizes, at::IntArrayRef strides, caffe2::TypeMeta dtype, std::size_t bytes,
+                        void** data) {
+    c10::Allocator* const allocator = buffer_pool_allocator();
+    c10::DataPtr buffer = allocator->allocate(bytes);
+    *data = buffer.get();
+    auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), bytes,
+                                                         std::move(buffer), allocator, /*resizable=*/true);
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                     c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+    impl->set_sizes_and_strides(sizes, strides);
+    return at::Tensor(std::move(impl));
+}
+
+// at::cat(pieces, -2) for what a model appends and what a merge joins:
+// [batch, heads, tokens, dim] tensors of one dtype that agree but in tokens.
+// The result is what cat gives (a new contiguous tensor of its own, version
+// 0), made without the dispatcher and TensorIterator: that set-up was half
+// of a small model step (two cats per layer per token), and a merge of many
+// small parts paid it per part. A merge takes its buffer from the pool
+// (`buffer`): a merge of large caches otherwise copies into fresh pages the
+// kernel must zero and map first, as a clone did before the pool
+// (BENCHMARKS.md). Anything else goes to at::cat, which also promotes mixed
+// dtypes and reports mismatched shapes.
+at::Tensor cat_tokens(at::ArrayRef<at::Tensor> pieces, Buffer buffer = Buffer::cpu) {
+    const at::Tensor& first = pieces.front();
+    // Each piece's values and the bytes of one of its [tokens, dim] blocks,
+    // read once here, not once per row below.
+    struct Block {
+        const char* values;
+        std::size_t bytes;
+    };
+    c10::SmallVector<Block, 8> blocks;
+    const std::size_t element = first.element_size();
     std::int64_t tokens = 0;
     for (const at::Tensor& t : pieces) {
-        fast = fast && t.defined() && is_plain(t) && t.dim() == 4 && t.scalar_type() == first.scalar_type() &&
-               t.size(0) == first.size(0) && t.size(1) == first.size(1) && t.size(3) == first.size(3);
-        if (!fast) break;
+        const bool fast = t.defined() && is_plain(t) && t.dim() == 4 && t.scalar_type() == first.scalar_type() &&
+                          t.size(0) == first.size(0) && t.size(1) == first.size(1) && t.size(3) == first.size(3);
+        if (!fast) return at::cat(pieces, -2);
         tokens += t.size(2);
+        const std::size_t bytes = static_cast<std::size_t>(t.size(2) * t.size(3)) * element;
+        if (bytes > 0) blocks.push_back({static_cast<const char*>(t.data_ptr()), bytes});
     }
-    if (!fast) return at::cat(pieces, -2);
-    at::Tensor out = at::detail::empty_cpu({first.size(0), first.size(1), tokens, first.size(3)}, first.scalar_type());
+    const std::int64_t sizes[] = {first.size(0), first.size(1), tokens, first.size(3)};
+    at::Tensor out;
+    char* to = nullptr;
+    if (buffer == Buffer::pool) {
+        const std::int64_t strides[] = {sizes[1] * sizes[2] * sizes[3], sizes[2] * sizes[3], sizes[3], 1};
+        void* data = nullptr;
+        out = empty_pooled(sizes, strides, first.dtype(), static_cast<std::size_t>(sizes[0] * strides[0]) * element, &data);
+        to = static_cast<char*>(data);
+    } else {
+        out = at::detail::empty_cpu(sizes, first.scalar_type());
+        to = static_cast<char*>(out.data_ptr());
+    }
     // Row by row of [batch, heads]: each piece's tokens x dim block in turn.
     const auto rows = static_cast<std::size_t>(first.size(0) * first.size(1));
-    const std::size_t element = first.element_size();
-    auto* to = static_cast<char*>(out.data_ptr());
     for (std::size_t row = 0; row < rows; ++row) {
-        for (const at::Tensor& t : pieces) {
-            const std::size_t block = static_cast<std::size_t>(t.size(2) * t.size(3)) * element;
-            if (block == 0) continue;
-            std::memcpy(to, static_cast<const char*>(t.data_ptr()) + row * block, block);
-            to += block;
+        for (const Block& block : blocks) {
+            std::memcpy(to, block.values + row * block.bytes, block.bytes);
+            to += block.bytes;
         }
     }
     return out;
@@ -86,23 +129,10 @@ struct PendingCopy {
 using PendingCopies = c10::SmallVector<PendingCopy, 32>;
 
 // An unfilled tensor of t's sizes, strides and dtype with a storage of its
-// own from the buffer pool, and where its bytes go. Built as
-// at::detail::empty_strided_generic builds it for a CPU tensor (a resizable
-// StorageImpl with the allocator's DataPtr, a TensorImpl of the CPU key
-// set, then its sizes and strides), without what that re-derives from
-// scratch: the checks of sizes the source already passed, and the storage
-// size, which for a contiguous tensor is its nbytes().
+// own from the buffer pool, and where its bytes go; for a contiguous tensor
+// the storage size is its nbytes().
 at::Tensor empty_plain_like(const at::Tensor& t, void** data) {
-    c10::Allocator* const allocator = buffer_pool_allocator();
-    const std::size_t bytes = t.nbytes();
-    c10::DataPtr buffer = allocator->allocate(bytes);
-    *data = buffer.get();
-    auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), bytes,
-                                                         std::move(buffer), allocator, /*resizable=*/true);
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(storage)),
-                                                     c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides());
-    return at::Tensor(std::move(impl));
+    return empty_pooled(t.sizes(), t.strides(), t.dtype(), t.nbytes(), data);
 }
 
 // Copy of one slot; absent stays absent. The result is what t.clone()
@@ -312,7 +342,7 @@ at::Tensor cat_present(const std::vector<at::Tensor>& pieces) {
         if (holds_elements(t)) present.push_back(t);
     }
     if (present.empty()) return at::Tensor();
-    return at::cat(present, -2);
+    return cat_tokens(present, Buffer::pool);
 }
 
 }  // namespace

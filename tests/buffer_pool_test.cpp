@@ -1,5 +1,5 @@
-// The buffer pool behind kv::clone (kv/buffer_pool.h): blocks of freed
-// copies are reused, the retention limit holds, limit 0 turns retention off,
+// The buffer pool behind kv::clone and kv::concat (kv/buffer_pool.h):
+// blocks of freed copies are reused, the retention limit holds, limit 0 turns retention off,
 // pooled tensors are ordinary independent CPU tensors, and concurrent
 // clones and frees are safe. Each test sets the limit itself (it starts
 // from an empty pool) and restores the previous one: under ASan the default
@@ -97,6 +97,35 @@ TEST_F(BufferPool, FreedCopiesAreRetainedAndReusedByTheNextClone) {
     EXPECT_EQ(reused.retained_blocks, 0);
     EXPECT_EQ(data_pointers(*second), first_pointers);
     EXPECT_TRUE(same_cache(*second, *source));
+}
+
+// A merge (kv::concat, Store::get_cache of several ids) is a copy too: its
+// slots come from the pool, in either layout, and hold what at::cat gives.
+TEST_F(BufferPool, MergesTakeTheirSlotsFromThePoolAndReuseThem) {
+    for (const Layout layout : {Layout::modern, Layout::legacy}) {
+        set_limit(kv::buffer_pool_limit_bytes_default);
+        const auto a = make_cache(layout, cache_layers, pooled_seq / 4, 1);
+        const auto b = make_cache(layout, cache_layers, pooled_seq / 4 * 3, 2);
+        const auto before = kv::buffer_pool_stats();
+        auto first = kv::concat({a, b});
+        const std::set<const void*> first_pointers = data_pointers(*first);
+        const auto made = kv::buffer_pool_stats();
+        EXPECT_EQ(made.fresh_blocks - before.fresh_blocks, cache_slots) << kv::layout_name(layout);
+        for (std::int64_t i = 0; i < cache_layers; ++i) {
+            EXPECT_TRUE(at::equal(kv::logical_keys(*first, i),
+                                  at::cat({kv::logical_keys(*a, i), kv::logical_keys(*b, i)}, -2)));
+            EXPECT_TRUE(at::equal(kv::logical_values(*first, i),
+                                  at::cat({kv::logical_values(*a, i), kv::logical_values(*b, i)}, -2)));
+        }
+        first.reset();
+        EXPECT_EQ(kv::buffer_pool_stats().retained_blocks, cache_slots) << kv::layout_name(layout);
+        const auto second = kv::concat({a, b});
+        const auto reused = kv::buffer_pool_stats();
+        EXPECT_EQ(reused.reused_blocks - made.reused_blocks, cache_slots) << kv::layout_name(layout);
+        EXPECT_EQ(data_pointers(*second), first_pointers) << kv::layout_name(layout);
+        EXPECT_FALSE(kv::shares_storage(*second, *a));
+        EXPECT_FALSE(kv::shares_storage(*second, *b));
+    }
 }
 
 TEST_F(BufferPool, ABlockServesSlightlySmallerRequestsButNotMuchSmallerOnes) {

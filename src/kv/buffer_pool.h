@@ -1,5 +1,5 @@
-// A bounded recycling pool for the K/V buffers kv::clone allocates, in the
-// spirit of PyTorch's caching allocators.
+// A bounded recycling pool for the K/V buffers kv::clone and kv::concat (a
+// merge) allocate, in the spirit of PyTorch's caching allocators.
 //
 // Why: a clone of a large cache otherwise gets fresh pages from the kernel
 // every time (glibc maps big allocations anew and unmaps them on free, or
@@ -63,7 +63,8 @@ void set_buffer_pool_limit(std::int64_t limit_bytes);
 // A snapshot of the pool's counters (the "so far" ones never go down).
 BufferPoolStats buffer_pool_stats();
 
-// The allocator of pooled CPU buffers (kv::clone builds its storages with it).
+// The allocator of pooled CPU buffers (kv::clone and kv::concat build their
+// storages with it).
 // It lives as long as the process; storages made with it stay ordinary CPU
 // storages (a resize allocates the new buffer from the pool too).
 c10::Allocator* buffer_pool_allocator();
