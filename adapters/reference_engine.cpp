@@ -578,11 +578,11 @@ void ReferenceEngine::remove(const std::vector<std::string>& ids) {
 // next new entry (up to spare_snapshots_max of them): a store whose ids
 // come and go then takes no allocation to snapshot them.
 void ReferenceEngine::forget_snapshot(const std::string& id) {
-    const auto found = snapshots_.find(id);
-    if (found == snapshots_.end()) return;
-    let_go(found->second.get());
-    if (spare_snapshots_.size() < spare_snapshots_max) spare_snapshots_.push_back(std::move(found->second));
-    snapshots_.erase(found);
+    std::unique_ptr<EntrySnapshot>* found = snapshots_.find(id);
+    if (found == nullptr) return;
+    let_go(found->get());
+    if (spare_snapshots_.size() < spare_snapshots_max) spare_snapshots_.push_back(std::move(*found));
+    snapshots_.erase(id);
 }
 
 void ReferenceEngine::remove_all() {
@@ -711,7 +711,7 @@ std::vector<CopyRecord> ReferenceEngine::take_copies() {
 // new object); any difference gives a version never issued before.
 std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
     const kv::Cache& cache = stored_cache(id);
-    std::unique_ptr<EntrySnapshot>& snapshot = snapshots_[id];
+    std::unique_ptr<EntrySnapshot>& snapshot = snapshots_.try_emplace(id).first->value;
     if (snapshot && matches(*snapshot, cache)) return snapshot->version;
     if (!snapshot && !spare_snapshots_.empty()) {
         snapshot = std::move(spare_snapshots_.back());

@@ -15,10 +15,10 @@
 #include "kv/store.h"
 #include "kv/generation.h"
 #include "kv/models.h"
+#include "id_map.h"
 #include "kvcheck/engine.h"
 
 #include <map>
-#include <unordered_map>
 #include <memory>
 #include <vector>
 
@@ -127,7 +127,7 @@ class ReferenceEngine : public Engine {
     mutable std::uint64_t found_changes_ = 0;
     // Per stored id: what its cache was made of when its version was last
     // handed out (entry_version), and that version.
-    std::unordered_map<std::string, std::unique_ptr<EntrySnapshot>> snapshots_;
+    IdMap<std::unique_ptr<EntrySnapshot>> snapshots_;
     static constexpr std::size_t spare_snapshots_max = 64;
     std::vector<std::unique_ptr<EntrySnapshot>> spare_snapshots_;  // emptied, kept for reuse
     std::uint64_t versions_issued_ = 0;

@@ -26,15 +26,16 @@ ObjectId Auditor::copy_object(ObjectId source, Origin origin, bool expect_owned,
 }
 
 void Auditor::store(const std::string& id, ObjectId object) {
-    if (entries_.count(id) == 0) order_.push_back(id);
-    entries_[id] = object;
+    const auto [node, inserted] = entries_.try_emplace(id);
+    if (inserted) order_.push_back(id);
+    node->value = object;
     Object& stored = objects_.at(object);
     stored.expect_owned = false;  // storing clears the owned marker
     stored.chain_sets = 1;        // and makes the cache an original: its copy history ends
 }
 
 void Auditor::remove(const std::string& id) {
-    if (entries_.erase(id) == 0) return;
+    if (!entries_.erase(id)) return;
     order_.erase(std::find(order_.begin(), order_.end(), id));
 }
 
@@ -44,9 +45,9 @@ void Auditor::remove_all() {
 }
 
 std::optional<ObjectId> Auditor::entry(const std::string& id) const {
-    const auto found = entries_.find(id);
-    if (found == entries_.end()) return std::nullopt;
-    return found->second;
+    const ObjectId* found = entries_.find(id);
+    if (found == nullptr) return std::nullopt;
+    return *found;
 }
 
 const CacheView& Auditor::view_of(ObjectId id) {
@@ -64,7 +65,7 @@ std::uint64_t Auditor::digest_of(ObjectId id) {
 Snapshot Auditor::snapshot() const {
     Snapshot snapshot;
     snapshot.order = order_;
-    for (const auto& [id, object] : entries_) snapshot.entries[id] = objects_.at(object).content;
+    entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
     return snapshot;
 }
 

@@ -3,6 +3,7 @@
 // internals. Internal to the harness.
 #pragma once
 
+#include "id_map.h"
 #include "kvcheck/content.h"
 
 #include <cstdint>
@@ -95,7 +96,7 @@ class Auditor {
     std::unordered_map<ObjectId, std::vector<ObjectId>> alias_children_;  // alias_parent -> the objects naming it
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
-    std::unordered_map<std::string, ObjectId> entries_;  // in no order: order_ has it
+    IdMap<ObjectId> entries_;  // in no order: order_ has it
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
 };

@@ -25,6 +25,7 @@
 #include "kvcheck/executor.h"
 
 #include "auditor.h"
+#include "id_map.h"
 #include "storage_index.h"
 
 #include <boost/pfr.hpp>
@@ -763,9 +764,9 @@ class Run {
     // What is known of entry `id` in this round. `known_version`: its
     // version, already asked (entry_versions) when versions are trusted.
     EntryReading& reading(const std::string& id, const std::uint64_t* known_version = nullptr) {
-        const auto [found, inserted] = readings_.try_emplace(id);
-        EntryReading& entry = found->second;
-        if (inserted) entry.id = &found->first;
+        const auto [node, inserted] = readings_.try_emplace(id);
+        EntryReading& entry = node->value;
+        if (inserted) entry.id = &node->key;
         if (entry.round == round_) return entry;
         entry.round = round_;
         std::optional<std::uint64_t> version;
@@ -775,7 +776,7 @@ class Run {
         entry = EntryReading{};
         entry.round = round_;
         entry.version = version;
-        entry.id = &found->first;
+        entry.id = &node->key;
         return entry;
     }
 
@@ -850,10 +851,10 @@ class Run {
     }
 
     void drop_reading(const std::string& id) {
-        const auto found = readings_.find(id);
-        if (found == readings_.end()) return;
-        unindex(found->second);
-        readings_.erase(found);
+        EntryReading* found = readings_.find(id);
+        if (found == nullptr) return;
+        unindex(*found);
+        readings_.erase(id);
     }
 
     void drop_readings() {
@@ -865,11 +866,11 @@ class Run {
     // entry reads it anew (and, without versions, all of it).
     void forget_readings() {
         holders_.clear();
-        for (auto& [id, entry] : readings_) {
+        readings_.for_each([](const std::string&, EntryReading& entry) {
             entry.indexed = false;
             entry.round = 0;
             entry.version.reset();
-        }
+        });
     }
 
     // The ids the engine lists, asked once a round.
@@ -1181,13 +1182,13 @@ class Run {
         if (!(immutable && handed_out) && !owned) return false;
         std::string entry;
         if (!shared_with_entry(*object, facts.storage, &entry)) return false;
-        const auto found = readings_.find(entry);
-        if (found != readings_.end() && found->second.batched) {
-            std::vector<std::uint64_t> batch = found->second.storage;
+        const EntryReading* found = readings_.find(entry);
+        if (found != nullptr && found->batched) {
+            std::vector<std::uint64_t> batch = found->storage;
             std::vector<std::uint64_t> one = engine_.storage_of_entry(entry);
             std::sort(batch.begin(), batch.end());
             std::sort(one.begin(), one.end());
-            if (!batch_agrees(found->second, "storage_of_entry", batch == one)) return true;
+            if (!batch_agrees(*found, "storage_of_entry", batch == one)) return true;
         }
         if (immutable && handed_out) {
             fail_as(property_id(Property::stored_immutable),
@@ -1238,7 +1239,7 @@ class Run {
     std::string note_;             // appended to the failures found by the read running now
     std::uint64_t round_ = 0;
     std::optional<std::vector<std::string>> listed_;
-    std::unordered_map<std::string, EntryReading> readings_;
+    IdMap<EntryReading> readings_;
     StorageIndex holders_;  // storage identity -> entries holding it
     std::unordered_map<std::int64_t, HandleReading> handle_readings_;
     std::size_t step_ = 0;
