@@ -187,6 +187,9 @@ static_assert(sizeof(SlotSnapshot) <= 80, "a snapshot of 12 slots stays under 1 
 // Everything view_of, storage_identities and owned() read of a cache: the
 // lists and layer objects (held, like the tensors), the flags, the slots.
 struct EntrySnapshot {
+    // The stored item it was taken of: while the store holds it (its
+    // `stored` flag), the entry is found through it, without a look-up.
+    kv::ItemPtr item;
     kv::Layout layout = kv::Layout::modern;
     bool owned = false;
     std::shared_ptr<kv::LayerList> layers;
@@ -267,6 +270,7 @@ std::array<const at::Tensor*, slot_count> layer_slots(const kv::Layer& layer) {
 
 // Lets go of everything `snapshot` holds, keeping the capacity of its lists.
 void let_go(EntrySnapshot* snapshot) {
+    snapshot->item.reset();
     snapshot->layers.reset();
     snapshot->key_cache.reset();
     snapshot->value_cache.reset();
@@ -350,7 +354,7 @@ bool matches(const EntrySnapshot& snapshot, const kv::Cache& cache) {
 // a chunk of entries and first asks the memory for every object of one link
 // of the chunk before reading any of the next, so that the misses of a link
 // overlap; then it reads each entry with the one-entry methods, from the
-// cache. (Versions gain nothing from it: entry_versions is the default.)
+// cache. entry_versions does the same for the versions.
 
 constexpr std::size_t warm_chunk = 32;
 
@@ -363,9 +367,23 @@ void prefetch(const void* object, std::size_t bytes = 64) {
     for (std::size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(at + offset);
 }
 
-// Brings in what digest_of, owned() and storage_identities read of
-// `caches`, link by link. `impls` is scratch.
-void warm(const std::vector<const kv::Cache*>& caches, std::vector<const c10::TensorImpl*>& impls) {
+// What a warm() brings in at the end of each chain: the values the facts
+// (digest_of, owned(), storage_identities) hash, or the version counters a
+// version (matches) compares.
+enum class Warm { facts, versions };
+
+// The version counter object of a tensor, for a prefetch: VariableVersion
+// holds only the intrusive pointer to it and gives no access to it. (A
+// prefetch of a wrong address is harmless: it never faults.)
+const void* version_counter_of(const c10::TensorImpl* impl) {
+    static_assert(sizeof(c10::VariableVersion) == sizeof(void*), "VariableVersion is one intrusive pointer");
+    const void* counter = nullptr;
+    std::memcpy(&counter, &impl->version_counter(), sizeof counter);
+    return counter;
+}
+
+// Brings in what `warm` asks of `caches`, link by link. `impls` is scratch.
+void warm(const std::vector<const kv::Cache*>& caches, std::vector<const c10::TensorImpl*>& impls, Warm what) {
     for (const kv::Cache* cache : caches) prefetch(cache, sizeof(kv::Cache));
     for (const kv::Cache* cache : caches) {
         if (cache->layout() == kv::Layout::modern) {
@@ -406,7 +424,9 @@ void warm(const std::vector<const kv::Cache*>& caches, std::vector<const c10::Te
     for (const c10::TensorImpl* impl : impls) prefetch(impl, sizeof(c10::TensorImpl));
     for (const c10::TensorImpl* impl : impls) {
         if (impl->has_storage()) prefetch(impl->storage().unsafeGetStorageImpl(), sizeof(c10::StorageImpl));
+        if (what == Warm::versions) prefetch(version_counter_of(impl));
     }
+    if (what == Warm::versions) return;
     for (const c10::TensorImpl* impl : impls) {
         if (!impl->has_storage() || impl->storage().data() == nullptr) continue;
         const auto itemsize = static_cast<std::size_t>(impl->itemsize());
@@ -417,31 +437,79 @@ void warm(const std::vector<const kv::Cache*>& caches, std::vector<const c10::Te
 
 }  // namespace
 
+// The items of ids[begin, end) and their caches, for a batch: through the
+// snapshots where the store still holds the item a snapshot was taken of
+// (no look-up), else from the store; null for a missing id (left to
+// stored_cache, which names it). Each link is asked of the memory for the
+// whole chunk before the next is read.
+void ReferenceEngine::chunk_items(const std::vector<std::string>& ids, std::size_t begin, std::size_t end,
+                                  std::vector<kv::ItemPtr>& items, std::vector<const kv::Cache*>& caches) {
+    std::vector<const EntrySnapshot*>& snapshots = chunk_snapshots_;
+    snapshots.clear();
+    for (std::size_t i = begin; i < end; ++i) {
+        const std::unique_ptr<EntrySnapshot>* snapshot = snapshots_.find(ids[i]);
+        snapshots.push_back(snapshot ? snapshot->get() : nullptr);
+        if (snapshots.back() != nullptr) prefetch(snapshots.back(), sizeof(EntrySnapshot));
+    }
+    for (const EntrySnapshot* snapshot : snapshots) {
+        if (snapshot == nullptr) continue;
+        if (snapshot->item) prefetch(snapshot->item.get(), sizeof(kv::Item));
+        prefetch(snapshot->slots.data(), snapshot->slots.size() * sizeof(SlotSnapshot));
+    }
+    items.clear();
+    caches.clear();
+    for (std::size_t i = begin; i < end; ++i) {
+        const EntrySnapshot* snapshot = snapshots[i - begin];
+        if (snapshot != nullptr && snapshot->item && snapshot->item->stored) {
+            items.push_back(snapshot->item);
+        } else {
+            const kv::ItemPtr* found = store_.find(ids[i]);
+            items.push_back(found ? *found : nullptr);
+        }
+        if (items.back() != nullptr) caches.push_back(items.back()->cache.get());
+    }
+}
+
 std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::string>& ids, bool with_storage) {
     std::vector<EntryFacts> facts;
     facts.reserve(ids.size());
-    std::vector<const kv::Item*> items;
+    std::vector<kv::ItemPtr> items;
     std::vector<const kv::Cache*> caches;
     std::vector<const c10::TensorImpl*> impls;
     for (std::size_t begin = 0; begin < ids.size(); begin += warm_chunk) {
         const std::size_t end = std::min(ids.size(), begin + warm_chunk);
-        items.clear();
-        caches.clear();
-        for (std::size_t i = begin; i < end; ++i) {
-            items.push_back(store_.find(ids[i]));  // a missing id is left to stored_cache, which names it
-            if (items.back() != nullptr) caches.push_back(items.back()->cache.get());
-        }
-        warm(caches, impls);
+        chunk_items(ids, begin, end, items, caches);
+        warm(caches, impls, Warm::facts);
         for (std::size_t i = begin; i < end; ++i) {
             // The one-entry methods (a subclass's overrides included), on
             // the item found above.
-            found_item_ = items[i - begin];
-            found_changes_ = store_.changes();
+            found_item_ = std::move(items[i - begin]);
             const std::string& id = ids[i];
             facts.push_back({entry_digest(id), entry_owned(id), with_storage ? storage_of_entry(id) : std::vector<std::uint64_t>{}});
         }
     }
     return facts;
+}
+
+// As read_entries, for the versions: the chain of each cache down to its
+// tensors' version counters and storages, and the snapshots they are
+// matched with, are asked for first; then entry_version takes each.
+std::vector<std::uint64_t> ReferenceEngine::entry_versions(const std::vector<std::string>& ids) {
+    std::vector<std::uint64_t> versions;
+    versions.reserve(ids.size());
+    std::vector<kv::ItemPtr> items;
+    std::vector<const kv::Cache*> caches;
+    std::vector<const c10::TensorImpl*> impls;
+    for (std::size_t begin = 0; begin < ids.size(); begin += warm_chunk) {
+        const std::size_t end = std::min(ids.size(), begin + warm_chunk);
+        chunk_items(ids, begin, end, items, caches);
+        warm(caches, impls, Warm::versions);
+        for (std::size_t i = begin; i < end; ++i) {
+            found_item_ = std::move(items[i - begin]);
+            versions.push_back(entry_version(ids[i]));
+        }
+    }
+    return versions;
 }
 
 // ---- CrashingFileSystem -----------------------------------------------------
@@ -504,10 +572,10 @@ kv::ConstCachePtr ReferenceEngine::stored(const std::string& id) const {
 }
 
 const kv::Cache& ReferenceEngine::stored_cache(const std::string& id) const {
-    if (found_item_ == nullptr || found_changes_ != store_.changes() || found_item_->id != id) {
-        found_item_ = store_.find(id);
-        found_changes_ = store_.changes();
-        if (found_item_ == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
+    if (found_item_ == nullptr || !found_item_->stored || found_item_->id != id) {
+        const kv::ItemPtr* found = store_.find(id);
+        if (found == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
+        found_item_ = *found;
     }
     return *found_item_->cache;
 }
@@ -710,8 +778,9 @@ std::vector<CopyRecord> ReferenceEngine::take_copies() {
 // (the snapshot holds them, so "the same" cannot be an address reused by a
 // new object); any difference gives a version never issued before.
 std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
-    const kv::Cache& cache = stored_cache(id);
     std::unique_ptr<EntrySnapshot>& snapshot = snapshots_.try_emplace(id).first->value;
+    if (snapshot && snapshot->item && snapshot->item->stored) found_item_ = snapshot->item;
+    const kv::Cache& cache = stored_cache(id);
     if (snapshot && matches(*snapshot, cache)) return snapshot->version;
     if (!snapshot && !spare_snapshots_.empty()) {
         snapshot = std::move(spare_snapshots_.back());
@@ -719,6 +788,7 @@ std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
     }
     if (!snapshot) snapshot = std::make_unique<EntrySnapshot>();
     take_snapshot(cache, snapshot.get());
+    snapshot->item = found_item_;  // stored_cache's: the item `cache` belongs to
     snapshot->version = ++versions_issued_;
     return snapshot->version;
 }

@@ -96,6 +96,7 @@ class ReferenceEngine : public Engine {
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override;
     std::vector<CopyRecord> take_copies() override;
     std::uint64_t entry_version(const std::string& id) override;
+    std::vector<std::uint64_t> entry_versions(const std::vector<std::string>& ids) override;
     std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) override;
 
   protected:
@@ -121,10 +122,10 @@ class ReferenceEngine : public Engine {
   private:
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::size_t copies_reported_ = 0;
-    // The item stored_cache found last, while the store's items stay: the
-    // checks ask for one entry's version, view, marker and storage in turn.
-    mutable const kv::Item* found_item_ = nullptr;
-    mutable std::uint64_t found_changes_ = 0;
+    // The item stored_cache found last, held: while its `stored` flag stays
+    // set the store maps its id to it. The checks ask for one entry's
+    // version, view, marker and storage in turn.
+    mutable kv::ItemPtr found_item_;
     // Per stored id: what its cache was made of when its version was last
     // handed out (entry_version), and that version.
     IdMap<std::unique_ptr<EntrySnapshot>> snapshots_;
@@ -133,6 +134,9 @@ class ReferenceEngine : public Engine {
     std::uint64_t versions_issued_ = 0;
 
     void forget_snapshot(const std::string& id);
+    void chunk_items(const std::vector<std::string>& ids, std::size_t begin, std::size_t end,
+                     std::vector<kv::ItemPtr>& items, std::vector<const kv::Cache*>& caches);
+    std::vector<const EntrySnapshot*> chunk_snapshots_;  // chunk_items' scratch
 };
 
 }  // namespace kvcheck::adapters

@@ -17,6 +17,10 @@ bool holds_tokens(const Cache& cache) {
 
 Store::Store(std::shared_ptr<Copier> copier) : copier_(std::move(copier)) { assert(copier_); }
 
+Store::~Store() {
+    for (const auto& [id, item] : items_) item->stored = false;
+}
+
 void Store::add(const std::vector<NewItem>& items) {
     for (const NewItem& item : items) {
         if (!item.cache) throw std::invalid_argument("add: item '" + item.id + "' has no cache");
@@ -25,8 +29,10 @@ void Store::add(const std::vector<NewItem>& items) {
         item.cache->set_owned(false);  // a stored cache is never an owned copy,
         item.cache->set_lineage({});   // and no longer a copy of anything: it is the original now
         auto stored = std::make_shared<const Item>(Item{item.id, item.cache, item.metadata});
-        auto [position, inserted] = items_.insert_or_assign(item.id, std::move(stored));
-        (void)position;
+        stored->stored = true;
+        auto [position, inserted] = items_.try_emplace(item.id);
+        if (!inserted) position->second->stored = false;  // overwritten
+        position->second = std::move(stored);
         ++changes_;
         if (inserted) order_.push_back(item.id);
     }
@@ -37,9 +43,9 @@ ItemPtr Store::get(const std::string& id) const {
     return found == items_.end() ? nullptr : found->second;
 }
 
-const Item* Store::find(const std::string& id) const {
+const ItemPtr* Store::find(const std::string& id) const {
     const auto found = items_.find(id);
-    return found == items_.end() ? nullptr : found->second.get();
+    return found == items_.end() ? nullptr : &found->second;
 }
 
 std::vector<ItemPtr> Store::get_by_ids(const std::vector<std::string>& ids) const {
@@ -64,7 +70,10 @@ CachePtr Store::get_cache(const std::vector<std::string>& ids) {
 
 void Store::remove(const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
-        if (items_.erase(id) == 0) continue;
+        const auto found = items_.find(id);
+        if (found == items_.end()) continue;
+        found->second->stored = false;
+        items_.erase(found);
         ++changes_;
         order_.erase(std::find(order_.begin(), order_.end(), id));
     }
@@ -72,6 +81,7 @@ void Store::remove(const std::vector<std::string>& ids) {
 
 void Store::remove_all() {
     ++changes_;
+    for (const auto& [id, item] : items_) item->stored = false;
     items_.clear();
     order_.clear();
 }
@@ -102,6 +112,8 @@ void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limit
         std::string id = item.id;
         items[id] = std::make_shared<const Item>(std::move(item));
     }
+    for (const auto& [id, item] : items) item->stored = true;
+    for (const auto& [id, item] : items_) item->stored = false;
     order_.swap(order);
     items_.swap(items);
     ++changes_;

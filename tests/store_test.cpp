@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
 namespace {
 
 using kv::Layout;
@@ -31,6 +36,61 @@ TEST(Store, AddGetOverwriteAndOrder) {
     store.remove_all();
     EXPECT_EQ(store.size(), 0u);
     EXPECT_THROW(store.add({{"x", nullptr, {}}}), std::invalid_argument);
+}
+
+// Item::stored is set exactly while the store that made the item holds it:
+// what lets an adapter find an entry through an item it kept, without a
+// look-up (adapters/reference_engine.cpp, entry_version).
+TEST(Store, AnItemIsMarkedStoredExactlyWhileItsStoreHoldsIt) {
+    kv::Store store;
+    store.add({{"a", make_cache(Layout::modern, 1, 2, 1), {}}, {"b", make_cache(Layout::legacy, 1, 3, 2), {}}});
+    const kv::ItemPtr a = store.get("a");
+    const kv::ItemPtr b = store.get("b");
+    EXPECT_TRUE(a->stored);
+    EXPECT_TRUE(b->stored);
+    EXPECT_EQ(*store.find("a"), a);
+    EXPECT_EQ(store.find("missing"), nullptr);
+
+    store.add({{"a", make_cache(Layout::modern, 1, 4, 3), {}}});
+    EXPECT_FALSE(a->stored) << "overwritten";
+    const kv::ItemPtr a2 = store.get("a");
+    EXPECT_TRUE(a2->stored);
+    store.remove({"b", "missing"});
+    EXPECT_FALSE(b->stored) << "removed";
+    EXPECT_TRUE(a2->stored) << "the others stay";
+
+    const std::string dir = (std::filesystem::temp_directory_path() / ("kvcheck-store-test-" + std::to_string(::getpid()))).string();
+    store.dump(dir);
+    store.add({{"c", make_cache(Layout::modern, 1, 1, 4), {}}});
+    const kv::ItemPtr c = store.get("c");
+    EXPECT_THROW(store.load(dir + "-missing"), kv::DumpError);
+    EXPECT_TRUE(a2->stored) << "a failed load changes nothing";
+    EXPECT_TRUE(c->stored);
+    store.load(dir);
+    std::filesystem::remove_all(dir);
+    EXPECT_FALSE(a2->stored) << "replaced by a load";
+    EXPECT_FALSE(c->stored);
+    const kv::ItemPtr loaded = store.get("a");
+    EXPECT_TRUE(loaded->stored);
+
+    {
+        kv::Store copy(store);
+        EXPECT_TRUE(loaded->stored) << "a copy holds it too";
+    }
+    EXPECT_FALSE(loaded->stored) << "a store letting an item go clears the flag for every store that shares it";
+    store.remove_all();
+    EXPECT_EQ(store.get("a"), nullptr);
+
+    kv::ItemPtr kept;
+    {
+        kv::Store gone;
+        gone.add({{"x", make_cache(Layout::modern, 1, 1, 5), {}}});
+        kept = gone.get("x");
+        store.add({{"x", make_cache(Layout::modern, 1, 1, 6), {}}});
+        store.remove_all();
+        EXPECT_TRUE(kept->stored) << "another store's remove_all leaves it";
+    }
+    EXPECT_FALSE(kept->stored) << "its store destroyed";
 }
 
 TEST(Store, GetCacheOfOneIdIsAnIndependentOwnedCopy) {

@@ -32,6 +32,14 @@ struct Item {
     std::string id;
     ConstCachePtr cache;  // never null
     Metadata metadata;
+    // Set when a store makes the item (add, load); cleared when a store
+    // holding it lets it go (remove, overwrite, remove_all, load, the
+    // store's destruction). While it is set, the store that made the item
+    // (and any copy of that store) maps `id` to this very item: a holder of
+    // the ItemPtr can tell so without a look-up. Copies of a store share
+    // items, so one letting an item go clears it for all: the flag may be
+    // clear while a store still holds the item, never set while it does not.
+    mutable bool stored = false;
 };
 using ItemPtr = std::shared_ptr<const Item>;
 
@@ -66,15 +74,21 @@ bool holds_tokens(const Cache& cache);
 class Store {
   public:
     explicit Store(std::shared_ptr<Copier> copier = std::make_shared<Copier>());
+    ~Store();  // clears the `stored` flag of the items it holds
+    Store(const Store&) = default;
+    Store(Store&&) = default;
+    // No assignment: the items a store held before would keep their flag.
+    Store& operator=(const Store&) = delete;
+    Store& operator=(Store&&) = delete;
 
     // Stores each item under its id; an existing id is overwritten in place
     // (insertion order keeps its first position, as a Python dict does).
     void add(const std::vector<NewItem>& items);
 
     ItemPtr get(const std::string& id) const;  // null when missing
-    // The stored item, without taking a reference: valid until the store
-    // next changes. Null when missing.
-    const Item* find(const std::string& id) const;
+    // The store's own pointer to the stored item, without taking a
+    // reference: valid until the store next changes. Null when missing.
+    const ItemPtr* find(const std::string& id) const;
     std::vector<ItemPtr> get_by_ids(const std::vector<std::string>& ids) const;  // null for missing
     std::vector<ItemPtr> get_all() const;  // insertion order
 
