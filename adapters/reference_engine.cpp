@@ -470,45 +470,42 @@ void ReferenceEngine::chunk_items(const std::vector<std::string>& ids, std::size
     }
 }
 
-std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::string>& ids, bool with_storage) {
-    std::vector<EntryFacts> facts;
-    facts.reserve(ids.size());
+// Runs `take` on each of `ids`, a chunk of warm_chunk at a time: each
+// chunk's items found (chunk_items) and their chains warmed (`what`) first,
+// then found_item_ set to each entry's item before `take` reads it with the
+// one-entry methods (a subclass's overrides included).
+void ReferenceEngine::each_warmed(const std::vector<std::string>& ids, bool values,
+                                  const std::function<void(const std::string&)>& take) {
     std::vector<kv::ItemPtr> items;
     std::vector<const kv::Cache*> caches;
     std::vector<const c10::TensorImpl*> impls;
     for (std::size_t begin = 0; begin < ids.size(); begin += warm_chunk) {
         const std::size_t end = std::min(ids.size(), begin + warm_chunk);
         chunk_items(ids, begin, end, items, caches);
-        warm(caches, impls, Warm::facts);
+        warm(caches, impls, values ? Warm::facts : Warm::versions);
         for (std::size_t i = begin; i < end; ++i) {
-            // The one-entry methods (a subclass's overrides included), on
-            // the item found above.
             found_item_ = std::move(items[i - begin]);
-            const std::string& id = ids[i];
-            facts.push_back({entry_digest(id), entry_owned(id), with_storage ? storage_of_entry(id) : std::vector<std::uint64_t>{}});
+            take(ids[i]);
         }
     }
+}
+
+std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::string>& ids, bool with_storage) {
+    std::vector<EntryFacts> facts;
+    facts.reserve(ids.size());
+    each_warmed(ids, true, [&](const std::string& id) {
+        facts.push_back({entry_digest(id), entry_owned(id), with_storage ? storage_of_entry(id) : std::vector<std::uint64_t>{}});
+    });
     return facts;
 }
 
 // As read_entries, for the versions: the chain of each cache down to its
 // tensors' version counters and storages, and the snapshots they are
-// matched with, are asked for first; then entry_version takes each.
+// matched with (chunk_items), are asked for first.
 std::vector<std::uint64_t> ReferenceEngine::entry_versions(const std::vector<std::string>& ids) {
     std::vector<std::uint64_t> versions;
     versions.reserve(ids.size());
-    std::vector<kv::ItemPtr> items;
-    std::vector<const kv::Cache*> caches;
-    std::vector<const c10::TensorImpl*> impls;
-    for (std::size_t begin = 0; begin < ids.size(); begin += warm_chunk) {
-        const std::size_t end = std::min(ids.size(), begin + warm_chunk);
-        chunk_items(ids, begin, end, items, caches);
-        warm(caches, impls, Warm::versions);
-        for (std::size_t i = begin; i < end; ++i) {
-            found_item_ = std::move(items[i - begin]);
-            versions.push_back(entry_version(ids[i]));
-        }
-    }
+    each_warmed(ids, false, [&](const std::string& id) { versions.push_back(entry_version(id)); });
     return versions;
 }
 

@@ -18,6 +18,7 @@
 #include "id_map.h"
 #include "kvcheck/engine.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -136,6 +137,9 @@ class ReferenceEngine : public Engine {
     void forget_snapshot(const std::string& id);
     void chunk_items(const std::vector<std::string>& ids, std::size_t begin, std::size_t end,
                      std::vector<kv::ItemPtr>& items, std::vector<const kv::Cache*>& caches);
+    // `values`: warm the values the facts hash; else the version counters.
+    void each_warmed(const std::vector<std::string>& ids, bool values,
+                     const std::function<void(const std::string&)>& take);
     std::vector<const EntrySnapshot*> chunk_snapshots_;  // chunk_items' scratch
 };
 

@@ -3,6 +3,8 @@
 // reference adapter's snapshots. Internal to the harness and the adapters.
 #pragma once
 
+#include "probe_table.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -50,8 +52,8 @@ class IdMap {
     std::pair<Node*, bool> try_emplace(const std::string& id) {
         if ((used_ + 1) * 2 > slots_.size()) grow();
         const std::uint64_t hash = hash_of(id);
-        std::size_t at = home(hash);
-        for (; slots_[at].node != nullptr; at = (at + 1) & mask_) {
+        std::size_t at = homes_.of(hash);
+        for (; slots_[at].node != nullptr; at = homes_.next(at)) {
             if (slots_[at].hash == hash && slots_[at].node->key == id) return {slots_[at].node, false};
         }
         auto node = std::make_unique<Node>();
@@ -65,7 +67,7 @@ class IdMap {
     bool erase(const std::string& id) {
         if (used_ == 0) return false;
         const std::uint64_t hash = hash_of(id);
-        for (std::size_t at = home(hash); slots_[at].node != nullptr; at = (at + 1) & mask_) {
+        for (std::size_t at = homes_.of(hash); slots_[at].node != nullptr; at = homes_.next(at)) {
             if (slots_[at].hash == hash && slots_[at].node->key == id) {
                 delete slots_[at].node;
                 erase_at(at);
@@ -112,54 +114,38 @@ class IdMap {
 
     static std::uint64_t hash_of(const std::string& id) { return std::hash<std::string>{}(id); }
 
-    // Fibonacci hashing spreads whatever bits the string hash leaves alike.
-    std::size_t home(std::uint64_t hash) const {
-        return static_cast<std::size_t>((hash * 0x9E3779B97F4A7C15ull) >> shift_);
-    }
-
     Node* find_node(const std::string& id) {
         if (used_ == 0) return nullptr;
         const std::uint64_t hash = hash_of(id);
-        for (std::size_t at = home(hash); slots_[at].node != nullptr; at = (at + 1) & mask_) {
+        for (std::size_t at = homes_.of(hash); slots_[at].node != nullptr; at = homes_.next(at)) {
             if (slots_[at].hash == hash && slots_[at].node->key == id) return slots_[at].node;
         }
         return nullptr;
     }
 
-    // As StorageIndex::erase_at: pull back every later pair of the run that
-    // probing from its home would no longer reach past the hole.
     void erase_at(std::size_t hole) {
-        slots_[hole] = Slot{};
+        erase_by_backward_shift(
+            slots_, hole, homes_, [](const Slot& slot) { return slot.node == nullptr; },
+            [](const Slot& slot) { return slot.hash; });
         --used_;
-        for (std::size_t at = (hole + 1) & mask_; slots_[at].node != nullptr; at = (at + 1) & mask_) {
-            const std::size_t want = home(slots_[at].hash);
-            const bool reachable = hole <= at ? (want > hole && want <= at) : (want > hole || want <= at);
-            if (reachable) continue;
-            slots_[hole] = slots_[at];
-            slots_[at] = Slot{};
-            hole = at;
-        }
     }
 
     void grow() {
         std::vector<Slot> old = std::move(slots_);
         const std::size_t size = old.empty() ? 16 : old.size() * 2;
         slots_.assign(size, Slot{});
-        mask_ = size - 1;
-        shift_ = 64;
-        for (std::size_t n = size; n > 1; n >>= 1) --shift_;
+        homes_.resize(size);
         for (const Slot& slot : old) {
             if (slot.node == nullptr) continue;
-            std::size_t at = home(slot.hash);
-            while (slots_[at].node != nullptr) at = (at + 1) & mask_;
+            std::size_t at = homes_.of(slot.hash);
+            while (slots_[at].node != nullptr) at = homes_.next(at);
             slots_[at] = slot;
         }
     }
 
     std::vector<Slot> slots_;
     std::size_t used_ = 0;
-    std::size_t mask_ = 0;
-    unsigned shift_ = 64;
+    ProbeHomes homes_;
 };
 
 }  // namespace kvcheck
