@@ -26,9 +26,9 @@
 // the number of live handles stays that of a short trace. At 1,000 entries
 // each mix also runs without get_all ("<mix>_no_get_all"): the reference's
 // get_all looks up every id in its map, a third or more of the unchecked
-// run there, and checked it costs about what it costs unchecked (one
-// comparison of the id lists), so its share of the mix pulls the overhead
-// down; without it the overhead is that of the other operations.
+// run there, and checked it costs only a sixth more (one comparison of
+// the id lists), so its share of the mix pulls the overhead down; without
+// it the overhead is that of the other operations.
 #include "bench_util.h"
 
 #include "bundled.h"
@@ -203,9 +203,9 @@ MixTime time_mix(std::size_t prefix_size, const Trace& trace, RunOptions options
     return time;
 }
 
-Trace with_mix(const Trace& prefix, std::size_t entries, bool generation, bool get_all = true) {
+Trace with_mix(const Trace& prefix, std::size_t entries, bool generation, bool with_get_all = true) {
     Trace trace = prefix;
-    const Trace mix = mix_of(entries, generation, get_all);
+    const Trace mix = mix_of(entries, generation, with_get_all);
     trace.insert(trace.end(), mix.begin(), mix.end());
     return trace;
 }
@@ -219,9 +219,9 @@ Trace with_mix(const Trace& prefix, std::size_t entries, bool generation, bool g
 // over rounds of the round's CPU seconds checked / unchecked: a ratio of
 // two runs a few milliseconds apart, which the machine's drift over the
 // benchmark moves far less than a ratio of two medians.
-void executor_interleaved(benchmark::State& state, std::size_t entries, bool generation, bool get_all) {
+void executor_interleaved(benchmark::State& state, std::size_t entries, bool generation, bool with_get_all) {
     const Trace prefix = adds_of(entries);
-    const Trace trace = with_mix(prefix, entries, generation, get_all);
+    const Trace trace = with_mix(prefix, entries, generation, with_get_all);
     std::vector<Checking> ways = {Checking::checked, Checking::unchecked};
     if (generation) ways.push_back(Checking::no_generation_rerun);
     std::vector<Samples> seconds(ways.size()), cpu(ways.size());

@@ -189,7 +189,7 @@ def executor_section(harness, before, fuzz):
         "caches (up to 3 layers of up to 5 tokens). `mixed`: the workload's kinds at the uniform swarm's weights, "
         "generation included, files left out; `store`: the same without generation; `<mix>_no_get_all` (1,000 entries): "
         "the same without get_all, whose look-up of every id in the reference's map is a third or more of the "
-        "unchecked run at 1,000 entries and costs about as much checked (one comparison of the id lists), so that "
+        "unchecked run at 1,000 entries and costs only a sixth more checked (one comparison of the id lists), so that "
         "its share pulls the overhead of the mix down. Checked: every checker on, "
         "the default schedule (after each step, what it can reach; every entry at full reads: harness/executor.cpp). "
         "Every step: every checker on, every entry, the listing and every handle read after every step "
