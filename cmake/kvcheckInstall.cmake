@@ -35,13 +35,13 @@ if(TARGET kvcheck)
   set_target_properties(kvcheck PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS kvcheck EXPORT kvcheckTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/harness/kvcheck/
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/harness/include/kvcheck/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvcheck
   FILES_MATCHING PATTERN "*.h")
 install(EXPORT kvcheckTargets NAMESPACE kvcheck:: DESTINATION ${KVCHECK_INSTALL_CMAKEDIR})
 
 # Values the package config reports.
-file(STRINGS ${PROJECT_SOURCE_DIR}/harness/kvcheck/plugin.h kvcheck_abi_line
+file(STRINGS ${PROJECT_SOURCE_DIR}/harness/include/kvcheck/plugin.h kvcheck_abi_line
   REGEX "^#define KVCHECK_PLUGIN_ABI_VERSION [0-9]+")
 string(REGEX REPLACE ".* ([0-9]+)$" "\\1" KVCHECK_PLUGIN_ABI_VERSION "${kvcheck_abi_line}")
 set(KVCHECK_BOOST_VERSION 1.81)

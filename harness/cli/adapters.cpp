@@ -1,6 +1,5 @@
 #include "adapters.h"
 
-#include "bundled.h"
 #include "kvcheck/plugin.h"
 
 #include <dlfcn.h>
@@ -9,10 +8,16 @@
 namespace kvcheck::cli {
 namespace {
 
-Adapter from_bundled(const adapters::BundledAdapter& bundled) {
-    auto make = bundled.make;
-    return {bundled.name, bundled.description, "bundled", bundled.breaks,
-            [make] { return std::shared_ptr<Engine>(make()); }};
+std::vector<Adapter>& bundled_list() {
+    static std::vector<Adapter> list;
+    return list;
+}
+
+const Adapter* find_bundled(const std::string& name) {
+    for (const Adapter& adapter : bundled_list()) {
+        if (adapter.name == name) return &adapter;
+    }
+    return nullptr;
 }
 
 bool looks_like_path(const std::string& text) {
@@ -52,17 +57,15 @@ Adapter load_plugin(const std::string& path) {
 
 }  // namespace
 
-std::vector<Adapter> bundled_adapters() {
-    std::vector<Adapter> all;
-    for (const auto& bundled : adapters::bundled()) all.push_back(from_bundled(bundled));
-    return all;
-}
+void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std::move(adapters); }
+
+std::vector<Adapter> bundled_adapters() { return bundled_list(); }
 
 Adapter load_adapter(const std::string& name_or_path) {
-    if (const adapters::BundledAdapter* bundled = adapters::find_bundled(name_or_path)) return from_bundled(*bundled);
+    if (const Adapter* bundled = find_bundled(name_or_path)) return *bundled;
     if (looks_like_path(name_or_path)) return load_plugin(name_or_path);
     std::string names;
-    for (const auto& bundled : adapters::bundled()) names += " " + bundled.name;
+    for (const Adapter& bundled : bundled_list()) names += " " + bundled.name;
     throw UsageError("unknown adapter '" + name_or_path + "': give a bundled name (" + names.substr(1) +
                      ") or the path of a plugin (.so)");
 }

@@ -31,6 +31,9 @@ struct Adapter {
 // what is wrong (unknown name, missing file, dlopen error, missing entry
 // point, ABI version mismatch).
 Adapter load_adapter(const std::string& name_or_path);
+// The adapters built into the binary (the kvcheck tool registers the
+// reference and the mutants at start-up, through cli::main).
+void set_bundled_adapters(std::vector<Adapter> adapters);
 std::vector<Adapter> bundled_adapters();
 
 }  // namespace kvcheck::cli

@@ -1,12 +1,15 @@
 // kvcheck: checks KV-cache ownership properties of engine adapters.
-#include "adapters.h"
+#include "main.h"
+
 #include "commands.h"
 
 #include <iostream>
 #include <map>
 
-int main(int argc, char** argv) {
-    using namespace kvcheck::cli;
+namespace kvcheck::cli {
+
+int main(int argc, char** argv, std::vector<Adapter> bundled) {
+    set_bundled_adapters(std::move(bundled));
     const Args args(argv + 1, argv + argc);
     const std::map<std::string, int (*)(const Args&)> commands = {
         {"list", command_list}, {"run", command_run}, {"replay", command_replay},
@@ -24,3 +27,5 @@ int main(int argc, char** argv) {
         return 2;
     }
 }
+
+}  // namespace kvcheck::cli
