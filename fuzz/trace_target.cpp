@@ -8,6 +8,7 @@
 #include "kvcheck/shrink.h"
 
 #include <ATen/Parallel.h>
+#include <boost/pfr.hpp>
 #include <c10/util/Logging.h>
 
 #include <unistd.h>
@@ -16,10 +17,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
 
 namespace kvcheck::fuzz {
 namespace {
@@ -103,14 +105,12 @@ void print_settings(const Settings& s) {
 
 // ---- text traces ------------------------------------------------------------
 
-template <class... F>
-struct Overloaded : F... {
-    using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
-// Why a text trace is over the limits; empty when it is within them.
+// Why a text trace is over the limits; empty when it is within them. Every
+// field of every operation is held to the limit of its kind, whatever the
+// operation; an operation must also be well formed (its trait): the
+// generator gives every cache-making operation a fresh handle, and a text
+// trace that names h0 (no cache) or one of the operation's own sources as
+// its output is outside what the executor models.
 std::string over_limits(const Trace& trace, const TextLimits& limits) {
     if (trace.size() > limits.trace_ops_max) return "too many operations";
     // One dtype per trace, as the workload draws it: the auditor's
@@ -125,57 +125,39 @@ std::string over_limits(const Trace& trace, const TextLimits& limits) {
         }
         return true;
     };
-    const auto prompt_ok = [&](const Tokens& prompt, std::int64_t max) {
-        if (prompt.size() > limits.prompt_tokens_max || max < 0 || max > limits.new_tokens_max) return false;
+    const auto prompt_ok = [&](const Tokens& prompt) {
+        if (prompt.size() > limits.prompt_tokens_max) return false;
         for (std::int64_t token : prompt) {
             if (token < 0 || token > limits.token_max) return false;
         }
         return true;
     };
-    const auto slot_ok = [&](std::int64_t slot) { return slot >= 0 && slot <= limits.dump_slot_max; };
-    // The generator gives every cache-making operation a fresh handle; a
-    // text trace that names h0 (no cache) or one of the operation's own
-    // sources as its output is outside what the executor models (it would
-    // compare a clone with itself).
-    const auto out_ok = [](HandleName out, std::initializer_list<HandleName> sources) {
-        if (out.value == 0) return false;
-        for (HandleName source : sources) {
-            if (source == out) return false;
-        }
-        return true;
+    const auto integer_ok = [&](std::string_view field, std::int64_t value) {
+        if (field == "max") return value >= 0 && value <= limits.new_tokens_max;
+        if (field == "slot") return value >= 0 && value <= limits.dump_slot_max;
+        if (field == "bytes") return value >= 0 && value <= limits.dump_crash_bytes_max;
+        return true;  // offsets wrap, switches are tested for zero
     };
-    const auto parts_ok = [&](HandleName out, const HandleNames& parts) {
-        if (parts.size() > limits.ids_max) return false;
-        for (HandleName part : parts) {
-            if (part == out) return false;
-        }
-        return out.value != 0;
-    };
-    for (const Op& op : trace) {
-        const bool ok = std::visit(
-            Overloaded{
-                [&](const op::Add& o) { return cache_ok(o.cache); },
-                [&](const op::Make& o) { return cache_ok(o.cache) && out_ok(o.out, {}); },
-                [&](const op::Get& o) { return out_ok(o.out, {}); },
-                [&](const op::GetByIds& o) { return o.ids.size() <= limits.ids_max; },
-                [&](const op::GetCache& o) { return o.ids.size() <= limits.ids_max && out_ok(o.out, {}); },
-                [&](const op::Delete& o) { return o.ids.size() <= limits.ids_max; },
-                [&](const op::Clone& o) { return out_ok(o.out, {o.source}); },
-                [&](const op::ToLegacy& o) { return out_ok(o.out, {o.source}); },
-                [&](const op::FromLegacy& o) { return out_ok(o.out, {o.source}); },
-                [&](const op::Concat& o) { return parts_ok(o.out, o.parts); },
-                [&](const op::Generate& o) { return prompt_ok(o.prompt, o.max); },
-                [&](const op::GenerateStream& o) { return prompt_ok(o.prompt, o.max); },
-                [&](const op::Dump& o) { return slot_ok(o.slot); },
-                [&](const op::Load& o) { return slot_ok(o.slot); },
-                [&](const op::Corrupt& o) { return slot_ok(o.slot); },
-                [&](const op::DumpCrash& o) {
-                    return slot_ok(o.slot) && o.bytes >= 0 && o.bytes <= limits.dump_crash_bytes_max;
-                },
-                [&](const auto&) { return true; },
+    for (const Op& operation : trace) {
+        bool ok = op_well_formed(operation);
+        std::visit(
+            [&](const auto& o) {
+                using T = std::decay_t<decltype(o)>;
+                boost::pfr::for_each_field(o, [&](const auto& field, std::size_t index) {
+                    using F = std::decay_t<decltype(field)>;
+                    if constexpr (std::is_same_v<F, CacheSpec>) {
+                        ok = cache_ok(field) && ok;
+                    } else if constexpr (std::is_same_v<F, Tokens>) {
+                        ok = ok && prompt_ok(field);
+                    } else if constexpr (std::is_same_v<F, Ids> || std::is_same_v<F, HandleNames>) {
+                        ok = ok && field.size() <= limits.ids_max;
+                    } else if constexpr (std::is_same_v<F, std::int64_t>) {
+                        ok = ok && integer_ok(T::fields[index], field);
+                    }
+                });
             },
-            op);
-        if (!ok) return std::string("operation over the limits: ") + op_name(op);
+            operation);
+        if (!ok) return std::string("operation over the limits: ") + op_name(operation);
     }
     return {};
 }

@@ -81,26 +81,6 @@ std::string tokens_text(const std::vector<std::int64_t>& tokens) {
     return text + "]";
 }
 
-// An operation whose output is h0 ("no cache") or one of its own inputs
-// names nothing an engine can do; it is skipped like a dangling handle.
-bool well_formed(const Op& operation) {
-    return std::visit(
-        [](const auto& o) {
-            using T = std::decay_t<decltype(o)>;
-            if constexpr (std::is_same_v<T, op::Clone> || std::is_same_v<T, op::ToLegacy> ||
-                          std::is_same_v<T, op::FromLegacy>) {
-                return o.out.value != 0 && !(o.out == o.source);
-            } else if constexpr (std::is_same_v<T, op::Concat>) {
-                return o.out.value != 0 && std::find(o.parts.begin(), o.parts.end(), o.out) == o.parts.end();
-            } else if constexpr (std::is_same_v<T, op::Get> || std::is_same_v<T, op::GetCache> || std::is_same_v<T, op::Make>) {
-                return o.out.value != 0;
-            } else {
-                return true;
-            }
-        },
-        operation);
-}
-
 // What an operation names: the schedule of reads around it follows from it.
 struct StepScope {
     std::vector<std::string> ids;       // stored entries it names
@@ -134,11 +114,9 @@ StepScope scope_of(const Op& operation) {
                     }
                 }
             });
-            scope.destroys_named = std::is_same_v<T, op::Add> || std::is_same_v<T, op::AddHandle> ||
-                                   std::is_same_v<T, op::Delete>;
-            scope.whole_store = std::is_same_v<T, op::Dump> || std::is_same_v<T, op::DumpCrash> ||
-                                std::is_same_v<T, op::Load> || std::is_same_v<T, op::DeleteAll>;
-            scope.membership = scope.destroys_named || std::is_same_v<T, op::Load> || std::is_same_v<T, op::DeleteAll>;
+            scope.destroys_named = T::reach == StoreReach::replaces_named;
+            scope.whole_store = T::reach == StoreReach::whole_store;
+            scope.membership = T::changes_ids;
         },
         operation);
     return scope;
@@ -195,7 +173,7 @@ class Run {
     // ---- the schedule ----
 
     void run_step(const Op& operation) {
-        if (!well_formed(operation)) {
+        if (!op_well_formed(operation) || !engine_supports(capabilities_, op_needs(operation.index()))) {
             ++result_.coverage.ops_skipped;
             return;
         }
@@ -536,7 +514,6 @@ class Run {
     bool apply(const op::Generate& op) { return apply_generate(op.source, op.prompt, op.max, false); }
 
     bool apply(const op::GenerateStream& op) {
-        if (!capabilities_.generate_stream) return false;
         return apply_generate(op.source, op.prompt, op.max, true);
     }
 
@@ -569,14 +546,12 @@ class Run {
     }
 
     bool apply(const op::Dump& op) {
-        if (!capabilities_.dump) return false;
         engine_.dump(slot_dir(op.slot));
         audit_.slots()[op.slot] = DumpSlot{{audit_.snapshot()}, false, false};
         return true;
     }
 
     bool apply(const op::DumpCrash& op) {
-        if (!capabilities_.dump || !capabilities_.dump_crash) return false;
         engine_.dump_interrupted(slot_dir(op.slot), op.bytes);
         DumpSlot& slot = audit_.slots()[op.slot];
         if (slot.candidates.empty()) slot.may_be_absent = true;
@@ -585,7 +560,6 @@ class Run {
     }
 
     bool apply(const op::Corrupt& op) {
-        if (!capabilities_.dump) return false;
         std::vector<fs::path> files;
         std::error_code error;
         for (const auto& entry : fs::directory_iterator(slot_dir(op.slot), error)) {
@@ -618,7 +592,6 @@ class Run {
     }
 
     bool apply(const op::Load& op) {
-        if (!capabilities_.dump) return false;
         const Snapshot before = audit_.snapshot();
         const LoadResult loaded = engine_.load(slot_dir(op.slot));
         drop_readings();  // the store may hold other entries now
@@ -705,7 +678,6 @@ class Run {
     }
 
     bool apply_conversion(std::int64_t source_handle, std::int64_t out, Layout from) {
-        if (!capabilities_.conversions || !capabilities_.legacy_layout) return false;
         bool none = false;
         const std::optional<ObjectId> source = known_source(source_handle, &none);
         if (!source || audit_.object(*source).content.layout != from) return false;

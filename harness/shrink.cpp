@@ -1,6 +1,10 @@
 #include "kvcheck/shrink.h"
 
+#include <boost/pfr.hpp>
+
 #include <algorithm>
+#include <string_view>
+#include <type_traits>
 
 namespace kvcheck {
 namespace {
@@ -51,56 +55,54 @@ void drop_each(const std::vector<T>& list, std::size_t keep_min, const std::func
     }
 }
 
-// Simpler versions of one operation.
-std::vector<Op> simpler_ops(const Op& op) {
+// Simpler values of an integer field, by its name: a size shrinks toward
+// its smallest meaningful value; a dump slot is a name and `truncate` a
+// switch, and neither is a size. A field not listed is left as it is.
+std::vector<std::int64_t> simpler_integers(std::string_view field, std::int64_t value) {
+    if (field == "max" && value > 1) return {1};
+    if (field == "bytes" && value > 0) return {value / 2, 0};
+    if (field == "offset" && value > 0) return {0};
+    return {};
+}
+
+// Simpler prompts: one token, then the plainest token.
+std::vector<Tokens> simpler_prompts(const Tokens& prompt) {
+    if (prompt.size() > 1) return {Tokens{prompt.front()}};
+    if (prompt.size() == 1 && prompt[0] != 1) return {Tokens{1}};
+    return {};
+}
+
+// Simpler versions of one operation, field by field, whatever the
+// operation: smaller caches, shorter prompts and lists (down to the
+// operation's list_min), smaller sizes.
+std::vector<Op> simpler_ops(const Op& operation) {
     std::vector<Op> simpler;
-    auto spec_variants = [&simpler](auto op_copy, CacheSpec& (*field)(decltype(op_copy)&)) {
-        for (const CacheSpec& spec : simpler_specs(field(op_copy))) {
-            auto changed = op_copy;
-            field(changed) = spec;
-            simpler.push_back(changed);
-        }
-    };
-    auto generate_variants = [&simpler](auto g) {
-        if (g.prompt.size() > 1) {
-            auto shorter = g;
-            shorter.prompt.resize(1);
-            simpler.push_back(shorter);
-        }
-        if (g.prompt.size() == 1 && g.prompt[0] != 1) {
-            auto plain = g;
-            plain.prompt[0] = 1;
-            simpler.push_back(plain);
-        }
-        if (g.max > 1) {
-            auto fewer = g;
-            fewer.max = 1;
-            simpler.push_back(fewer);
-        }
-    };
     std::visit(
-        [&](const auto& o) {
+        [&simpler](const auto& o) {
             using T = std::decay_t<decltype(o)>;
-            if constexpr (std::is_same_v<T, op::Add>) {
-                spec_variants(o, +[](op::Add& a) -> CacheSpec& { return a.cache; });
-            } else if constexpr (std::is_same_v<T, op::Make>) {
-                spec_variants(o, +[](op::Make& m) -> CacheSpec& { return m.cache; });
-            } else if constexpr (std::is_same_v<T, op::Generate> || std::is_same_v<T, op::GenerateStream>) {
-                generate_variants(o);
-            } else if constexpr (std::is_same_v<T, op::GetCache>) {
-                drop_each<std::string>(o.ids, 1, [&](Ids ids) { simpler.push_back(op::GetCache{o.out, ids}); });
-            } else if constexpr (std::is_same_v<T, op::GetByIds> || std::is_same_v<T, op::Delete>) {
-                drop_each<std::string>(o.ids, 0, [&](Ids ids) { simpler.push_back(T{ids}); });
-            } else if constexpr (std::is_same_v<T, op::Concat>) {
-                drop_each<HandleName>(o.parts, 1, [&](HandleNames parts) { simpler.push_back(op::Concat{o.out, parts}); });
-            } else if constexpr (std::is_same_v<T, op::DumpCrash>) {
-                if (o.bytes > 0) simpler.push_back(op::DumpCrash{o.slot, o.bytes / 2});
-                if (o.bytes > 0) simpler.push_back(op::DumpCrash{o.slot, 0});
-            } else if constexpr (std::is_same_v<T, op::Corrupt>) {
-                if (o.offset > 0) simpler.push_back(op::Corrupt{o.slot, 0, o.truncate});
-            }
+            boost::pfr::for_each_field(o, [&](const auto& field, std::size_t index) {
+                using F = std::decay_t<decltype(field)>;
+                const auto emit = [&](const F& value) {
+                    T changed = o;
+                    boost::pfr::for_each_field(changed, [&](auto& target, std::size_t at) {
+                        if constexpr (std::is_same_v<std::decay_t<decltype(target)>, F>) {
+                            if (at == index) target = value;
+                        }
+                    });
+                    simpler.push_back(changed);
+                };
+                if constexpr (std::is_same_v<F, CacheSpec>) {
+                    for (const CacheSpec& spec : simpler_specs(field)) emit(spec);
+                } else if constexpr (std::is_same_v<F, Tokens>) {
+                    for (const Tokens& prompt : simpler_prompts(field)) emit(prompt);
+                } else if constexpr (std::is_same_v<F, Ids> || std::is_same_v<F, HandleNames>) {
+                    drop_each<typename F::value_type>(field, T::list_min, emit);
+                } else if constexpr (std::is_same_v<F, std::int64_t>) {
+                    for (const std::int64_t value : simpler_integers(T::fields[index], field)) emit(value);
+                }
+            });
         },
-        op);
+        operation);
     return simpler;
 }
 

@@ -50,8 +50,22 @@ constexpr bool variable_field_last(std::index_sequence<I...>) {
     return ((!is_variable_v<boost::pfr::tuple_element_t<I, O>> || I + 1 == sizeof...(I)) && ...);
 }
 
+// The traits every operation states (trace.h, "operation traits"), with the
+// types the harness reads them as: an operation missing one does not compile.
 template <typename O>
-constexpr bool op_well_formed() {
+constexpr bool op_traits_stated() {
+    static_assert(std::is_same_v<decltype(O::reach), const StoreReach>, "an op must state its `reach`");
+    static_assert(std::is_same_v<decltype(O::changes_ids), const bool>, "an op must state `changes_ids`");
+    static_assert(std::is_same_v<decltype(O::needs), const std::uint8_t>, "an op must state the capabilities it `needs`");
+    static_assert(std::is_same_v<decltype(O::list_min), const std::size_t>, "an op must state `list_min`");
+    static_assert(std::is_same_v<decltype(std::declval<const O&>().well_formed()), bool>,
+                  "an op must say when it is `well_formed()`");
+    return true;
+}
+
+template <typename O>
+constexpr bool op_struct_valid() {
+    static_assert(op_traits_stated<O>());
     constexpr std::size_t count = boost::pfr::tuple_size_v<O>;
     static_assert(count == O::fields.size(), "an op's `fields` must name each of its fields");
     static_assert(field_types_supported<O>(std::make_index_sequence<count>{}),
@@ -67,11 +81,18 @@ constexpr bool op_well_formed() {
 
 template <std::size_t... K>
 constexpr std::array<const char*, op_kind_count> names_of_kinds(std::index_sequence<K...>) {
-    static_assert((op_well_formed<std::variant_alternative_t<K, Op>>() && ...));
+    static_assert((op_struct_valid<std::variant_alternative_t<K, Op>>() && ...));
     return {std::variant_alternative_t<K, Op>::name...};
 }
 
 constexpr std::array<const char*, op_kind_count> kind_names = names_of_kinds(std::make_index_sequence<op_kind_count>{});
+
+template <std::size_t... K>
+constexpr std::array<std::uint8_t, op_kind_count> needs_of_kinds(std::index_sequence<K...>) {
+    return {std::variant_alternative_t<K, Op>::needs...};
+}
+
+constexpr std::array<std::uint8_t, op_kind_count> kind_needs = needs_of_kinds(std::make_index_sequence<op_kind_count>{});
 
 constexpr bool kind_names_unique() {
     for (std::size_t a = 0; a < op_kind_count; ++a) {
@@ -380,6 +401,31 @@ const char* op_name(const Op& op) { return op_kind_name(op.index()); }
 const char* op_kind_name(std::size_t kind) {
     if (kind >= op_kind_count) throw std::out_of_range("op kind " + std::to_string(kind) + " is out of range");
     return kind_names[kind];
+}
+
+StoreReach op_reach(const Op& op) {
+    return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::reach; }, op);
+}
+
+bool op_changes_ids(const Op& op) {
+    return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::changes_ids; }, op);
+}
+
+std::uint8_t op_needs(std::size_t kind) {
+    if (kind >= op_kind_count) throw std::out_of_range("op kind " + std::to_string(kind) + " is out of range");
+    return kind_needs[kind];
+}
+
+bool op_well_formed(const Op& op) {
+    return std::visit([](const auto& o) { return o.well_formed(); }, op);
+}
+
+bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
+    if ((needs & needs_dump) && !capabilities.dump) return false;
+    if ((needs & needs_dump_crash) && !capabilities.dump_crash) return false;
+    if ((needs & needs_stream) && !capabilities.generate_stream) return false;
+    if ((needs & needs_conversions) && !(capabilities.conversions && capabilities.legacy_layout)) return false;
+    return true;
 }
 
 std::int64_t created_handle(const Op& op) {

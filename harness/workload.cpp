@@ -112,21 +112,13 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     Swarm swarm;
     swarm.weights.fill(2);
     swarm.legacy = options.capabilities.legacy_layout;
-    const Capabilities& c = options.capabilities;
-    if (!c.dump) {
-        swarm.weights[kind<op::Dump>()] = 0;
-        swarm.weights[kind<op::Load>()] = 0;
-        swarm.weights[kind<op::Corrupt>()] = 0;
-    }
-    if (!c.dump || !c.dump_crash) swarm.weights[kind<op::DumpCrash>()] = 0;
-    if (!c.generate_stream) swarm.weights[kind<op::GenerateStream>()] = 0;
-    if (!c.conversions || !c.legacy_layout) {
-        swarm.weights[kind<op::ToLegacy>()] = 0;
-        swarm.weights[kind<op::FromLegacy>()] = 0;
-    }
     swarm.weights[kind<op::Add>()] = 6;  // a store needs content to be interesting
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
+    // An operation the engine cannot run is never generated.
+    for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
+        if (!engine_supports(options.capabilities, op_needs(kind_index))) swarm.weights[kind_index] = 0;
+    }
     return swarm;
 }
 
@@ -186,6 +178,143 @@ CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadO
     return spec;
 }
 
+namespace {
+
+// What drawing one operation sees: the choices, the draft of the trace so
+// far, and what the operation may ask to come right after it.
+struct Drawing {
+    Chooser& choose;
+    Draft& draft;
+    const Swarm& swarm;
+    const WorkloadOptions& options;
+    std::optional<Op>& follow_up;
+
+    bool enabled(std::size_t kind_index) const { return swarm.weights[kind_index] != 0; }
+    // Slot 0 most of the time: dumps, crashes and loads meet on it.
+    std::int64_t slot() { return choose.one_in(4) ? static_cast<std::int64_t>(choose.below(static_cast<std::uint64_t>(options.dump_slots))) : 0; }
+    std::string id() { return pick_id(choose, draft, options); }
+};
+
+// One draw per operation type, chosen by overload: an operation added to
+// the variant without one does not compile (draw_kind below).
+op::Add draw(Drawing& d, op::Add*) {
+    std::string id = d.id();
+    CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
+    d.draft.stored[id] = spec.layout;
+    return {id, spec};
+}
+
+op::AddHandle draw(Drawing& d, op::AddHandle*) {
+    std::string id = d.id();
+    HandleName handle = pick_handle(d.choose, d.draft);
+    d.draft.stored[id] = layout_of(d.draft, handle);
+    return {id, handle};
+}
+
+op::Get draw(Drawing& d, op::Get*) {
+    std::string id = d.id();
+    return {new_handle(d.draft, merged_layout(d.draft, {id})), id};
+}
+
+op::GetByIds draw(Drawing& d, op::GetByIds*) { return {pick_ids(d.choose, d.draft, d.options, 0, 3)}; }
+
+op::GetAll draw(Drawing&, op::GetAll*) { return {}; }
+
+op::GetCache draw(Drawing& d, op::GetCache*) {
+    Ids ids = pick_ids(d.choose, d.draft, d.options, 1, 3);
+    op::GetCache get{new_handle(d.draft, merged_layout(d.draft, ids)), ids};
+    // A copy is followed by a generation from it, as in real use.
+    if (d.enabled(kind<op::Generate>()) && d.choose.one_in(3)) {
+        d.follow_up = op::Generate{get.out, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)};
+    }
+    return get;
+}
+
+template <typename G>
+G draw_generation(Drawing& d) {
+    HandleName source = pick_handle(d.choose, d.draft);
+    Tokens prompt = pick_prompt(d.choose, d.options);
+    return G{source, prompt, d.choose.between(1, d.options.new_tokens_max)};
+}
+
+op::Generate draw(Drawing& d, op::Generate*) { return draw_generation<op::Generate>(d); }
+
+op::GenerateStream draw(Drawing& d, op::GenerateStream*) { return draw_generation<op::GenerateStream>(d); }
+
+op::Delete draw(Drawing& d, op::Delete*) {
+    Ids ids = pick_ids(d.choose, d.draft, d.options, 1, 2);
+    for (const std::string& id : ids) d.draft.stored.erase(id);
+    return {ids};
+}
+
+op::DeleteAll draw(Drawing& d, op::DeleteAll*) {
+    d.draft.stored.clear();
+    return {};
+}
+
+op::Dump draw(Drawing& d, op::Dump*) { return {d.slot()}; }
+
+op::DumpCrash draw(Drawing& d, op::DumpCrash*) {
+    const std::int64_t at = d.slot();
+    // A dump of a small store is a few KiB: most crashes land inside it.
+    op::DumpCrash crash{at, static_cast<std::int64_t>(d.choose.below(d.choose.one_in(4) ? 40000 : 4000))};
+    // A crash is followed by a restart that loads.
+    if (d.enabled(kind<op::Load>()) && d.choose.one_in(2)) d.follow_up = op::Load{at};
+    return crash;
+}
+
+op::Load draw(Drawing& d, op::Load*) { return {d.slot()}; }
+
+op::Corrupt draw(Drawing& d, op::Corrupt*) {
+    const std::int64_t at = d.slot();
+    const auto offset = static_cast<std::int64_t>(d.choose.below(1 << 20));
+    op::Corrupt corrupt{at, offset, d.choose.one_in(4) ? 1 : 0};
+    if (d.enabled(kind<op::Load>()) && d.choose.one_in(2)) d.follow_up = op::Load{at};
+    return corrupt;
+}
+
+op::Make draw(Drawing& d, op::Make*) {
+    CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
+    return {new_handle(d.draft, spec.layout), spec};
+}
+
+op::Clone draw(Drawing& d, op::Clone*) {
+    HandleName source = pick_handle(d.choose, d.draft);
+    return {new_handle(d.draft, layout_of(d.draft, source)), source};
+}
+
+op::Concat draw(Drawing& d, op::Concat*) {
+    HandleNames parts;
+    const std::int64_t count = d.choose.between(2, 3);
+    for (std::int64_t i = 0; i < count; ++i) parts.push_back(pick_handle(d.choose, d.draft));
+    return {new_handle(d.draft, Layout::modern), parts};
+}
+
+op::ToLegacy draw(Drawing& d, op::ToLegacy*) {
+    HandleName source = pick_handle_of(d.choose, d.draft, Layout::modern);
+    return {new_handle(d.draft, Layout::legacy), source};
+}
+
+op::FromLegacy draw(Drawing& d, op::FromLegacy*) {
+    HandleName source = pick_handle_of(d.choose, d.draft, Layout::legacy);
+    return {new_handle(d.draft, Layout::modern), source};
+}
+
+template <std::size_t K>
+Op draw_kind(Drawing& d) {
+    using T = std::variant_alternative_t<K, Op>;
+    return Op(std::in_place_index<K>, draw(d, static_cast<T*>(nullptr)));
+}
+
+template <std::size_t... K>
+constexpr std::array<Op (*)(Drawing&), op_kind_count> draw_table(std::index_sequence<K...>) {
+    return {&draw_kind<K>...};
+}
+
+constexpr std::array<Op (*)(Drawing&), op_kind_count> draws = draw_table(std::make_index_sequence<op_kind_count>{});
+
+}  // namespace
+
 Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options) {
     unsigned total = 0;
     for (std::uint8_t weight : swarm.weights) total += weight;
@@ -193,9 +322,8 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
     if (total == 0) return trace;
     Draft draft;
     const std::size_t length = static_cast<std::size_t>(choose.between(1, static_cast<std::int64_t>(options.trace_ops_max)));
-    // Some operations call for a follow-up, as they do in real use: a crash
-    // is followed by a restart that loads, a copy by a generation from it.
     std::optional<Op> follow_up;
+    Drawing drawing{choose, draft, swarm, options, follow_up};
     while (trace.size() < length) {
         if (follow_up) {
             trace.push_back(std::move(*follow_up));
@@ -205,104 +333,7 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
         std::uint64_t pick = choose.below(total);
         std::size_t kind_index = 0;
         while (pick >= swarm.weights[kind_index]) pick -= swarm.weights[kind_index++];
-        // Slot 0 most of the time: dumps, crashes and loads meet on it.
-        const auto slot = [&] { return choose.one_in(4) ? choose.below(static_cast<std::uint64_t>(options.dump_slots)) : 0; };
-        Op op;
-        switch (kind_index) {
-            case kind<op::Add>(): {
-                std::string id = pick_id(choose, draft, options);
-                CacheSpec spec = random_cache_spec(choose, swarm, options);
-                draft.stored[id] = spec.layout;
-                op = op::Add{id, spec};
-                break;
-            }
-            case kind<op::AddHandle>(): {
-                std::string id = pick_id(choose, draft, options);
-                HandleName handle = pick_handle(choose, draft);
-                draft.stored[id] = layout_of(draft, handle);
-                op = op::AddHandle{id, handle};
-                break;
-            }
-            case kind<op::Get>(): {
-                std::string id = pick_id(choose, draft, options);
-                op = op::Get{new_handle(draft, merged_layout(draft, {id})), id};
-                break;
-            }
-            case kind<op::GetByIds>(): op = op::GetByIds{pick_ids(choose, draft, options, 0, 3)}; break;
-            case kind<op::GetAll>(): op = op::GetAll{}; break;
-            case kind<op::GetCache>(): {
-                Ids ids = pick_ids(choose, draft, options, 1, 3);
-                op = op::GetCache{new_handle(draft, merged_layout(draft, ids)), ids};
-                if (swarm.weights[kind<op::Generate>()] != 0 && choose.one_in(3)) {
-                    follow_up = op::Generate{std::get<op::GetCache>(op).out, pick_prompt(choose, options),
-                                             choose.between(1, options.new_tokens_max)};
-                }
-                break;
-            }
-            case kind<op::Generate>(): {
-                HandleName source = pick_handle(choose, draft);
-                Tokens prompt = pick_prompt(choose, options);
-                op = op::Generate{source, prompt, choose.between(1, options.new_tokens_max)};
-                break;
-            }
-            case kind<op::GenerateStream>(): {
-                HandleName source = pick_handle(choose, draft);
-                Tokens prompt = pick_prompt(choose, options);
-                op = op::GenerateStream{source, prompt, choose.between(1, options.new_tokens_max)};
-                break;
-            }
-            case kind<op::Delete>(): {
-                Ids ids = pick_ids(choose, draft, options, 1, 2);
-                for (const std::string& id : ids) draft.stored.erase(id);
-                op = op::Delete{ids};
-                break;
-            }
-            case kind<op::DeleteAll>(): draft.stored.clear(); op = op::DeleteAll{}; break;
-            case kind<op::Dump>(): op = op::Dump{static_cast<std::int64_t>(slot())}; break;
-            case kind<op::DumpCrash>(): {
-                const auto at = static_cast<std::int64_t>(slot());
-                // A dump of a small store is a few KiB: most crashes land inside it.
-                op = op::DumpCrash{at, static_cast<std::int64_t>(choose.below(choose.one_in(4) ? 40000 : 4000))};
-                if (swarm.weights[kind<op::Load>()] != 0 && choose.one_in(2)) follow_up = op::Load{at};
-                break;
-            }
-            case kind<op::Load>(): op = op::Load{static_cast<std::int64_t>(slot())}; break;
-            case kind<op::Corrupt>(): {
-                const auto at = static_cast<std::int64_t>(slot());
-                const auto offset = static_cast<std::int64_t>(choose.below(1 << 20));
-                op = op::Corrupt{at, offset, choose.one_in(4) ? 1 : 0};
-                if (swarm.weights[kind<op::Load>()] != 0 && choose.one_in(2)) follow_up = op::Load{at};
-                break;
-            }
-            case kind<op::Make>(): {
-                CacheSpec spec = random_cache_spec(choose, swarm, options);
-                op = op::Make{new_handle(draft, spec.layout), spec};
-                break;
-            }
-            case kind<op::Clone>(): {
-                HandleName source = pick_handle(choose, draft);
-                op = op::Clone{new_handle(draft, layout_of(draft, source)), source};
-                break;
-            }
-            case kind<op::Concat>(): {
-                HandleNames parts;
-                const std::int64_t count = choose.between(2, 3);
-                for (std::int64_t i = 0; i < count; ++i) parts.push_back(pick_handle(choose, draft));
-                op = op::Concat{new_handle(draft, Layout::modern), parts};
-                break;
-            }
-            case kind<op::ToLegacy>(): {
-                HandleName source = pick_handle_of(choose, draft, Layout::modern);
-                op = op::ToLegacy{new_handle(draft, Layout::legacy), source};
-                break;
-            }
-            default: {
-                HandleName source = pick_handle_of(choose, draft, Layout::legacy);
-                op = op::FromLegacy{new_handle(draft, Layout::modern), source};
-                break;
-            }
-        }
-        trace.push_back(std::move(op));
+        trace.push_back(draws[kind_index](drawing));
     }
     return trace;
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "kvcheck/content.h"
+#include "kvcheck/engine.h"
 
 #include <array>
 #include <cstdint>
@@ -35,6 +36,37 @@ using Ids = std::vector<std::string>;
 using Tokens = std::vector<std::int64_t>;
 using HandleNames = std::vector<HandleName>;
 
+// ---- operation traits -------------------------------------------------------
+//
+// Every operation struct states, next to its fields, what the harness needs
+// to know of it without a list kept anywhere else (trace.cpp asserts at
+// compile time that every operation of the variant has all of them):
+//   reach        what of the store it reads or changes: the read schedule
+//                around the operation follows from it (harness/run/);
+//   changes_ids  whether it may change which ids the store holds;
+//   needs        the capabilities an engine must report for the operation
+//                to be generated and run (an engine lacking one never sees it);
+//   list_min     the fewest entries its list field (ids, parts) keeps when
+//                shrunk (0 when it has none);
+//   well_formed  whether the operation names something an engine can do:
+//                one that makes a handle must not make h0 ("no cache") or
+//                one of its own sources. A malformed operation is skipped.
+
+enum class StoreReach : std::uint8_t {
+    named,           // reads or binds only the ids and handles it names
+    replaces_named,  // replaces or removes the entries it names
+    whole_store,     // reads or replaces the whole store
+};
+
+// The Capabilities an operation needs, as bits (see engine_supports).
+enum Needs : std::uint8_t {
+    needs_nothing = 0,
+    needs_dump = 1 << 0,         // Capabilities::dump
+    needs_dump_crash = 1 << 1,   // Capabilities::dump_crash
+    needs_stream = 1 << 2,       // Capabilities::generate_stream
+    needs_conversions = 1 << 3,  // Capabilities::conversions and legacy_layout
+};
+
 namespace op {
 
 // Field names: integer and token fields print as name=value, the others by
@@ -42,114 +74,215 @@ namespace op {
 struct Add {
     static constexpr const char* name = "add";
     static constexpr std::array<const char*, 2> fields{"id", "cache"};
+    static constexpr StoreReach reach = StoreReach::replaces_named;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     std::string id;
     CacheSpec cache;
+    bool well_formed() const { return true; }
 };
+// Stores the cache a handle points at under an id.
 struct AddHandle {
     static constexpr const char* name = "add_handle";
     static constexpr std::array<const char*, 2> fields{"id", "handle"};
+    static constexpr StoreReach reach = StoreReach::replaces_named;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     std::string id;
     HandleName handle;
+    bool well_formed() const { return true; }
 };
 struct Get {
     static constexpr const char* name = "get";
     static constexpr std::array<const char*, 2> fields{"out", "id"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     HandleName out;
     std::string id;
+    bool well_formed() const { return out.value != 0; }
 };
 struct GetByIds {
     static constexpr const char* name = "get_by_ids";
     static constexpr std::array<const char*, 1> fields{"ids"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     Ids ids;
+    bool well_formed() const { return true; }
 };
 struct GetAll {
     static constexpr const char* name = "get_all";
     static constexpr std::array<const char*, 0> fields{};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
+    bool well_formed() const { return true; }
 };
 struct GetCache {
     static constexpr const char* name = "get_cache";
     static constexpr std::array<const char*, 2> fields{"out", "ids"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 1;
     HandleName out;
     Ids ids;
+    bool well_formed() const { return out.value != 0; }
 };
 struct Generate {
     static constexpr const char* name = "generate";
     static constexpr std::array<const char*, 3> fields{"source", "prompt", "max"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     HandleName source;
     Tokens prompt;
     std::int64_t max = 0;
+    bool well_formed() const { return true; }
 };
 struct GenerateStream {
     static constexpr const char* name = "generate_stream";
     static constexpr std::array<const char*, 3> fields{"source", "prompt", "max"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_stream;
+    static constexpr std::size_t list_min = 0;
     HandleName source;
     Tokens prompt;
     std::int64_t max = 0;
+    bool well_formed() const { return true; }
 };
 struct Delete {
     static constexpr const char* name = "delete";
     static constexpr std::array<const char*, 1> fields{"ids"};
+    static constexpr StoreReach reach = StoreReach::replaces_named;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     Ids ids;
+    bool well_formed() const { return true; }
 };
 struct DeleteAll {
     static constexpr const char* name = "delete_all";
     static constexpr std::array<const char*, 0> fields{};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
+    bool well_formed() const { return true; }
 };
 struct Dump {
     static constexpr const char* name = "dump";
     static constexpr std::array<const char*, 1> fields{"slot"};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
+    bool well_formed() const { return true; }
 };
 // A dump that crashes after `bytes` bytes are written.
 struct DumpCrash {
     static constexpr const char* name = "dump_crash";
     static constexpr std::array<const char*, 2> fields{"slot", "bytes"};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_dump | needs_dump_crash;
+    static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     std::int64_t bytes = 0;
+    bool well_formed() const { return true; }
 };
 struct Load {
     static constexpr const char* name = "load";
     static constexpr std::array<const char*, 1> fields{"slot"};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
+    bool well_formed() const { return true; }
 };
 // Flips one byte of the dump file in a slot (offset modulo its size), or
 // truncates it to `offset` bytes when truncate=1.
 struct Corrupt {
     static constexpr const char* name = "corrupt";
     static constexpr std::array<const char*, 3> fields{"slot", "offset", "truncate"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     std::int64_t offset = 0;
     std::int64_t truncate = 0;
+    bool well_formed() const { return true; }
 };
 struct Make {
     static constexpr const char* name = "make";
     static constexpr std::array<const char*, 2> fields{"out", "cache"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     HandleName out;
     CacheSpec cache;
+    bool well_formed() const { return out.value != 0; }
 };
 struct Clone {
     static constexpr const char* name = "clone";
     static constexpr std::array<const char*, 2> fields{"out", "source"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
+    bool well_formed() const { return out.value != 0 && !(out == source); }
 };
 struct Concat {
     static constexpr const char* name = "concat";
     static constexpr std::array<const char*, 2> fields{"out", "parts"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 1;
     HandleName out;
     HandleNames parts;
+    bool well_formed() const {
+        for (const HandleName& part : parts) {
+            if (part == out) return false;
+        }
+        return out.value != 0;
+    }
 };
 struct ToLegacy {
     static constexpr const char* name = "to_legacy";
     static constexpr std::array<const char*, 2> fields{"out", "source"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_conversions;
+    static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
+    bool well_formed() const { return out.value != 0 && !(out == source); }
 };
 struct FromLegacy {
     static constexpr const char* name = "from_legacy";
     static constexpr std::array<const char*, 2> fields{"out", "source"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_conversions;
+    static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
+    bool well_formed() const { return out.value != 0 && !(out == source); }
 };
 
 }  // namespace op
@@ -182,6 +315,15 @@ constexpr std::size_t op_kind() {
 }
 
 const char* op_name(const Op& op);
+
+// The traits of an operation (see "operation traits" above), by value or by
+// variant index.
+StoreReach op_reach(const Op& op);
+bool op_changes_ids(const Op& op);
+std::uint8_t op_needs(std::size_t kind);
+bool op_well_formed(const Op& op);
+// Does an engine with `capabilities` support what `needs` asks?
+bool engine_supports(const Capabilities& capabilities, std::uint8_t needs);
 const char* op_kind_name(std::size_t kind);  // by variant index
 
 // The handle an operation creates (0 when it creates none).
