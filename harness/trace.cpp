@@ -428,6 +428,33 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     return true;
 }
 
+bool engine_supports(const Capabilities& capabilities, const CacheSpec& spec) {
+    if (spec.layout == Layout::legacy && !capabilities.legacy_layout) return false;
+    if (spec.dtype != Dtype::f32 && !capabilities.half_dtypes) return false;
+    for (const LayerSpec& layer : spec.layers) {
+        const bool one_sided = (layer.slots & 0b11) == 0b01 || (layer.slots & 0b11) == 0b10;
+        if (one_sided && !capabilities.one_sided_layers) return false;
+        if ((layer.slots & 0b1100) != 0 && !capabilities.legacy_slot_names) return false;
+        if (!layer.initialized && !capabilities.uninitialized_layers) return false;
+    }
+    return true;
+}
+
+bool engine_supports(const Capabilities& capabilities, const Op& op) {
+    if (!engine_supports(capabilities, op_needs(op.index()))) return false;
+    bool supported = true;
+    std::visit(
+        [&](const auto& o) {
+            boost::pfr::for_each_field(o, [&](const auto& field) {
+                if constexpr (std::is_same_v<std::decay_t<decltype(field)>, CacheSpec>) {
+                    supported = supported && engine_supports(capabilities, field);
+                }
+            });
+        },
+        op);
+    return supported;
+}
+
 std::int64_t created_handle(const Op& op) {
     return std::visit(
         [](const auto& alternative) -> std::int64_t {

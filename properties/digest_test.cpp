@@ -3,7 +3,7 @@
 // a digest must be equal exactly when view_difference finds no difference,
 // and the reference's digest, computed from the cache without building the
 // view, must be the digest of its view.
-#include "auditor.h"
+#include "auditor/auditor.h"
 #include "generators.h"
 #include "reference_engine.h"
 #include "run_util.h"

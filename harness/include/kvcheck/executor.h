@@ -1,7 +1,8 @@
 // The executor runs a trace against an engine, keeps the auditor's expected
-// state in step, and runs the named checkers around every operation (what
-// each step reads: harness/executor.cpp, top). The first violation stops
-// the run and is reported as a Failure.
+// state in step, and runs the named checkers (harness/checkers/, one per
+// property) around every operation; what each step reads is the schedule of
+// harness/run/run.cpp. The first step with a violation ends the run and is
+// reported as a Failure.
 //
 //   kvcheck::adapters::ReferenceEngine engine;
 //   kvcheck::RunResult result = kvcheck::execute(trace, engine, {});
@@ -9,6 +10,7 @@
 #pragma once
 
 #include "kvcheck/engine.h"
+#include "kvcheck/properties.h"
 #include "kvcheck/trace.h"
 
 #include <array>
@@ -19,47 +21,6 @@
 #include <vector>
 
 namespace kvcheck {
-
-// The properties of SPEC section 4, plus store-contract (the plain store
-// API: ids, order, missing ids), in the order the checkers run.
-enum class Property : std::uint8_t {
-    stored_immutable,
-    single_copy,
-    layout_roundtrip,
-    merge_correct,
-    owned_marker,
-    clone_independent,
-    generation_equivalent,
-    dump_safe,
-    store_contract,
-};
-inline constexpr std::size_t property_count = 9;
-
-const char* property_id(Property property);        // "stored-immutable", ...
-const char* property_summary(Property property);   // one line
-std::optional<Property> parse_property(const std::string& id);
-const std::array<Property, property_count>& all_properties();
-
-// An engine's unexpected exception is reported under this id.
-inline constexpr const char* engine_error_id = "engine-error";
-
-class PropertySet {
-  public:
-    static PropertySet all() { return PropertySet((1u << property_count) - 1); }
-    static PropertySet none() { return PropertySet(0); }
-    static PropertySet only(Property p) { return PropertySet(1u << static_cast<unsigned>(p)); }
-    bool has(Property p) const { return (bits_ >> static_cast<unsigned>(p)) & 1; }
-    void add(Property p) { bits_ |= 1u << static_cast<unsigned>(p); }
-    void remove(Property p) { bits_ &= ~(1u << static_cast<unsigned>(p)); }
-    bool empty() const { return bits_ == 0; }
-
-  private:
-    explicit PropertySet(std::uint32_t bits) : bits_(bits) {}
-    std::uint32_t bits_;
-};
-
-// Which properties an engine's capabilities let kvcheck check.
-PropertySet checkable(const Capabilities& capabilities);
 
 struct Failure {
     std::string property;  // a property id, or engine_error_id

@@ -322,8 +322,12 @@ StoreReach op_reach(const Op& op);
 bool op_changes_ids(const Op& op);
 std::uint8_t op_needs(std::size_t kind);
 bool op_well_formed(const Op& op);
-// Does an engine with `capabilities` support what `needs` asks?
+// Does an engine with `capabilities` support what `needs` asks, a cache of
+// this spec (its layout, dtype and odd layers), every cache an operation
+// names?
 bool engine_supports(const Capabilities& capabilities, std::uint8_t needs);
+bool engine_supports(const Capabilities& capabilities, const CacheSpec& spec);
+bool engine_supports(const Capabilities& capabilities, const Op& op);
 const char* op_kind_name(std::size_t kind);  // by variant index
 
 // The handle an operation creates (0 when it creates none).

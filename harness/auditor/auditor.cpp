@@ -1,4 +1,4 @@
-#include "auditor.h"
+#include "auditor/auditor.h"
 
 #include <algorithm>
 

@@ -1,0 +1,54 @@
+// What several checkers share: how messages name things, and storage
+// sharing between a handle and its sources.
+#include "checkers/checker.h"
+
+#include <algorithm>
+
+namespace kvcheck::checkers {
+
+std::string in_quotes(const std::string& id) { return "\"" + id + "\""; }
+
+std::string handle_text(std::int64_t handle) { return "h" + std::to_string(handle); }
+
+std::string tokens_text(const std::vector<std::int64_t>& tokens) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < tokens.size(); ++i) text += (i ? "," : "") + std::to_string(tokens[i]);
+    return text + "]";
+}
+
+std::string id_list(const std::vector<std::string>& ids) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + ids[i];
+    return text + "]";
+}
+
+std::string generation_text(const Generated& generation) {
+    return std::string(generation.stream ? "generate_stream" : "generate") + " from " +
+           (generation.source == 0 ? std::string("no cache") : handle_text(generation.source));
+}
+
+std::string ids_difference(const std::vector<std::string>& listed, const std::vector<std::string>& expected, bool ordered) {
+    if (listed == expected) return {};
+    std::vector<std::string> listed_sorted = listed;
+    std::vector<std::string> expected_sorted = expected;
+    if (!ordered) {
+        std::sort(listed_sorted.begin(), listed_sorted.end());
+        std::sort(expected_sorted.begin(), expected_sorted.end());
+    }
+    if (listed_sorted == expected_sorted) return {};
+    return "the store holds ids " + id_list(listed_sorted) + ", expected " + id_list(expected_sorted);
+}
+
+std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const std::vector<std::int64_t>& sources) {
+    if (!probe.capabilities().storage_identity) return std::nullopt;
+    std::vector<std::uint64_t> own = probe.handle(out).storage;
+    std::sort(own.begin(), own.end());
+    for (const std::int64_t source : sources) {
+        for (const std::uint64_t identity : probe.handle(source).storage) {
+            if (std::binary_search(own.begin(), own.end(), identity)) return source;
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace kvcheck::checkers

@@ -1,0 +1,220 @@
+// The checker interface: one checker per property (harness/checkers/<name>.cpp),
+// fed facts by the run (harness/run/) and judging them, nothing else. A
+// checker never calls an operation of the engine; it reads what it needs
+// through the Probe, which caches every reading for the step, and records a
+// violation of its own property only.
+//
+// The facts, and when the run delivers them:
+//   Made        an operation bound a handle to a cache (get, get_cache,
+//               clone, concat, make, conversions) or stored one back
+//               (add_handle), right after the operation;
+//   Generated   a generation ran (generate, generate_stream);
+//   Loaded      a load ran (its outcome and what the slot may hold);
+//   GotByIds,
+//   GotAll      the store answered a listing request;
+//   EntryFact   a stored entry was read: the entries a step names or
+//               reaches, and every entry at a full read;
+//   listing     the store's ids are due for comparison (after a change of
+//               membership, and at every full read);
+//   HandleFact  a live handle is to be checked against the store's storage
+//               (the handles a step names or reaches, all at a full read).
+// What each property asserts: docs/semantics.md#properties.
+//
+//   class MyChecker final : public Checker {
+//     public:
+//       MyChecker() : Checker(Property::single_copy) {}
+//       void generated(const Generated& g, Probe& probe) override { expect(probe, g.copies == 1, [&] { return "..."; }); }
+//   };
+#pragma once
+
+#include "auditor/auditor.h"
+#include "kvcheck/engine.h"
+#include "kvcheck/properties.h"
+#include "kvcheck/trace.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace kvcheck {
+
+// What the run knows of one stored entry (harness/run/readings.h); checkers
+// hold it only to pass it back to the Probe.
+struct EntryReading;
+
+namespace checkers {
+
+// ---- facts -------------------------------------------------------------------
+
+// The operation that made a handle, as the checks name it.
+enum class MadeBy : std::uint8_t { get, get_cache, clone, concat, make, to_legacy, from_legacy, stored_back };
+
+struct Made {
+    MadeBy by = MadeBy::make;
+    std::int64_t out = 0;               // the handle made (stored_back: the handle stored)
+    std::optional<ObjectId> object;     // what it must hold; none: no cache
+    std::vector<std::int64_t> sources;  // clone, concat: the handles it was made from
+    std::string id;                     // get, stored_back: the id
+    std::size_t ids = 0;                // get_cache: how many ids were asked for
+    bool merged = false;                // get_cache, concat: of several parts
+    std::optional<std::size_t> copies;  // the copies the operation logged, when the log was read
+};
+
+struct Generated {
+    std::int64_t source = 0;  // the handle generated from; 0: no cache
+    bool stream = false;
+    bool owned = false;       // the source was an owned copy: no copy is due
+    CacheContent fresh;       // what a fresh deep copy of the source holds
+    Tokens prompt;
+    std::int64_t max = 0;
+    GenerateResult result;
+    std::optional<std::size_t> copies;  // copies logged while it ran, when the log was read
+    std::size_t copies_expected = 0;
+    std::int64_t sets_max = 0;  // K/V sets that may be alive: the source's copy chain, plus the boundary's copy
+};
+
+struct Loaded {
+    std::int64_t slot = 0;
+    LoadResult result;
+    DumpSlot expected;         // what the slot could hold when the load ran
+    bool matched = false;      // a successful load gave one of the stores the slot may hold
+    std::string difference;    // otherwise: how the loaded store differs from the last of them
+};
+
+struct GotByIds {
+    Ids ids;
+    std::vector<std::optional<std::string>> found;
+};
+
+struct GotAll {
+    std::vector<std::string> ids;
+};
+
+// A stored entry being read.
+struct EntryFact {
+    const std::string& id;
+    ObjectId expected;
+    EntryReading& reading;
+};
+
+// A live handle to check against the storage of the stored entries.
+struct HandleFact {
+    std::int64_t handle = 0;
+    ObjectId object = 0;
+};
+
+// What the engine reports of a handle, read once per step.
+struct HandleReading {
+    bool exists = false;
+    bool owned = false;  // the owned marker as the engine reports it
+    std::vector<std::uint64_t> storage;
+};
+
+// ---- what a checker may read ---------------------------------------------
+
+class Probe {
+  public:
+    virtual ~Probe() = default;
+
+    virtual Engine& engine() = 0;
+    virtual Auditor& auditor() = 0;
+    virtual const Capabilities& capabilities() const = 0;
+
+    // Is `property` checked in this run and not violated yet at this step?
+    virtual bool checking(Property property) const = 0;
+    virtual void fail(Property property, std::string message) = 0;
+    // The adapter contradicts itself (two of its reports disagree).
+    virtual void engine_error(std::string message) = 0;
+
+    virtual const HandleReading& handle(std::int64_t handle) = 0;
+    // How the cache of `handle` differs from `expected`'s view; empty when it
+    // does not (or when the adapter's digest and view disagree: an engine error).
+    virtual std::string handle_difference(std::int64_t handle, ObjectId expected) = 0;
+    // The same for a stored entry.
+    virtual std::string entry_difference(const EntryFact& entry) = 0;
+    virtual bool entry_owned(const EntryFact& entry) = 0;
+    // The first stored entry, in insertion order, that shares storage with
+    // `handle` although the handle's object may not alias it.
+    virtual std::optional<std::string> aliased_entry(const HandleFact& handle) = 0;
+    // The ids the engine lists, read once per round.
+    virtual const std::vector<std::string>& listed() = 0;
+    // How the engine's whole store differs from the expected one (ids in
+    // any order, then each entry's content); empty when it does not.
+    virtual std::string store_difference() = 0;
+};
+
+// ---- checkers --------------------------------------------------------------
+
+// What a checker reads of the engine beyond an operation's own result: the
+// run reads the store, the handles' storage and the copy log only for the
+// checkers that read them.
+struct Reads {
+    bool entry_content = false;    // stored entries' views
+    bool entry_marker = false;     // stored entries' owned markers
+    bool listing = false;          // the ids the store lists
+    bool handle_aliasing = false;  // handles against the stored entries' storage
+    bool copy_log = false;         // the copies each operation logged
+};
+
+class Checker {
+  public:
+    explicit Checker(Property property) : property_(property) {}
+    virtual ~Checker() = default;
+    Property property() const { return property_; }
+    virtual Reads reads() const { return {}; }
+
+    virtual void made(const Made&, Probe&) {}
+    virtual void generated(const Generated&, Probe&) {}
+    virtual void loaded(const Loaded&, Probe&) {}
+    virtual void got_by_ids(const GotByIds&, Probe&) {}
+    virtual void got_all(const GotAll&, Probe&) {}
+    virtual void entry(const EntryFact&, Probe&) {}
+    virtual void listing(bool full_read, Probe&) {}
+    virtual void handle(const HandleFact&, Probe&) {}
+
+  protected:
+    bool checking(const Probe& probe) const { return probe.checking(property_); }
+    void fail(Probe& probe, std::string message) const {
+        if (checking(probe)) probe.fail(property_, std::move(message));
+    }
+    // Records a violation when `ok` is false; the message is made only then
+    // (the checks of every step pass nearly always, and their texts cost
+    // more than their comparisons). Returns ok.
+    template <typename MakeMessage>
+    bool expect(Probe& probe, bool ok, MakeMessage&& message) const {
+        if (!ok && checking(probe)) probe.fail(property_, message());
+        return ok;
+    }
+
+  private:
+    Property property_;
+};
+
+// Makes the checker of one property; each checker file defines its own.
+template <Property P>
+std::unique_ptr<Checker> make_checker();
+
+// Every property's checker, in property order (checkers/registry.cpp).
+std::vector<std::unique_ptr<Checker>> make_checkers();
+
+// ---- shared by several checkers -----------------------------------------------
+
+std::string in_quotes(const std::string& id);
+std::string handle_text(std::int64_t handle);
+std::string tokens_text(const std::vector<std::int64_t>& tokens);
+std::string id_list(const std::vector<std::string>& ids);
+// "generate from h3", "generate_stream from no cache".
+std::string generation_text(const Generated& generation);
+// How the ids a store lists differ from the expected ones (in order when
+// `ordered`); empty when they do not.
+std::string ids_difference(const std::vector<std::string>& listed, const std::vector<std::string>& expected, bool ordered);
+
+// The first of `sources` whose storage `out` shares, if any (needs the
+// engine's storage identities).
+std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const std::vector<std::int64_t>& sources);
+
+}  // namespace checkers
+}  // namespace kvcheck

@@ -1,0 +1,34 @@
+// clone-independent: a clone shares no tensor storage, layer object or list
+// with its source: not for an empty cache (the model filling the clone must
+// not add layers to the source), not for layers holding one side only or
+// legacy-named slots.
+//
+// Checked, when the engine reports storage identities: the clone's storage
+// against its source's, at the clone's step.
+// Not checked here: the clone's content (layout-roundtrip), its owned
+// marker (owned-marker), what a generation does to either (stored-immutable).
+#include "checkers/checker.h"
+
+namespace kvcheck::checkers {
+namespace {
+
+class CloneIndependent final : public Checker {
+  public:
+    CloneIndependent() : Checker(Property::clone_independent) {}
+
+    void made(const Made& made, Probe& probe) override {
+        if (made.by != MadeBy::clone || !checking(probe)) return;
+        if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
+            fail(probe, "the clone " + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
+        }
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::clone_independent>() {
+    return std::make_unique<CloneIndependent>();
+}
+
+}  // namespace kvcheck::checkers

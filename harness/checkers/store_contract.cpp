@@ -1,0 +1,81 @@
+// store-contract: the plain store API: get of a missing id gives nothing
+// and of a stored one its item; get_by_ids answers position by position in
+// request order (none for a missing id); get_all and the store's listing
+// give the ids in insertion order (an overwritten id keeps its place, a
+// re-added one goes last); get_cache of ids that hold no tokens gives none.
+//
+// Checked: the answers of get, get_by_ids, get_all and get_cache at their
+// step; the listing after every change of membership while the store is
+// small, and at every full read.
+// Not checked here: the content of what is handed out (stored-immutable,
+// layout-roundtrip, merge-correct).
+#include "checkers/checker.h"
+
+namespace kvcheck::checkers {
+namespace {
+
+class StoreContract final : public Checker {
+  public:
+    StoreContract() : Checker(Property::store_contract) {}
+
+    Reads reads() const override {
+        Reads reads;
+        reads.listing = true;
+        return reads;
+    }
+
+    void made(const Made& made, Probe& probe) override {
+        if (made.by == MadeBy::get) check_exists(made, "get " + in_quotes(made.id) + ":", probe);
+        if (made.by == MadeBy::get_cache) check_exists(made, "get_cache " + std::to_string(made.ids) + " ids ->", probe);
+    }
+
+    void got_by_ids(const GotByIds& got, Probe& probe) override {
+        if (!checking(probe)) return;
+        const bool sized = expect(probe, got.found.size() == got.ids.size(), [&] {
+            return "get_by_ids returned " + std::to_string(got.found.size()) + " items for " + std::to_string(got.ids.size()) + " ids";
+        });
+        if (!sized) return;
+        for (std::size_t i = 0; i < got.ids.size(); ++i) {
+            const bool exists = probe.auditor().entry(got.ids[i]).has_value();
+            const bool ok = exists ? got.found[i] == got.ids[i] : !got.found[i].has_value();
+            const bool right = expect(probe, ok, [&] {
+                return "get_by_ids position " + std::to_string(i) + " (" + in_quotes(got.ids[i]) + ") returned " +
+                       (got.found[i] ? in_quotes(*got.found[i]) : std::string("none"));
+            });
+            if (!right) return;
+        }
+    }
+
+    void got_all(const GotAll& got, Probe& probe) override {
+        const std::vector<std::string>& expected = probe.auditor().order();
+        expect(probe, got.ids == expected, [&] {
+            return "get_all returned " + id_list(got.ids) + ", expected " + id_list(expected) + " (insertion order)";
+        });
+    }
+
+    void listing(bool, Probe& probe) override {
+        if (!checking(probe)) return;
+        const std::vector<std::string>& expected = probe.auditor().order();
+        expect(probe, probe.listed() == expected, [&] {
+            return "the store lists " + id_list(probe.listed()) + ", expected " + id_list(expected) + " (insertion order)";
+        });
+    }
+
+  private:
+    void check_exists(const Made& made, const std::string& what, Probe& probe) const {
+        if (!checking(probe)) return;
+        const bool expected = made.object.has_value();
+        expect(probe, probe.handle(made.out).exists == expected, [&] {
+            return what + " " + handle_text(made.out) + (expected ? " holds no cache, expected one" : " holds a cache, expected none");
+        });
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::store_contract>() {
+    return std::make_unique<StoreContract>();
+}
+
+}  // namespace kvcheck::checkers

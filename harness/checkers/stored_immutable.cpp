@@ -1,0 +1,57 @@
+// stored-immutable: every stored entry stays as it was stored (content,
+// shapes, dtypes, layer count, initialized flags, layout), whatever runs,
+// and no cache get_cache hands out shares storage with a stored entry.
+//
+// Checked: each entry the run reads (the entries a step names or reaches
+// through a handle's storage, and all of them at full reads) against the
+// auditor's expected content; at full reads, the set of ids the store holds
+// (its order is store-contract's); each get_cache result against the
+// stored entries' storage identities, when the engine reports them.
+// Not checked here: the owned marker (owned-marker), the order of ids
+// (store-contract), what a load restores (dump-safe).
+#include "checkers/checker.h"
+
+namespace kvcheck::checkers {
+namespace {
+
+class StoredImmutable final : public Checker {
+  public:
+    StoredImmutable() : Checker(Property::stored_immutable) {}
+
+    Reads reads() const override {
+        Reads reads;
+        reads.entry_content = true;
+        reads.handle_aliasing = true;
+        return reads;
+    }
+
+    void entry(const EntryFact& entry, Probe& probe) override {
+        if (!checking(probe)) return;
+        const std::string difference = probe.entry_difference(entry);
+        if (!difference.empty()) fail(probe, "entry " + in_quotes(entry.id) + " " + difference);
+    }
+
+    void listing(bool full_read, Probe& probe) override {
+        if (!full_read || !checking(probe)) return;
+        const std::string difference = ids_difference(probe.listed(), probe.auditor().order(), false);
+        if (!difference.empty()) fail(probe, difference);
+    }
+
+    void handle(const HandleFact& handle, Probe& probe) override {
+        if (!checking(probe) || !probe.capabilities().storage_identity) return;
+        if (probe.auditor().object(handle.object).origin != Origin::get_cache) return;
+        const std::optional<std::string> entry = probe.aliased_entry(handle);
+        if (!entry) return;
+        fail(probe, "the cache get_cache handed out as " + handle_text(handle.handle) +
+                        " shares storage with stored entry " + in_quotes(*entry));
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::stored_immutable>() {
+    return std::make_unique<StoredImmutable>();
+}
+
+}  // namespace kvcheck::checkers

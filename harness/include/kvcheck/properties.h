@@ -1,0 +1,85 @@
+// The properties kvcheck checks, by stable id: the registry. Each property
+// is one line of KVCHECK_PROPERTY_LIST (its enum name, its id in reports,
+// a one-line summary, the capabilities an engine must report for it to be
+// checked) and one checker, harness/checkers/<name>.cpp; docs/semantics.md
+// says what each asserts (#properties).
+//
+//   for (kvcheck::Property p : kvcheck::all_properties()) std::cout << kvcheck::property_id(p);
+//   kvcheck::PropertySet only = kvcheck::PropertySet::only(kvcheck::Property::single_copy);
+#pragma once
+
+#include "kvcheck/engine.h"
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace kvcheck {
+
+// The capabilities a property needs (see checkable), as bits.
+enum PropertyNeeds : std::uint8_t {
+    property_needs_nothing = 0,
+    property_needs_copy_log = 1 << 0,          // Capabilities::copy_log
+    property_needs_storage_identity = 1 << 1,  // Capabilities::storage_identity
+    property_needs_dump = 1 << 2,              // Capabilities::dump
+};
+
+// X(enum name, id, summary, needs), in the order the checkers run and a
+// step's violations are ranked (the first is the one reported).
+#define KVCHECK_PROPERTY_LIST(X)                                                                                   \
+    X(stored_immutable, "stored-immutable",                                                                        \
+      "stored entries never change, and nothing handed out of the store aliases them", property_needs_nothing)    \
+    X(single_copy, "single-copy", "each generation copies the stored K/V once at most; two K/V sets alive",        \
+      property_needs_copy_log)                                                                                     \
+    X(layout_roundtrip, "layout-roundtrip", "conversions, clone and dump/load are identities",                     \
+      property_needs_nothing)                                                                                      \
+    X(merge_correct, "merge-correct", "merged caches: true length, request order, initialized, owned",             \
+      property_needs_nothing)                                                                                      \
+    X(owned_marker, "owned-marker", "only caches sharing nothing with the store are marked owned",                 \
+      property_needs_nothing)                                                                                      \
+    X(clone_independent, "clone-independent", "a clone shares no tensor, layer or list with its source",           \
+      property_needs_storage_identity)                                                                             \
+    X(generation_equivalent, "generation-equivalent",                                                              \
+      "generating via the store equals generating from a fresh copy", property_needs_nothing)                      \
+    X(dump_safe, "dump-safe", "dumps round-trip; bad or interrupted dumps never lose data", property_needs_dump)   \
+    X(store_contract, "store-contract", "ids, order and missing ids of the store API", property_needs_nothing)
+
+enum class Property : std::uint8_t {
+#define KVCHECK_PROPERTY_ENUM(name, id, summary, needs) name,
+    KVCHECK_PROPERTY_LIST(KVCHECK_PROPERTY_ENUM)
+#undef KVCHECK_PROPERTY_ENUM
+};
+
+#define KVCHECK_PROPERTY_COUNT(name, id, summary, needs) +1
+inline constexpr std::size_t property_count = 0 KVCHECK_PROPERTY_LIST(KVCHECK_PROPERTY_COUNT);
+#undef KVCHECK_PROPERTY_COUNT
+
+const char* property_id(Property property);       // "stored-immutable", ...
+const char* property_summary(Property property);  // one line
+std::optional<Property> parse_property(const std::string& id);
+const std::array<Property, property_count>& all_properties();
+
+// An engine's unexpected exception, or an adapter contradicting itself, is
+// reported under this id (it is not a property: the step could not be judged).
+inline constexpr const char* engine_error_id = "engine-error";
+
+class PropertySet {
+  public:
+    static PropertySet all() { return PropertySet((1u << property_count) - 1); }
+    static PropertySet none() { return PropertySet(0); }
+    static PropertySet only(Property p) { return PropertySet(1u << static_cast<unsigned>(p)); }
+    bool has(Property p) const { return (bits_ >> static_cast<unsigned>(p)) & 1; }
+    void add(Property p) { bits_ |= 1u << static_cast<unsigned>(p); }
+    void remove(Property p) { bits_ &= ~(1u << static_cast<unsigned>(p)); }
+    bool empty() const { return bits_ == 0; }
+
+  private:
+    explicit PropertySet(std::uint32_t bits) : bits_(bits) {}
+    std::uint32_t bits_;
+};
+
+// Which properties an engine's capabilities let kvcheck check.
+PropertySet checkable(const Capabilities& capabilities);
+
+}  // namespace kvcheck

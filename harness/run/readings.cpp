@@ -1,0 +1,258 @@
+#include "run/readings.h"
+
+#include <algorithm>
+
+namespace kvcheck {
+namespace {
+
+template <typename T>
+void add_unique(std::vector<T>& list, const T& value) {
+    if (std::find(list.begin(), list.end(), value) == list.end()) list.push_back(value);
+}
+
+std::string in_quotes(const std::string& id) { return "\"" + id + "\""; }
+
+}  // namespace
+
+void Readings::begin_round() {
+    ++round_;
+    listed_.reset();
+}
+
+// ---- entries ------------------------------------------------------------------
+
+EntryReading& Readings::entry(const std::string& id, const std::uint64_t* known_version) {
+    const auto [node, inserted] = readings_.try_emplace(id);
+    EntryReading& entry = node->value;
+    if (inserted) entry.id = &node->key;
+    if (entry.round == round_) return entry;
+    entry.round = round_;
+    std::optional<std::uint64_t> version;
+    if (trust_versions_) version = known_version ? *known_version : engine_.entry_version(id);
+    if (version && version == entry.version) return entry;
+    unindex(entry);
+    entry = EntryReading{};
+    entry.round = round_;
+    entry.version = version;
+    entry.id = &node->key;
+    return entry;
+}
+
+std::vector<Readings::ReadEntry> Readings::read_all(bool content, bool marker, bool index) {
+    const std::vector<std::string>& ids = audit_.order();
+    std::vector<std::uint64_t> versions;
+    if (trust_versions_) {
+        versions = engine_.entry_versions(ids);
+        if (!answered_all("entry_versions", versions.size(), ids.size())) return {};
+    }
+    std::vector<ReadEntry> entries;
+    entries.reserve(ids.size());
+    std::vector<std::string> unread;
+    std::vector<EntryReading*> unread_entries;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        EntryReading& reading = entry(ids[i], trust_versions_ ? &versions[i] : nullptr);
+        const ObjectId expected = *audit_.entry(ids[i]);
+        entries.push_back({&reading, expected});
+        if ((content && !reading.digest && reading.matched != expected) || (marker && !reading.owned) ||
+            (index && !reading.indexed && !reading.storage_read)) {
+            unread.push_back(ids[i]);
+            unread_entries.push_back(&reading);
+        }
+    }
+    if (unread.empty()) return entries;
+    const bool with_storage = capabilities_.storage_identity;
+    std::vector<EntryFacts> facts = engine_.read_entries(unread, with_storage);
+    if (!answered_all("read_entries", facts.size(), unread.size())) return {};
+    for (std::size_t i = 0; i < unread.size(); ++i) {
+        EntryReading& reading = *unread_entries[i];
+        reading.batched = true;
+        reading.digest = facts[i].digest;
+        reading.owned = facts[i].owned;
+        if (!with_storage) continue;
+        reading.storage = std::move(facts[i].storage);
+        reading.storage_read = true;
+    }
+    return entries;
+}
+
+bool Readings::answered_all(const char* method, std::size_t answers, std::size_t ids) {
+    if (answers == ids) return true;
+    verdicts_.engine_error(std::string("the adapter's ") + method + " returned " + std::to_string(answers) +
+                           " results for " + std::to_string(ids) + " ids");
+    return false;
+}
+
+// A fact read_entries gave that a check is about to report is asked again
+// of its one-entry method: an adapter whose two disagree has an engine
+// error, not a violation. True when they agree.
+bool Readings::batch_agrees(const EntryReading& entry, const char* method, bool agree) {
+    if (!entry.batched || agree) return true;
+    verdicts_.engine_error(std::string("the adapter's read_entries and ") + method + " disagree on entry " + in_quotes(*entry.id));
+    return false;
+}
+
+std::string Readings::entry_difference(const std::string& id, EntryReading& entry, ObjectId expected) {
+    if (entry.matched == expected) return {};
+    if (!entry.digest) entry.digest = engine_.entry_digest(id);
+    if (*entry.digest == audit_.digest_of(expected)) {
+        entry.matched = expected;
+        return {};
+    }
+    if (!batch_agrees(entry, "entry_digest", engine_.entry_digest(id) == *entry.digest)) return {};
+    // The view only to name the difference.
+    const std::string difference = view_difference(engine_.view_entry(id), audit_.view_of(expected));
+    if (difference.empty()) {
+        verdicts_.engine_error("the adapter's entry_digest of entry " + in_quotes(id) + " disagrees with its view_entry");
+    }
+    return difference;
+}
+
+bool Readings::entry_owned(const std::string& id, EntryReading& entry) {
+    if (!entry.owned) entry.owned = engine_.entry_owned(id);
+    if (*entry.owned && !batch_agrees(entry, "entry_owned", engine_.entry_owned(id))) entry.owned = false;
+    return *entry.owned;
+}
+
+void Readings::index_storage(EntryReading& entry, const std::vector<std::uint64_t>* only) {
+    if (entry.indexed) return;
+    if (!entry.storage_read) {
+        entry.storage = engine_.storage_of_entry(*entry.id);
+        entry.storage_read = true;
+    }
+    for (const std::uint64_t identity : entry.storage) {
+        if (only == nullptr || std::binary_search(only->begin(), only->end(), identity)) holders_.add(identity, entry.id);
+    }
+    entry.indexed = true;
+}
+
+void Readings::unindex(EntryReading& entry) {
+    if (!entry.indexed) return;
+    for (const std::uint64_t identity : entry.storage) holders_.remove(identity, entry.id);
+    entry.indexed = false;
+}
+
+void Readings::drop(const std::string& id) {
+    EntryReading* found = readings_.find(id);
+    if (found == nullptr) return;
+    unindex(*found);
+    readings_.erase(id);
+}
+
+void Readings::drop_all() {
+    readings_.clear();
+    holders_.clear();
+}
+
+void Readings::distrust_all() {
+    trust_versions_ = false;
+    holders_.clear();
+    readings_.for_each([](const std::string&, EntryReading& entry) {
+        entry.indexed = false;
+        entry.round = 0;
+        entry.version.reset();
+    });
+}
+
+const std::vector<std::string>& Readings::listed() {
+    if (!listed_) listed_ = engine_.stored_ids();
+    return *listed_;
+}
+
+std::string Readings::store_difference(bool ordered) {
+    const std::string ids = checkers::ids_difference(listed(), audit_.order(), ordered);
+    if (!ids.empty()) return ids;
+    for (const std::string& id : audit_.order()) {
+        const std::string difference = entry_difference(id, entry(id), *audit_.entry(id));
+        if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
+    }
+    return {};
+}
+
+// ---- handles --------------------------------------------------------------------
+
+const checkers::HandleReading& Readings::handle(std::int64_t handle) {
+    const auto found = handle_readings_.find(handle);
+    if (found != handle_readings_.end()) return found->second;
+    checkers::HandleReading reading;
+    const HandleFacts facts = engine_.handle_facts(handle);
+    reading.exists = facts.exists;
+    reading.owned = facts.owned;
+    if (facts.exists && capabilities_.storage_identity) reading.storage = engine_.storage_of_handle(handle);
+    return handle_readings_.emplace(handle, std::move(reading)).first->second;
+}
+
+std::string Readings::handle_difference(std::int64_t handle, ObjectId expected) {
+    if (engine_.handle_digest(handle) == audit_.digest_of(expected)) return {};
+    const std::string difference = view_difference(engine_.view_handle(handle), audit_.view_of(expected));
+    if (difference.empty()) {
+        verdicts_.engine_error("the adapter's handle_digest of " + checkers::handle_text(handle) + " disagrees with its view_handle");
+    }
+    return difference;
+}
+
+// ---- the storage index ------------------------------------------------------------
+
+std::vector<std::string> Readings::holders_of(const std::vector<std::uint64_t>& identities) const {
+    std::vector<std::string> entries;
+    for (const std::uint64_t identity : identities) {
+        holders_.for_each_holder(identity, [&entries](const std::string& id) { add_unique(entries, id); });
+    }
+    return entries;
+}
+
+std::vector<std::string> Readings::entries_reached(const std::vector<std::int64_t>& handles) {
+    std::vector<std::string> entries;
+    if (!capabilities_.storage_identity) return entries;
+    for (const std::int64_t h : handles) {
+        if (!audit_.handle(h)) continue;
+        for (const std::string& id : holders_of(handle(h).storage)) add_unique(entries, id);
+    }
+    return entries;
+}
+
+std::optional<std::string> Readings::aliased_entry(const checkers::HandleFact& fact) {
+    std::vector<std::string> offending;
+    for (const std::string& id : holders_of(handle(fact.handle).storage)) {
+        const std::optional<ObjectId> stored = audit_.entry(id);
+        if (stored && !audit_.may_alias(fact.object, *stored)) offending.push_back(id);
+    }
+    if (offending.empty()) return std::nullopt;
+    std::string first = offending.front();
+    for (const std::string& id : audit_.order()) {
+        if (std::find(offending.begin(), offending.end(), id) != offending.end()) {
+            first = id;
+            break;
+        }
+    }
+    const EntryReading* found = readings_.find(first);
+    if (found != nullptr && found->batched) {
+        std::vector<std::uint64_t> batch = found->storage;
+        std::vector<std::uint64_t> one = engine_.storage_of_entry(first);
+        std::sort(batch.begin(), batch.end());
+        std::sort(one.begin(), one.end());
+        if (!batch_agrees(*found, "storage_of_entry", batch == one)) return std::nullopt;
+    }
+    return first;
+}
+
+std::vector<std::int64_t> Readings::handles_meeting(const std::vector<std::string>& entries) {
+    std::vector<std::uint64_t> identities;
+    for (const std::string& id : entries) {
+        const EntryReading& reading = entry(id);
+        identities.insert(identities.end(), reading.storage.begin(), reading.storage.end());
+    }
+    std::sort(identities.begin(), identities.end());
+    std::vector<std::int64_t> meeting;
+    for (const auto& [h, object] : audit_.handles()) {
+        if (!object) continue;
+        for (const std::uint64_t identity : handle(h).storage) {
+            if (std::binary_search(identities.begin(), identities.end(), identity)) {
+                meeting.push_back(h);
+                break;
+            }
+        }
+    }
+    return meeting;
+}
+
+}  // namespace kvcheck

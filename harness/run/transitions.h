@@ -1,0 +1,74 @@
+// Transitions: one per operation, each calls the engine and brings the
+// auditor's expected state along, and returns the fact its checks judge
+// (harness/checkers/checker.h). No transition judges anything.
+//
+// An operation the expected state cannot follow is skipped (nullopt): one
+// naming a handle nobody made, or a handle whose content a model may have
+// written into, or a source of the wrong layout; an operation whose cache
+// holds no sensible generation (keys and values of different lengths).
+#pragma once
+
+#include "auditor/auditor.h"
+#include "checkers/checker.h"
+#include "kvcheck/executor.h"
+#include "run/dump_slots.h"
+#include "run/readings.h"
+
+#include <optional>
+#include <variant>
+
+namespace kvcheck {
+
+using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
+                          checkers::GotAll>;
+
+class Transitions {
+  public:
+    // `read_copies`: drain the engine's copy log around the operations that
+    // copy, and report the count (some checker reads it).
+    Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage,
+                bool read_copies)
+        : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage),
+          read_copies_(read_copies) {}
+
+    std::optional<Fact> apply(const Op& operation);
+
+  private:
+    std::optional<Fact> apply(const op::Add& op);
+    std::optional<Fact> apply(const op::AddHandle& op);
+    std::optional<Fact> apply(const op::Get& op);
+    std::optional<Fact> apply(const op::GetByIds& op);
+    std::optional<Fact> apply(const op::GetAll& op);
+    std::optional<Fact> apply(const op::GetCache& op);
+    std::optional<Fact> apply(const op::Generate& op);
+    std::optional<Fact> apply(const op::GenerateStream& op);
+    std::optional<Fact> apply(const op::Delete& op);
+    std::optional<Fact> apply(const op::DeleteAll& op);
+    std::optional<Fact> apply(const op::Dump& op);
+    std::optional<Fact> apply(const op::DumpCrash& op);
+    std::optional<Fact> apply(const op::Load& op);
+    std::optional<Fact> apply(const op::Corrupt& op);
+    std::optional<Fact> apply(const op::Make& op);
+    std::optional<Fact> apply(const op::Clone& op);
+    std::optional<Fact> apply(const op::Concat& op);
+    std::optional<Fact> apply(const op::ToLegacy& op);
+    std::optional<Fact> apply(const op::FromLegacy& op);
+
+    std::optional<Fact> generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream);
+    std::optional<Fact> convert(std::int64_t source, std::int64_t out, Layout from);
+    // A live handle whose object is known, or nullopt; `holds_none` tells a
+    // handle that holds no cache (or h0) from one that cannot be followed.
+    std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;
+    // The copies the engine logged since the last call, when they are read.
+    std::optional<std::size_t> copies();
+    void count_layout(Layout layout);
+
+    Engine& engine_;
+    Auditor& audit_;
+    Readings& readings_;
+    DumpSlots& slots_;
+    Coverage& coverage_;
+    bool read_copies_;
+};
+
+}  // namespace kvcheck
