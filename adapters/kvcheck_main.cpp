@@ -3,12 +3,4 @@
 #include "bundled.h"
 #include "main.h"
 
-int main(int argc, char** argv) {
-    std::vector<kvcheck::cli::Adapter> bundled;
-    for (const kvcheck::adapters::BundledAdapter& adapter : kvcheck::adapters::bundled()) {
-        auto make = adapter.make;
-        bundled.push_back({adapter.name, adapter.description, "bundled", adapter.breaks,
-                           [make] { return std::shared_ptr<kvcheck::Engine>(make()); }});
-    }
-    return kvcheck::cli::main(argc, argv, std::move(bundled));
-}
+int main(int argc, char** argv) { return kvcheck::cli::main(argc, argv, kvcheck::adapters::bundled()); }

@@ -23,7 +23,7 @@ constexpr int seeds_per_mutant = 10;
 constexpr std::uint64_t seed_spacing = 100003;  // first seeds this far apart never search the same seeds
 constexpr std::size_t traces_max = 3000;        // as the mutant tests allow
 
-void time_to_find(benchmark::State& state, const adapters::BundledAdapter* adapter) {
+void time_to_find(benchmark::State& state, const Adapter* adapter) {
     Samples find_s, shrink_s, verdict_s, verdict_cpu_s, traces, shrunk_ops;
     int missed = 0;
     for (auto _ : state) {
@@ -56,7 +56,7 @@ void time_to_find(benchmark::State& state, const adapters::BundledAdapter* adapt
 }
 
 const bool registered = [] {
-    for (const adapters::BundledAdapter& adapter : adapters::bundled()) {
+    for (const Adapter& adapter : adapters::bundled()) {
         if (adapter.breaks.empty()) continue;  // the reference: nothing to find
         benchmark::RegisterBenchmark(("time_to_find/" + adapter.name).c_str(), time_to_find, &adapter)
             ->Iterations(1)

@@ -45,8 +45,8 @@ kvcheck::CacheContent content_of_bytes(std::int64_t cache_bytes) {
     return kvcheck::expand(spec);
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& adapter) {
-    const kvcheck::adapters::BundledAdapter* bundled = kvcheck::adapters::find_bundled(adapter);
+std::shared_ptr<Engine> make_engine(const std::string& adapter) {
+    const kvcheck::Adapter* bundled = kvcheck::adapters::find_bundled(adapter);
     if (!bundled) throw std::invalid_argument("no bundled adapter " + adapter);
     return bundled->make();
 }

@@ -52,7 +52,7 @@ constexpr std::size_t mix_ops_count = 2000;
 constexpr std::int64_t handle_pool_size = 8;
 constexpr std::uint64_t mix_seed = 6;
 
-const adapters::BundledAdapter& reference() { return *adapters::find_bundled("reference"); }
+const Adapter& reference() { return *adapters::find_bundled("reference"); }
 
 // Small caches, as the workload makes them: up to 3 layers of up to 5
 // tokens, float32, both layouts, odd layers included.

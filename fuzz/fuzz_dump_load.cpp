@@ -18,7 +18,8 @@
 // and the loader's field checks.
 #include "dump_records.h"
 #include "extra_counters.h"
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
+#include "reference/cache_views.h"
 #include "sha1.h"
 
 #include "kv/pickle_check.h"

@@ -39,7 +39,7 @@ LogicalSlot logical(const SlotView& slot) {
 }
 
 // The keys (side 0) or values (side 1) a model sees in layer `layer`, by
-// the rule of SPEC section 2 (kvcheck::logical_slot on views).
+// the rule of (docs/semantics.md#modern-layout; kvcheck::logical_slot on views).
 LogicalSlot logical_side(const CacheView& view, std::size_t layer, int side) {
     const LayerView& l = view.layers[layer];
     if (view.layout == Layout::legacy) return logical(l.slots[side]);
@@ -97,8 +97,8 @@ const CacheSpec* spec_of(const Op& op) {
     return nullptr;
 }
 
-RunResult check_layout(const Trace& trace, const fuzz::EngineMaker& make, bool record_states) {
-    RunResult result = fuzz::execute_fresh(trace, make, record_states);
+RunResult check_layout(const Trace& trace, const EngineFactory& make, const RunOptions& options) {
+    RunResult result = fuzz::execute_fresh(trace, make, options);
     if (result.failure) return result;
     for (std::size_t step = 0; step < trace.size() && step < result.steps_run; ++step) {
         const CacheSpec* spec = spec_of(trace[step]);

@@ -18,7 +18,8 @@
 #include "byte_chooser.h"
 #include "dump_records.h"
 #include "generators.h"
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
+#include "reference/cache_views.h"
 
 #include "kv/pickle_check.h"
 #include "kv/store.h"

@@ -5,7 +5,7 @@
 #include "extra_counters.h"
 #include "sha1.h"
 
-#include "kvcheck/shrink.h"
+#include "kvcheck/search.h"
 
 #include <ATen/Parallel.h>
 #include <boost/pfr.hpp>
@@ -30,7 +30,8 @@ namespace fs = std::filesystem;
 
 struct Settings {
     TraceTarget target;
-    const adapters::BundledAdapter* adapter = nullptr;
+    const Adapter* adapter = nullptr;
+    Runner runner;                // how a shrink runs its candidates
     std::string program;          // argv[0], for the reproduce command
     std::string artifact_prefix;  // prepended to "crash-<sha1>.trace"
     std::string work_dir;         // this process's dump directory, emptied before each run
@@ -89,7 +90,7 @@ void print_settings(const Settings& s) {
               << (s.adapter->breaks.empty() ? "" : " (a mutant: " + s.adapter->description + ")") << "\n";
     if (!s.adapter->breaks.empty()) {
         std::cerr << "  breaks:";
-        for (const std::string& property : s.adapter->breaks) std::cerr << " " << property;
+        for (const Property property : s.adapter->breaks) std::cerr << " " << property_id(property);
         std::cerr << "\n";
     }
     std::cerr
@@ -185,13 +186,9 @@ std::string one_line(std::string text) {
     return text;
 }
 
-std::string reproduce_command(const Settings& s, const std::string& file) {
-    return "KVCHECK_ADAPTER=" + s.adapter->name + " " + s.program + " " + file;
-}
-
 // The corpus/regressions format: a header the replay tests read, then the trace.
-std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const std::string& reproduce) {
-    const Failure& f = shrunk.failure;
+std::string regression_text(const Settings& s, const Finding& shrunk, const std::string& reproduce) {
+    const Failure& f = shrunk.reported;
     std::ostringstream text;
     text << "# kvcheck fuzz regression, found by fuzz_" << s.target.name << " on adapter " << s.adapter->name << "\n"
          << "# target: " << s.target.name << "\n"
@@ -199,7 +196,7 @@ std::string regression_text(const Settings& s, const ShrinkResult& shrunk, const
          << "# expect: " << f.property << "\n"
          << "# ERROR: " << f.property << ": " << one_line(f.message) << " at step " << f.step + 1 << "\n"
          << "# reproduce: " << reproduce << "\n"
-         << format_trace(shrunk.trace);
+         << format_trace(shrunk.shrunk.trace);
     return text.str();
 }
 
@@ -213,27 +210,24 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     const auto shrink_start = std::chrono::steady_clock::now();
     std::cerr << "==kvcheck== fuzz_" << s.target.name << " on adapter " << s.adapter->name << ": " << failure.property
               << " violated at step " << failure.step + 1 << " of " << trace.size() << "\n";
-    ShrinkResult shrunk{trace, failure, 0};
+    Finding shrunk;
     if (s.shrink) {
-        // Only traces the target itself accepts as text, so the shrunk
-        // trace replays through it (the shrinker may, say, change one
-        // cache's dtype, which a text trace may not).
-        const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
-            if (!over_limits(candidate, s.limits).empty()) return std::nullopt;
-            return s.target.check(candidate, s.adapter->make, false).failure;
-        };
-        shrunk = shrink(trace, failure, oracle);
+        shrunk = shrink_failure(s.runner, trace, failure);
+    } else {
+        shrunk.found = shrunk.shrunk.trace = trace;
+        shrunk.found_failure = shrunk.shrunk.failure = shrunk.reported = failure;
     }
     const double shrink_seconds = seconds_since(shrink_start);
     const std::string file = s.artifact_prefix + "crash-" + sha1_hex(data, size) + ".trace";
-    const std::string reproduce = reproduce_command(s, file);
+    const std::string reproduce = replay_command(*s.adapter, file);
     std::ofstream out(file);
     out << regression_text(s, shrunk, reproduce);
     out.close();
-    std::cerr << format_failure(shrunk.failure, shrunk.trace, reproduce);
+    std::cerr << format_failure(shrunk.reported, shrunk.shrunk.trace, reproduce);
     if (out) {
-        std::cerr << "INFO: kvcheck: shrunk " << trace.size() << " -> " << shrunk.trace.size() << " operations in "
-                  << shrunk.runs << " runs; trace written to " << file << "\n";
+        std::cerr << "INFO: kvcheck: shrunk " << trace.size() << " -> " << shrunk.shrunk.trace.size() << " operations in "
+                  << shrunk.shrunk.runs << " runs; trace written to " << file << " (it also replays through this target: "
+                  << "KVCHECK_ADAPTER=" << s.adapter->name << " " << s.program << " " << file << ")\n";
     } else {
         std::cerr << "WARNING: kvcheck: could not write " << file << "\n";
     }
@@ -245,15 +239,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-RunResult execute_fresh(const Trace& trace, const EngineMaker& make, bool record_states) {
+// Dumps of the run before are removed first: each run starts with empty slots.
+void empty_work_dir() {
     const std::string& dir = settings().work_dir;
     std::error_code ignored;
     fs::remove_all(dir, ignored);
     fs::create_directories(dir, ignored);
-    const std::unique_ptr<Engine> engine = make();
-    RunOptions options;
-    options.work_dir = dir;
-    options.record_states = record_states;
+}
+
+RunResult execute_fresh(const Trace& trace, const EngineFactory& make, const RunOptions& options) {
+    const std::shared_ptr<Engine> engine = make();
     return execute(trace, *engine, options);
 }
 
@@ -281,6 +276,17 @@ void init_target(int* argc, char*** argv, TraceTarget target) {
     s.print_trace = env_or("KVCHECK_PRINT_TRACE", "0") != "0";
     s.work_dir = make_work_dir();
     std::atexit(remove_work_dir);
+    // Shrinking runs each candidate the target's way, on fresh engines, and
+    // keeps to the traces this target accepts as text, so that the shrunk
+    // trace replays through it (the shrinker may, say, change one cache's
+    // dtype, which a text trace may not).
+    s.runner.make = s.adapter->make;
+    s.runner.options.work_dir = s.work_dir;
+    s.runner.before_run = [](const Trace&) { empty_work_dir(); };
+    s.runner.shrink_accepts = [](const Trace& candidate) { return over_limits(candidate, settings().limits).empty(); };
+    s.runner.check = [](const Trace& candidate, const RunOptions& options) {
+        return settings().target.check(candidate, settings().adapter->make, options);
+    };
     print_settings(s);
 }
 
@@ -291,7 +297,10 @@ int run_input(const std::uint8_t* data, std::size_t size) {
     const std::optional<Trace> trace = decode(data, size, s);
     if (!trace) return -1;
     if (s.print_trace) std::cerr << "---- trace (" << trace->size() << " operations)\n" << format_trace(*trace);
-    const RunResult result = s.target.check(*trace, s.adapter->make, true);
+    empty_work_dir();
+    RunOptions options = s.runner.options;
+    options.record_states = true;
+    const RunResult result = s.target.check(*trace, s.adapter->make, options);
     count_states(result.coverage.states);
     if (result.failure) report(*trace, *result.failure, data, size);
     return 0;

@@ -9,10 +9,11 @@
 // them, or one that does not parse, is rejected (the target returns -1, so
 // libFuzzer does not keep it).
 //
-// On a violation the target shrinks the trace (oracle: the same check on a
-// fresh engine), prints it in the harness failure format, writes the shrunk
-// text trace to <dir>/crash-<sha1 of the input>.trace, next to libFuzzer's
-// crash-<sha1>, and aborts. <dir> is $KVCHECK_ARTIFACT_DIR, else
+// On a violation the target shrinks the trace (kvcheck::shrink_failure, the
+// path every kvcheck tool shares: the same check on fresh engines), prints
+// it in the harness failure format, writes the shrunk text trace to
+// <dir>/crash-<sha1 of the input>.trace, next to libFuzzer's crash-<sha1>,
+// and aborts. <dir> is $KVCHECK_ARTIFACT_DIR, else
 // libFuzzer's -artifact_prefix, else the working directory.
 //
 // Environment (read once, at start-up, and printed):
@@ -25,6 +26,7 @@
 //   KVCHECK_FUZZ_TMPDIR=d    where dumps go (default /dev/shm when writable)
 #pragma once
 
+#include "kvcheck/adapter.h"
 #include "kvcheck/executor.h"
 #include "kvcheck/workload.h"
 
@@ -54,17 +56,17 @@ struct TextLimits {
 
 // Makes a trace from choices; the options carry the adapter's capabilities.
 using Generator = std::function<Trace(Chooser&, const WorkloadOptions&)>;
-// Checks a trace on the engine `make` builds; `record_states` asks for the
-// coverage states. Returns the run (with its failure, if any).
-using EngineMaker = std::function<std::unique_ptr<Engine>()>;
-using Checker = std::function<RunResult(const Trace&, const EngineMaker& make, bool record_states)>;
+// Checks a trace on engines `make` builds, with `options` (the dump
+// directory, whether to record coverage states). Returns the run (with its
+// failure, if any).
+using Check = std::function<RunResult(const Trace&, const EngineFactory& make, const RunOptions& options)>;
 
 struct TraceTarget {
     std::string name;        // "ops", "layout": the corpus folder and the regression header
     std::string default_adapter = "reference";  // when KVCHECK_ADAPTER is not set
     WorkloadOptions workload;  // capabilities are filled from the adapter
     Generator generate;
-    Checker check;
+    Check check;
 };
 
 // Reads the environment and libFuzzer's flags, makes one engine to learn
@@ -76,6 +78,6 @@ void init_target(int* argc, char*** argv, TraceTarget target);
 int run_input(const std::uint8_t* data, std::size_t size);
 
 // Runs `trace` through the executor with every property on a fresh engine.
-RunResult execute_fresh(const Trace& trace, const EngineMaker& make, bool record_states);
+RunResult execute_fresh(const Trace& trace, const EngineFactory& make, const RunOptions& options);
 
 }  // namespace kvcheck::fuzz

@@ -5,7 +5,8 @@
 // view, must be the digest of its view.
 #include "auditor/auditor.h"
 #include "generators.h"
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
+#include "reference/cache_views.h"
 #include "run_util.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // trace of a known shape exercises best: round trips, clone independence,
 // merge correctness.
 #include "generators.h"
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
 #include "run_util.h"
 
 #include <gtest/gtest.h>
@@ -11,11 +11,11 @@
 namespace kvcheck::props {
 namespace {
 
-const adapters::BundledAdapter& reference() { return *adapters::find_bundled("reference"); }
+const Adapter& reference() { return *adapters::find_bundled("reference"); }
 
 void expect_passes(const Trace& trace, PropertySet properties) {
     const RunResult result = run_on(reference(), trace, properties);
-    if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command("reference", trace)));
+    if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command(reference(), trace)));
     RC_ASSERT(result.coverage.ops_skipped == 0u);
 }
 
@@ -94,7 +94,7 @@ TEST(MergeCorrect, GetCacheOfSeveralIdsConcatenatesInRequestOrder) {
         PropertySet properties = PropertySet::only(Property::merge_correct);
         properties.add(Property::stored_immutable);
         const RunResult result = run_on(reference(), trace, properties);
-        if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command("reference", trace)));
+        if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command(reference(), trace)));
     }));
 }
 

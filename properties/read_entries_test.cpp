@@ -5,7 +5,7 @@
 // adapter whose batch and one-entry methods disagree must be named, not
 // taken at its word.
 #include "generators.h"
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
 #include "run_util.h"
 
 #include <gtest/gtest.h>

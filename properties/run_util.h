@@ -1,38 +1,27 @@
-// Shared plumbing of the property suites: run a trace on a bundled adapter,
-// find a failure by seeded search, shrink it, and print it the one way.
+// The property suites' use of the one search path (kvcheck/search.h): run a
+// trace on a bundled adapter, find a failure by seeded search and shrink it,
+// and name the command that replays it.
 #pragma once
 
 #include "bundled.h"
-#include "kvcheck/executor.h"
-#include "kvcheck/shrink.h"
-#include "kvcheck/workload.h"
+#include "kvcheck/search.h"
 
-#include <chrono>
 #include <optional>
 #include <string>
 
 namespace kvcheck::props {
 
 // Runs `trace` on a fresh engine of `adapter`.
-RunResult run_on(const adapters::BundledAdapter& adapter, const Trace& trace,
-                 PropertySet properties = PropertySet::all());
-
-struct Finding {
-    std::uint64_t seed = 0;        // the seed of the first failing trace
-    std::size_t traces_tried = 0;  // traces run until then
-    Trace found;                   // that trace
-    ShrinkResult shrunk;
-    double find_seconds = 0;
-    double shrink_seconds = 0;
-};
+RunResult run_on(const Adapter& adapter, const Trace& trace, PropertySet properties = PropertySet::all());
 
 // Searches seeds first_seed, first_seed+1, ... up to traces_max traces for
 // a failing trace on `adapter`, then shrinks it.
-std::optional<Finding> find_and_shrink(const adapters::BundledAdapter& adapter, std::uint64_t first_seed,
-                                       std::size_t traces_max, const WorkloadOptions& options,
-                                       PropertySet properties = PropertySet::all());
+std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t first_seed, std::size_t traces_max,
+                                       const WorkloadOptions& options, PropertySet properties = PropertySet::all());
 
-// The command that replays a failure of `adapter`: the trace goes to a file.
-std::string reproduce_command(const std::string& adapter, const Trace& trace);
+// The command that replays a failure of `adapter`. The trace is written to
+// the build tree's kvcheck-traces/ (KVCHECK_TRACE_DIR), named after its
+// content, where it stays for whoever reads the test's output.
+std::string reproduce_command(const Adapter& adapter, const Trace& trace);
 
 }  // namespace kvcheck::props

@@ -10,7 +10,7 @@
 namespace kvcheck::props {
 namespace {
 
-const adapters::BundledAdapter& reference() { return *adapters::find_bundled("reference"); }
+const Adapter& reference() { return *adapters::find_bundled("reference"); }
 
 TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
     Coverage total;
@@ -35,7 +35,7 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
         if (result.failure) {
             const Oracle oracle = [](const Trace& t) { return run_on(reference(), t).failure; };
             const ShrinkResult shrunk = shrink(trace, *result.failure, oracle);
-            RC_FAIL(format_failure(shrunk.failure, shrunk.trace, reproduce_command("reference", shrunk.trace)));
+            RC_FAIL(format_failure(shrunk.failure, shrunk.trace, reproduce_command(reference(), shrunk.trace)));
         }
     });
     EXPECT_TRUE(ok);

@@ -4,7 +4,8 @@
 // change: when the entry is next read (or at its step, reading everything
 // every step), or, for an engine whose versions miss it, at the end of the
 // run.
-#include "reference_engine.h"
+#include "reference/reference_engine.h"
+#include "reference/cache_views.h"
 #include "run_util.h"
 
 #include <ATen/ops/ones.h>

@@ -3,7 +3,7 @@
 // kvcheck/plugin.h).
 #pragma once
 
-#include "kvcheck/engine.h"
+#include "kvcheck/adapter.h"
 
 #include <functional>
 #include <memory>
@@ -19,13 +19,7 @@ class UsageError : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-struct Adapter {
-    std::string name;
-    std::string description;
-    std::string source;               // "bundled" or the plugin's path
-    std::vector<std::string> breaks;  // bundled mutants: the properties they are known to break
-    std::function<std::shared_ptr<Engine>()> make;
-};
+using kvcheck::Adapter;
 
 // "reference", "M3", ... or a path to a plugin. Throws UsageError naming
 // what is wrong (unknown name, missing file, dlopen error, missing entry

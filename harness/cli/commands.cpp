@@ -217,7 +217,7 @@ bool bundled_as_expected(const std::vector<AdapterResult>& results, std::ostream
             }
             continue;
         }
-        const bool caught = std::any_of(breaks.begin(), breaks.end(), [&](const std::string& p) { return result.fails(p); });
+        const bool caught = std::any_of(breaks.begin(), breaks.end(), [&](Property p) { return result.fails(property_id(p)); });
         if (!caught) {
             out << "unexpected: mutant " << result.adapter.name << " (" << result.adapter.description << ") was not caught\n";
             ok = false;
@@ -251,7 +251,7 @@ int command_list(const Args& args) {
     std::cout << "adapters (bundled):\n";
     for (const Adapter& adapter : bundled_adapters()) {
         std::string breaks;
-        for (const std::string& p : adapter.breaks) breaks += (breaks.empty() ? "" : ", ") + p;
+        for (const Property p : adapter.breaks) breaks += (breaks.empty() ? "" : ", ") + std::string(property_id(p));
         std::cout << "  " << adapter.name << std::string(adapter.name.size() < 11 ? 11 - adapter.name.size() : 1, ' ')
                   << adapter.description << (breaks.empty() ? "" : " [breaks: " + breaks + "]") << "\n";
     }

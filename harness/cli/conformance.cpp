@@ -1,6 +1,6 @@
 #include "conformance.h"
 
-#include "kvcheck/shrink.h"
+#include "kvcheck/search.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -57,38 +57,23 @@ FoundFailure decode(const std::string& payload) {
 
 // ---- the child's work -------------------------------------------------------------
 
-// `every_step`: read every entry after every step (RunOptions), so that a
-// failure is reported at the step it happened; searching and shrinking run
-// with the cheaper default schedule, which finds the same failures.
-std::optional<Failure> run_once(const Adapter& adapter, const Trace& trace, PropertySet properties, Channel& out,
-                                bool every_step = false) {
-    out.send("begin", format_trace(trace));
-    const std::shared_ptr<Engine> engine = adapter.make();
-    RunOptions run;
-    run.properties = properties;
-    run.every_entry_every_step = every_step;
-    return execute(trace, *engine, run).failure;
+// Runs traces of `adapter` checking `properties`, each announced to the
+// parent first ("begin"): when the child dies, the parent knows which
+// trace killed it.
+Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out) {
+    Runner runner;
+    runner.make = adapter.make;
+    runner.options.properties = properties;
+    runner.before_run = [&out](const Trace& trace) { out.send("begin", format_trace(trace)); };
+    return runner;
 }
 
-// The failure of `trace` as reported: found again reading everything every
-// step, which pins it to its step ("found" when that run passes, which it
-// should not: both schedules find the same failures).
-Failure at_its_step(const Adapter& adapter, const Trace& trace, const Failure& found, PropertySet properties,
-                    Channel& out) {
-    const std::optional<Failure> exact = run_once(adapter, trace, properties, out, true);
-    return exact ? *exact : found;
-}
-
-void report_failure(const Adapter& adapter, const Trace& trace, const Failure& failure, PropertySet properties,
-                    std::size_t cases, Channel& out) {
-    const Oracle oracle = [&](const Trace& candidate) { return run_once(adapter, candidate, properties, out); };
-    const ShrinkResult shrunk = shrink(trace, failure, oracle);
-    const Failure reported = at_its_step(adapter, shrunk.trace, shrunk.failure, properties, out);
-    out.send("fail", encode({cases, trace.size(), reported, format_trace(shrunk.trace)}));
+void send_finding(const Finding& finding, std::size_t cases, Channel& out) {
+    out.send("fail", encode({cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)}));
 }
 
 // Searches seeded traces for a violation of one property.
-void search(const Adapter& adapter, Property property, const ConformanceOptions& options, Channel& out) {
+void search_property(const Adapter& adapter, Property property, const ConformanceOptions& options, Channel& out) {
     const std::shared_ptr<Engine> probe = adapter.make();
     const Capabilities capabilities = probe->capabilities();
     if (!checkable(capabilities).has(property)) {
@@ -97,33 +82,22 @@ void search(const Adapter& adapter, Property property, const ConformanceOptions&
     }
     WorkloadOptions workload = options.workload;
     workload.capabilities = capabilities;
-    const PropertySet only = PropertySet::only(property);
-    const double start = monotonic_seconds();
-    std::size_t cases = 0;
-    for (;; ++cases) {
-        const bool out_of_budget = options.seconds > 0 ? monotonic_seconds() - start >= options.seconds : cases >= options.cases;
-        if (out_of_budget) break;
-        const Trace trace = trace_for_seed(options.seed + cases, workload);
-        if (const std::optional<Failure> failure = run_once(adapter, trace, only, out)) {
-            report_failure(adapter, trace, *failure, only, cases + 1, out);
-            return;
-        }
+    const Runner runner = runner_for(adapter, PropertySet::only(property), out);
+    const SearchResult result = search(runner, {options.seed, options.cases, options.seconds}, workload);
+    if (result.finding) {
+        send_finding(*result.finding, result.cases, out);
+        return;
     }
-    out.send("pass", std::to_string(cases));
+    out.send("pass", std::to_string(result.cases));
 }
 
 // ---- the parent's side -------------------------------------------------------------
-
-std::string reproduce_for(const Adapter& adapter, const std::string& file, const std::string& property) {
-    const std::string name = adapter.source == "bundled" ? adapter.name : adapter.source;
-    return "kvcheck replay " + file + " --adapter " + name + (property.empty() ? "" : " --property " + property);
-}
 
 void write_trace_file(const Adapter& adapter, PropertyResult& result, const ConformanceOptions& options) {
     std::error_code error;
     std::filesystem::create_directories(options.trace_dir, error);
     const std::string file = options.trace_dir + "/" + adapter.name + "-" + result.id + ".trace";
-    result.reproduce = reproduce_for(adapter, file, result.id);
+    result.reproduce = replay_command(adapter, file, parse_property(result.id));
     std::ofstream out(file);
     out << "# kvcheck: " << (result.fault.empty() ? result.id + " fails" : "fault (" + result.fault + ")")
         << " on adapter " << adapter.name << "\n# " << one_line(result.message) << "\n# seed " << options.seed
@@ -147,7 +121,7 @@ std::string shrink_fault(const Adapter& adapter, const std::string& trace_text, 
     const Failure as_failure{"fault:" + fault.kind, trace.empty() ? 0 : trace.size() - 1, fault.detail, {}};
     Sandbox sandbox(options.limits);
     const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
-        auto job = sandbox.run([&](Channel& out) { run_once(adapter, candidate, properties, out); });
+        auto job = sandbox.run([&](Channel& out) { runner_for(adapter, properties, out).run(candidate); });
         if (!job->fault || job->fault->kind != fault.kind) return std::nullopt;
         return Failure{"fault:" + fault.kind, candidate.size() - 1, job->fault->detail, {}};
     };
@@ -226,7 +200,7 @@ class Scheduler {
         const Adapter& adapter = adapters_[task.adapter];
         const Property property = properties_[task.property];
         const ConformanceOptions& options = options_;
-        auto body = [&adapter, property, &options](Channel& out) { search(adapter, property, options, out); };
+        auto body = [&adapter, property, &options](Channel& out) { search_property(adapter, property, options, out); };
         task.started = task.last_progress = monotonic_seconds();
         if (options_.isolate) {
             task.job = sandbox_.start(body, [](const Message&) {});
@@ -322,9 +296,10 @@ std::vector<AdapterResult> check_adapters(const std::vector<Adapter>& adapters, 
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
                           const ConformanceOptions& options) {
     auto body = [&](Channel& out) {
-        if (const std::optional<Failure> failure = run_once(adapter, trace, properties, out, !shrink_it)) {
+        const Runner runner = runner_for(adapter, properties, out);
+        if (const std::optional<Failure> failure = runner.run(trace, !shrink_it).failure) {
             if (shrink_it) {
-                report_failure(adapter, trace, *failure, properties, 1, out);
+                send_finding(shrink_failure(runner, trace, *failure), 1, out);
             } else {
                 out.send("fail", encode({1, trace.size(), *failure, format_trace(trace)}));
             }

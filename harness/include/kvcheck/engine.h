@@ -177,7 +177,4 @@ class Engine {
     }
 };
 
-// Engines are made by name through a factory, once per trace run.
-using EngineFactory = std::unique_ptr<Engine> (*)();
-
 }  // namespace kvcheck

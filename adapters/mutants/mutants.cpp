@@ -1,8 +1,12 @@
-// The mutants: each is the reference with one known bug planted (SPEC
-// section 5), through one of the reference adapter's seams or the Copier's
-// copy strategy. Kept small on purpose: the diff from the reference is the bug.
-#include "bundled.h"
-#include "reference_engine.h"
+// The mutants: each is the reference with one known bug planted
+// (docs/semantics.md#known-bugs), one style for all: a ReferenceEngine
+// subclass that overrides one of its seams, or hands it a Copier whose
+// clone or concat strategy is the bug. Kept small on purpose: the diff from
+// the reference is the bug. Their names, descriptions and the properties
+// each breaks are in one table, adapters/bundled.cpp.
+#include "mutants/mutants.h"
+
+#include "reference/reference_engine.h"
 
 #include <ATen/ops/empty.h>
 
@@ -56,9 +60,6 @@ kv::Layer copied(const kv::Layer& layer) {
 
 // M1: generate hands the incoming cache to the model without cloning.
 class M1 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M1"; }
-
   protected:
     std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens, bool stream,
@@ -74,9 +75,6 @@ class M1 final : public ReferenceEngine {
 // M2: get_cache with one id returns the stored object (marked owned, as the
 // copy path marks whatever it returns).
 class M2 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M2"; }
-
   protected:
     CachePtr store_get_cache(const std::vector<std::string>& ids) override {
         std::vector<ConstCachePtr> kept;
@@ -93,9 +91,6 @@ class M2 final : public ReferenceEngine {
 
 // M3: generate clones even an owned copy (the double copy).
 class M3 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M3"; }
-
   protected:
     std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens, bool stream,
@@ -107,9 +102,6 @@ class M3 final : public ReferenceEngine {
 
 // M8: storing an owned copy keeps its marker.
 class M8 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M8"; }
-
   protected:
     void store_add(const std::string& id, const CachePtr& cache) override {
         const bool owned = cache->owned();
@@ -120,9 +112,6 @@ class M8 final : public ReferenceEngine {
 
 // M10: dump writes the final file in place (no temporary, no rename).
 class M10 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M10"; }
-
   protected:
     void store_dump(const std::string& dir, kv::FileSystem& fs) override {
         fs.make_dirs(dir);
@@ -134,9 +123,6 @@ class M10 final : public ReferenceEngine {
 // layer, an off-by-one of a sliding-window trim. Only the generated tokens
 // show it: the store, the copy count and the layouts are all correct.
 class M11 final : public ReferenceEngine {
-  public:
-    std::string name() const override { return "M11"; }
-
   protected:
     std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens, bool stream,
@@ -171,7 +157,6 @@ class M11 final : public ReferenceEngine {
 // kept in an ordered map). Breaks only the plain store contract.
 class M12 final : public ReferenceEngine {
   public:
-    std::string name() const override { return "M12"; }
     std::vector<std::string> get_all_ids() override {
         std::vector<std::string> ids = ReferenceEngine::get_all_ids();
         std::sort(ids.begin(), ids.end());
@@ -179,27 +164,9 @@ class M12 final : public ReferenceEngine {
     }
 };
 
-template <typename Mutant>
-std::unique_ptr<Engine> make_engine() {
-    return std::make_unique<Mutant>();
-}
-
-// A reference engine with a mutant copy strategy, under a mutant's name.
-class CopierMutant final : public ReferenceEngine {
-  public:
-    CopierMutant(std::string name, std::shared_ptr<kv::Copier> copier)
-        : ReferenceEngine(std::move(copier)), name_(std::move(name)) {}
-    std::string name() const override { return name_; }
-
-  private:
-    std::string name_;
-};
-
-std::function<std::unique_ptr<Engine>()> with_copier(const std::string& name, MutantCopier::CloneFn clone,
-                                                     MutantCopier::ConcatFn concat = nullptr) {
-    return [name, clone, concat] {
-        return std::make_unique<CopierMutant>(name, std::make_shared<MutantCopier>(clone, concat));
-    };
+// A Copier whose clone (and concat) strategy is the bug.
+std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
+    return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
 }
 
 // M4: clone of an empty modern cache shares the layer list.
@@ -259,37 +226,63 @@ CachePtr clone_m9(const Cache& source) {
     return clone_layers(source, [](const kv::Layer& layer) { return layer; });
 }
 
-}  // namespace
+class M4 final : public ReferenceEngine {
+  public:
+    M4() : ReferenceEngine(copier_with(clone_m4)) {}
+};
 
-const std::vector<BundledAdapter>& bundled() {
-    static const std::vector<BundledAdapter> adapters = {
-        {"reference", "the reference implementation", {}, make_engine<ReferenceEngine>},
-        {"M1", "generate hands the incoming cache to the model without cloning", {"stored-immutable", "single-copy"}, make_engine<M1>},
-        {"M2", "get_cache with one id returns the stored object", {"stored-immutable", "owned-marker", "single-copy"}, make_engine<M2>},
-        {"M3", "generate clones even an owned copy (double copy)", {"single-copy"}, make_engine<M3>},
-        {"M4", "clone of an empty modern cache shares the layer list", {"clone-independent", "stored-immutable"},
-         with_copier("M4", clone_m4)},
-        {"M5", "clone prefers the legacy slots when the modern ones exist", {"layout-roundtrip", "clone-independent", "generation-equivalent"},
-         with_copier("M5", clone_m5)},
-        {"M6", "clone copies K and V as a pair and drops a one-sided layer", {"clone-independent", "layout-roundtrip"},
-         with_copier("M6", clone_m6)},
-        {"M7", "merged layers are not marked initialized", {"merge-correct", "generation-equivalent"},
-         with_copier("M7", nullptr, concat_m7)},
-        {"M8", "storing an owned copy keeps its marker", {"owned-marker", "stored-immutable"}, make_engine<M8>},
-        {"M9", "clone copies layer objects but shares their tensors", {"clone-independent", "stored-immutable", "owned-marker"},
-         with_copier("M9", clone_m9)},
-        {"M10", "dump writes in place (no temporary file and rename)", {"dump-safe"}, make_engine<M10>},
-        {"M11", "the boundary copy drops the last cached token", {"generation-equivalent"}, make_engine<M11>},
-        {"M12", "get_all lists ids sorted instead of in insertion order", {"store-contract"}, make_engine<M12>},
-    };
-    return adapters;
+class M5 final : public ReferenceEngine {
+  public:
+    M5() : ReferenceEngine(copier_with(clone_m5)) {}
+};
+
+class M6 final : public ReferenceEngine {
+  public:
+    M6() : ReferenceEngine(copier_with(clone_m6)) {}
+};
+
+class M7 final : public ReferenceEngine {
+  public:
+    M7() : ReferenceEngine(copier_with(nullptr, concat_m7)) {}
+};
+
+class M9 final : public ReferenceEngine {
+  public:
+    M9() : ReferenceEngine(copier_with(clone_m9)) {}
+};
+
+// A bundled adapter of mutant M under `name`.
+template <typename M>
+Adapter mutant(const std::string& name, std::string description, std::vector<Property> breaks) {
+    return {name, std::move(description), "bundled", std::move(breaks), [name] {
+                auto engine = std::make_shared<M>();
+                engine->rename(name);
+                return std::shared_ptr<Engine>(std::move(engine));
+            }};
 }
 
-const BundledAdapter* find_bundled(const std::string& name) {
-    for (const BundledAdapter& adapter : bundled()) {
-        if (adapter.name == name) return &adapter;
-    }
-    return nullptr;
+using P = Property;
+
+}  // namespace
+
+std::vector<Adapter> mutant_adapters() {
+    return {
+        mutant<M1>("M1", "generate hands the incoming cache to the model without cloning", {P::stored_immutable, P::single_copy}),
+        mutant<M2>("M2", "get_cache with one id returns the stored object",
+                   {P::stored_immutable, P::owned_marker, P::single_copy}),
+        mutant<M3>("M3", "generate clones even an owned copy (double copy)", {P::single_copy}),
+        mutant<M4>("M4", "clone of an empty modern cache shares the layer list", {P::clone_independent, P::stored_immutable}),
+        mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
+                   {P::layout_roundtrip, P::clone_independent, P::generation_equivalent}),
+        mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer", {P::clone_independent, P::layout_roundtrip}),
+        mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
+        mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),
+        mutant<M9>("M9", "clone copies layer objects but shares their tensors",
+                   {P::clone_independent, P::stored_immutable, P::owned_marker}),
+        mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
+        mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
+        mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
+    };
 }
 
 }  // namespace kvcheck::adapters

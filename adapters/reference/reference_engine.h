@@ -4,19 +4,21 @@
 //
 // It owns one store, one decoder, one Copier (whose log it reports) and the
 // handle table: a handle holds a cache pointer (const: what the store hands
-// out is read-only) until released. The mutants (adapters/mutants.cpp)
-// derive from it and override one seam each.
+// out is read-only) until released. The mutants (adapters/mutants/) derive
+// from it and override one seam each, or give it a Copier of their own.
+// What a cache looks like to kvcheck is reference/cache_views.h; how entry
+// versions and batch reads are made fast, reference/entry_versions.h.
 //
 //   kvcheck::adapters::ReferenceEngine engine;
 //   engine.add("a", kvcheck::expand(spec));
 //   engine.get_cache({"a"}, 1);   // handle 1: an owned copy
 #pragma once
 
-#include "kv/store.h"
 #include "kv/generation.h"
 #include "kv/models.h"
-#include "id_map.h"
+#include "kv/store.h"
 #include "kvcheck/engine.h"
+#include "reference/entry_versions.h"
 
 #include <functional>
 #include <map>
@@ -25,40 +27,14 @@
 
 namespace kvcheck::adapters {
 
-// A cache holding exactly `content` (tensors built from kvcheck::fill_slot).
-kv::CachePtr materialize(const CacheContent& content);
-// What kvcheck sees of a cache: layout, flags, and per slot dtype, shape
-// and content hash.
-CacheView view_of(const kv::Cache& cache);
-// view_digest(view_of(cache)), without building the view.
-std::uint64_t digest_of(const kv::Cache& cache);
-
-// A file system that "loses power" once `bytes_budget` bytes are written:
-// the file being written keeps only the bytes that fit, and every later
-// write or rename throws PowerCut.
-class CrashingFileSystem final : public kv::FileSystem {
-  public:
-    struct PowerCut {};
-    explicit CrashingFileSystem(std::int64_t bytes_budget) : budget_(bytes_budget) {}
-    void write_file(const std::string& path, const std::vector<char>& bytes) override;
-    void rename(const std::string& from, const std::string& to) override;
-    std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) override;
-    void remove(const std::string& path) override;
-    void make_dirs(const std::string& path) override;
-
-  private:
-    std::int64_t budget_;
-};
-
-// What a stored cache was made of, for entry_version (reference_engine.cpp).
-struct EntrySnapshot;
-
 class ReferenceEngine : public Engine {
   public:
     explicit ReferenceEngine(std::shared_ptr<kv::Copier> copier = std::make_shared<kv::Copier>());
     ~ReferenceEngine() override;
 
-    std::string name() const override { return "reference"; }
+    std::string name() const override { return name_; }
+    // The name a bundled adapter gives it (adapters/bundled.cpp).
+    void rename(std::string name) { name_ = std::move(name); }
     Capabilities capabilities() const override;
 
     void add(const std::string& id, const CacheContent& content) override;
@@ -121,26 +97,19 @@ class ReferenceEngine : public Engine {
     kv::models::Decoder model_;
 
   private:
+    std::string name_ = "reference";
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::size_t copies_reported_ = 0;
     // The item stored_cache found last, held: while its `stored` flag stays
     // set the store maps its id to it. The checks ask for one entry's
     // version, view, marker and storage in turn.
     mutable kv::ItemPtr found_item_;
-    // Per stored id: what its cache was made of when its version was last
-    // handed out (entry_version), and that version.
-    IdMap<std::unique_ptr<EntrySnapshot>> snapshots_;
-    static constexpr std::size_t spare_snapshots_max = 64;
-    std::vector<std::unique_ptr<EntrySnapshot>> spare_snapshots_;  // emptied, kept for reuse
-    std::uint64_t versions_issued_ = 0;
+    EntryVersions versions_;
 
-    void forget_snapshot(const std::string& id);
-    void chunk_items(const std::vector<std::string>& ids, std::size_t begin, std::size_t end,
-                     std::vector<kv::ItemPtr>& items, std::vector<const kv::Cache*>& caches);
-    // `values`: warm the values the facts hash; else the version counters.
-    void each_warmed(const std::vector<std::string>& ids, bool values,
-                     const std::function<void(const std::string&)>& take);
-    std::vector<const EntrySnapshot*> chunk_snapshots_;  // chunk_items' scratch
+    // Runs `take` on each of `ids` (each_warmed), with found_item_ set to
+    // the entry's item before `take` reads it with the one-entry methods (a
+    // subclass's overrides included).
+    void each_warmed(const std::vector<std::string>& ids, Warm what, const std::function<void(const std::string&)>& take);
 };
 
 }  // namespace kvcheck::adapters

@@ -1,0 +1,14 @@
+// The mutants: the reference with one known bug planted each
+// (docs/semantics.md#known-bugs), as bundled adapters carrying the
+// properties each is known to break.
+#pragma once
+
+#include "kvcheck/adapter.h"
+
+#include <vector>
+
+namespace kvcheck::adapters {
+
+std::vector<Adapter> mutant_adapters();
+
+}  // namespace kvcheck::adapters

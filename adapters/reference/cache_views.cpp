@@ -1,0 +1,153 @@
+#include "reference/cache_views.h"
+
+#include <ATen/EmptyTensor.h>
+
+#include <cassert>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace kvcheck::adapters {
+namespace {
+
+at::ScalarType scalar_type(Dtype dtype) {
+    switch (dtype) {
+        case Dtype::f32: return at::kFloat;
+        case Dtype::f16: return at::kHalf;
+        case Dtype::bf16: return at::kBFloat16;
+    }
+    throw std::invalid_argument("unknown dtype");
+}
+
+Dtype dtype_of(at::ScalarType type) {
+    if (type == at::kHalf) return Dtype::f16;
+    if (type == at::kBFloat16) return Dtype::bf16;
+    if (type == at::kFloat) return Dtype::f32;
+    throw std::invalid_argument(std::string("a cache tensor has dtype ") + c10::toString(type));
+}
+
+at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
+    if (!slot.present) return {};
+    if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
+    std::vector<float> values;
+    fill_slot(slot, values);
+    // Made in place: at::tensor, reshape and to would be three trips through
+    // the dispatcher per slot (and at::empty a fourth).
+    at::Tensor made = at::detail::empty_cpu({cache_batch, cache_heads, slot.tokens(), cache_head_dim}, at::kFloat);
+    assert(static_cast<std::size_t>(made.numel()) == values.size());
+    std::memcpy(made.data_ptr<float>(), values.data(), values.size() * sizeof(float));
+    return dtype == at::kFloat ? made : made.to(dtype);
+}
+
+// A slot's content_hash. A contiguous float32 slot (what caches mostly
+// hold) is hashed where it lies: the conversion would cost two trips
+// through the dispatcher per slot, most of a small cache's view.
+std::uint64_t slot_hash(const at::Tensor& t) {
+    const auto count = static_cast<std::size_t>(t.numel());
+    if (t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu()) {
+        return content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
+    }
+    const at::Tensor values = t.to(at::kFloat).contiguous();
+    return content_hash(values.data_ptr<float>(), count);
+}
+
+SlotView slot_view(const at::Tensor& t) {
+    SlotView view;
+    if (!t.defined()) return view;
+    view.present = true;
+    view.dtype = dtype_of(t.scalar_type());
+    view.shape.assign(t.sizes().begin(), t.sizes().end());
+    view.hash = slot_hash(t);
+    return view;
+}
+
+void digest_slot(ViewDigest& digest, const at::Tensor& t) {
+    if (!t.defined()) {
+        digest.absent_slot();
+        return;
+    }
+    const at::IntArrayRef sizes = t.sizes();
+    digest.slot(dtype_of(t.scalar_type()), sizes.data(), sizes.size(), slot_hash(t));
+}
+
+}  // namespace
+
+kv::CachePtr materialize(const CacheContent& content) {
+    const at::ScalarType dtype = scalar_type(content.dtype);
+    if (content.layout == Layout::legacy) {
+        auto keys = std::make_shared<kv::TensorList>();
+        auto values = std::make_shared<kv::TensorList>();
+        for (const LayerContent& layer : content.layers) {
+            keys->push_back(slot_tensor(layer.slots[kvcheck::keys], dtype));
+            values->push_back(slot_tensor(layer.slots[kvcheck::values], dtype));
+        }
+        return kv::Cache::from_slots(std::move(keys), std::move(values));
+    }
+    auto layers = std::make_shared<kv::LayerList>();
+    for (const LayerContent& layer : content.layers) {
+        auto made = std::make_shared<kv::Layer>();
+        made->keys = slot_tensor(layer.slots[kvcheck::keys], dtype);
+        made->values = slot_tensor(layer.slots[kvcheck::values], dtype);
+        made->key_cache = slot_tensor(layer.slots[kvcheck::key_cache], dtype);
+        made->value_cache = slot_tensor(layer.slots[kvcheck::value_cache], dtype);
+        made->is_initialized = layer.initialized;
+        layers->push_back(std::move(made));
+    }
+    return kv::Cache::from_layers(std::move(layers));
+}
+
+CacheView view_of(const kv::Cache& cache) {
+    CacheView view;
+    view.layout = cache.layout() == kv::Layout::modern ? Layout::modern : Layout::legacy;
+    view.layers.reserve(static_cast<std::size_t>(cache.layer_count()));
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        LayerView layer_view;
+        if (cache.layout() == kv::Layout::legacy) {
+            layer_view.slots[keys] = slot_view((*cache.key_cache())[i]);
+            layer_view.slots[values] = slot_view((*cache.value_cache())[i]);
+        } else {
+            const kv::Layer& layer = *(*cache.layers())[i];
+            layer_view.initialized = layer.is_initialized;
+            layer_view.slots[keys] = slot_view(layer.keys);
+            layer_view.slots[values] = slot_view(layer.values);
+            layer_view.slots[key_cache] = slot_view(layer.key_cache);
+            layer_view.slots[value_cache] = slot_view(layer.value_cache);
+        }
+        view.layers.push_back(std::move(layer_view));  // a copy would allocate every shape again
+    }
+    return view;
+}
+
+// view_digest(view_of(cache)), without building the view: no list of
+// layers, no shape per slot.
+std::uint64_t digest_of(const kv::Cache& cache) {
+    const bool legacy = cache.layout() == kv::Layout::legacy;
+    ViewDigest digest(legacy ? Layout::legacy : Layout::modern, static_cast<std::size_t>(cache.layer_count()));
+    for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+        if (legacy) {
+            digest.layer(true);
+            digest_slot(digest, (*cache.key_cache())[i]);
+            digest_slot(digest, (*cache.value_cache())[i]);
+            digest.absent_slot();
+            digest.absent_slot();
+        } else {
+            const kv::Layer& layer = *(*cache.layers())[i];
+            digest.layer(layer.is_initialized);
+            digest_slot(digest, layer.keys);
+            digest_slot(digest, layer.values);
+            digest_slot(digest, layer.key_cache);
+            digest_slot(digest, layer.value_cache);
+        }
+    }
+    return digest.value();
+}
+
+std::vector<std::uint64_t> storage_numbers(const kv::Cache& cache) {
+    const std::vector<const void*> ids = kv::storage_identities(cache);
+    std::vector<std::uint64_t> numbers;
+    numbers.reserve(ids.size());
+    for (const void* id : ids) numbers.push_back(reinterpret_cast<std::uintptr_t>(id));
+    return numbers;
+}
+
+}  // namespace kvcheck::adapters

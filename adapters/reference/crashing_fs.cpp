@@ -1,0 +1,38 @@
+#include "reference/crashing_fs.h"
+
+namespace kvcheck::adapters {
+
+void CrashingFileSystem::write_file(const std::string& path, const std::vector<char>& bytes) {
+    if (budget_ < 0) throw PowerCut{};
+    const auto size = static_cast<std::int64_t>(bytes.size());
+    if (size <= budget_) {
+        budget_ -= size;
+        kv::posix_file_system().write_file(path, bytes);
+        return;
+    }
+    kv::posix_file_system().write_file(path, std::vector<char>(bytes.begin(), bytes.begin() + budget_));
+    budget_ = -1;
+    throw PowerCut{};
+}
+
+void CrashingFileSystem::rename(const std::string& from, const std::string& to) {
+    if (budget_ <= 0) {
+        budget_ = -1;
+        throw PowerCut{};
+    }
+    budget_ -= 1;  // a rename costs one unit of budget, so a crash can land just before it
+    kv::posix_file_system().rename(from, to);
+}
+
+std::vector<char> CrashingFileSystem::read_file(const std::string& path, std::int64_t bytes_max) {
+    return kv::posix_file_system().read_file(path, bytes_max);
+}
+
+void CrashingFileSystem::remove(const std::string& path) {
+    if (budget_ < 0) throw PowerCut{};
+    kv::posix_file_system().remove(path);
+}
+
+void CrashingFileSystem::make_dirs(const std::string& path) { kv::posix_file_system().make_dirs(path); }
+
+}  // namespace kvcheck::adapters

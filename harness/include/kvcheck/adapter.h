@@ -1,0 +1,35 @@
+// An adapter: an engine kvcheck can check, under a name, and the one way to
+// make its engines. The bundled adapters (the reference and the mutants),
+// plugins (kvcheck/plugin.h) and process adapters all come as one.
+//
+//   const kvcheck::Adapter& adapter = ...;
+//   std::shared_ptr<kvcheck::Engine> engine = adapter.make();   // a fresh engine per trace run
+#pragma once
+
+#include "kvcheck/engine.h"
+#include "kvcheck/properties.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvcheck {
+
+// Makes a fresh engine; kvcheck calls it once per trace run.
+using EngineFactory = std::function<std::shared_ptr<Engine>()>;
+
+struct Adapter {
+    std::string name;         // in reports: "reference", "M3", a plugin's own name
+    std::string description;  // one line
+    std::string source;       // "bundled", a plugin's path, or the command of a process adapter
+    // The properties a planted bug (a bundled mutant) is known to break;
+    // empty for an engine meant to pass.
+    std::vector<Property> breaks;
+    EngineFactory make;
+
+    // How a command line names the adapter: its name when bundled, else its source.
+    std::string reference() const { return source == "bundled" ? name : source; }
+};
+
+}  // namespace kvcheck

@@ -1,0 +1,79 @@
+// From a seed to a short, replayable failure: the one path the RapidCheck
+// suites, the kvcheck CLI and the fuzz targets share. A search runs seeded
+// traces (trace_for_seed) on fresh engines until one fails; the failure is
+// shrunk (kvcheck/shrink.h), then run once more reading every entry after
+// every step, so that the step it reports is the step it happened.
+//
+//   kvcheck::Runner runner{adapter.make};
+//   runner.options.properties = kvcheck::PropertySet::only(kvcheck::Property::single_copy);
+//   kvcheck::SearchResult result = kvcheck::search(runner, {seed, 200}, workload);
+//   if (result.finding) std::cout << kvcheck::format_failure(result.finding->reported, result.finding->shrunk.trace,
+//                                                            kvcheck::replay_command(adapter, "t.trace"));
+#pragma once
+
+#include "kvcheck/adapter.h"
+#include "kvcheck/executor.h"
+#include "kvcheck/shrink.h"
+#include "kvcheck/workload.h"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kvcheck {
+
+// How each trace of a search or a shrink runs: on a fresh engine.
+struct Runner {
+    EngineFactory make;
+    RunOptions options;
+    // Called before each trace runs: a child process announces the trace to
+    // its parent, so that the trace that kills it is known; a fuzz target
+    // empties its dump directory.
+    std::function<void(const Trace&)> before_run;
+    // The traces the shrinker may try (a fuzz target keeps to those it can
+    // replay as text); unset: all.
+    std::function<bool(const Trace&)> shrink_accepts;
+    // How a trace is checked; unset: kvcheck::execute on one fresh engine
+    // from `make`. A fuzz target adds checks of its own.
+    std::function<RunResult(const Trace&, const RunOptions&)> check;
+
+    RunResult run(const Trace& trace, bool every_entry_every_step = false) const;
+};
+
+// Traces first_seed, first_seed + 1, ...: `cases` of them, or as many as
+// fit in `seconds` when it is positive.
+struct Budget {
+    std::uint64_t first_seed = 0;
+    std::size_t cases = 200;
+    double seconds = 0;
+};
+
+struct Finding {
+    std::uint64_t seed = 0;        // the seed of the first failing trace
+    std::size_t traces_tried = 0;  // traces run until then, itself included
+    Trace found;                   // that trace
+    Failure found_failure;         // and its failure
+    ShrinkResult shrunk;           // the shrunk trace, with its failure as the shrinker saw it
+    Failure reported;              // the shrunk trace's failure at the step it happened
+    double find_seconds = 0;
+    double shrink_seconds = 0;
+};
+
+struct SearchResult {
+    std::size_t cases = 0;  // traces run
+    std::optional<Finding> finding;
+};
+
+SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOptions& workload);
+
+// Shrinks a failing trace and pins the failure to its step.
+Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure,
+                       const ShrinkOptions& options = {});
+
+// The command that replays a trace file on an adapter:
+//   kvcheck replay FILE --adapter NAME [--property ID]
+std::string replay_command(const Adapter& adapter, const std::string& trace_file,
+                           std::optional<Property> property = std::nullopt);
+
+}  // namespace kvcheck
