@@ -92,7 +92,7 @@ std::int64_t status_kib(const char* field) {
 // the K/V alive at the worst moment, not what the allocator keeps cached.
 int rss_child(const std::string& adapter, std::int64_t cache_bytes) {
     ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    const std::unique_ptr<Engine> engine = make_engine(adapter);
+    const std::shared_ptr<Engine> engine = make_engine(adapter);
     engine->add("a", content_of_bytes(cache_bytes));
     ::malloc_trim(0);
     std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to VmRSS
@@ -118,7 +118,7 @@ std::int64_t peak_rss_added(const std::string& adapter, std::int64_t cache_bytes
 // ---- the benchmark ----
 
 void generation_path(benchmark::State& state, const std::string& adapter, std::int64_t cache_bytes) {
-    const std::unique_ptr<Engine> engine = make_engine(adapter);
+    const std::shared_ptr<Engine> engine = make_engine(adapter);
     const kvcheck::CacheContent content = content_of_bytes(cache_bytes);
     engine->add("a", content);
     const double stored_bytes = static_cast<double>(kvcheck::content_seq_length(content) * token_bytes);

@@ -3,19 +3,14 @@
 // tensors.
 #include "kvcheck/content.h"
 
+#include "kvcheck/splitmix.h"
+
 #include <array>
 #include <cstring>
 #include <utility>
 
 namespace kvcheck {
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 std::uint64_t slot_seed(std::uint64_t cache_seed, std::size_t layer, int slot) {
     return splitmix64(splitmix64(cache_seed) ^ (layer * 0x100000001B3ull) ^ static_cast<std::uint64_t>(slot + 1));

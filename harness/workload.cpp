@@ -1,5 +1,7 @@
 #include "kvcheck/workload.h"
 
+#include "kvcheck/splitmix.h"
+
 #include <iterator>
 #include <map>
 #include <optional>
@@ -98,13 +100,10 @@ Layout pick_layout(Chooser& choose, const Swarm& swarm) {
 
 }  // namespace
 
+// A splitmix64 stream: the same seed gives the same choices on every platform.
 std::uint64_t SeededChooser::below(std::uint64_t n) {
-    // splitmix64: a tiny, well-mixed stream; the same seed gives the same
-    // choices on every platform.
-    std::uint64_t x = (state_ += 0x9E3779B97F4A7C15ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
+    const std::uint64_t x = splitmix64(state_);
+    state_ += splitmix64_increment;
     return n <= 1 ? 0 : x % n;
 }
 

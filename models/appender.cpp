@@ -1,5 +1,7 @@
 #include "kv/models.h"
 
+#include "kvcheck/splitmix.h"
+
 #include <ATen/ops/from_blob.h>
 
 #include <array>
@@ -40,13 +42,8 @@ void check_tokens(const std::vector<std::int64_t>& tokens, std::int64_t vocab_si
     }
 }
 
-// splitmix64's finalizer: a fixed, platform-independent hash step.
-std::uint64_t mix(std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30U)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27U)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31U);
-}
+// A fixed, platform-independent hash step.
+std::uint64_t mix(std::uint64_t x) { return kvcheck::splitmix64(x); }
 
 // One K or V entry: a multiple of 1/8 in [-4, 4]. Such a value needs at
 // most 6 significant bits, so float16 and bfloat16 hold it exactly and a

@@ -1,5 +1,7 @@
 #include "kv/models.h"
 
+#include "kvcheck/splitmix.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/EmptyTensor.h>
 
@@ -33,28 +35,21 @@ void check_tokens(const std::vector<std::int64_t>& tokens, std::int64_t vocab_si
     }
 }
 
-// splitmix64: the one seeded source of the weights. Its output does not
-// depend on the platform, the libtorch version or the thread count, which
-// at::randn does not promise.
-class SplitMix64 {
+// The weights' one seeded source: a splitmix64 stream (kvcheck/splitmix.h),
+// whose output does not depend on the platform, the libtorch version or
+// the thread count, which at::randn does not promise.
+class WeightSource {
   public:
-    explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-
-    std::uint64_t next() {
-        std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30U)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27U)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31U);
-    }
+    explicit WeightSource(std::uint64_t seed) : stream_(seed) {}
 
     // Uniform in [-1, 1), on a grid of 2^-23: exact in float32.
     float uniform() {
-        const auto bits = static_cast<std::int64_t>(next() >> 40U);  // 24 bits
+        const auto bits = static_cast<std::int64_t>(stream_.next() >> 40U);  // 24 bits
         return static_cast<float>(bits - (std::int64_t{1} << 23)) / static_cast<float>(1 << 23);
     }
 
   private:
-    std::uint64_t state_;
+    kvcheck::SplitMix64 stream_;
 };
 
 std::size_t at_index(std::int64_t i) {
@@ -63,7 +58,7 @@ std::size_t at_index(std::int64_t i) {
 }
 
 // A row-major [rows, cols] matrix of uniform values times `scale`.
-std::vector<float> seeded(SplitMix64& random, std::int64_t rows, std::int64_t cols, float scale) {
+std::vector<float> seeded(WeightSource& random, std::int64_t rows, std::int64_t cols, float scale) {
     std::vector<float> data(at_index(rows * cols));
     for (float& value : data) value = random.uniform() * scale;
     return data;
@@ -229,7 +224,7 @@ constexpr float readout_gain = 8.0F;
 Decoder::Decoder(DecoderConfig config) : config_(config) {
     check_config(config_);
     const std::int64_t width = config_.head_count * config_.head_dim;
-    SplitMix64 random(config_.seed);
+    WeightSource random(config_.seed);
     embedding_ = seeded(random, config_.vocab_size, width, embedding_scale);
     unembedding_ = seeded(random, width, config_.vocab_size, unembedding_scale);
     // The same doubles embed_rows computed per element before (a pow per

@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include <kvcheck/splitmix.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -7,12 +9,7 @@
 namespace vector_engine {
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+std::uint64_t mix(std::uint64_t x) { return kvcheck::splitmix64(x); }
 
 std::uint64_t combine(std::uint64_t hash, std::uint64_t value) { return mix(hash ^ mix(value)); }
 
