@@ -24,11 +24,7 @@
 // after every step instead and pins it to its step. Without storage
 // identities no handle can be traced to the entries it reaches, and every
 // step is a full read.
-#include "kvcheck/executor.h"
-
-#include "run/readings.h"
-#include "run/transitions.h"
-#include "run/verdicts.h"
+#include "run/run.h"
 
 #include <boost/pfr.hpp>
 
@@ -38,24 +34,10 @@
 namespace kvcheck {
 namespace {
 
-// A full read at least this often (in steps), and once per entry in a big
-// store: a change no handle reaches is found within that many steps.
-constexpr std::size_t sweep_steps_min = 16;
-// Up to this many entries the listing is compared after every step that may
-// change it; beyond, at full reads (listing a thousand ids costs more than
-// the operation).
-constexpr std::size_t listing_every_step_max = 64;
-
 template <typename T>
 void add_unique(std::vector<T>& list, const T& value) {
     if (std::find(list.begin(), list.end(), value) == list.end()) list.push_back(value);
 }
-
-// The ids and handles an operation names (never h0), from its fields.
-struct Named {
-    std::vector<std::string> ids;
-    std::vector<std::int64_t> handles;
-};
 
 Named named_by(const Op& operation) {
     Named named;
@@ -117,81 +99,18 @@ PropertySet checked_in(const RunOptions& options, const Capabilities& capabiliti
     return checked;
 }
 
-class Run final : public checkers::Probe {
-  public:
-    Run(Engine& engine, const RunOptions& options)
-        : engine_(engine), options_(options), capabilities_(engine.capabilities()),
-          verdicts_(checked_in(options, capabilities_)), checkers_(checkers_of(verdicts_.checked())),
-          checker_reads_(reads_each(checkers_)), reads_(reads_of(checker_reads_)), readings_(engine, capabilities_, audit_, verdicts_),
-          slots_(options.work_dir),
-          transitions_(engine, audit_, readings_, slots_, result_.coverage, reads_.copy_log && capabilities_.copy_log) {
-        every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
-        reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
-    }
+}  // namespace
 
-    RunResult run(const Trace& trace);
+Run::Run(Engine& engine, const RunOptions& options)
+    : engine_(engine), options_(options), capabilities_(engine.capabilities()),
+      verdicts_(checked_in(options, capabilities_)), checkers_(checkers_of(verdicts_.checked())),
+      checker_reads_(reads_each(checkers_)), reads_(reads_of(checker_reads_)), readings_(engine, capabilities_, audit_, verdicts_),
+      slots_(options.work_dir),
+      transitions_(engine, audit_, readings_, slots_, result_.coverage, reads_.copy_log && capabilities_.copy_log) {
+    every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
+    reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
+}
 
-    // ---- the probe checkers read through ----
-    Engine& engine() override { return engine_; }
-    Auditor& auditor() override { return audit_; }
-    const Capabilities& capabilities() const override { return capabilities_; }
-    bool checking(Property property) const override { return verdicts_.checking(property); }
-    void fail(Property property, std::string message) override { verdicts_.fail(property, message); }
-    void engine_error(std::string message) override { verdicts_.engine_error(message); }
-    const checkers::HandleReading& handle(std::int64_t handle) override { return readings_.handle(handle); }
-    std::string handle_difference(std::int64_t handle, ObjectId expected) override {
-        return readings_.handle_difference(handle, expected);
-    }
-    std::string entry_difference(const checkers::EntryFact& entry) override {
-        return readings_.entry_difference(entry.id, entry.reading, entry.expected);
-    }
-    bool entry_owned(const checkers::EntryFact& entry) override { return readings_.entry_owned(entry.id, entry.reading); }
-    std::optional<std::string> aliased_entry(const checkers::HandleFact& handle) override {
-        return readings_.aliased_entry(handle);
-    }
-    const std::vector<std::string>& listed() override { return readings_.listed(); }
-    std::string store_difference() override { return readings_.store_difference(false); }
-
-  private:
-    void run_step(const Op& operation);
-    void deliver(const Fact& fact);
-    void check_before(const Op& operation, const Named& named);
-    void check_after(const Op& operation, const Named& named, std::vector<std::string> reached);
-    void check_everything(const std::string& note);
-    void read_every_entry();
-    std::vector<std::string> check_entries(const std::vector<std::string>& ids);
-    void check_handles(std::vector<std::int64_t> handles);
-    void check_listing(bool full_read);
-    void recheck_everything(std::size_t last_step);
-    void record_state(const Op& op);
-
-    // Is any checker that reads `what` still checking at this step?
-    template <typename Member>
-    bool still_reading(Member what) const {
-        for (std::size_t i = 0; i < checkers_.size(); ++i) {
-            if (checker_reads_[i].*what && verdicts_.checking(checkers_[i]->property())) return true;
-        }
-        return false;
-    }
-
-    Engine& engine_;
-    const RunOptions& options_;
-    Capabilities capabilities_;
-    Verdicts verdicts_;
-    std::vector<std::unique_ptr<checkers::Checker>> checkers_;  // of the checked properties
-    std::vector<checkers::Reads> checker_reads_;                // what each reads
-    checkers::Reads reads_;                                     // what they read, together
-    Auditor audit_;
-    RunResult result_;
-    Readings readings_;
-    DumpSlots slots_;
-    Transitions transitions_;
-    bool every_step_ = false;   // a full read after every step (RunOptions, or no storage identities)
-    bool reads_store_ = false;  // some checked property reads the store's entries or listing
-    bool rechecking_ = false;   // the final read, without versions, is running
-    bool listing_due_ = false;  // the store's membership changed since its listing was compared
-    std::size_t steps_since_full_read_ = 0;
-};
 
 RunResult Run::run(const Trace& trace) {
     for (std::size_t step = 0; step < trace.size() && !result_.failure; ++step) {
@@ -250,144 +169,6 @@ void Run::deliver(const Fact& fact) {
         fact);
 }
 
-// ---- the schedule ---------------------------------------------------------------
-
-// The evidence an operation is about to replace, read while it is there.
-void Run::check_before(const Op& operation, const Named& named) {
-    const StoreReach reach = op_reach(operation);
-    if (reach == StoreReach::whole_store) {
-        check_everything(" (read before this operation read or replaced the whole store)");
-        return;
-    }
-    if (reach != StoreReach::replaces_named) return;
-    readings_.begin_round();
-    verdicts_.note(" (read before this operation replaced or removed it)");
-    check_entries(named.ids);
-    verdicts_.note("");
-}
-
-void Run::check_after(const Op& operation, const Named& named, std::vector<std::string> reached) {
-    ++steps_since_full_read_;
-    if (every_step_ || op_reach(operation) == StoreReach::whole_store) {
-        check_everything("");
-        return;
-    }
-    if (steps_since_full_read_ >= std::max(sweep_steps_min, audit_.order().size())) {
-        check_everything(" (found by the periodic read of every entry: it may have happened at an earlier step; "
-                         "kvcheck replay pins it to its step)");
-        return;
-    }
-    readings_.begin_round();
-    for (const std::string& id : named.ids) add_unique(reached, id);
-    for (const std::string& id : readings_.entries_reached(named.handles)) add_unique(reached, id);
-    if (listing_due_ && audit_.order().size() <= listing_every_step_max) check_listing(false);
-    const std::vector<std::string> renewed = check_entries(reached);
-    // The handles the step named, and any handle that shares storage with
-    // an entry whose storage changed at this step.
-    if (!capabilities_.storage_identity || !still_reading(&checkers::Reads::handle_aliasing)) return;
-    std::vector<std::int64_t> handles;
-    for (const std::int64_t handle : named.handles) {
-        if (audit_.handle(handle)) handles.push_back(handle);
-    }
-    if (!renewed.empty()) {
-        for (const std::int64_t handle : readings_.handles_meeting(renewed)) add_unique(handles, handle);
-    }
-    std::sort(handles.begin(), handles.end());
-    check_handles(std::move(handles));
-}
-
-// The store's listing, its content and every handle's ownership.
-void Run::check_everything(const std::string& note) {
-    verdicts_.note(note);
-    readings_.begin_round();
-    readings_.forget_handles();
-    steps_since_full_read_ = 0;
-    check_listing(true);
-    read_every_entry();
-    verdicts_.note("");
-}
-
-void Run::check_listing(bool full_read) {
-    listing_due_ = false;
-    for (const auto& checker : checkers_) checker->listing(full_read, *this);
-}
-
-// Entries `ids` (those the auditor holds): read by the checkers, then
-// indexed. Returns the entries indexed anew (new, or whose version moved):
-// their storage identities may have changed.
-std::vector<std::string> Run::check_entries(const std::vector<std::string>& ids) {
-    std::vector<std::string> renewed;
-    for (const std::string& id : ids) {
-        const std::optional<ObjectId> expected = audit_.entry(id);
-        if (!expected) continue;
-        EntryReading& reading = readings_.entry(id);
-        const checkers::EntryFact fact{id, *expected, reading};
-        for (const auto& checker : checkers_) checker->entry(fact, *this);
-        if (!capabilities_.storage_identity) continue;
-        // Not indexed in this round's reading: new, or its version moved.
-        const bool renewing = !reading.indexed;
-        readings_.index_storage(reading);
-        if (renewing) renewed.push_back(id);
-    }
-    return renewed;
-}
-
-// Every entry, in one pass (one reading each, asked of the engine in
-// batches), then every live handle.
-void Run::read_every_entry() {
-    const bool content = still_reading(&checkers::Reads::entry_content);
-    const bool marker = still_reading(&checkers::Reads::entry_marker);
-    const bool index = capabilities_.storage_identity && (content || marker);
-    // The end-of-run read indexes, of every entry's storage identities,
-    // only those a live handle holds: the handles' checks need no more,
-    // and no step runs after it.
-    std::vector<std::uint64_t> held;
-    if (index && rechecking_) {
-        for (const auto& [handle, object] : audit_.handles()) {
-            if (!object) continue;
-            const std::vector<std::uint64_t>& storage = readings_.handle(handle).storage;
-            held.insert(held.end(), storage.begin(), storage.end());
-        }
-        std::sort(held.begin(), held.end());
-    }
-    for (const Readings::ReadEntry& read : readings_.read_all(content, marker, index)) {
-        EntryReading& reading = *read.reading;
-        const checkers::EntryFact fact{*reading.id, read.expected, reading};
-        for (const auto& checker : checkers_) checker->entry(fact, *this);
-        if (index) readings_.index_storage(reading, rechecking_ ? &held : nullptr);
-    }
-    if (!index || !still_reading(&checkers::Reads::handle_aliasing)) return;
-    std::vector<std::int64_t> handles;
-    for (const auto& [handle, object] : audit_.handles()) {
-        if (object) handles.push_back(handle);
-    }
-    check_handles(std::move(handles));
-}
-
-void Run::check_handles(std::vector<std::int64_t> handles) {
-    for (const std::int64_t handle : handles) {
-        const std::optional<ObjectId> object = audit_.handle(handle);
-        if (!object) continue;
-        for (const auto& checker : checkers_) checker->handle({handle, *object}, *this);
-    }
-}
-
-// Every entry and handle read again, versions or not, after the last step:
-// an engine whose versions miss a change, or whose change no handle
-// reached, is caught all the same.
-void Run::recheck_everything(std::size_t last_step) {
-    rechecking_ = true;
-    verdicts_.rechecking();
-    verdicts_.at_step(last_step);
-    readings_.distrust_all();
-    try {
-        check_everything("");
-    } catch (const std::exception& error) {
-        verdicts_.engine_error(std::string("the engine threw: ") + error.what());
-    }
-    result_.failure = verdicts_.settle();
-}
-
 // ---- coverage ---------------------------------------------------------------------
 
 void Run::record_state(const Op& op) {
@@ -407,8 +188,6 @@ void Run::record_state(const Op& op) {
     }
     coverage.states.push_back(static_cast<std::uint16_t>(((op.index() * 3 + layout) * 4 + bucket) * 2 + owned));
 }
-
-}  // namespace
 
 RunResult execute(const Trace& trace, Engine& engine, const RunOptions& options) {
     Run run(engine, options);

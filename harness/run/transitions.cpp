@@ -27,10 +27,6 @@ checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object)
 
 }  // namespace
 
-std::optional<Fact> Transitions::apply(const Op& operation) {
-    return std::visit([this](const auto& op) { return apply(op); }, operation);
-}
-
 std::optional<std::size_t> Transitions::copies() {
     if (!read_copies_) return std::nullopt;
     return engine_.take_copies().size();
@@ -58,6 +54,7 @@ std::optional<ObjectId> Transitions::known_source(std::int64_t handle, bool* hol
 
 // ---- the store ------------------------------------------------------------------
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Add& op) {
     CacheContent content = expand(op.cache);
     count_layout(content.layout);
@@ -66,6 +63,7 @@ std::optional<Fact> Transitions::apply(const op::Add& op) {
     return Fact{};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
     bool none = false;
     const std::optional<ObjectId> object = known_source(op.handle.value, &none);
@@ -79,6 +77,7 @@ std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
     return fact;
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Get& op) {
     engine_.get(op.id, op.out.value);
     const std::optional<ObjectId> entry = audit_.entry(op.id);
@@ -88,12 +87,15 @@ std::optional<Fact> Transitions::apply(const op::Get& op) {
     return fact;
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::GetByIds& op) {
     return checkers::GotByIds{op.ids, engine_.get_by_ids(op.ids)};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::GetAll&) { return checkers::GotAll{engine_.get_all_ids()}; }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     std::vector<ObjectId> parts;  // the entries that hold tokens
     for (const std::string& id : op.ids) {
@@ -122,6 +124,7 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     return fact;
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Delete& op) {
     engine_.remove(op.ids);
     for (const std::string& id : op.ids) {
@@ -131,6 +134,7 @@ std::optional<Fact> Transitions::apply(const op::Delete& op) {
     return Fact{};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::DeleteAll&) {
     engine_.remove_all();
     audit_.remove_all();
@@ -164,18 +168,22 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     return fact;
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Generate& op) { return generate(op.source, op.prompt, op.max, false); }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::GenerateStream& op) { return generate(op.source, op.prompt, op.max, true); }
 
 // ---- dumps ------------------------------------------------------------------------
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Dump& op) {
     engine_.dump(slots_.dir(op.slot));
     audit_.slots()[op.slot] = DumpSlot{{audit_.snapshot()}, false, false};
     return Fact{};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::DumpCrash& op) {
     engine_.dump_interrupted(slots_.dir(op.slot), op.bytes);
     DumpSlot& slot = audit_.slots()[op.slot];
@@ -184,12 +192,14 @@ std::optional<Fact> Transitions::apply(const op::DumpCrash& op) {
     return Fact{};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Corrupt& op) {
     if (!slots_.corrupt(op.slot, op.offset, op.truncate != 0)) return std::nullopt;
     audit_.slots()[op.slot].corrupted = true;
     return Fact{};
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Load& op) {
     const Snapshot before = audit_.snapshot();
     checkers::Loaded fact;
@@ -217,6 +227,7 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
 
 // ---- cache-level --------------------------------------------------------------------
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Make& op) {
     CacheContent content = expand(op.cache);
     count_layout(content.layout);
@@ -226,6 +237,7 @@ std::optional<Fact> Transitions::apply(const op::Make& op) {
     return made(MadeBy::make, op.out.value, object);
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Clone& op) {
     bool none = false;
     const std::optional<ObjectId> source = known_source(op.source.value, &none);
@@ -239,6 +251,7 @@ std::optional<Fact> Transitions::apply(const op::Clone& op) {
     return fact;
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::Concat& op) {
     std::vector<CacheContent> parts;
     std::vector<std::int64_t> sources;
@@ -286,8 +299,16 @@ std::optional<Fact> Transitions::convert(std::int64_t source_handle, std::int64_
     return made(to_legacy ? MadeBy::to_legacy : MadeBy::from_legacy, out, object);
 }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::ToLegacy& op) { return convert(op.source.value, op.out.value, Layout::modern); }
 
+template <>
 std::optional<Fact> Transitions::apply(const op::FromLegacy& op) { return convert(op.source.value, op.out.value, Layout::legacy); }
+
+// After every specialization above: one missing for an operation of the
+// variant fails to link.
+std::optional<Fact> Transitions::apply(const Op& operation) {
+    return std::visit([this](const auto& op) { return apply(op); }, operation);
+}
 
 }  // namespace kvcheck

@@ -34,25 +34,10 @@ class Transitions {
     std::optional<Fact> apply(const Op& operation);
 
   private:
-    std::optional<Fact> apply(const op::Add& op);
-    std::optional<Fact> apply(const op::AddHandle& op);
-    std::optional<Fact> apply(const op::Get& op);
-    std::optional<Fact> apply(const op::GetByIds& op);
-    std::optional<Fact> apply(const op::GetAll& op);
-    std::optional<Fact> apply(const op::GetCache& op);
-    std::optional<Fact> apply(const op::Generate& op);
-    std::optional<Fact> apply(const op::GenerateStream& op);
-    std::optional<Fact> apply(const op::Delete& op);
-    std::optional<Fact> apply(const op::DeleteAll& op);
-    std::optional<Fact> apply(const op::Dump& op);
-    std::optional<Fact> apply(const op::DumpCrash& op);
-    std::optional<Fact> apply(const op::Load& op);
-    std::optional<Fact> apply(const op::Corrupt& op);
-    std::optional<Fact> apply(const op::Make& op);
-    std::optional<Fact> apply(const op::Clone& op);
-    std::optional<Fact> apply(const op::Concat& op);
-    std::optional<Fact> apply(const op::ToLegacy& op);
-    std::optional<Fact> apply(const op::FromLegacy& op);
+    // One per operation type, each defined in transitions.cpp: an operation
+    // without one does not link.
+    template <typename O>
+    std::optional<Fact> apply(const O& op);
 
     std::optional<Fact> generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream);
     std::optional<Fact> convert(std::int64_t source, std::int64_t out, Layout from);

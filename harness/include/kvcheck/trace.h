@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -296,6 +297,26 @@ using Trace = std::vector<Op>;
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;
 
 namespace detail {
+// Printed as name=value, by the op's `fields` name.
+template <typename T>
+inline constexpr bool is_named_v = std::is_same_v<T, std::int64_t> || std::is_same_v<T, Tokens>;
+// Any number of words; only the last field may be one.
+template <typename T>
+inline constexpr bool is_variable_v = std::is_same_v<T, Ids> || std::is_same_v<T, HandleNames>;
+template <typename T>
+inline constexpr bool is_field_type_v = is_named_v<T> || is_variable_v<T> || std::is_same_v<T, HandleName> ||
+                                        std::is_same_v<T, std::string> || std::is_same_v<T, CacheSpec>;
+
+// An op whose first field is named "out" creates that handle: "h2 = get a".
+template <typename O>
+constexpr bool has_out() {
+    if constexpr (O::fields.size() == 0) {
+        return false;
+    } else {
+        return std::string_view(O::fields[0]) == "out";
+    }
+}
+
 template <typename T, typename... Alternatives>
 constexpr std::size_t index_in(const std::variant<Alternatives...>*) {
     constexpr bool matches[] = {std::is_same_v<T, Alternatives>...};
