@@ -107,10 +107,10 @@ std::uint64_t hash_step(std::uint64_t hash, std::uint64_t word) {
 
 }  // namespace
 
-// Four independent lanes, each taking two values per step: a single chain
-// of multiplies (one value per step) was most of the cost of viewing a
-// small cache. Lane k takes the pairs at 8i + 2k; the lanes are folded in
-// order, so a value's position counts.
+// Four independent lanes, each taking two values per step, so that the
+// multiplies of different lanes overlap instead of forming one chain. Lane
+// k takes the pairs at 8i + 2k; the lanes are folded in order, so a value's
+// position counts.
 std::uint64_t content_hash(const float* values, std::size_t count) {
     std::uint64_t lanes[4];
     for (std::uint64_t k = 0; k < 4; ++k) lanes[k] = splitmix64(count * 4 + k);

@@ -89,9 +89,9 @@ struct Block {
 // transparent huge pages before its first touch: 512 times fewer page
 // faults. Only advice: it changes no byte, and is ignored where huge pages
 // are off. The 4 KiB pages at the ends of the mapping stay small: aligning
-// the block to 2 MiB, so that all of it is huge, made a fresh 256 MiB copy
-// about 10% slower in measurements (a 2 MiB page is zeroed in full before
-// the copy reaches it, a 4 KiB one just before).
+// the block to 2 MiB, so that all of it is huge, makes a fresh copy slower
+// (a 2 MiB page is zeroed in full before the copy reaches it, a 4 KiB one
+// just before; BENCHMARKS.md has the figures).
 Block* system_allocate(std::size_t bytes) {
     auto block = std::make_unique<Block>();
     if (::posix_memalign(&block->data, cpu_alignment_bytes, bytes) != 0) throw std::bad_alloc();

@@ -139,9 +139,9 @@ at::Tensor empty_plain_like(const at::Tensor& t, void** data) {
 // gives (same sizes, strides, dtype, a storage of its own). A plain tensor
 // (is_plain), which is what caches hold, is made the way clone makes it (an
 // empty_strided tensor, then a copy of the bytes) with three differences,
-// each measured on the fixed cost of a clone (BENCHMARKS.md, Notes):
-// - its bytes are copied with memcpy, not copy_ (copy_ costs about a
-//   microsecond per tensor to set up);
+// each for the fixed cost of a clone (BENCHMARKS.md, notes):
+// - its bytes are copied with memcpy, not copy_ (whose set-up per tensor
+//   costs more than copying a small slot);
 // - its buffer comes from the buffer pool (kv/buffer_pool.h): a clone of a
 //   large cache copies into pages a freed clone left resident, instead of
 //   fresh pages the kernel must zero and map first;
@@ -149,7 +149,7 @@ at::Tensor empty_plain_like(const at::Tensor& t, void** data) {
 //   copy_pending once every slot of the cache is made: the allocations run
 //   together while the allocator's state is in cache, then the copies run
 //   back to back, instead of each copy evicting what the next allocation
-//   reads (about a microsecond of a 1 MiB clone).
+//   reads.
 at::Tensor copy_slot(const at::Tensor& t, PendingCopies& pending) {
     if (!t.defined()) return at::Tensor();
     if (!is_plain(t)) return t.clone();

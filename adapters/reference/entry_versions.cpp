@@ -138,10 +138,9 @@ void let_go(EntrySnapshot* snapshot) {
 }
 
 // A snapshot's slot list is given room for at least this many slots (four
-// layers) when it grows: the list is over 1 KiB, and every allocation of
-// that size made glibc consolidate its free lists (a fifth of the cost of
-// reading the entries a step reaches); snapshots are kept and reused, so
-// each grows about once.
+// layers) when it grows: the list is over 1 KiB, and allocations of that
+// size make glibc consolidate its free lists; snapshots are kept and
+// reused, so each grows about once.
 constexpr std::size_t snapshot_slots_min = 16;
 
 void reserve_slots(EntrySnapshot* snapshot, std::size_t count) {

@@ -14,8 +14,8 @@ namespace kvcheck {
 // The storage index: which stored entries hold each storage identity, as
 // (identity, entry) pairs in one open-addressing table (linear probing,
 // deletion by backward shift). Indexing an entry or letting go of it takes
-// no allocation per identity; a node-based map allocated and freed one node
-// per identity, ten per small entry, and was most of (re)indexing one.
+// no allocation per identity, where a node-based map would allocate and
+// free one node per identity (ten per small entry).
 // Entries are named by the address of their key in the run's readings (an
 // entry is removed from the index before its reading is erased).
 class StorageIndex {
