@@ -345,6 +345,17 @@ CacheContent expected_from_legacy(const CacheContent& content) {
     return modern;
 }
 
+std::int64_t content_bytes(const CacheContent& content) {
+    const std::int64_t element_bytes = content.dtype == Dtype::f32 ? 4 : 2;
+    std::int64_t bytes = 0;
+    for (const LayerContent& layer : content.layers) {
+        for (const SlotContent& slot : layer.slots) {
+            if (slot.present) bytes += cache_batch * cache_heads * slot.tokens() * cache_head_dim * element_bytes;
+        }
+    }
+    return bytes;
+}
+
 bool content_holds_tokens(const CacheContent& content) {
     for (std::size_t i = 0; i < content.layers.size(); ++i) {
         for (Slot side : {keys, values}) {

@@ -11,6 +11,7 @@ const char* copy_reason_name(CopyReason reason) {
         case CopyReason::merge: return "merge";
         case CopyReason::generate: return "generate";
         case CopyReason::user: return "user";
+        case CopyReason::conversion: return "conversion";
     }
     return "?";
 }
@@ -31,12 +32,16 @@ CachePtr Copier::concat(const std::vector<ConstCachePtr>& parts, CopyReason reas
     return record(concat_strategy(parts), sources, reason);
 }
 
+CachePtr Copier::from_legacy(const Cache& source) {
+    return record(kv::from_legacy(source), {&source}, CopyReason::conversion, false);
+}
+
 CachePtr Copier::record(CachePtr copy, const std::vector<const Cache*>& sources,
-                        CopyReason reason) {
+                        CopyReason reason, bool owned) {
     assert(copy);
     const Footprint size = footprint(*copy);
     log_.push_back({reason, size.tensors, size.bytes});
-    copy->set_owned(true);
+    copy->set_owned(owned);
     Cache::Lineage lineage(1);
     for (const Cache* source : sources) {
         lineage[0].push_back(source->weak_from_this());

@@ -172,7 +172,7 @@ void ReferenceEngine::to_legacy(Handle source, Handle out) {
 
 void ReferenceEngine::from_legacy(Handle source, Handle out) {
     const kv::ConstCachePtr cache = handle(source);
-    handles_[out] = cache ? kv::from_legacy(*cache) : nullptr;
+    handles_[out] = cache ? copier_->from_legacy(*cache) : nullptr;
 }
 
 void ReferenceEngine::release(Handle h) { handles_.erase(h); }

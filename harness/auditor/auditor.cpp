@@ -5,8 +5,9 @@
 namespace kvcheck {
 
 ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent,
-                             std::int64_t chain_sets) {
+                             std::int64_t chain_sets, Lineage lineage) {
     Object object;
+    object.lineage = std::move(lineage);
     object.content = std::move(content);
     object.origin = origin;
     object.expect_owned = expect_owned;
@@ -20,9 +21,39 @@ ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_ow
 
 ObjectId Auditor::copy_object(ObjectId source, Origin origin, bool expect_owned, std::int64_t chain_sets) {
     const std::optional<std::uint64_t> digest = objects_.at(source).digest;
-    const ObjectId id = new_object(objects_.at(source).content, origin, expect_owned, 0, chain_sets);
+    const ObjectId id = new_object(objects_.at(source).content, origin, expect_owned, 0, chain_sets, copy_lineage({source}));
     objects_.at(id).digest = digest;
     return id;
+}
+
+Lineage Auditor::copy_lineage(const std::vector<ObjectId>& sources) const {
+    Lineage lineage(1);
+    for (const ObjectId source : sources) {
+        lineage[0].push_back(source);
+        const Lineage& older = objects_.at(source).lineage;
+        if (lineage.size() < older.size() + 1) lineage.resize(older.size() + 1);
+        for (std::size_t level = 0; level < older.size(); ++level) {
+            lineage[level + 1].insert(lineage[level + 1].end(), older[level].begin(), older[level].end());
+        }
+    }
+    return lineage;
+}
+
+std::int64_t Auditor::referenced_levels(const Lineage& lineage) const {
+    std::vector<ObjectId> referenced;
+    for (const auto& [handle, object] : handles_) {
+        if (object) referenced.push_back(*object);
+    }
+    entries_.for_each([&referenced](const std::string&, ObjectId object) { referenced.push_back(object); });
+    std::sort(referenced.begin(), referenced.end());
+    std::int64_t levels = 0;
+    for (const std::vector<ObjectId>& level : lineage) {
+        const bool alive = std::any_of(level.begin(), level.end(), [&](ObjectId object) {
+            return std::binary_search(referenced.begin(), referenced.end(), object);
+        });
+        if (alive) ++levels;
+    }
+    return levels;
 }
 
 void Auditor::store(const std::string& id, ObjectId object) {
@@ -32,6 +63,7 @@ void Auditor::store(const std::string& id, ObjectId object) {
     Object& stored = objects_.at(object);
     stored.expect_owned = false;  // storing clears the owned marker
     stored.chain_sets = 1;        // and makes the cache an original: its copy history ends
+    stored.lineage.clear();
 }
 
 void Auditor::remove(const std::string& id) {

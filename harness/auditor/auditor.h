@@ -21,6 +21,11 @@ using ObjectId = std::int64_t;  // the auditor's name for one cache object
 // and whether it must carry the owned marker.
 enum class Origin : std::uint8_t { stored_item, get_cache, clone, concat, make, to_legacy, from_legacy };
 
+// What a copy was made from: level 0 the objects it was copied from (the
+// parts, for a merge), level k+1 what level k was copied from. Views that
+// alias (to_legacy) and stored caches (the original from then on) have none.
+using Lineage = std::vector<std::vector<ObjectId>>;
+
 // A cache object as the auditor expects it.
 struct Object {
     CacheContent content;
@@ -37,6 +42,9 @@ struct Object {
     // (itself and the copies it descends from): stored or made 1, a copy of
     // X one more than X, a merge one more than its deepest part.
     std::int64_t chain_sets = 1;
+    // The copies it descends from: with what the trace still references,
+    // the K/V sets that are certainly alive on its chain (referenced_levels).
+    Lineage lineage;
 };
 
 // A store's content at the moment of a dump.
@@ -56,10 +64,16 @@ struct DumpSlot {
 class Auditor {
   public:
     ObjectId new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent = 0,
-                        std::int64_t chain_sets = 1);
+                        std::int64_t chain_sets = 1, Lineage lineage = {});
     // A new object with the content of `source` (a clone, the copy of an
     // entry get_cache hands out), and its digest if made already.
     ObjectId copy_object(ObjectId source, Origin origin, bool expect_owned, std::int64_t chain_sets);
+    // The lineage of a copy of `sources`.
+    Lineage copy_lineage(const std::vector<ObjectId>& sources) const;
+    // How many levels of `lineage` hold an object the trace still
+    // references (bound to a handle, or stored): K/V sets an engine must
+    // count alive, whatever else it keeps.
+    std::int64_t referenced_levels(const Lineage& lineage) const;
     Object& object(ObjectId id) { return objects_.at(id); }
     const Object& object(ObjectId id) const { return objects_.at(id); }
 

@@ -12,6 +12,8 @@
 //   Loaded      a load ran (its outcome and what the slot may hold);
 //   GotByIds,
 //   GotAll      the store answered a listing request;
+//   Copies      the copies an operation logged (after every operation, when
+//               the copy log is read);
 //   EntryFact   a stored entry was read: the entries a step names or
 //               reaches, and every entry at a full read;
 //   listing     the store's ids are due for comparison (after a change of
@@ -60,7 +62,6 @@ struct Made {
     std::string id;                     // get, stored_back: the id
     std::size_t ids = 0;                // get_cache: how many ids were asked for
     bool merged = false;                // get_cache, concat: of several parts
-    std::optional<std::size_t> copies;  // the copies the operation logged, when the log was read
 };
 
 struct Generated {
@@ -71,9 +72,23 @@ struct Generated {
     Tokens prompt;
     std::int64_t max = 0;
     GenerateResult result;
-    std::optional<std::size_t> copies;  // copies logged while it ran, when the log was read
-    std::size_t copies_expected = 0;
-    std::int64_t sets_max = 0;  // K/V sets that may be alive: the source's copy chain, plus the boundary's copy
+    // The K/V sets alive while the model ran: at most the source's copy
+    // chain plus the boundary's copy; at least those of them the trace
+    // still references (the engine may keep more alive, never fewer).
+    std::int64_t sets_min = 0;
+    std::int64_t sets_max = 0;
+};
+
+// The copies an operation logged (Engine::take_copies, read right after
+// it), against those its semantics make: between `min` and `max` copies,
+// each of `bytes` bytes of K/V. Delivered after every operation when the
+// copy log is read.
+struct Copies {
+    std::string what;  // the operation, as messages name it: "clone h1 -> h2"
+    std::vector<CopyRecord> logged;
+    std::size_t min = 0;
+    std::size_t max = 0;
+    std::int64_t bytes = 0;
 };
 
 struct Loaded {
@@ -171,6 +186,7 @@ class Checker {
     virtual void loaded(const Loaded&, Probe&) {}
     virtual void got_by_ids(const GotByIds&, Probe&) {}
     virtual void got_all(const GotAll&, Probe&) {}
+    virtual void copies(const Copies&, Probe&) {}
     virtual void entry(const EntryFact&, Probe&) {}
     virtual void listing(bool full_read, Probe&) {}
     virtual void handle(const HandleFact&, Probe&) {}

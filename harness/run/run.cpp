@@ -106,7 +106,7 @@ Run::Run(Engine& engine, const RunOptions& options)
       verdicts_(checked_in(options, capabilities_)), checkers_(checkers_of(verdicts_.checked())),
       checker_reads_(reads_each(checkers_)), reads_(reads_of(checker_reads_)), readings_(engine, capabilities_, audit_, verdicts_),
       slots_(options.work_dir),
-      transitions_(engine, audit_, readings_, slots_, result_.coverage, reads_.copy_log && capabilities_.copy_log) {
+      transitions_(engine, audit_, readings_, slots_, result_.coverage) {
     every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
     reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
 }
@@ -142,6 +142,8 @@ void Run::run_step(const Op& operation) {
         reached = readings_.entries_reached(named.handles);
     }
     for (const std::int64_t handle : named.handles) readings_.forget_handle(handle);
+    const bool read_copies = reads_.copy_log && capabilities_.copy_log;
+    if (read_copies) engine_.take_copies();  // what an observation logged is no operation's
     const std::optional<Fact> fact = transitions_.apply(operation);
     if (!fact) {
         ++result_.coverage.ops_skipped;
@@ -149,6 +151,13 @@ void Run::run_step(const Op& operation) {
     }
     ++result_.coverage.ops_run[operation.index()];
     record_state(operation);
+    // The copies first: that an operation copied wrongly says more than
+    // what follows from it.
+    if (read_copies) {
+        checkers::Copies copies = transitions_.copies_expected();
+        copies.logged = engine_.take_copies();
+        for (const auto& checker : checkers_) checker->copies(copies, *this);
+    }
     deliver(*fact);
     if (op_changes_ids(operation)) listing_due_ = true;
     if (reads_store_) check_after(operation, named, std::move(reached));

@@ -27,9 +27,10 @@ checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object)
 
 }  // namespace
 
-std::optional<std::size_t> Transitions::copies() {
-    if (!read_copies_) return std::nullopt;
-    return engine_.take_copies().size();
+void Transitions::expect_copies(std::string what, std::size_t count, const CacheContent& content) {
+    copies_.what = std::move(what);
+    copies_.min = copies_.max = count;
+    copies_.bytes = content_bytes(content);
 }
 
 void Transitions::count_layout(Layout layout) {
@@ -102,10 +103,8 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         const std::optional<ObjectId> entry = audit_.entry(id);
         if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(*entry);
     }
-    copies();
     engine_.get_cache(op.ids, op.out.value);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
-    fact.copies = copies();
     fact.ids = op.ids.size();
     if (parts.empty()) {
         audit_.bind(op.out.value, std::nullopt);
@@ -116,11 +115,13 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         ++coverage_.merges;
         std::vector<CacheContent> contents;
         for (const ObjectId part : parts) contents.push_back(audit_.object(part).content);
-        fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2);
+        fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2, audit_.copy_lineage(parts));
     } else {
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
     }
     audit_.bind(op.out.value, fact.object);
+    expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
+                  audit_.object(*fact.object).content);
     return fact;
 }
 
@@ -157,14 +158,20 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     fact.prompt = prompt;
     fact.max = max;
     if (fact.owned) ++coverage_.generations_owned;
-    copies();
-    fact.result = engine_.generate(fact.source, prompt, max, stream);
-    fact.copies = copies();
-    if (fact.owned) audit_.consumed(*object);
-    fact.copies_expected = (object && !fact.owned) ? 1 : 0;
     // The sets alive while the model runs: the input's copy chain, plus the
-    // boundary's copy when it must make one.
-    fact.sets_max = (object ? audit_.object(*object).chain_sets : 0) + 1 - (fact.owned ? 1 : 0);
+    // boundary's copy when it must make one; of the chain, the trace still
+    // holds at least the input itself and the levels it references.
+    const bool copied = object && !fact.owned;
+    if (object) {
+        const Object& input = audit_.object(*object);
+        fact.sets_max = input.chain_sets + (copied ? 1 : 0);
+        fact.sets_min = 1 + audit_.referenced_levels(input.lineage) + (copied ? 1 : 0);
+    } else {
+        fact.sets_max = fact.sets_min = 1;
+    }
+    fact.result = engine_.generate(fact.source, prompt, max, stream);
+    if (fact.owned) audit_.consumed(*object);
+    expect_copies(checkers::generation_text(fact), copied ? 1 : 0, fact.fresh);
     return fact;
 }
 
@@ -244,7 +251,8 @@ std::optional<Fact> Transitions::apply(const op::Clone& op) {
     if (!source) return std::nullopt;  // cloning nothing is not an operation of the API
     engine_.clone(op.source.value, op.out.value);
     checkers::Made fact = made(MadeBy::clone, op.out.value, std::nullopt);
-    fact.copies = copies();
+    expect_copies("clone " + checkers::handle_text(op.source.value) + " -> " + checkers::handle_text(op.out.value), 1,
+                  audit_.object(*source).content);
     fact.object = audit_.copy_object(*source, Origin::clone, true, audit_.object(*source).chain_sets + 1);
     fact.sources = {op.source.value};
     audit_.bind(op.out.value, fact.object);
@@ -255,6 +263,7 @@ template <>
 std::optional<Fact> Transitions::apply(const op::Concat& op) {
     std::vector<CacheContent> parts;
     std::vector<std::int64_t> sources;
+    std::vector<ObjectId> objects;
     std::int64_t deepest = 0;
     for (const HandleName& part : op.parts) {
         bool none = false;
@@ -263,6 +272,7 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
         if (!object) continue;
         parts.push_back(audit_.object(*object).content);
         sources.push_back(part.value);
+        objects.push_back(*object);
         deepest = std::max(deepest, audit_.object(*object).chain_sets);
     }
     if (parts.empty()) return std::nullopt;
@@ -270,10 +280,10 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
     for (const HandleName& part : op.parts) handles.push_back(part.value);
     engine_.concat(handles, op.out.value);
     checkers::Made fact = made(MadeBy::concat, op.out.value, std::nullopt);
-    fact.copies = copies();
     fact.merged = parts.size() > 1;
     if (fact.merged) ++coverage_.merges;
-    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1);
+    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1, audit_.copy_lineage(objects));
+    expect_copies("concat -> " + checkers::handle_text(op.out.value), 1, audit_.object(*fact.object).content);
     fact.sources = std::move(sources);
     audit_.bind(op.out.value, fact.object);
     return fact;
@@ -294,9 +304,17 @@ std::optional<Fact> Transitions::convert(std::int64_t source_handle, std::int64_
     const std::int64_t chain = audit_.object(*source).chain_sets;
     const ObjectId object = to_legacy
         ? audit_.new_object(expected_to_legacy(content), Origin::to_legacy, false, *source, chain)
-        : audit_.new_object(expected_from_legacy(content), Origin::from_legacy, false, 0, chain + 1);
+        : audit_.new_object(expected_from_legacy(content), Origin::from_legacy, false, 0, chain + 1,
+                            audit_.copy_lineage({*source}));
     audit_.bind(out, object);
-    return made(to_legacy ? MadeBy::to_legacy : MadeBy::from_legacy, out, object);
+    // from_legacy copies; to_legacy may alias its source or copy it.
+    const std::string what = std::string(to_legacy ? "to_legacy " : "from_legacy ") + checkers::handle_text(source_handle) +
+                             " -> " + checkers::handle_text(out);
+    expect_copies(what, 1, audit_.object(object).content);
+    if (to_legacy) copies_.min = 0;
+    checkers::Made fact = made(to_legacy ? MadeBy::to_legacy : MadeBy::from_legacy, out, object);
+    fact.sources = {source_handle};
+    return fact;
 }
 
 template <>
@@ -308,6 +326,8 @@ std::optional<Fact> Transitions::apply(const op::FromLegacy& op) { return conver
 // After every specialization above: one missing for an operation of the
 // variant fails to link.
 std::optional<Fact> Transitions::apply(const Op& operation) {
+    copies_ = checkers::Copies{};
+    copies_.what = op_name(operation);  // an operation that copies nothing
     return std::visit([this](const auto& op) { return apply(op); }, operation);
 }
 

@@ -24,14 +24,13 @@ using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, c
 
 class Transitions {
   public:
-    // `read_copies`: drain the engine's copy log around the operations that
-    // copy, and report the count (some checker reads it).
-    Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage,
-                bool read_copies)
-        : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage),
-          read_copies_(read_copies) {}
+    Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage)
+        : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage) {}
 
     std::optional<Fact> apply(const Op& operation);
+    // The copies the operation just applied makes, by its semantics (the
+    // run fills in what the engine logged).
+    const checkers::Copies& copies_expected() const { return copies_; }
 
   private:
     // One per operation type, each defined in transitions.cpp: an operation
@@ -44,8 +43,8 @@ class Transitions {
     // A live handle whose object is known, or nullopt; `holds_none` tells a
     // handle that holds no cache (or h0) from one that cannot be followed.
     std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;
-    // The copies the engine logged since the last call, when they are read.
-    std::optional<std::size_t> copies();
+    // The operation makes `count` copies of `content`'s K/V.
+    void expect_copies(std::string what, std::size_t count, const CacheContent& content);
     void count_layout(Layout layout);
 
     Engine& engine_;
@@ -53,7 +52,7 @@ class Transitions {
     Readings& readings_;
     DumpSlots& slots_;
     Coverage& coverage_;
-    bool read_copies_;
+    checkers::Copies copies_;
 };
 
 }  // namespace kvcheck

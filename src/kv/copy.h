@@ -1,5 +1,6 @@
-// Copy accounting: every deliberate K/V copy (clone or concat) made by the
-// store or the generation boundary goes through a Copier, which logs it.
+// Copy accounting: every deliberate K/V copy (clone, concat, the copy
+// from_legacy makes) made by the store, the generation boundary or a
+// conversion goes through a Copier, which logs it.
 //
 // The Copier is also the seam where a deviating copy strategy plugs in
 // (the mutant adapters do, to plant known bugs); the reference strategy is
@@ -19,7 +20,7 @@
 
 namespace kv {
 
-enum class CopyReason : std::uint8_t { get_cache, merge, generate, user };
+enum class CopyReason : std::uint8_t { get_cache, merge, generate, user, conversion };
 
 const char* copy_reason_name(CopyReason reason);
 
@@ -37,6 +38,9 @@ class Copier {
     CachePtr clone(const Cache& source, CopyReason reason);
     // An owned merge of `parts` in order (lineage: every part), logged.
     CachePtr concat(const std::vector<ConstCachePtr>& parts, CopyReason reason);
+    // kv::from_legacy of `source` (lineage: source), logged as a
+    // conversion. Not marked owned: a conversion hands out no owned copy.
+    CachePtr from_legacy(const Cache& source);
 
     const std::vector<CopyEvent>& log() const { return log_; }
     void clear_log() { log_.clear(); }
@@ -47,7 +51,7 @@ class Copier {
     virtual CachePtr concat_strategy(const std::vector<ConstCachePtr>& parts);
 
   private:
-    CachePtr record(CachePtr copy, const std::vector<const Cache*>& sources, CopyReason reason);
+    CachePtr record(CachePtr copy, const std::vector<const Cache*>& sources, CopyReason reason, bool owned = true);
 
     std::vector<CopyEvent> log_;
 };

@@ -175,6 +175,9 @@ CacheContent expected_concat(const std::vector<CacheContent>& parts);
 CacheContent expected_to_legacy(const CacheContent& content);
 CacheContent expected_from_legacy(const CacheContent& content);
 bool content_holds_tokens(const CacheContent& content);
+// The bytes of K/V a copy of `content` holds: every present slot's
+// elements at the content's dtype (4 bytes for f32, 2 for f16 and bf16).
+std::int64_t content_bytes(const CacheContent& content);
 std::int64_t content_seq_length(const CacheContent& content, std::size_t layer = 0);
 
 }  // namespace kvcheck
