@@ -39,7 +39,7 @@ LogicalSlot logical(const SlotView& slot) {
 }
 
 // The keys (side 0) or values (side 1) a model sees in layer `layer`, by
-// the rule of (docs/semantics.md#modern-layout; kvcheck::logical_slot on views).
+// the rule of docs/semantics.md#logical-content (kvcheck::logical_slot, on views).
 LogicalSlot logical_side(const CacheView& view, std::size_t layer, int side) {
     const LayerView& l = view.layers[layer];
     if (view.layout == Layout::legacy) return logical(l.slots[side]);

@@ -1,6 +1,6 @@
 // Expected content and views: the auditor's side of every cache. Mirrors the
-// reference semantics of SPEC sections 2 and 3 on segment lists instead of
-// tensors.
+// semantics of docs/semantics.md#cache-layouts and #operations on segment
+// lists instead of tensors.
 #include "kvcheck/content.h"
 
 #include "kvcheck/splitmix.h"

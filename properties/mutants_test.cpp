@@ -86,7 +86,7 @@ TEST(Reference, PassesTheSameBudget) {
 }
 
 // The default schedule reads around each step only what the step can reach
-// (harness/executor.cpp); it must find what reading every entry after every
+// (harness/run/schedule.cpp); it must find what reading every entry after every
 // step finds, on the same traces, under the same property, at the same
 // step or later. Long traces too, so that the periodic full reads run.
 TEST(Schedule, FindsWhatReadingEverythingEveryStepFinds) {

@@ -245,7 +245,7 @@ void Cache::update_modern(const at::Tensor& k, const at::Tensor& v, std::int64_t
     Layer& layer = *(*layers_)[layer_index];
     if (!layer.is_initialized) {
         // Lazy initialization drops whatever the layer held: this is how
-        // tokens assigned to a bare layer get lost (SPEC section 2).
+        // tokens assigned to a bare layer get lost (docs/semantics.md#modern-layout).
         layer.keys = empty_slot(k.options());
         layer.values = empty_slot(v.options());
         layer.is_initialized = true;

@@ -168,9 +168,11 @@ std::string view_difference(const CacheView& actual, const CacheView& expected);
 // lacks that side.
 SlotContent logical_slot(const CacheContent& content, std::size_t layer, Slot side);
 
-// The expected results of the cache-level operations, mirroring the
-// reference semantics (SPEC sections 2 and 3). Parts merged together are
-// expected to share one dtype: the workload never mixes dtypes in a trace.
+// The expected results of the cache-level operations
+// (docs/semantics.md#cache-operations, #conversions). A merge of parts of
+// different dtypes takes torch.cat's promotion (#mixed-dtypes): the workload
+// draws one dtype per trace, but a part that holds no tensor counts as
+// float32.
 CacheContent expected_concat(const std::vector<CacheContent>& parts);
 CacheContent expected_to_legacy(const CacheContent& content);
 CacheContent expected_from_legacy(const CacheContent& content);
