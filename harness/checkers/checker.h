@@ -115,10 +115,12 @@ struct EntryFact {
     EntryReading& reading;
 };
 
-// A live handle to check against the storage of the stored entries.
+// A live handle to check against the storage of the stored entries (and,
+// at a full read, of every other live handle).
 struct HandleFact {
     std::int64_t handle = 0;
     ObjectId object = 0;
+    bool full_read = false;
 };
 
 // What the engine reports of a handle, read once per step.
@@ -154,6 +156,12 @@ class Probe {
     // The first stored entry, in insertion order, that shares storage with
     // `handle` although the handle's object may not alias it.
     virtual std::optional<std::string> aliased_entry(const HandleFact& handle) = 0;
+    // Another live handle that shares storage with `handle` although
+    // neither's object may alias the other's (asked at full reads).
+    virtual std::optional<std::int64_t> handle_sharing(const HandleFact& handle) = 0;
+    // Another stored entry, holding another object, that shares storage with
+    // `entry` (as far as the entries read so far tell).
+    virtual std::optional<std::string> entry_sharing(const EntryFact& entry) = 0;
     // The ids the engine lists, read once per round.
     virtual const std::vector<std::string>& listed() = 0;
     // How the engine's whole store differs from the expected one (ids in

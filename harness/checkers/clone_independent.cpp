@@ -1,10 +1,11 @@
-// clone-independent: a clone shares no tensor storage, layer object or list
-// with its source: not for an empty cache (the model filling the clone must
-// not add layers to the source), not for layers holding one side only or
-// legacy-named slots.
+// clone-independent: a copy shares no tensor storage, layer object or list
+// with its source: a clone, not for an empty cache (the model filling the
+// clone must not add layers to the source), not for layers holding one side
+// only or legacy-named slots; and the copy from_legacy makes
+// (docs/semantics.md#conversion-copies).
 //
-// Checked, when the engine reports storage identities: the clone's storage
-// against its source's, at the clone's step.
+// Checked, when the engine reports storage identities: the copy's storage
+// against its source's, at the step that made it.
 // Not checked here: the clone's content (layout-roundtrip), its owned
 // marker (owned-marker), what a generation does to either (stored-immutable).
 #include "checkers/checker.h"
@@ -17,9 +18,11 @@ class CloneIndependent final : public Checker {
     CloneIndependent() : Checker(Property::clone_independent) {}
 
     void made(const Made& made, Probe& probe) override {
-        if (made.by != MadeBy::clone || !checking(probe)) return;
+        const bool copy = made.by == MadeBy::clone || made.by == MadeBy::from_legacy;
+        if (!copy || !made.object || !checking(probe)) return;
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
-            fail(probe, "the clone " + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
+            const std::string what = made.by == MadeBy::clone ? "the clone " : "the copy from_legacy made, ";
+            fail(probe, what + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
         }
     }
 };

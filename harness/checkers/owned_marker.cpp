@@ -1,12 +1,14 @@
 // owned-marker: only a cache that shares no storage with the store carries
 // the owned marker: get_cache results, clones and merges carry it; stored
 // entries, the items get hands out, conversion results and caches stored
-// back never do; and a handle marked owned shares no storage with a stored
-// entry.
+// back never do; a handle marked owned shares no storage with a stored
+// entry; and an owned copy shares storage with no other live cache but its
+// own views (the global aliasing invariant, for owned copies).
 //
 // Checked: the marker of each handle an operation makes or stores back, at
 // its step; the marker of each stored entry the run reads; every handle the
-// run checks against the stored entries' storage.
+// run checks against the stored entries' storage; at full reads, every
+// owned copy against every other live handle.
 // Not checked here: whether an owned copy is copied again (single-copy) or
 // holds the right content (layout-roundtrip, merge-correct).
 #include "checkers/checker.h"
@@ -51,10 +53,19 @@ class OwnedMarker final : public Checker {
     void handle(const HandleFact& handle, Probe& probe) override {
         if (!checking(probe)) return;
         const HandleReading& reading = probe.handle(handle.handle);
-        if (!reading.exists || !reading.owned) return;
-        const std::optional<std::string> entry = probe.aliased_entry(handle);
-        if (!entry) return;
-        fail(probe, handle_text(handle.handle) + " is marked owned but shares storage with stored entry " + in_quotes(*entry));
+        if (reading.exists && reading.owned) {
+            if (const std::optional<std::string> entry = probe.aliased_entry(handle)) {
+                fail(probe, handle_text(handle.handle) + " is marked owned but shares storage with stored entry " +
+                                in_quotes(*entry));
+                return;
+            }
+        }
+        // An owned copy is the one cache a writer may change: nothing else
+        // alive may share its storage, but for views of it.
+        if (!handle.full_read || !probe.auditor().object(handle.object).expect_owned) return;
+        if (const std::optional<std::int64_t> other = probe.handle_sharing(handle)) {
+            fail(probe, "the owned copy " + handle_text(handle.handle) + " shares storage with " + handle_text(*other));
+        }
     }
 
   private:

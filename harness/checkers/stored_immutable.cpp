@@ -4,9 +4,11 @@
 //
 // Checked: each entry the run reads (the entries a step names or reaches
 // through a handle's storage, and all of them at full reads) against the
-// auditor's expected content; at full reads, the set of ids the store holds
-// (its order is store-contract's); each get_cache result against the
-// stored entries' storage identities, when the engine reports them.
+// auditor's expected content, and, when the engine reports storage
+// identities, against the other entries read so far (two entries holding
+// different caches share nothing); at full reads, the set of ids the store
+// holds (its order is store-contract's); each get_cache result against the
+// stored entries' storage identities.
 // Not checked here: the owned marker (owned-marker), the order of ids
 // (store-contract), what a load restores (dump-safe).
 #include "checkers/checker.h"
@@ -28,7 +30,15 @@ class StoredImmutable final : public Checker {
     void entry(const EntryFact& entry, Probe& probe) override {
         if (!checking(probe)) return;
         const std::string difference = probe.entry_difference(entry);
-        if (!difference.empty()) fail(probe, "entry " + in_quotes(entry.id) + " " + difference);
+        if (!difference.empty()) {
+            fail(probe, "entry " + in_quotes(entry.id) + " " + difference);
+            return;
+        }
+        // Two stored entries are two caches: a write through one must not
+        // reach the other.
+        if (const std::optional<std::string> other = probe.entry_sharing(entry)) {
+            fail(probe, "stored entries " + in_quotes(*other) + " and " + in_quotes(entry.id) + " share storage");
+        }
     }
 
     void listing(bool full_read, Probe& probe) override {

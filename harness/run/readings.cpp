@@ -235,6 +235,61 @@ std::optional<std::string> Readings::aliased_entry(const checkers::HandleFact& f
     return first;
 }
 
+// Was `copy` copied from `source`, or from a view of it, or from what it is
+// a view of?
+bool Readings::copied_from(ObjectId copy, ObjectId source) const {
+    const Lineage& lineage = audit_.object(copy).lineage;
+    if (lineage.empty()) return false;
+    return std::any_of(lineage[0].begin(), lineage[0].end(), [&](ObjectId from) {
+        return from == source || audit_.may_alias(from, source) || audit_.may_alias(source, from);
+    });
+}
+
+std::optional<std::int64_t> Readings::handle_sharing(const checkers::HandleFact& fact) {
+    if (!capabilities_.storage_identity) return std::nullopt;
+    if (handles_by_identity_round_ != round_) {
+        handles_by_identity_.clear();
+        for (const auto& [h, object] : audit_.handles()) {
+            if (!object) continue;
+            for (const std::uint64_t identity : handle(h).storage) handles_by_identity_[identity].push_back(h);
+        }
+        handles_by_identity_round_ = round_;
+    }
+    for (const std::uint64_t identity : handle(fact.handle).storage) {
+        const auto found = handles_by_identity_.find(identity);
+        if (found == handles_by_identity_.end()) continue;
+        for (const std::int64_t other : found->second) {
+            const std::optional<ObjectId> object = audit_.handle(other);
+            if (other == fact.handle || !object || *object == fact.object) continue;
+            if (audit_.may_alias(fact.object, *object) || audit_.may_alias(*object, fact.object)) continue;
+            // A copy sharing with what it was copied from is the copy's
+            // fault, judged where it was made (clone-independent,
+            // merge-correct), whenever the store is read.
+            if (copied_from(fact.object, *object) || copied_from(*object, fact.object)) continue;
+            return other;
+        }
+    }
+    return std::nullopt;
+}
+
+std::optional<std::string> Readings::entry_sharing(const std::string& id, EntryReading& entry, ObjectId expected) {
+    if (!capabilities_.storage_identity) return std::nullopt;
+    if (!entry.storage_read) {
+        entry.storage = engine_.storage_of_entry(id);
+        entry.storage_read = true;
+    }
+    std::optional<std::string> sharing;
+    for (const std::uint64_t identity : entry.storage) {
+        holders_.for_each_holder(identity, [&](const std::string& other) {
+            if (sharing || other == id) return;
+            const std::optional<ObjectId> object = audit_.entry(other);
+            if (object && *object != expected) sharing = other;
+        });
+        if (sharing) break;
+    }
+    return sharing;
+}
+
 std::vector<std::int64_t> Readings::handles_meeting(const std::vector<std::string>& entries) {
     std::vector<std::uint64_t> identities;
     for (const std::string& id : entries) {

@@ -110,10 +110,18 @@ class Readings {
     // handle's cache that its object may not alias; confirmed with the
     // one-entry method when the entry's storage came from a batch.
     std::optional<std::string> aliased_entry(const checkers::HandleFact& handle);
+    // Another indexed entry that shares one of entry `id`'s storage
+    // identities and holds an object other than `expected`.
+    std::optional<std::string> entry_sharing(const std::string& id, EntryReading& entry, ObjectId expected);
+    // Another live handle sharing storage with `handle` although neither's
+    // object may alias the other's; from a map of every live handle's
+    // storage made once per round.
+    std::optional<std::int64_t> handle_sharing(const checkers::HandleFact& handle);
     // The handles whose storage meets that of `entries`.
     std::vector<std::int64_t> handles_meeting(const std::vector<std::string>& entries);
 
   private:
+    bool copied_from(ObjectId copy, ObjectId source) const;
     bool answered_all(const char* method, std::size_t answers, std::size_t ids);
     bool batch_agrees(const EntryReading& entry, const char* method, bool agree);
     void unindex(EntryReading& entry);
@@ -129,6 +137,10 @@ class Readings {
     IdMap<EntryReading> readings_;
     StorageIndex holders_;  // storage identity -> entries holding it
     std::unordered_map<std::int64_t, checkers::HandleReading> handle_readings_;
+    // Storage identity -> the live handles holding it, for handle_sharing;
+    // made in the round `handles_by_identity_round_`.
+    std::unordered_map<std::uint64_t, std::vector<std::int64_t>> handles_by_identity_;
+    std::uint64_t handles_by_identity_round_ = 0;
 };
 
 }  // namespace kvcheck

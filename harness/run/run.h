@@ -44,6 +44,12 @@ class Run final : public checkers::Probe {
     std::optional<std::string> aliased_entry(const checkers::HandleFact& handle) override {
         return readings_.aliased_entry(handle);
     }
+    std::optional<std::int64_t> handle_sharing(const checkers::HandleFact& handle) override {
+        return readings_.handle_sharing(handle);
+    }
+    std::optional<std::string> entry_sharing(const checkers::EntryFact& entry) override {
+        return readings_.entry_sharing(entry.id, entry.reading, entry.expected);
+    }
     const std::vector<std::string>& listed() override { return readings_.listed(); }
     std::string store_difference() override { return readings_.store_difference(false); }
 
@@ -55,7 +61,7 @@ class Run final : public checkers::Probe {
     void check_everything(const std::string& note);
     void read_every_entry();
     std::vector<std::string> check_entries(const std::vector<std::string>& ids);
-    void check_handles(std::vector<std::int64_t> handles);
+    void check_handles(std::vector<std::int64_t> handles, bool full_read);
     void check_listing(bool full_read);
     void recheck_everything(std::size_t last_step);
     void record_state(const Op& op);

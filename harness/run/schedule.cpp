@@ -63,7 +63,7 @@ void Run::check_after(const Op& operation, const Named& named, std::vector<std::
         for (const std::int64_t handle : readings_.handles_meeting(renewed)) add_unique(handles, handle);
     }
     std::sort(handles.begin(), handles.end());
-    check_handles(std::move(handles));
+    check_handles(std::move(handles), false);
 }
 
 // The store's listing, its content and every handle's ownership.
@@ -131,14 +131,14 @@ void Run::read_every_entry() {
     for (const auto& [handle, object] : audit_.handles()) {
         if (object) handles.push_back(handle);
     }
-    check_handles(std::move(handles));
+    check_handles(std::move(handles), true);
 }
 
-void Run::check_handles(std::vector<std::int64_t> handles) {
+void Run::check_handles(std::vector<std::int64_t> handles, bool full_read) {
     for (const std::int64_t handle : handles) {
         const std::optional<ObjectId> object = audit_.handle(handle);
         if (!object) continue;
-        for (const auto& checker : checkers_) checker->handle({handle, *object}, *this);
+        for (const auto& checker : checkers_) checker->handle({handle, *object, full_read}, *this);
     }
 }
 

@@ -38,7 +38,8 @@ enum PropertyNeeds : std::uint8_t {
       property_needs_nothing)                                                                                      \
     X(owned_marker, "owned-marker", "only caches sharing nothing with the store are marked owned",                 \
       property_needs_nothing)                                                                                      \
-    X(clone_independent, "clone-independent", "a clone shares no tensor, layer or list with its source",           \
+    X(clone_independent, "clone-independent",                                                                      \
+      "a copy (clone, from_legacy) shares no tensor, layer or list with its source",                                \
       property_needs_storage_identity)                                                                             \
     X(generation_equivalent, "generation-equivalent",                                                              \
       "generating via the store equals generating from a fresh copy", property_needs_nothing)                      \
