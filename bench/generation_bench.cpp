@@ -93,7 +93,7 @@ std::int64_t status_kib(const char* field) {
 int rss_child(const std::string& adapter, std::int64_t cache_bytes) {
     ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
     const std::shared_ptr<Engine> engine = make_engine(adapter);
-    engine->add("a", content_of_bytes(cache_bytes));
+    engine->add("a", content_of_bytes(cache_bytes), {});
     ::malloc_trim(0);
     std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to VmRSS
     const std::int64_t before_kib = status_kib("VmRSS");
@@ -120,7 +120,7 @@ std::int64_t peak_rss_added(const std::string& adapter, std::int64_t cache_bytes
 void generation_path(benchmark::State& state, const std::string& adapter, std::int64_t cache_bytes) {
     const std::shared_ptr<Engine> engine = make_engine(adapter);
     const kvcheck::CacheContent content = content_of_bytes(cache_bytes);
-    engine->add("a", content);
+    engine->add("a", content, {});
     const double stored_bytes = static_cast<double>(kvcheck::content_seq_length(content) * token_bytes);
     Samples seconds;
     PathFacts facts;

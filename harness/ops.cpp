@@ -5,6 +5,8 @@
 // adding an op to the variant needs no change here.
 #include "kvcheck/trace.h"
 
+#include "kvcheck/splitmix.h"
+
 #include <boost/pfr.hpp>
 
 #include <functional>
@@ -24,7 +26,10 @@ constexpr bool field_types_supported(std::index_sequence<I...>) {
 
 template <typename O, std::size_t... I>
 constexpr bool variable_field_last(std::index_sequence<I...>) {
-    return ((!detail::is_variable_v<boost::pfr::tuple_element_t<I, O>> || I + 1 == sizeof...(I)) && ...);
+    return (((!detail::is_variable_v<boost::pfr::tuple_element_t<I, O>> &&
+              !detail::is_optional_v<boost::pfr::tuple_element_t<I, O>>) ||
+             I + 1 == sizeof...(I)) &&
+            ...);
 }
 
 // The traits every operation states (trace.h, "operation traits"), with the
@@ -46,9 +51,9 @@ constexpr bool op_struct_valid() {
     constexpr std::size_t count = boost::pfr::tuple_size_v<O>;
     static_assert(count == O::fields.size(), "an op's `fields` must name each of its fields");
     static_assert(field_types_supported<O>(std::make_index_sequence<count>{}),
-                  "an op field must be HandleName, std::string, CacheSpec, std::int64_t, Tokens, Ids or HandleNames");
+                  "an op field must be HandleName, std::string, CacheSpec, std::int64_t, Tokens, Ids, HandleNames or MetaSeed");
     static_assert(variable_field_last<O>(std::make_index_sequence<count>{}),
-                  "only an op's last field may be variable-length (Ids, HandleNames)");
+                  "only an op's last field may be variable-length (Ids, HandleNames) or optional (MetaSeed)");
     if constexpr (detail::has_out<O>()) {
         static_assert(std::is_same_v<boost::pfr::tuple_element_t<0, O>, HandleName>,
                       "an `out` field must be a HandleName");
@@ -90,6 +95,7 @@ void mix(std::size_t& seed, std::size_t value) {
 std::size_t field_hash(HandleName handle) { return std::hash<std::int64_t>{}(handle.value); }
 std::size_t field_hash(std::int64_t value) { return std::hash<std::int64_t>{}(value); }
 std::size_t field_hash(const std::string& id) { return std::hash<std::string>{}(id); }
+std::size_t field_hash(MetaSeed meta) { return std::hash<std::int64_t>{}(meta.value); }
 
 std::size_t field_hash(const CacheSpec& spec) {
     std::size_t seed = 0;
@@ -113,6 +119,17 @@ std::size_t field_hash(const std::vector<T>& values) {
 }
 
 }  // namespace
+
+Metadata item_metadata(MetaSeed seed) {
+    Metadata metadata;
+    if (seed.value == 0) return metadata;
+    SplitMix64 stream(static_cast<std::uint64_t>(seed.value));
+    metadata["source"] = "doc-" + std::to_string(stream.next() % 1000);
+    if (stream.next() % 2 == 0) metadata["turn"] = std::to_string(stream.next() % 50);
+    // Text a careless format would mangle: spaces, separators, quotes.
+    if (stream.next() % 3 == 0) metadata["note"] = "k=v, \"quoted\"; " + std::to_string(stream.next() % 7);
+    return metadata;
+}
 
 // A valueless Op (index variant_npos) throws std::out_of_range.
 const char* op_name(const Op& op) { return op_kind_name(op.index()); }

@@ -65,6 +65,10 @@ void format_field(std::string& line, const char* field, std::int64_t value) {
     put(line, std::string(field) + '=' + std::to_string(value));
 }
 
+void format_field(std::string& line, const char* field, MetaSeed meta) {
+    if (meta.value != 0) put(line, std::string(field) + '=' + std::to_string(meta.value));
+}
+
 void format_field(std::string& line, const char* field, const Tokens& tokens) {
     std::string text = std::string(field) + '=';
     for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -203,6 +207,10 @@ void parse_field(Cursor& in, const char* field, CacheSpec& spec) {
 
 void parse_field(Cursor& in, const char* field, std::int64_t& value) {
     value = parse_number(named_value(in, field), field);
+}
+
+void parse_field(Cursor& in, const char* field, MetaSeed& meta) {
+    meta.value = in.at_end() ? 0 : parse_number(named_value(in, field), field);
 }
 
 void parse_field(Cursor& in, const char* field, Tokens& tokens) {

@@ -21,6 +21,7 @@ constexpr std::size_t kind() {
 // come up, on purpose, a fraction of the time.
 struct Draft {
     std::map<std::string, Layout> stored;  // ids added and not deleted, as far as the draft knows
+    std::vector<CacheSpec> added;          // the specs added so far: the same content is stored again at times
     std::vector<std::int64_t> handles;     // handles that likely hold a cache
     std::vector<Layout> layouts;           // their layouts
     std::int64_t next_handle = 1;
@@ -196,12 +197,24 @@ struct Drawing {
 
 // One draw per operation type, chosen by overload: an operation added to
 // the variant without one does not compile (draw_kind below).
-op::Add draw(Drawing& d, op::Add*) {
-    std::string id = d.id();
-    CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
-    d.draft.stored[id] = spec.layout;
-    return {id, spec};
+// The metadata an added item carries: none half the time.
+MetaSeed draw_meta(Drawing& d) {
+    if (!d.options.capabilities.metadata || d.choose.one_in(2)) return {};
+    return {d.choose.between(1, 999)};
 }
+
+op::Add add_of(Drawing& d, std::string id) {
+    // Now and then the same content again, as when one memory text is
+    // cached twice: an engine that shares what it stores twice shows.
+    CacheSpec spec = !d.draft.added.empty() && d.choose.one_in(8)
+                         ? d.draft.added[d.choose.below(d.draft.added.size())]
+                         : random_cache_spec(d.choose, d.swarm, d.options);
+    d.draft.stored[id] = spec.layout;
+    d.draft.added.push_back(spec);
+    return {std::move(id), spec, draw_meta(d)};
+}
+
+op::Add draw(Drawing& d, op::Add*) { return add_of(d, d.id()); }
 
 op::AddHandle draw(Drawing& d, op::AddHandle*) {
     std::string id = d.id();
@@ -243,6 +256,9 @@ op::GenerateStream draw(Drawing& d, op::GenerateStream*) { return draw_generatio
 op::Delete draw(Drawing& d, op::Delete*) {
     Ids ids = pick_ids(d.choose, d.draft, d.options, 1, 2);
     for (const std::string& id : ids) d.draft.stored.erase(id);
+    // Deleting an id and adding it again: a new item, at the end of the
+    // order, with nothing of the old one.
+    if (d.enabled(kind<op::Add>()) && d.choose.one_in(3)) d.follow_up = add_of(d, ids.front());
     return {ids};
 }
 
@@ -297,6 +313,17 @@ op::ToLegacy draw(Drawing& d, op::ToLegacy*) {
 op::FromLegacy draw(Drawing& d, op::FromLegacy*) {
     HandleName source = pick_handle_of(d.choose, d.draft, Layout::legacy);
     return {new_handle(d.draft, Layout::modern), source};
+}
+
+op::Release draw(Drawing& d, op::Release*) {
+    const HandleName handle = pick_handle(d.choose, d.draft);
+    for (std::size_t i = 0; i < d.draft.handles.size(); ++i) {
+        if (d.draft.handles[i] != handle.value) continue;
+        d.draft.handles.erase(d.draft.handles.begin() + static_cast<std::ptrdiff_t>(i));
+        d.draft.layouts.erase(d.draft.layouts.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+    }
+    return {handle};
 }
 
 template <std::size_t K>

@@ -92,7 +92,7 @@ TEST(ViewDigest, TheReferencesIsItsViews) {
         const CacheContent content = expand(spec);
         adapters::ReferenceEngine engine;
         engine.make(content, 1);
-        engine.add("a", content);
+        engine.add("a", content, {});
         engine.clone(1, 2);
         if (spec.layout == Layout::modern) {
             engine.to_legacy(1, 3);

@@ -41,7 +41,7 @@ TEST(ReadEntries, TheReferencesAreItsOneEntryReads) {
                 engine.clone(1, 2);
                 engine.add_handle(ids.back(), 2);
             } else {
-                engine.add(ids.back(), expand(any_spec()));
+                engine.add(ids.back(), expand(any_spec()), {});
             }
         }
         // Asked in any order, with repeats.
@@ -55,7 +55,7 @@ TEST(ReadEntries, TheReferencesAreItsOneEntryReads) {
 
 TEST(ReadEntries, AMissingIdIsNamed) {
     adapters::ReferenceEngine engine;
-    engine.add("a", expand(parse_cache_spec("modern/f32/3:[kv2 kv3]")));
+    engine.add("a", expand(parse_cache_spec("modern/f32/3:[kv2 kv3]")), {});
     try {
         engine.read_entries({"a", "b"}, true);
         FAIL() << "read_entries of a missing id returned";

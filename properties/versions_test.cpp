@@ -33,7 +33,7 @@ CacheContent two_layers(Layout layout) {
 void expect_moves(Layout layout, const char* what, const std::function<void(kv::Cache&)>& change) {
     SCOPED_TRACE(what);
     Tampering engine;
-    engine.add("a", two_layers(layout));
+    engine.add("a", two_layers(layout), {});
     const std::uint64_t before = engine.entry_version("a");
     EXPECT_EQ(engine.entry_version("a"), before) << "unchanged: the version stays";
     change(engine.stored_cache("a"));
@@ -71,7 +71,7 @@ TEST(EntryVersions, MoveOnEveryChangeACheckCouldSee) {
 
 TEST(EntryVersions, NeverReturnToAnEarlierValue) {
     Tampering engine;
-    engine.add("a", two_layers(Layout::modern));
+    engine.add("a", two_layers(Layout::modern), {});
     const std::uint64_t first = engine.entry_version("a");
     const at::Tensor original = keys0(engine.stored_cache("a"));
     keys0(engine.stored_cache("a")) = original.clone();
@@ -85,7 +85,7 @@ TEST(EntryVersions, NeverReturnToAnEarlierValue) {
 
 TEST(EntryVersions, StayThroughReadsAndCopies) {
     Tampering engine;
-    engine.add("a", two_layers(Layout::modern));
+    engine.add("a", two_layers(Layout::modern), {});
     const std::uint64_t before = engine.entry_version("a");
     engine.get("a", 1);
     engine.get_cache({"a"}, 2);
@@ -116,27 +116,27 @@ TEST(EntryVersions, FollowWhatAnIdHoldsThroughEveryChange) {
         return engine.entry_digest(id) == view_digest(expected_view(content)) &&
                view_difference(engine.view_entry(id), expected_view(content)).empty();
     };
-    engine.add("a", one);
-    engine.add("b", one);
+    engine.add("a", one, {});
+    engine.add("b", one, {});
     std::uint64_t a = engine.entry_version("a");
     std::uint64_t b = engine.entry_version("b");
     EXPECT_TRUE(holds("a", one));
 
-    engine.add("a", other);
+    engine.add("a", other, {});
     EXPECT_NE(engine.entry_version("a"), a);
     EXPECT_TRUE(holds("a", other));
     EXPECT_EQ(engine.entry_version("b"), b);
     EXPECT_TRUE(holds("b", one));
 
     engine.store_directly("b", other);
-    engine.add("c", one);  // a change made here after one behind its back
+    engine.add("c", one, {});  // a change made here after one behind its back
     EXPECT_NE(engine.entry_version("b"), b);
     EXPECT_TRUE(holds("b", other));
     a = engine.entry_version("a");
     EXPECT_TRUE(holds("a", other));
 
     engine.remove({"a"});
-    engine.add("a", one);
+    engine.add("a", one, {});
     EXPECT_NE(engine.entry_version("a"), a);
     EXPECT_TRUE(holds("a", one));
 

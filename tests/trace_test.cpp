@@ -41,6 +41,7 @@ CacheSpec example_spec() {
 std::vector<std::pair<Op, std::string>> one_op_per_kind() {
     return {
         {op::Add{"a", example_spec()}, "add a modern/bf16/7:[kv3 k~2 KV4 -0]"},
+        {op::Add{"a", example_spec(), kvcheck::MetaSeed{12}}, "add a modern/bf16/7:[kv3 k~2 KV4 -0] meta=12"},
         {op::AddHandle{"b", HandleName{3}}, "add_handle b h3"},
         {op::Get{HandleName{2}, "a"}, "h2 = get a"},
         {op::GetByIds{{"a", "b.c", "x-1_y"}}, "get_by_ids a b.c x-1_y"},
@@ -60,6 +61,7 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::Concat{HandleName{6}, {HandleName{4}, HandleName{5}}}, "h6 = concat h4 h5"},
         {op::ToLegacy{HandleName{7}, HandleName{6}}, "h7 = to_legacy h6"},
         {op::FromLegacy{HandleName{8}, HandleName{7}}, "h8 = from_legacy h7"},
+        {op::Release{HandleName{8}}, "release h8"},
     };
 }
 
@@ -179,6 +181,7 @@ class RandomOps {
     }
 
     void fill(std::int64_t& value) { value = number(); }
+    void fill(kvcheck::MetaSeed& meta) { meta.value = number(); }
     void fill(HandleName& handle) { handle.value = below(8) == 0 ? int64_max : static_cast<std::int64_t>(below(20)); }
 
     void fill(std::string& id) {

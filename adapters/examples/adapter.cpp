@@ -99,8 +99,8 @@ CachePtr VectorEngine::stored(const std::string& id) const {
 
 // ---- the store -----------------------------------------------------------------
 
-void VectorEngine::add(const std::string& id, const kvcheck::CacheContent& content) {
-    store_.add(id, materialize(content), {{"origin", "add"}});
+void VectorEngine::add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) {
+    store_.add(id, materialize(content), Metadata(metadata.begin(), metadata.end()));
 }
 
 void VectorEngine::add_handle(const std::string& id, kvcheck::Handle h) {
@@ -108,12 +108,13 @@ void VectorEngine::add_handle(const std::string& id, kvcheck::Handle h) {
     if (!cache) throw std::invalid_argument("add_handle: handle holds no cache");
     // The caller gives the cache object to the store, which takes it as it
     // is and clears its owned marker.
-    store_.add(id, std::move(cache), {{"origin", "add_handle"}});
+    store_.add(id, std::move(cache), {});
 }
 
 void VectorEngine::get(const std::string& id, kvcheck::Handle out) {
     const Item* item = store_.get(id);
     handles_[out] = item ? item->cache : nullptr;
+    handle_metadata_[out] = item ? kvcheck::Metadata(item->metadata.begin(), item->metadata.end()) : kvcheck::Metadata{};
 }
 
 std::vector<std::optional<std::string>> VectorEngine::get_by_ids(const std::vector<std::string>& ids) {
@@ -217,7 +218,21 @@ void VectorEngine::from_legacy(kvcheck::Handle source, kvcheck::Handle out) {
     handles_[out] = cache ? copier_.from_legacy(*cache) : nullptr;
 }
 
-void VectorEngine::release(kvcheck::Handle h) { handles_.erase(h); }
+void VectorEngine::release(kvcheck::Handle h) {
+    handles_.erase(h);
+    handle_metadata_.erase(h);
+}
+
+kvcheck::Metadata VectorEngine::entry_metadata(const std::string& id) {
+    const Item* item = store_.get(id);
+    if (item == nullptr) throw std::out_of_range("no stored entry '" + id + "'");
+    return kvcheck::Metadata(item->metadata.begin(), item->metadata.end());
+}
+
+kvcheck::Metadata VectorEngine::handle_metadata(kvcheck::Handle h) {
+    const auto found = handle_metadata_.find(h);
+    return found == handle_metadata_.end() ? kvcheck::Metadata{} : found->second;
+}
 
 // ---- observations ----------------------------------------------------------------
 

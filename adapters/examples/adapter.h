@@ -33,9 +33,13 @@ class VectorEngine : public kvcheck::Engine {
     explicit VectorEngine(Depth copies = Depth::deep);
 
     std::string name() const override;
-    kvcheck::Capabilities capabilities() const override { return {}; }  // everything
+    kvcheck::Capabilities capabilities() const override {
+        kvcheck::Capabilities capabilities;  // everything, item metadata included
+        capabilities.metadata = true;
+        return capabilities;
+    }
 
-    void add(const std::string& id, const kvcheck::CacheContent& content) override;
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override;
     void add_handle(const std::string& id, kvcheck::Handle handle) override;
     void get(const std::string& id, kvcheck::Handle out) override;
     std::vector<std::optional<std::string>> get_by_ids(const std::vector<std::string>& ids) override;
@@ -59,6 +63,8 @@ class VectorEngine : public kvcheck::Engine {
     void to_legacy(kvcheck::Handle source, kvcheck::Handle out) override;
     void from_legacy(kvcheck::Handle source, kvcheck::Handle out) override;
     void release(kvcheck::Handle handle) override;
+    kvcheck::Metadata entry_metadata(const std::string& id) override;
+    kvcheck::Metadata handle_metadata(kvcheck::Handle handle) override;
 
     std::vector<std::string> stored_ids() override;
     kvcheck::CacheView view_entry(const std::string& id) override;
@@ -79,6 +85,7 @@ class VectorEngine : public kvcheck::Engine {
     Model model_;
     Disk disk_;
     std::map<kvcheck::Handle, CachePtr> handles_;
+    std::map<kvcheck::Handle, kvcheck::Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;
 };
 

@@ -96,10 +96,10 @@ class FaultyEngine final : public vector_engine::VectorEngine {
   public:
     std::string name() const override { return KVCHECK_FAULT_NAME; }
 
-    void add(const std::string& id, const kvcheck::CacheContent& content) override {
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
         armed_ = armed_ || ++adds_ >= fault_call;
         strike();
-        VectorEngine::add(id, content);
+        VectorEngine::add(id, content, metadata);
     }
     void get_cache(const std::vector<std::string>& ids, kvcheck::Handle out) override {
         strike();

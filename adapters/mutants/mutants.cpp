@@ -103,9 +103,9 @@ class M3 final : public ReferenceEngine {
 // M8: storing an owned copy keeps its marker.
 class M8 final : public ReferenceEngine {
   protected:
-    void store_add(const std::string& id, const CachePtr& cache) override {
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
         const bool owned = cache->owned();
-        ReferenceEngine::store_add(id, cache);
+        ReferenceEngine::store_add(id, cache, metadata);
         cache->set_owned(owned);
     }
 };
@@ -273,7 +273,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M3>("M3", "generate clones even an owned copy (double copy)", {P::single_copy}),
         mutant<M4>("M4", "clone of an empty modern cache shares the layer list", {P::clone_independent, P::stored_immutable}),
         mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
-                   {P::layout_roundtrip, P::clone_independent, P::generation_equivalent}),
+                   {P::layout_roundtrip, P::clone_independent, P::generation_equivalent, P::stored_immutable,
+                    P::owned_marker}),
         mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer", {P::clone_independent, P::layout_roundtrip}),
         mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
         mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),

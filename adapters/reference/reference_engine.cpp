@@ -15,6 +15,7 @@ ReferenceEngine::~ReferenceEngine() = default;
 Capabilities ReferenceEngine::capabilities() const {
     Capabilities capabilities;
     capabilities.entry_versions = true;
+    capabilities.metadata = true;
     return capabilities;
 }
 
@@ -42,8 +43,8 @@ kv::CachePtr ReferenceEngine::store_get_cache(const std::vector<std::string>& id
     return store_.get_cache(ids);
 }
 
-void ReferenceEngine::store_add(const std::string& id, const kv::CachePtr& cache) {
-    store_.add({{id, cache, {}}});
+void ReferenceEngine::store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) {
+    store_.add({{id, cache, metadata}});
 }
 
 void ReferenceEngine::store_dump(const std::string& dir, kv::FileSystem& fs) { store_.dump(dir, fs); }
@@ -59,8 +60,8 @@ std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePt
     return tokens;
 }
 
-void ReferenceEngine::add(const std::string& id, const CacheContent& content) {
-    store_add(id, materialize(content));
+void ReferenceEngine::add(const std::string& id, const CacheContent& content, const Metadata& metadata) {
+    store_add(id, materialize(content), metadata);
 }
 
 void ReferenceEngine::add_handle(const std::string& id, Handle h) {
@@ -69,12 +70,13 @@ void ReferenceEngine::add_handle(const std::string& id, Handle h) {
     // Storing a handed-out cache is the caller giving it to the store: the
     // store takes the object itself, as the Python store does, and clears
     // its owned marker.
-    store_add(id, std::const_pointer_cast<kv::Cache>(cache));
+    store_add(id, std::const_pointer_cast<kv::Cache>(cache), {});
 }
 
 void ReferenceEngine::get(const std::string& id, Handle out) {
     const kv::ItemPtr item = store_.get(id);
     handles_[out] = item ? item->cache : nullptr;
+    handle_metadata_[out] = item ? item->metadata : Metadata{};
 }
 
 std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::vector<std::string>& ids) {
@@ -175,7 +177,20 @@ void ReferenceEngine::from_legacy(Handle source, Handle out) {
     handles_[out] = cache ? copier_->from_legacy(*cache) : nullptr;
 }
 
-void ReferenceEngine::release(Handle h) { handles_.erase(h); }
+void ReferenceEngine::release(Handle h) {
+    handles_.erase(h);
+    handle_metadata_.erase(h);
+}
+
+Metadata ReferenceEngine::entry_metadata(const std::string& id) {
+    stored_cache(id);  // names a missing id
+    return found_item_->metadata;
+}
+
+Metadata ReferenceEngine::handle_metadata(Handle h) {
+    const auto found = handle_metadata_.find(h);
+    return found == handle_metadata_.end() ? Metadata{} : found->second;
+}
 
 std::vector<std::string> ReferenceEngine::stored_ids() { return get_all_ids(); }
 

@@ -37,7 +37,7 @@ class ReferenceEngine : public Engine {
     void rename(std::string name) { name_ = std::move(name); }
     Capabilities capabilities() const override;
 
-    void add(const std::string& id, const CacheContent& content) override;
+    void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
     void get(const std::string& id, Handle out) override;
     std::vector<std::optional<std::string>> get_by_ids(const std::vector<std::string>& ids) override;
@@ -69,6 +69,8 @@ class ReferenceEngine : public Engine {
     CacheView view_handle(Handle handle) override;
     std::uint64_t handle_digest(Handle handle) override;
     HandleFacts handle_facts(Handle handle) override;
+    Metadata entry_metadata(const std::string& id) override;
+    Metadata handle_metadata(Handle handle) override;
     std::vector<std::uint64_t> storage_of_entry(const std::string& id) override;
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override;
     std::vector<CopyRecord> take_copies() override;
@@ -79,7 +81,7 @@ class ReferenceEngine : public Engine {
   protected:
     // The seams the mutants override; the reference behaviour is here.
     virtual kv::CachePtr store_get_cache(const std::vector<std::string>& ids);
-    virtual void store_add(const std::string& id, const kv::CachePtr& cache);
+    virtual void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata);
     virtual void store_dump(const std::string& dir, kv::FileSystem& fs);
     virtual std::vector<std::int64_t> run_generation(const kv::ConstCachePtr& past,
                                                      const std::vector<std::int64_t>& prompt,
@@ -99,6 +101,7 @@ class ReferenceEngine : public Engine {
   private:
     std::string name_ = "reference";
     std::map<Handle, kv::ConstCachePtr> handles_;
+    std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;
     // The item stored_cache found last, held: while its `stored` flag stays
     // set the store maps its id to it. The checks ask for one entry's

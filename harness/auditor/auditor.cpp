@@ -56,7 +56,10 @@ std::int64_t Auditor::referenced_levels(const Lineage& lineage) const {
     return levels;
 }
 
-void Auditor::store(const std::string& id, ObjectId object) {
+const Metadata& Auditor::metadata(const std::string& id) const { return metadata_.at(id); }
+
+void Auditor::store(const std::string& id, ObjectId object, Metadata metadata) {
+    metadata_[id] = std::move(metadata);
     const auto [node, inserted] = entries_.try_emplace(id);
     if (inserted) order_.push_back(id);
     node->value = object;
@@ -68,11 +71,13 @@ void Auditor::store(const std::string& id, ObjectId object) {
 
 void Auditor::remove(const std::string& id) {
     if (!entries_.erase(id)) return;
+    metadata_.erase(id);
     order_.erase(std::find(order_.begin(), order_.end(), id));
 }
 
 void Auditor::remove_all() {
     entries_.clear();
+    metadata_.clear();
     order_.clear();
 }
 
@@ -98,13 +103,14 @@ Snapshot Auditor::snapshot() const {
     Snapshot snapshot;
     snapshot.order = order_;
     entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
+    snapshot.metadata = metadata_;
     return snapshot;
 }
 
 void Auditor::restore(const Snapshot& snapshot) {
     remove_all();
     for (const std::string& id : snapshot.order) {
-        store(id, new_object(snapshot.entries.at(id), Origin::stored_item, false));
+        store(id, new_object(snapshot.entries.at(id), Origin::stored_item, false), snapshot.metadata.at(id));
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include "id_map.h"
 #include "kvcheck/content.h"
+#include "kvcheck/engine.h"
 
 #include <cstdint>
 #include <map>
@@ -51,6 +52,7 @@ struct Object {
 struct Snapshot {
     std::vector<std::string> order;
     std::map<std::string, CacheContent> entries;
+    std::map<std::string, Metadata> metadata;
 };
 
 // What a dump slot may hold: after a crash during a dump, either the
@@ -78,7 +80,10 @@ class Auditor {
     const Object& object(ObjectId id) const { return objects_.at(id); }
 
     // The store.
-    void store(const std::string& id, ObjectId object);  // an overwritten id keeps its position
+    // An overwritten id keeps its position; a re-added one (deleted before)
+    // goes last.
+    void store(const std::string& id, ObjectId object, Metadata metadata = {});
+    const Metadata& metadata(const std::string& id) const;  // of a stored id
     void remove(const std::string& id);
     void remove_all();
     const std::vector<std::string>& order() const { return order_; }
@@ -93,6 +98,7 @@ class Auditor {
     bool handle_created(std::int64_t handle) const { return handles_.count(handle) != 0; }
     std::optional<ObjectId> handle(std::int64_t handle) const;  // nullopt: created but no cache, or unknown
     void bind(std::int64_t handle, std::optional<ObjectId> object) { handles_[handle] = object; }
+    void release(std::int64_t handle) { handles_.erase(handle); }
     const std::map<std::int64_t, std::optional<ObjectId>>& handles() const { return handles_; }
 
     // May a cache of object `a` share storage with object `b`? Only when it
@@ -111,6 +117,7 @@ class Auditor {
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
     IdMap<ObjectId> entries_;  // in no order: order_ has it
+    std::map<std::string, Metadata> metadata_;  // of the stored ids
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
 };

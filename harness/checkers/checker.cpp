@@ -22,6 +22,12 @@ std::string id_list(const std::vector<std::string>& ids) {
     return text + "]";
 }
 
+std::string metadata_text(const Metadata& metadata) {
+    std::string text = "{";
+    for (const auto& [key, value] : metadata) text += (text.size() > 1 ? ", " : "") + key + "=" + value;
+    return text + "}";
+}
+
 std::string generation_text(const Generated& generation) {
     return std::string(generation.stream ? "generate_stream" : "generate") + " from " +
            (generation.source == 0 ? std::string("no cache") : handle_text(generation.source));

@@ -113,6 +113,7 @@ struct EntryFact {
     const std::string& id;
     ObjectId expected;
     EntryReading& reading;
+    bool full_read = false;  // every entry is being read
 };
 
 // A live handle to check against the storage of the stored entries (and,
@@ -230,6 +231,7 @@ std::string in_quotes(const std::string& id);
 std::string handle_text(std::int64_t handle);
 std::string tokens_text(const std::vector<std::int64_t>& tokens);
 std::string id_list(const std::vector<std::string>& ids);
+std::string metadata_text(const Metadata& metadata);  // {source=doc-3, turn=7}
 // "generate from h3", "generate_stream from no cache".
 std::string generation_text(const Generated& generation);
 // How the ids a store lists differ from the expected ones (in order when

@@ -4,7 +4,7 @@
 // give the ids in insertion order (an overwritten id keeps its place, a
 // re-added one goes last); get_cache of ids that hold no tokens gives none.
 //
-// Checked: the answers of get, get_by_ids, get_all and get_cache at their
+// Checked: the answers of get (the item and its metadata), get_by_ids, get_all and get_cache at their
 // step; the listing after every change of membership while the store is
 // small, and at every full read.
 // Not checked here: the content of what is handed out (stored-immutable,
@@ -25,7 +25,10 @@ class StoreContract final : public Checker {
     }
 
     void made(const Made& made, Probe& probe) override {
-        if (made.by == MadeBy::get) check_exists(made, "get " + in_quotes(made.id) + ":", probe);
+        if (made.by == MadeBy::get) {
+            check_exists(made, "get " + in_quotes(made.id) + ":", probe);
+            check_metadata(made, probe);
+        }
         if (made.by == MadeBy::get_cache) check_exists(made, "get_cache " + std::to_string(made.ids) + " ids ->", probe);
     }
 
@@ -62,6 +65,17 @@ class StoreContract final : public Checker {
     }
 
   private:
+    // get hands back the item's metadata as it was stored.
+    void check_metadata(const Made& made, Probe& probe) const {
+        if (!made.object || !probe.capabilities().metadata || !checking(probe)) return;
+        const Metadata got = probe.engine().handle_metadata(made.out);
+        const Metadata& expected = probe.auditor().metadata(made.id);
+        expect(probe, got == expected, [&] {
+            return "get " + in_quotes(made.id) + ": " + handle_text(made.out) + " carries metadata " + metadata_text(got) +
+                   ", expected " + metadata_text(expected);
+        });
+    }
+
     void check_exists(const Made& made, const std::string& what, Probe& probe) const {
         if (!checking(probe)) return;
         const bool expected = made.object.has_value();

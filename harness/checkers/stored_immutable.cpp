@@ -1,5 +1,6 @@
 // stored-immutable: every stored entry stays as it was stored (content,
-// shapes, dtypes, layer count, initialized flags, layout), whatever runs,
+// shapes, dtypes, layer count, initialized flags, layout; its metadata,
+// read at full reads), whatever runs,
 // and no cache get_cache hands out shares storage with a stored entry.
 //
 // Checked: each entry the run reads (the entries a step names or reaches
@@ -33,6 +34,15 @@ class StoredImmutable final : public Checker {
         if (!difference.empty()) {
             fail(probe, "entry " + in_quotes(entry.id) + " " + difference);
             return;
+        }
+        if (entry.full_read && probe.capabilities().metadata) {
+            const Metadata found = probe.engine().entry_metadata(entry.id);
+            const Metadata& expected = probe.auditor().metadata(entry.id);
+            if (found != expected) {
+                fail(probe, "entry " + in_quotes(entry.id) + " has metadata " + metadata_text(found) + ", expected " +
+                                metadata_text(expected));
+                return;
+            }
         }
         // Two stored entries are two caches: a write through one must not
         // reach the other.

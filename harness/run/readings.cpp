@@ -164,6 +164,12 @@ std::string Readings::store_difference(bool ordered) {
     for (const std::string& id : audit_.order()) {
         const std::string difference = entry_difference(id, entry(id), *audit_.entry(id));
         if (!difference.empty()) return "entry " + in_quotes(id) + " " + difference;
+        if (!capabilities_.metadata) continue;
+        const Metadata found = engine_.entry_metadata(id);
+        if (found != audit_.metadata(id)) {
+            return "entry " + in_quotes(id) + " has metadata " + checkers::metadata_text(found) + ", expected " +
+                   checkers::metadata_text(audit_.metadata(id));
+        }
     }
     return {};
 }

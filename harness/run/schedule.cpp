@@ -91,7 +91,7 @@ std::vector<std::string> Run::check_entries(const std::vector<std::string>& ids)
         const std::optional<ObjectId> expected = audit_.entry(id);
         if (!expected) continue;
         EntryReading& reading = readings_.entry(id);
-        const checkers::EntryFact fact{id, *expected, reading};
+        const checkers::EntryFact fact{id, *expected, reading, false};
         for (const auto& checker : checkers_) checker->entry(fact, *this);
         if (!capabilities_.storage_identity) continue;
         // Not indexed in this round's reading: new, or its version moved.
@@ -122,7 +122,7 @@ void Run::read_every_entry() {
     }
     for (const Readings::ReadEntry& read : readings_.read_all(content, marker, index)) {
         EntryReading& reading = *read.reading;
-        const checkers::EntryFact fact{*reading.id, read.expected, reading};
+        const checkers::EntryFact fact{*reading.id, read.expected, reading, true};
         for (const auto& checker : checkers_) checker->entry(fact, *this);
         if (index) readings_.index_storage(reading, rechecking_ ? &held : nullptr);
     }

@@ -59,8 +59,9 @@ template <>
 std::optional<Fact> Transitions::apply(const op::Add& op) {
     CacheContent content = expand(op.cache);
     count_layout(content.layout);
-    engine_.add(op.id, content);
-    audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false));
+    Metadata metadata = item_metadata(op.meta);
+    engine_.add(op.id, content, metadata);
+    audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false), std::move(metadata));
     return Fact{};
 }
 
@@ -322,6 +323,14 @@ std::optional<Fact> Transitions::apply(const op::ToLegacy& op) { return convert(
 
 template <>
 std::optional<Fact> Transitions::apply(const op::FromLegacy& op) { return convert(op.source.value, op.out.value, Layout::legacy); }
+
+template <>
+std::optional<Fact> Transitions::apply(const op::Release& op) {
+    if (!audit_.handle_created(op.handle.value)) return std::nullopt;
+    engine_.release(op.handle.value);
+    audit_.release(op.handle.value);
+    return Fact{};
+}
 
 // After every specialization above: one missing for an operation of the
 // variant fails to link.

@@ -97,6 +97,8 @@ std::vector<Op> simpler_ops(const Op& operation) {
                     for (const Tokens& prompt : simpler_prompts(field)) emit(prompt);
                 } else if constexpr (std::is_same_v<F, Ids> || std::is_same_v<F, HandleNames>) {
                     drop_each<typename F::value_type>(field, T::list_min, emit);
+                } else if constexpr (std::is_same_v<F, MetaSeed>) {
+                    if (field.value != 0) emit(MetaSeed{0});
                 } else if constexpr (std::is_same_v<F, std::int64_t>) {
                     for (const std::int64_t value : simpler_integers(T::fields[index], field)) emit(value);
                 }

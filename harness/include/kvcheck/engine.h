@@ -24,6 +24,7 @@
 #include "kvcheck/content.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,10 @@
 namespace kvcheck {
 
 using Handle = std::int64_t;  // 0 means "no cache"
+
+// An item's metadata: a small string map that get hands back and dump/load
+// keep exactly (docs/semantics.md#metadata).
+using Metadata = std::map<std::string, std::string>;
 
 // What a full read of the store asks of one stored entry: entry_digest,
 // entry_owned and (when asked for) storage_of_entry.
@@ -56,6 +61,7 @@ struct Capabilities {
     bool storage_identity = true;      // storage_of
     bool copy_log = true;              // take_copies and live sets
     bool entry_versions = false;       // entry_version (off unless an engine claims it)
+    bool metadata = false;             // entry_metadata and handle_metadata report item metadata
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.
@@ -88,8 +94,9 @@ class Engine {
     virtual Capabilities capabilities() const { return {}; }
 
     // ---- the store ----
-    virtual void add(const std::string& id, const CacheContent& content) = 0;
-    // Stores the cache `handle` points at (typically an owned copy) under id.
+    virtual void add(const std::string& id, const CacheContent& content, const Metadata& metadata) = 0;
+    // Stores the cache `handle` points at (typically an owned copy) under
+    // id, with no metadata.
     virtual void add_handle(const std::string& id, Handle handle) = 0;
     // `out` points at what the store hands out for id (the stored item's cache).
     virtual void get(const std::string& id, Handle out) = 0;
@@ -121,6 +128,9 @@ class Engine {
     virtual void concat(const std::vector<Handle>& parts, Handle out) = 0;
     virtual void to_legacy(Handle source, Handle out) = 0;
     virtual void from_legacy(Handle source, Handle out) = 0;
+    // Ends the handle: releasing what get handed out ends only the borrow
+    // (the stored item, its content and storage stay as they are); releasing
+    // an owned copy or a merge frees that object only.
     virtual void release(Handle handle) = 0;
 
     // ---- observations ----
@@ -135,6 +145,10 @@ class Engine {
     virtual std::uint64_t entry_digest(const std::string& id) { return view_digest(view_entry(id)); }
     virtual std::uint64_t handle_digest(Handle handle) { return view_digest(view_handle(handle)); }
     virtual HandleFacts handle_facts(Handle handle) = 0;
+    // The metadata of a stored item, and of the item get handed out as
+    // `handle` (with Capabilities::metadata; the defaults report none).
+    virtual Metadata entry_metadata(const std::string& /*id*/) { return {}; }
+    virtual Metadata handle_metadata(Handle /*handle*/) { return {}; }
     // Identities of everything a cache is made of (tensor storages, layer
     // objects, lists), as opaque numbers: two caches alias iff they share one.
     virtual std::vector<std::uint64_t> storage_of_entry(const std::string& id) = 0;

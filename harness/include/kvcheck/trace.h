@@ -33,6 +33,18 @@ struct HandleName {
     friend bool operator==(HandleName a, HandleName b) { return a.value == b.value; }
 };
 
+// An item's metadata in a trace: the seed item_metadata expands (0: none).
+// Written `meta=N`, and only when not 0, as the last field: a trace without
+// metadata reads as it always did.
+struct MetaSeed {
+    std::int64_t value = 0;
+    friend bool operator==(MetaSeed a, MetaSeed b) { return a.value == b.value; }
+};
+
+// The metadata a seed stands for: none for 0, else a few string pairs
+// drawn from the seed.
+Metadata item_metadata(MetaSeed seed);
+
 using Ids = std::vector<std::string>;
 using Tokens = std::vector<std::int64_t>;
 using HandleNames = std::vector<HandleName>;
@@ -74,13 +86,14 @@ namespace op {
 // position. A variable-length field (Ids, HandleNames) comes last.
 struct Add {
     static constexpr const char* name = "add";
-    static constexpr std::array<const char*, 2> fields{"id", "cache"};
+    static constexpr std::array<const char*, 3> fields{"id", "cache", "meta"};
     static constexpr StoreReach reach = StoreReach::replaces_named;
     static constexpr bool changes_ids = true;
     static constexpr std::uint8_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     std::string id;
     CacheSpec cache;
+    MetaSeed meta = {};
     bool well_formed() const { return true; }
 };
 // Stores the cache a handle points at under an id.
@@ -286,12 +299,24 @@ struct FromLegacy {
     bool well_formed() const { return out.value != 0 && !(out == source); }
 };
 
+// Ends a handle (docs/semantics.md#handles-and-release).
+struct Release {
+    static constexpr const char* name = "release";
+    static constexpr std::array<const char*, 1> fields{"handle"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
+    HandleName handle;
+    bool well_formed() const { return handle.value != 0; }
+};
+
 }  // namespace op
 
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
                         op::Generate, op::GenerateStream, op::Delete, op::DeleteAll, op::Dump,
                         op::DumpCrash, op::Load, op::Corrupt, op::Make, op::Clone, op::Concat,
-                        op::ToLegacy, op::FromLegacy>;
+                        op::ToLegacy, op::FromLegacy, op::Release>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;
@@ -303,9 +328,13 @@ inline constexpr bool is_named_v = std::is_same_v<T, std::int64_t> || std::is_sa
 // Any number of words; only the last field may be one.
 template <typename T>
 inline constexpr bool is_variable_v = std::is_same_v<T, Ids> || std::is_same_v<T, HandleNames>;
+// Optional, and only last: left out when it has its default.
 template <typename T>
-inline constexpr bool is_field_type_v = is_named_v<T> || is_variable_v<T> || std::is_same_v<T, HandleName> ||
-                                        std::is_same_v<T, std::string> || std::is_same_v<T, CacheSpec>;
+inline constexpr bool is_optional_v = std::is_same_v<T, MetaSeed>;
+template <typename T>
+inline constexpr bool is_field_type_v = is_named_v<T> || is_variable_v<T> || is_optional_v<T> ||
+                                        std::is_same_v<T, HandleName> || std::is_same_v<T, std::string> ||
+                                        std::is_same_v<T, CacheSpec>;
 
 // An op whose first field is named "out" creates that handle: "h2 = get a".
 template <typename O>
