@@ -18,7 +18,10 @@ std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t fir
     Runner runner;
     runner.make = adapter.make;
     runner.options.properties = properties;
-    return search(runner, {first_seed, traces_max, 0}, options).finding;
+    // What the engine supports, as kvcheck run draws it.
+    WorkloadOptions workload = options;
+    workload.capabilities = adapter.make()->capabilities();
+    return search(runner, {first_seed, traces_max, 0}, workload).finding;
 }
 
 std::string reproduce_command(const Adapter& adapter, const Trace& trace) {

@@ -6,6 +6,7 @@
 // each breaks are in one table, adapters/bundled.cpp.
 #include "mutants/mutants.h"
 
+#include "reference/cache_views.h"
 #include "reference/reference_engine.h"
 
 #include <ATen/ops/empty.h>
@@ -164,6 +165,146 @@ class M12 final : public ReferenceEngine {
     }
 };
 
+// M17 (ours): release gives the buffers of what it releases back for
+// reuse, zeroing them, even when the handle only borrowed a stored item
+// (get): the store's own tensors are wiped.
+class M17 final : public ReferenceEngine {
+  public:
+    void release(Handle h) override {
+        if (const ConstCachePtr cache = handle(h)) wipe(*std::const_pointer_cast<Cache>(cache));
+        ReferenceEngine::release(h);
+    }
+
+  private:
+    static void wipe(Cache& cache) {
+        const auto zero = [](at::Tensor& t) {
+            if (t.defined()) t.zero_();
+        };
+        if (cache.layout() == kv::Layout::legacy) {
+            for (at::Tensor& t : *cache.key_cache()) zero(t);
+            for (at::Tensor& t : *cache.value_cache()) zero(t);
+            return;
+        }
+        for (const kv::LayerPtr& layer : *cache.layers()) {
+            zero(layer->keys);
+            zero(layer->values);
+            zero(layer->key_cache);
+            zero(layer->value_cache);
+        }
+    }
+};
+
+// M18 (ours): the store keeps an append-only index of ids: a deleted id
+// that is added again takes back its old place in the insertion order.
+class M18 final : public ReferenceEngine {
+  public:
+    std::vector<std::string> get_all_ids() override { return in_first_order(ReferenceEngine::get_all_ids()); }
+    std::vector<std::string> stored_ids() override { return in_first_order(ReferenceEngine::stored_ids()); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        if (std::find(first_seen_.begin(), first_seen_.end(), id) == first_seen_.end()) first_seen_.push_back(id);
+        ReferenceEngine::store_add(id, cache, metadata);
+    }
+
+  private:
+    std::vector<std::string> in_first_order(std::vector<std::string> ids) const {
+        const auto rank = [this](const std::string& id) {
+            return std::find(first_seen_.begin(), first_seen_.end(), id) - first_seen_.begin();
+        };
+        std::stable_sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+        return ids;
+    }
+    std::vector<std::string> first_seen_;
+};
+
+// M19 (ours): dump writes the caches but not the items' metadata.
+class M19 final : public ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        kv::Store bare(copier_);
+        std::vector<kv::NewItem> items;
+        for (const kv::ItemPtr& item : store_.get_all()) items.push_back({item->id, std::const_pointer_cast<Cache>(item->cache), {}});
+        bare.add(items);
+        bare.dump(dir, fs);
+    }
+};
+
+// M20 (ours): from_legacy builds the modern layers around the legacy
+// tensors themselves: no copy, so the result aliases its source.
+class M20 final : public ReferenceEngine {
+  protected:
+    CachePtr convert_from_legacy(const Cache& cache) override {
+        auto layers = std::make_shared<kv::LayerList>();
+        for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
+            auto layer = std::make_shared<kv::Layer>();
+            layer->keys = (*cache.key_cache())[i];
+            layer->values = (*cache.value_cache())[i];
+            layer->is_initialized = true;
+            layers->push_back(std::move(layer));
+        }
+        return Cache::from_layers(std::move(layers));
+    }
+};
+
+// M21 (ours): get_cache of one id hands out the same copy again while the
+// entry is unchanged (a memo of copies), logging a copy each time: two
+// owned copies then share their storage.
+class M21 final : public ReferenceEngine {
+  protected:
+    CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        CachePtr copy = ReferenceEngine::store_get_cache(ids);
+        if (ids.size() != 1 || !copy) return copy;
+        const kv::ItemPtr item = store_.get(ids.front());
+        if (memo_item_ == item && memo_) return memo_;
+        memo_item_ = item;
+        memo_ = copy;
+        return copy;
+    }
+
+  private:
+    kv::ItemPtr memo_item_;
+    CachePtr memo_;
+};
+
+// M22 (ours): the store deduplicates: a cache equal to one it holds is
+// stored as that very object, so two entries share their storage.
+class M22 final : public ReferenceEngine {
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        const std::uint64_t digest = digest_of(*cache);
+        for (const kv::ItemPtr& item : store_.get_all()) {
+            if (item->id != id && digest_of(*item->cache) == digest) {
+                ReferenceEngine::store_add(id, std::const_pointer_cast<Cache>(item->cache), metadata);
+                return;
+            }
+        }
+        ReferenceEngine::store_add(id, cache, metadata);
+    }
+};
+
+// M23 (ours): clone copies twice (a defensive copy, then the copy kept).
+class M23 final : public ReferenceEngine {
+  public:
+    void clone(Handle source, Handle out) override {
+        ReferenceEngine::clone(source, out);
+        ReferenceEngine::clone(source, out);
+    }
+};
+
+// M24 (ours): the boundary's live-set report counts the cache the model
+// writes into and nothing else.
+class M24 final : public ReferenceEngine {
+  protected:
+    std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
+                                             std::int64_t max_new_tokens, bool stream,
+                                             kv::GenerationStats& stats) override {
+        std::vector<std::int64_t> tokens = ReferenceEngine::run_generation(past, prompt, max_new_tokens, stream, stats);
+        stats.peak_live_sets = 1;
+        return tokens;
+    }
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -271,7 +412,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M2>("M2", "get_cache with one id returns the stored object",
                    {P::stored_immutable, P::owned_marker, P::single_copy}),
         mutant<M3>("M3", "generate clones even an owned copy (double copy)", {P::single_copy}),
-        mutant<M4>("M4", "clone of an empty modern cache shares the layer list", {P::clone_independent, P::stored_immutable}),
+        mutant<M4>("M4", "clone of an empty modern cache shares the layer list",
+                   {P::clone_independent, P::stored_immutable, P::single_copy, P::owned_marker}),
         mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
                    {P::layout_roundtrip, P::clone_independent, P::generation_equivalent, P::stored_immutable,
                     P::owned_marker}),
@@ -283,6 +425,16 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
+        mutant<M17>("M17", "release zeroes what it releases, even a borrowed stored item",
+                    {P::stored_immutable, P::layout_roundtrip}),
+        mutant<M18>("M18", "a re-added id takes back its old place in the insertion order", {P::store_contract}),
+        mutant<M19>("M19", "dump leaves out the items' metadata", {P::dump_safe}),
+        mutant<M20>("M20", "from_legacy aliases the legacy tensors instead of copying them",
+                    {P::clone_independent, P::single_copy}),
+        mutant<M21>("M21", "get_cache of one id hands out the same copy again (a memo)", {P::owned_marker}),
+        mutant<M22>("M22", "the store stores an equal cache as the one it holds (dedup)", {P::stored_immutable}),
+        mutant<M23>("M23", "clone copies twice", {P::single_copy}),
+        mutant<M24>("M24", "generation reports only the working K/V set alive", {P::single_copy}),
     };
 }
 

@@ -49,6 +49,8 @@ void ReferenceEngine::store_add(const std::string& id, const kv::CachePtr& cache
 
 void ReferenceEngine::store_dump(const std::string& dir, kv::FileSystem& fs) { store_.dump(dir, fs); }
 
+kv::CachePtr ReferenceEngine::convert_from_legacy(const kv::Cache& cache) { return copier_->from_legacy(cache); }
+
 std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePtr& past,
                                                           const std::vector<std::int64_t>& prompt,
                                                           std::int64_t max_new_tokens, bool stream,
@@ -174,7 +176,7 @@ void ReferenceEngine::to_legacy(Handle source, Handle out) {
 
 void ReferenceEngine::from_legacy(Handle source, Handle out) {
     const kv::ConstCachePtr cache = handle(source);
-    handles_[out] = cache ? copier_->from_legacy(*cache) : nullptr;
+    handles_[out] = cache ? convert_from_legacy(*cache) : nullptr;
 }
 
 void ReferenceEngine::release(Handle h) {

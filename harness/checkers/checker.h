@@ -141,6 +141,8 @@ class Probe {
     virtual Auditor& auditor() = 0;
     virtual const Capabilities& capabilities() const = 0;
 
+    // The index of the step being run or read.
+    virtual std::size_t step() const = 0;
     // Is `property` checked in this run and not violated yet at this step?
     virtual bool checking(Property property) const = 0;
     virtual void fail(Property property, std::string message) = 0;

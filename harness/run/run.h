@@ -30,6 +30,7 @@ class Run final : public checkers::Probe {
     Engine& engine() override { return engine_; }
     Auditor& auditor() override { return audit_; }
     const Capabilities& capabilities() const override { return capabilities_; }
+    std::size_t step() const override { return verdicts_.step(); }
     bool checking(Property property) const override { return verdicts_.checking(property); }
     void fail(Property property, std::string message) override { verdicts_.fail(property, message); }
     void engine_error(std::string message) override { verdicts_.engine_error(message); }

@@ -26,6 +26,7 @@ class Verdicts {
     // Where the violations found now come from: the step, a note on the
     // read that found them, and whether it is the end-of-run read.
     void at_step(std::size_t step) { step_ = step; }
+    std::size_t step() const { return step_; }
     void note(std::string note) { note_ = std::move(note); }
     void rechecking() { rechecking_ = true; }
 
