@@ -23,10 +23,16 @@ kvcheck::Dtype kvcheck_dtype(DType dtype) {
     throw std::invalid_argument("unknown dtype");
 }
 
-Tensor slot_tensor(const kvcheck::SlotContent& slot, DType dtype) {
+// The engine has one geometry (cache.h), and says so in its capabilities:
+// kvcheck gives it no other.
+Tensor slot_tensor(const kvcheck::CacheContent& content, const kvcheck::SlotContent& slot, DType dtype) {
     if (!slot.present) return nullptr;
+    if (content.heads != heads || content.head_dim != head_dim) {
+        throw std::invalid_argument("the vector engine holds K/V of " + std::to_string(heads) + " heads of " +
+                                    std::to_string(head_dim) + " only");
+    }
     std::vector<float> values;
-    kvcheck::fill_slot(slot, values);
+    kvcheck::fill_slot(slot, content.heads, content.head_dim, values);
     return make_tensor(dtype, slot.tokens(), std::move(values));
 }
 
@@ -49,15 +55,15 @@ CachePtr materialize(const kvcheck::CacheContent& content) {
         auto key_list = std::make_shared<TensorList>();
         auto value_list = std::make_shared<TensorList>();
         for (const kvcheck::LayerContent& layer : content.layers) {
-            key_list->push_back(slot_tensor(layer.slots[kvcheck::keys], dtype));
-            value_list->push_back(slot_tensor(layer.slots[kvcheck::values], dtype));
+            key_list->push_back(slot_tensor(content, layer.slots[kvcheck::keys], dtype));
+            value_list->push_back(slot_tensor(content, layer.slots[kvcheck::values], dtype));
         }
         return Cache::from_slots(std::move(key_list), std::move(value_list));
     }
     auto layers = std::make_shared<LayerList>();
     for (const kvcheck::LayerContent& layer : content.layers) {
         auto made = std::make_shared<Layer>();
-        for (int s = 0; s < slot_count; ++s) made->slots[s] = slot_tensor(layer.slots[s], dtype);
+        for (int s = 0; s < slot_count; ++s) made->slots[s] = slot_tensor(content, layer.slots[s], dtype);
         made->initialized = layer.initialized;
         layers->push_back(std::move(made));
     }

@@ -33,7 +33,12 @@ class VectorEngine : public kvcheck::Engine {
     explicit VectorEngine(Depth copies = Depth::deep);
 
     std::string name() const override;
-    kvcheck::Capabilities capabilities() const override { return {}; }  // everything
+    // Everything but other geometries than [1, 2, seq, 4] (cache.h).
+    kvcheck::Capabilities capabilities() const override {
+        kvcheck::Capabilities capabilities;
+        capabilities.any_geometry = false;
+        return capabilities;
+    }
 
     void add(const std::string& id, const kvcheck::CacheContent& content) override;
     void add_handle(const std::string& id, kvcheck::Handle handle) override;

@@ -28,8 +28,10 @@ inline constexpr std::int64_t heads = 2;
 inline constexpr std::int64_t head_dim = 4;
 
 enum class Layout : std::uint8_t { modern, legacy };
-// A tag: the engine computes in float, and every value it ever holds is a
-// multiple of 1/8 in [-4, 4], exact in all three types (is_exact_in checks).
+// A tag: the engine computes in float, and every value it holds is exact in
+// the dtype of its tensor (is_exact_in checks): kvcheck's values come
+// rounded to their dtype (kvcheck::fill_slot), the model's are multiples of
+// 1/8 in [-4, 4], exact in all three types.
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
 std::int64_t bytes_per_value(DType dtype);

@@ -98,10 +98,15 @@ std::optional<Fact> Transitions::apply(const op::GetAll&) { return checkers::Got
 template <>
 std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     std::vector<ObjectId> parts;  // the entries that hold tokens
+    std::vector<CacheContent> contents;
     for (const std::string& id : op.ids) {
         const std::optional<ObjectId> entry = audit_.entry(id);
-        if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(*entry);
+        if (entry && content_holds_tokens(audit_.object(*entry).content)) {
+            parts.push_back(*entry);
+            contents.push_back(audit_.object(*entry).content);
+        }
     }
+    if (!merged_geometry_ok(contents)) return std::nullopt;
     copies();
     engine_.get_cache(op.ids, op.out.value);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
@@ -114,8 +119,6 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     fact.merged = parts.size() > 1;
     if (fact.merged) {
         ++coverage_.merges;
-        std::vector<CacheContent> contents;
-        for (const ObjectId part : parts) contents.push_back(audit_.object(part).content);
         fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2);
     } else {
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
@@ -265,7 +268,7 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
         sources.push_back(part.value);
         deepest = std::max(deepest, audit_.object(*object).chain_sets);
     }
-    if (parts.empty()) return std::nullopt;
+    if (parts.empty() || !merged_geometry_ok(parts)) return std::nullopt;
     std::vector<Handle> handles;
     for (const HandleName& part : op.parts) handles.push_back(part.value);
     engine_.concat(handles, op.out.value);

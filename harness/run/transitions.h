@@ -5,7 +5,9 @@
 // An operation the expected state cannot follow is skipped (nullopt): one
 // naming a handle nobody made, or a handle whose content a model may have
 // written into, or a source of the wrong layout; an operation whose cache
-// holds no sensible generation (keys and values of different lengths).
+// holds no sensible generation (keys and values of different lengths); a
+// merge of caches of different geometries (a trace has one geometry; only
+// a hand-written or half-shrunk one mixes them).
 #pragma once
 
 #include "auditor/auditor.h"
