@@ -8,6 +8,7 @@
 
 #include "reference/reference_engine.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -226,6 +227,82 @@ CachePtr clone_m9(const Cache& source) {
     return clone_layers(source, [](const kv::Layer& layer) { return layer; });
 }
 
+// A clone whose every tensor is the reference clone's, passed through `copy_tensor`.
+CachePtr clone_each_tensor(const Cache& source, const std::function<at::Tensor(const at::Tensor&)>& copy_tensor) {
+    CachePtr copy = kv::clone(source);
+    const auto apply = [&](at::Tensor& t) {
+        if (t.defined()) t = copy_tensor(t);
+    };
+    if (copy->layout() == kv::Layout::legacy) {
+        for (at::Tensor& t : *copy->key_cache()) apply(t);
+        for (at::Tensor& t : *copy->value_cache()) apply(t);
+        return copy;
+    }
+    for (const kv::LayerPtr& layer : *copy->layers()) {
+        apply(layer->keys);
+        apply(layer->values);
+        apply(layer->key_cache);
+        apply(layer->value_cache);
+    }
+    return copy;
+}
+
+// M13: clone routes bfloat16 through float16 (a conversion kernel written
+// for one half type, reused for the other): the copy keeps the bfloat16 tag
+// but loses what float16 cannot hold (values below 2^-14 lose bits).
+CachePtr clone_m13(const Cache& source) {
+    return clone_each_tensor(source, [](const at::Tensor& t) {
+        return t.scalar_type() == at::kBFloat16 ? t.to(at::kHalf).to(at::kBFloat16) : t;
+    });
+}
+
+// M14: clone copies a slot of 64 tokens or more in chunks of 64 rows, and
+// each chunk after the first starts one row early: row 63 is repeated, the
+// rest shift by one and the last row is lost. The shape is right.
+constexpr std::int64_t chunk_rows = 64;
+
+CachePtr clone_m14(const Cache& source) {
+    return clone_each_tensor(source, [](const at::Tensor& t) {
+        if (t.dim() != 4 || t.size(2) < chunk_rows) return t;
+        std::vector<at::Tensor> chunks;
+        std::int64_t copied = 0;
+        for (std::int64_t start = 0; copied < t.size(2); start += chunk_rows - 1) {
+            const std::int64_t rows = std::min(chunk_rows, t.size(2) - copied);
+            chunks.push_back(t.narrow(2, start, rows));
+            copied += rows;
+        }
+        return at::cat(chunks, 2);
+    });
+}
+
+// M15: clone hands out the slots of 256 tokens or more without copying them
+// (a copy-avoiding path for large buffers): the copy shares their storage
+// with its source.
+constexpr std::int64_t shared_rows_min = 256;
+
+CachePtr clone_m15(const Cache& source) {
+    CachePtr copy = clone_each_tensor(source, [](const at::Tensor& t) { return t; });
+    const auto share_large = [](at::Tensor& mine, const at::Tensor& theirs) {
+        if (theirs.defined() && theirs.dim() == 4 && theirs.size(2) >= shared_rows_min) mine = theirs;
+    };
+    if (copy->layout() == kv::Layout::legacy) {
+        for (std::size_t i = 0; i < copy->key_cache()->size(); ++i) {
+            share_large((*copy->key_cache())[i], (*source.key_cache())[i]);
+            share_large((*copy->value_cache())[i], (*source.value_cache())[i]);
+        }
+        return copy;
+    }
+    for (std::size_t i = 0; i < copy->layers()->size(); ++i) {
+        kv::Layer& mine = *(*copy->layers())[i];
+        const kv::Layer& theirs = *(*source.layers())[i];
+        share_large(mine.keys, theirs.keys);
+        share_large(mine.values, theirs.values);
+        share_large(mine.key_cache, theirs.key_cache);
+        share_large(mine.value_cache, theirs.value_cache);
+    }
+    return copy;
+}
+
 class M4 final : public ReferenceEngine {
   public:
     M4() : ReferenceEngine(copier_with(clone_m4)) {}
@@ -249,6 +326,21 @@ class M7 final : public ReferenceEngine {
 class M9 final : public ReferenceEngine {
   public:
     M9() : ReferenceEngine(copier_with(clone_m9)) {}
+};
+
+class M13 final : public ReferenceEngine {
+  public:
+    M13() : ReferenceEngine(copier_with(clone_m13)) {}
+};
+
+class M14 final : public ReferenceEngine {
+  public:
+    M14() : ReferenceEngine(copier_with(clone_m14)) {}
+};
+
+class M15 final : public ReferenceEngine {
+  public:
+    M15() : ReferenceEngine(copier_with(clone_m15)) {}
 };
 
 // A bundled adapter of mutant M under `name`.
@@ -283,6 +375,11 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
+        mutant<M13>("M13", "clone routes bfloat16 through float16 (keeps the tag, loses bits)", {P::layout_roundtrip}),
+        mutant<M14>("M14", "clone copies slots of 64 tokens or more in chunks that overlap by a row",
+                    {P::layout_roundtrip, P::generation_equivalent}),
+        mutant<M15>("M15", "clone shares slots of 256 tokens or more with its source instead of copying them",
+                    {P::clone_independent, P::stored_immutable, P::owned_marker}),
     };
 }
 
