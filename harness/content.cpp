@@ -377,6 +377,16 @@ bool merged_geometry_ok(const std::vector<CacheContent>& parts) {
     return true;
 }
 
+bool dtypes_mixed(const std::vector<CacheContent>& parts) {
+    const CacheContent* first = nullptr;
+    for (const CacheContent& part : parts) {
+        if (!has_any_slot(part)) continue;
+        if (first == nullptr) first = &part;
+        if (part.dtype != first->dtype) return true;
+    }
+    return false;
+}
+
 CacheContent expected_concat(const std::vector<CacheContent>& parts) {
     CacheContent merged;
     bool all_legacy = true;

@@ -222,6 +222,14 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     }
     swarm.odd_layers = !choose.one_in(3);
     pick_size(choose, options, swarm);
+    swarm.mixed_dtypes = c.half_dtypes && choose.one_in(2);
+    // Mixed dtypes matter where caches meet, in merges: a mixed trace makes
+    // caches and merges them more often.
+    if (swarm.mixed_dtypes) {
+        for (const std::size_t meeting : {kind<op::Add>(), kind<op::Make>(), kind<op::GetCache>(), kind<op::Concat>()}) {
+            if (swarm.weights[meeting] != 0) swarm.weights[meeting] = std::max<std::uint8_t>(swarm.weights[meeting], 8);
+        }
+    }
     return swarm;
 }
 
@@ -229,7 +237,7 @@ CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadO
     const Capabilities& c = options.capabilities;
     CacheSpec spec;
     spec.layout = pick_layout(choose, swarm);
-    spec.dtype = swarm.dtype;
+    spec.dtype = swarm.mixed_dtypes ? static_cast<Dtype>(choose.below(3)) : swarm.dtype;
     spec.seed = choose.below(1000);
     spec.heads = swarm.heads;
     spec.head_dim = swarm.head_dim;
@@ -278,7 +286,20 @@ struct Drawing {
 op::Add draw(Drawing& d, op::Add*) {
     std::string id = d.id();
     CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
+    // In a trace of mixed dtypes a new cache is often merged at once with
+    // one already stored: the merge promotes, or the engine refuses it.
+    const bool merge_next = d.swarm.mixed_dtypes && d.enabled(kind<op::GetCache>()) && !d.draft.stored.empty() && d.choose.one_in(2);
+    std::string other;
+    if (merge_next) {
+        auto at = d.draft.stored.begin();
+        std::advance(at, static_cast<std::ptrdiff_t>(d.choose.below(d.draft.stored.size())));
+        other = at->first;
+    }
     d.draft.stored[id] = spec.layout;
+    if (merge_next) {
+        const Ids ids = {other, id};
+        d.follow_up = op::GetCache{new_handle(d.draft, merged_layout(d.draft, ids)), ids};
+    }
     return {id, spec};
 }
 

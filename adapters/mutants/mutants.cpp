@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace kvcheck::adapters {
 namespace {
@@ -227,23 +228,28 @@ CachePtr clone_m9(const Cache& source) {
     return clone_layers(source, [](const kv::Layer& layer) { return layer; });
 }
 
-// A clone whose every tensor is the reference clone's, passed through `copy_tensor`.
-CachePtr clone_each_tensor(const Cache& source, const std::function<at::Tensor(const at::Tensor&)>& copy_tensor) {
-    CachePtr copy = kv::clone(source);
+// Rebinds every tensor `cache` holds to `change` of it.
+void rebind_each_tensor(Cache& cache, const std::function<at::Tensor(const at::Tensor&)>& change) {
     const auto apply = [&](at::Tensor& t) {
-        if (t.defined()) t = copy_tensor(t);
+        if (t.defined()) t = change(t);
     };
-    if (copy->layout() == kv::Layout::legacy) {
-        for (at::Tensor& t : *copy->key_cache()) apply(t);
-        for (at::Tensor& t : *copy->value_cache()) apply(t);
-        return copy;
+    if (cache.layout() == kv::Layout::legacy) {
+        for (at::Tensor& t : *cache.key_cache()) apply(t);
+        for (at::Tensor& t : *cache.value_cache()) apply(t);
+        return;
     }
-    for (const kv::LayerPtr& layer : *copy->layers()) {
+    for (const kv::LayerPtr& layer : *cache.layers()) {
         apply(layer->keys);
         apply(layer->values);
         apply(layer->key_cache);
         apply(layer->value_cache);
     }
+}
+
+// A clone whose every tensor is the reference clone's, passed through `copy_tensor`.
+CachePtr clone_each_tensor(const Cache& source, const std::function<at::Tensor(const at::Tensor&)>& copy_tensor) {
+    CachePtr copy = kv::clone(source);
+    rebind_each_tensor(*copy, copy_tensor);
     return copy;
 }
 
@@ -302,6 +308,30 @@ CachePtr clone_m15(const Cache& source) {
     }
     return copy;
 }
+
+// M16: get_cache refuses to merge items of different dtypes, which the
+// semantics allow, but only after it has cast the stored items in place to
+// the first one's dtype (normalizing before checking).
+class M16 final : public ReferenceEngine {
+  protected:
+    CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        std::vector<kv::ItemPtr> kept;
+        for (const std::string& id : ids) {
+            const kv::ItemPtr item = store_.get(id);
+            if (item && kv::holds_tokens(*item->cache)) kept.push_back(item);
+        }
+        if (kept.empty()) return ReferenceEngine::store_get_cache(ids);
+        const at::ScalarType first = kv::models::cache_dtype(*kept.front()->cache);
+        const bool mixed = std::any_of(kept.begin(), kept.end(), [first](const kv::ItemPtr& item) {
+            return kv::models::cache_dtype(*item->cache) != first;
+        });
+        if (!mixed) return ReferenceEngine::store_get_cache(ids);
+        for (const kv::ItemPtr& item : kept) {
+            rebind_each_tensor(*std::const_pointer_cast<Cache>(item->cache), [first](const at::Tensor& t) { return t.to(first); });
+        }
+        throw std::invalid_argument("get_cache: items of different dtypes are not merged");
+    }
+};
 
 class M4 final : public ReferenceEngine {
   public:
@@ -380,6 +410,7 @@ std::vector<Adapter> mutant_adapters() {
                     {P::layout_roundtrip, P::generation_equivalent}),
         mutant<M15>("M15", "clone shares slots of 256 tokens or more with its source instead of copying them",
                     {P::clone_independent, P::stored_immutable, P::owned_marker}),
+        mutant<M16>("M16", "get_cache refuses items of different dtypes, after casting them in place", {P::stored_immutable}),
     };
 }
 

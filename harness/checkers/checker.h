@@ -60,6 +60,10 @@ struct Made {
     std::string id;                     // get, stored_back: the id
     std::size_t ids = 0;                // get_cache: how many ids were asked for
     bool merged = false;                // get_cache, concat: of several parts
+    // get_cache, concat of parts of different dtypes that the engine
+    // refused: its error. The handle must then hold nothing, and the store
+    // must be as it was (the run reads all of it after the step).
+    std::optional<std::string> refused;
     std::optional<std::size_t> copies;  // the copies the operation logged, when the log was read
 };
 

@@ -17,6 +17,23 @@ bool generation_compatible(const CacheContent& content) {
     return true;
 }
 
+// Runs a merge on the engine. A merge of parts of different dtypes may be
+// refused (docs/semantics.md, mixed dtypes): the engine's error is returned
+// and checked as a refusal. Any other error stays an error of the step.
+template <typename Call>
+std::optional<std::string> run_merge(bool mixed, Call&& call) {
+    if (!mixed) {
+        call();
+        return std::nullopt;
+    }
+    try {
+        call();
+    } catch (const std::exception& error) {
+        return std::string(error.what());
+    }
+    return std::nullopt;
+}
+
 checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object) {
     checkers::Made fact;
     fact.by = by;
@@ -30,6 +47,12 @@ checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object)
 std::optional<std::size_t> Transitions::copies() {
     if (!read_copies_) return std::nullopt;
     return engine_.take_copies().size();
+}
+
+void Transitions::count_merge(bool mixed, bool refused) {
+    ++coverage_.merges;
+    coverage_.mixed_merges += mixed ? 1 : 0;
+    coverage_.refused_merges += refused ? 1 : 0;
 }
 
 void Transitions::count_layout(Layout layout) {
@@ -107,18 +130,20 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         }
     }
     if (!merged_geometry_ok(contents)) return std::nullopt;
+    const bool mixed = dtypes_mixed(contents);
     copies();
-    engine_.get_cache(op.ids, op.out.value);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
+    fact.refused = run_merge(mixed, [&] { engine_.get_cache(op.ids, op.out.value); });
     fact.copies = copies();
     fact.ids = op.ids.size();
-    if (parts.empty()) {
+    fact.merged = parts.size() > 1;
+    if (parts.empty() || fact.refused) {
+        if (fact.refused) count_merge(true, true);
         audit_.bind(op.out.value, std::nullopt);
         return fact;
     }
-    fact.merged = parts.size() > 1;
     if (fact.merged) {
-        ++coverage_.merges;
+        count_merge(mixed, false);
         fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2);
     } else {
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
@@ -271,13 +296,18 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
     if (parts.empty() || !merged_geometry_ok(parts)) return std::nullopt;
     std::vector<Handle> handles;
     for (const HandleName& part : op.parts) handles.push_back(part.value);
-    engine_.concat(handles, op.out.value);
+    const bool mixed = dtypes_mixed(parts);
     checkers::Made fact = made(MadeBy::concat, op.out.value, std::nullopt);
+    fact.refused = run_merge(mixed, [&] { engine_.concat(handles, op.out.value); });
     fact.copies = copies();
     fact.merged = parts.size() > 1;
-    if (fact.merged) ++coverage_.merges;
-    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1);
     fact.sources = std::move(sources);
+    if (fact.merged || fact.refused) count_merge(mixed, fact.refused.has_value());
+    if (fact.refused) {
+        audit_.bind(op.out.value, std::nullopt);
+        return fact;
+    }
+    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1);
     audit_.bind(op.out.value, fact.object);
     return fact;
 }

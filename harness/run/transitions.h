@@ -49,6 +49,7 @@ class Transitions {
     // The copies the engine logged since the last call, when they are read.
     std::optional<std::size_t> copies();
     void count_layout(Layout layout);
+    void count_merge(bool mixed, bool refused);
 
     Engine& engine_;
     Auditor& audit_;

@@ -21,7 +21,10 @@
 // (`precision`). expand() gives each present slot of layer i with t > 0
 // tokens one segment {slot_seed(spec.seed, i, slot), t, spec.dtype}; a
 // merged slot is the concatenation of its parts' segments, each keeping its
-// own precision.
+// own precision. A merge of parts of different dtypes has torch.cat's
+// promoted dtype (float16 with bfloat16, or anything with float32:
+// float32), so its values are each part's, rounded to that part's dtype,
+// then widened exactly (expected_concat).
 //
 // Values. Element (head h, token t, dim d) of a segment with seed s is
 // round_to(precision, slot_value(s, h, t, d)), t counted from the
@@ -257,6 +260,10 @@ SlotContent logical_slot(const CacheContent& content, std::size_t layer, Slot si
 CacheContent expected_concat(const std::vector<CacheContent>& parts);
 // Do the parts holding tokens share one geometry, as a merge needs?
 bool merged_geometry_ok(const std::vector<CacheContent>& parts);
+// Do the parts that hold a slot (those whose dtype the promotion counts)
+// have different dtypes? An engine may refuse such a merge (with an error,
+// changing nothing) instead of promoting.
+bool dtypes_mixed(const std::vector<CacheContent>& parts);
 CacheContent expected_to_legacy(const CacheContent& content);
 CacheContent expected_from_legacy(const CacheContent& content);
 bool content_holds_tokens(const CacheContent& content);

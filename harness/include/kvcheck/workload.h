@@ -3,9 +3,10 @@
 // plain seed all drive the same generator and produce the same vocabulary.
 //
 // Swarm testing: each trace first draws a Swarm (a weight per operation
-// kind, some kinds switched off, one dtype, which layouts, one geometry and
-// the size of its caches), then draws its operations from it; runs differ
-// in what they stress, not only in order.
+// kind, some kinds switched off, a dtype (in some traces mixed with the
+// others), which layouts, one geometry and the size of its caches), then
+// draws its operations from it; runs differ in what they stress, not only
+// in order.
 //
 //   kvcheck::SeededChooser choose(42);
 //   kvcheck::Swarm swarm = kvcheck::random_swarm(choose, options);
@@ -85,6 +86,7 @@ struct WorkloadOptions {
 struct Swarm {
     std::array<std::uint8_t, op_kind_count> weights{};  // 0: switched off
     Dtype dtype = Dtype::f32;
+    bool mixed_dtypes = false;  // each cache takes any dtype: merges then promote, or are refused
     bool modern = true;
     bool legacy = true;
     bool odd_layers = true;  // one-sided, legacy-named and uninitialized layers
