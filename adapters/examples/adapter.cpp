@@ -23,17 +23,11 @@ kvcheck::Dtype kvcheck_dtype(DType dtype) {
     throw std::invalid_argument("unknown dtype");
 }
 
-// The engine has one geometry (cache.h), and says so in its capabilities:
-// kvcheck gives it no other.
 Tensor slot_tensor(const kvcheck::CacheContent& content, const kvcheck::SlotContent& slot, DType dtype) {
     if (!slot.present) return nullptr;
-    if (content.heads != heads || content.head_dim != head_dim) {
-        throw std::invalid_argument("the vector engine holds K/V of " + std::to_string(heads) + " heads of " +
-                                    std::to_string(head_dim) + " only");
-    }
     std::vector<float> values;
     kvcheck::fill_slot(slot, content.heads, content.head_dim, values);
-    return make_tensor(dtype, slot.tokens(), std::move(values));
+    return make_tensor(dtype, content.heads, slot.tokens(), content.head_dim, std::move(values));
 }
 
 kvcheck::SlotView slot_view(const Tensor& tensor) {
@@ -42,7 +36,7 @@ kvcheck::SlotView slot_view(const Tensor& tensor) {
     view.present = true;
     view.dtype = kvcheck_dtype(tensor->dtype);
     view.shape = tensor->tokens == 0 ? std::vector<std::int64_t>{0}
-                                     : std::vector<std::int64_t>{1, heads, tensor->tokens, head_dim};
+                                     : std::vector<std::int64_t>{1, tensor->heads, tensor->tokens, tensor->head_dim};
     view.hash = kvcheck::content_hash(tensor->values.data(), tensor->values.size());
     return view;
 }
