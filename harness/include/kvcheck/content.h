@@ -66,7 +66,9 @@
 // content_hash of its values read as float32, the values being those
 // fill_slot gives, rounded to the slot's dtype. So a slot is compared
 // exactly in the dtype the engine claims: a cast that keeps the dtype tag
-// but loses bits changes the hash. content_hash and ViewDigest are below.
+// but loses bits changes the hash. content_hash and ViewDigest are below;
+// docs/semantics.md#content-geometry-values-and-hashes spells every
+// definition out for a mirror in another language.
 //
 // What changed from the first version (for the mirror): slot_value was
 // ((splitmix64(s ^ splitmix64((h * 1000003 + t) * 64 + d)) % 64) - 32) / 8,
