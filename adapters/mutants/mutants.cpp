@@ -321,15 +321,32 @@ class M16 final : public ReferenceEngine {
             if (item && kv::holds_tokens(*item->cache)) kept.push_back(item);
         }
         if (kept.empty()) return ReferenceEngine::store_get_cache(ids);
-        const at::ScalarType first = kv::models::cache_dtype(*kept.front()->cache);
+        const at::ScalarType first = dtype_of(*kept.front()->cache);
         const bool mixed = std::any_of(kept.begin(), kept.end(), [first](const kv::ItemPtr& item) {
-            return kv::models::cache_dtype(*item->cache) != first;
+            return dtype_of(*item->cache) != first;
         });
         if (!mixed) return ReferenceEngine::store_get_cache(ids);
         for (const kv::ItemPtr& item : kept) {
             rebind_each_tensor(*std::const_pointer_cast<Cache>(item->cache), [first](const at::Tensor& t) { return t.to(first); });
         }
         throw std::invalid_argument("get_cache: items of different dtypes are not merged");
+    }
+
+  private:
+    // The dtype of the first tensor the cache holds: the one the promotion counts.
+    static at::ScalarType dtype_of(const Cache& cache) {
+        std::vector<at::Tensor> tensors;
+        if (cache.layout() == kv::Layout::legacy) {
+            tensors = *cache.key_cache();
+        } else {
+            for (const kv::LayerPtr& layer : *cache.layers()) {
+                tensors.insert(tensors.end(), {layer->keys, layer->values, layer->key_cache, layer->value_cache});
+            }
+        }
+        for (const at::Tensor& t : tensors) {
+            if (t.defined()) return t.scalar_type();
+        }
+        return at::kFloat;
     }
 };
 
