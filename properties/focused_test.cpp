@@ -2,6 +2,7 @@
 // trace of a known shape exercises best: round trips, clone independence,
 // merge correctness.
 #include "generators.h"
+#include "reference/cache_views.h"
 #include "reference/reference_engine.h"
 #include "run_util.h"
 
@@ -203,6 +204,42 @@ TEST(MergeCorrect, ARefusedMixOfDtypesLeavesNothingBehind) {
     const RunResult error = execute(same, refusing);
     ASSERT_TRUE(error.failure);
     EXPECT_EQ(error.failure->property, engine_error_id);
+}
+
+// A store that keeps a cache's dtype tag but passes its values through a
+// narrower type loses bits, and the view, compared in the claimed dtype,
+// shows it: float32 through float16, bfloat16 through float16 (values
+// below float16's normal range).
+class LossyStore final : public adapters::ReferenceEngine {
+  public:
+    explicit LossyStore(at::ScalarType through) : through_(through) {}
+    void add(const std::string& id, const CacheContent& content) override {
+        kv::CachePtr cache = adapters::materialize(content);
+        for (const kv::LayerPtr& layer : *cache->layers()) {
+            for (at::Tensor* t : {&layer->keys, &layer->values}) {
+                if (t->defined()) *t = t->to(through_).to(t->scalar_type());
+            }
+        }
+        store_add(id, cache);
+    }
+
+  private:
+    at::ScalarType through_;
+};
+
+TEST(StoredImmutable, ALossyCastThatKeepsTheDtypeTagIsCaught) {
+    const std::vector<std::pair<std::string, at::ScalarType>> cases = {
+        {"add a modern/f32/1:[kv2]\n", at::kHalf}, {"add a modern/bf16/1:[kv8]\n", at::kHalf}, {"add a modern/f32/1:[kv2]\n", at::kBFloat16}};
+    for (const auto& [text, through] : cases) {
+        LossyStore engine(through);
+        const RunResult result = execute(parse_trace(text), engine);
+        ASSERT_TRUE(result.failure) << text << " through " << c10::toString(through);
+        EXPECT_EQ(result.failure->property, "stored-immutable");
+        EXPECT_NE(result.failure->message.find("content differs"), std::string::npos) << result.failure->message;
+    }
+    // A cast to the same type is no loss.
+    LossyStore same(at::kFloat);
+    EXPECT_FALSE(execute(parse_trace("add a modern/f32/1:[kv2]\n"), same).failure);
 }
 
 }  // namespace
