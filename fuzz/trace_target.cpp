@@ -96,9 +96,12 @@ void print_settings(const Settings& s) {
     std::cerr
               << "  choice bytes: trace_ops_max=" << w.trace_ops_max << " cache_layers_max=" << w.cache_layers_max
               << " layer_tokens_max=" << w.layer_tokens_max << " prompt_tokens_max=" << w.prompt_tokens_max
-              << " new_tokens_max=" << w.new_tokens_max << " id_pool=" << w.id_pool << " dump_slots=" << w.dump_slots << "\n"
+              << " new_tokens_max=" << w.new_tokens_max << " id_pool=" << w.id_pool << " dump_slots=" << w.dump_slots << "; "
+              << describe_scope(w.scope) << "\n"
               << "  text traces: trace_ops_max=" << t.trace_ops_max << " cache_layers_max=" << t.cache_layers_max
-              << " layer_tokens_max=" << t.layer_tokens_max << " prompt_tokens_max=" << t.prompt_tokens_max
+              << " layer_tokens_max=" << t.layer_tokens_max << " heads_max=" << t.heads_max
+              << " head_dim_max=" << t.head_dim_max << " slot_values_max=" << t.slot_values_max
+              << " prompt_tokens_max=" << t.prompt_tokens_max
               << " new_tokens_max=" << t.new_tokens_max << " ids_max=" << t.ids_max << "\n"
               << "  shrunk traces go to " << (s.artifact_prefix.empty() ? "./" : s.artifact_prefix)
               << "crash-<sha1>.trace; dumps under " << s.work_dir << "; shrink " << (s.shrink ? "on" : "off") << "\n";
@@ -114,15 +117,18 @@ void print_settings(const Settings& s) {
 // its output is outside what the executor models.
 std::string over_limits(const Trace& trace, const TextLimits& limits) {
     if (trace.size() > limits.trace_ops_max) return "too many operations";
-    // One dtype per trace, as the workload draws it: the auditor's
-    // expected_concat models merges of one dtype only.
-    std::optional<Dtype> dtype;
+    // One geometry per trace, as the workload draws it (a merge needs one);
+    // dtypes may mix.
+    std::optional<std::pair<std::int64_t, std::int64_t>> geometry;
     const auto cache_ok = [&](const CacheSpec& spec) {
-        if (dtype && *dtype != spec.dtype) return false;
-        dtype = spec.dtype;
+        const std::pair<std::int64_t, std::int64_t> own{spec.heads, spec.head_dim};
+        if (geometry && *geometry != own) return false;
+        geometry = own;
+        if (spec.heads > limits.heads_max || spec.head_dim > limits.head_dim_max) return false;
         if (spec.layers.size() > limits.cache_layers_max) return false;
         for (const LayerSpec& layer : spec.layers) {
             if (layer.tokens < 0 || layer.tokens > limits.layer_tokens_max) return false;
+            if (layer.tokens * spec.heads * spec.head_dim > limits.slot_values_max) return false;
         }
         return true;
     };
@@ -278,8 +284,7 @@ void init_target(int* argc, char*** argv, TraceTarget target) {
     std::atexit(remove_work_dir);
     // Shrinking runs each candidate the target's way, on fresh engines, and
     // keeps to the traces this target accepts as text, so that the shrunk
-    // trace replays through it (the shrinker may, say, change one cache's
-    // dtype, which a text trace may not).
+    // trace replays through it.
     s.runner.make = s.adapter->make;
     s.runner.options.work_dir = s.work_dir;
     s.runner.before_run = [](const Trace&) { empty_work_dir(); };

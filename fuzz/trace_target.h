@@ -38,14 +38,18 @@
 
 namespace kvcheck::fuzz {
 
-// Bounds on a text trace (choice bytes stay within the workload options).
-// Beyond these, a text trace may not name h0 or one of an operation's own
-// sources as the handle it makes, nor mix dtypes (the generator never does,
-// and the executor does not model it).
+// Bounds on a text trace (choice bytes stay within the workload options),
+// those of the default scope's largest caches. Beyond these, a text trace
+// may not name h0 or one of an operation's own sources as the handle it
+// makes, nor mix geometries (the generator never does, and a merge of two
+// is not followed).
 struct TextLimits {
     std::size_t trace_ops_max = 64;
     std::size_t cache_layers_max = 8;
-    std::int64_t layer_tokens_max = 32;
+    std::int64_t layer_tokens_max = 512;
+    std::int64_t heads_max = 8;
+    std::int64_t head_dim_max = 32;
+    std::int64_t slot_values_max = 8192;  // heads * head_dim * tokens of one layer
     std::size_t prompt_tokens_max = 16;
     std::int64_t token_max = 31;  // the decoder's vocabulary is [0, 32)
     std::int64_t new_tokens_max = 16;

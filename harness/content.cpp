@@ -1,6 +1,7 @@
 // Expected content and views: the auditor's side of every cache. Mirrors the
 // semantics of docs/semantics.md#cache-layouts and #operations on segment
-// lists instead of tensors.
+// lists instead of tensors. The content model itself is defined in
+// kvcheck/content.h.
 #include "kvcheck/content.h"
 
 #include "kvcheck/splitmix.h"
@@ -55,6 +56,8 @@ CacheContent expand(const CacheSpec& spec) {
     CacheContent content;
     content.layout = spec.layout;
     content.dtype = spec.dtype;
+    content.heads = spec.heads;
+    content.head_dim = spec.head_dim;
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {
         const LayerSpec& layer_spec = spec.layers[i];
         LayerContent layer;
@@ -65,27 +68,102 @@ CacheContent expand(const CacheSpec& spec) {
             if (!present) continue;
             SlotContent& slot = layer.slots[s];
             slot.present = true;
-            if (layer_spec.tokens > 0) slot.segments.push_back({slot_seed(spec.seed, i, s), layer_spec.tokens});
+            if (layer_spec.tokens > 0) slot.segments.push_back({slot_seed(spec.seed, i, s), layer_spec.tokens, spec.dtype});
         }
         content.layers.push_back(std::move(layer));
     }
     return content;
 }
 
-float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim) {
-    const std::uint64_t mixed = splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(
-                                                      (head * 1000003 + token) * 64 + dim)));
-    return static_cast<float>(static_cast<int>(mixed % 64) - 32) / 8.0f;
+namespace {
+
+float float_of(std::uint32_t bits) {
+    float value = 0;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
-void fill_slot(const SlotContent& slot, std::vector<float>& out) {
+std::uint32_t bits_of(float value) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+// float16: 10 mantissa bits, exponents -14..15, subnormals in steps of
+// 2^-24. Done on the bits so that it depends on no rounding mode.
+float round_to_f16(float value) {
+    const std::uint32_t bits = bits_of(value);
+    const std::uint32_t sign = bits & 0x80000000u;
+    std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) return float_of(sign | 0x7FC00000u);  // NaN
+    // 65520 is halfway between 65504 (the largest float16) and 2^16: the
+    // tie goes to the even side, which is infinity; so does all beyond.
+    if (magnitude >= 0x477FF000u) return float_of(sign | 0x7F800000u);
+    const int exponent = static_cast<int>(magnitude >> 23) - 127;
+    if (exponent >= -14) {
+        // Normal in float16: drop 13 mantissa bits, ties to even; a carry
+        // into the exponent is the right result.
+        magnitude += 0xFFFu + ((magnitude >> 13) & 1u);
+        return float_of(sign | (magnitude & ~0x1FFFu));
+    }
+    // Subnormal (or zero) in float16: a whole number of 2^-24. The value is
+    // significand * 2^(exponent - 23), that is significand >> shift units,
+    // with shift = -1 - exponent >= 14. Below 2^-25 (a float32 subnormal
+    // too) is less than half a unit: zero.
+    if (exponent < -25) return float_of(sign);
+    const std::uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const int shift = -1 - exponent;
+    std::uint32_t units = significand >> shift;
+    const std::uint32_t rest = significand & ((1u << shift) - 1u);
+    const std::uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (units & 1u))) ++units;
+    return float_of(sign | bits_of(static_cast<float>(units) * 0x1p-24f));
+}
+
+// bfloat16: the top 16 bits of the float32, rounded to nearest, ties to
+// even, by adding 0x7FFF plus the lowest kept bit (a carry into the
+// exponent, up to infinity, is the right result).
+float round_to_bf16(float value) {
+    const std::uint32_t bits = bits_of(value);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return float_of(0x7FC00000u);  // NaN, as torch makes it
+    const std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+    return float_of(rounded & 0xFFFF0000u);
+}
+
+}  // namespace
+
+float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim) {
+    const std::uint64_t index = (static_cast<std::uint64_t>(head) << 40) ^ (static_cast<std::uint64_t>(token) << 16) ^
+                                static_cast<std::uint64_t>(dim);
+    const std::uint64_t x = splitmix64(seed ^ splitmix64(index));
+    const auto sign = static_cast<std::uint32_t>(x >> 63);
+    const auto mantissa = static_cast<std::uint32_t>(x & 0x7FFFFFu);
+    const auto r = static_cast<int>((x >> 32) & 0xFFu);
+    // Mostly [1/8, 4); one in sixteen [2^8, 2^12); one in sixteen
+    // [2^-26, 2^-14), float16's subnormals (kvcheck/content.h says why).
+    const int exponent = r < 224 ? (r % 5) - 3 : r < 240 ? 8 + (r % 4) : -26 + (r % 12);
+    return float_of(sign << 31 | static_cast<std::uint32_t>(exponent + 127) << 23 | mantissa);
+}
+
+float round_to(Dtype dtype, float value) {
+    switch (dtype) {
+        case Dtype::f32: return value;
+        case Dtype::f16: return round_to_f16(value);
+        case Dtype::bf16: return round_to_bf16(value);
+    }
+    return value;
+}
+
+void fill_slot(const SlotContent& slot, std::int64_t heads, std::int64_t head_dim, std::vector<float>& out) {
     const std::int64_t total = slot.tokens();
-    out.resize(static_cast<std::size_t>(cache_heads * total * cache_head_dim));
+    out.resize(static_cast<std::size_t>(heads * total * head_dim));
     std::size_t at = 0;
-    for (std::int64_t head = 0; head < cache_heads; ++head) {
+    for (std::int64_t head = 0; head < heads; ++head) {
         for (const Segment& segment : slot.segments) {
             for (std::int64_t t = 0; t < segment.tokens; ++t) {
-                for (std::int64_t d = 0; d < cache_head_dim; ++d) out[at++] = slot_value(segment.seed, head, t, d);
+                for (std::int64_t d = 0; d < head_dim; ++d) {
+                    out[at++] = round_to(segment.precision, slot_value(segment.seed, head, t, d));
+                }
             }
         }
     }
@@ -156,10 +234,16 @@ void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_
                 continue;
             }
             const std::int64_t tokens = slot.tokens();
-            fill_slot(slot, values);
+            fill_slot(slot, content.heads, content.head_dim, values);
+            // In the dtype the slot has: a segment of a wider precision
+            // than its slot is rounded once more (a merge never makes one).
+            if (dtype != Dtype::f32) {
+                for (float& value : values) value = round_to(dtype, value);
+            }
             const std::uint64_t hash = content_hash(values.data(), values.size());
-            const ExpectedSlot expected = tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash}
-                                                      : ExpectedSlot{dtype, {cache_batch, cache_heads, tokens, cache_head_dim}, 4, hash};
+            const ExpectedSlot expected =
+                tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash}
+                            : ExpectedSlot{dtype, {cache_batch, content.heads, tokens, content.head_dim}, 4, hash};
             on_slot(&expected);
         }
     }
@@ -284,12 +368,40 @@ SlotContent logical_slot(const CacheContent& content, std::size_t layer, Slot si
     return l.slots[modern].present ? l.slots[modern] : l.slots[legacy_named];
 }
 
+bool merged_geometry_ok(const std::vector<CacheContent>& parts) {
+    const CacheContent* first = nullptr;
+    for (const CacheContent& part : parts) {
+        if (!content_holds_tokens(part)) continue;
+        if (first == nullptr) first = &part;
+        if (part.heads != first->heads || part.head_dim != first->head_dim) return false;
+    }
+    return true;
+}
+
+bool dtypes_mixed(const std::vector<CacheContent>& parts) {
+    const CacheContent* first = nullptr;
+    for (const CacheContent& part : parts) {
+        if (!has_any_slot(part)) continue;
+        if (first == nullptr) first = &part;
+        if (part.dtype != first->dtype) return true;
+    }
+    return false;
+}
+
 CacheContent expected_concat(const std::vector<CacheContent>& parts) {
     CacheContent merged;
     bool all_legacy = true;
     std::size_t layers = 0;
     bool dtype_known = false;
+    bool geometry_known = false;
     for (const CacheContent& part : parts) {
+        // The geometry of the parts that hold tokens (merged_geometry_ok),
+        // else of the first part.
+        if (!geometry_known && (content_holds_tokens(part) || &part == &parts.front())) {
+            merged.heads = part.heads;
+            merged.head_dim = part.head_dim;
+            geometry_known = content_holds_tokens(part);
+        }
         all_legacy = all_legacy && part.layout == Layout::legacy;
         layers = std::max(layers, part.layers.size());
         if (!has_any_slot(part)) continue;
@@ -321,6 +433,8 @@ CacheContent expected_to_legacy(const CacheContent& content) {
     CacheContent legacy;
     legacy.layout = Layout::legacy;
     legacy.dtype = content.dtype;
+    legacy.heads = content.heads;
+    legacy.head_dim = content.head_dim;
     for (std::size_t i = 0; i < content.layers.size(); ++i) {
         LayerContent layer;
         for (Slot side : {keys, values}) {
@@ -350,7 +464,7 @@ std::int64_t content_bytes(const CacheContent& content) {
     std::int64_t bytes = 0;
     for (const LayerContent& layer : content.layers) {
         for (const SlotContent& slot : layer.slots) {
-            if (slot.present) bytes += cache_batch * cache_heads * slot.tokens() * cache_head_dim * element_bytes;
+            if (slot.present) bytes += cache_batch * content.heads * slot.tokens() * content.head_dim * element_bytes;
         }
     }
     return bytes;

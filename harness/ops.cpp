@@ -102,6 +102,8 @@ std::size_t field_hash(const CacheSpec& spec) {
     mix(seed, static_cast<std::size_t>(spec.layout));
     mix(seed, static_cast<std::size_t>(spec.dtype));
     mix(seed, std::hash<std::uint64_t>{}(spec.seed));
+    mix(seed, field_hash(spec.heads));
+    mix(seed, field_hash(spec.head_dim));
     mix(seed, spec.layers.size());
     for (const LayerSpec& layer : spec.layers) {
         mix(seed, layer.slots);
@@ -167,6 +169,8 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
 bool engine_supports(const Capabilities& capabilities, const CacheSpec& spec) {
     if (spec.layout == Layout::legacy && !capabilities.legacy_layout) return false;
     if (spec.dtype != Dtype::f32 && !capabilities.half_dtypes) return false;
+    const bool default_geometry = spec.heads == cache_heads && spec.head_dim == cache_head_dim;
+    if (!default_geometry && !capabilities.any_geometry) return false;
     for (const LayerSpec& layer : spec.layers) {
         const bool one_sided = (layer.slots & 0b11) == 0b01 || (layer.slots & 0b11) == 0b10;
         if (one_sided && !capabilities.one_sided_layers) return false;

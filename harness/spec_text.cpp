@@ -1,4 +1,7 @@
-// The text form of a cache spec: "<layout>/<dtype>/<seed>:[<layer> ...]".
+// The text form of a cache spec:
+// "<layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]", the geometry
+// only when it is not the default (so every text written before caches had
+// a geometry reads as it did).
 //
 // The text is syntactic only: it carries every CacheSpec whose fields are in
 // range (slots within the four slot bits, tokens not negative), including
@@ -100,6 +103,20 @@ LayerSpec parse_layer(std::string_view spec, std::string_view word) {
     return layer;
 }
 
+// "<heads>x<head_dim>", each at least 1 and at most its maximum.
+void parse_geometry(std::string_view spec, std::string_view word, CacheSpec& result) {
+    const std::size_t x = word.find('x');
+    if (x == std::string_view::npos) fail(spec, "bad geometry '" + std::string(word) + "' (expected <heads>x<head_dim>)");
+    result.heads = parse_count<std::int64_t>(spec, word.substr(0, x), "heads", " in the geometry");
+    result.head_dim = parse_count<std::int64_t>(spec, word.substr(x + 1), "head_dim", " in the geometry");
+    if (result.heads < 1 || result.heads > cache_heads_max) {
+        fail(spec, "heads " + std::to_string(result.heads) + " outside [1, " + std::to_string(cache_heads_max) + "]");
+    }
+    if (result.head_dim < 1 || result.head_dim > cache_head_dim_max) {
+        fail(spec, "head_dim " + std::to_string(result.head_dim) + " outside [1, " + std::to_string(cache_head_dim_max) + "]");
+    }
+}
+
 std::string format_layer(const LayerSpec& layer) {
     if (layer.slots & ~slot_bits_all) {
         throw std::invalid_argument("cache spec layer slots " + std::to_string(layer.slots) +
@@ -153,8 +170,15 @@ std::string format_cache_spec(const CacheSpec& spec) {
     if (spec.dtype != Dtype::f32 && spec.dtype != Dtype::f16 && spec.dtype != Dtype::bf16) {
         throw std::invalid_argument("cache spec has an invalid dtype");
     }
-    std::string text = std::string(layout_name(spec.layout)) + '/' + dtype_name(spec.dtype) + '/' +
-                       std::to_string(spec.seed) + ":[";
+    if (spec.heads < 1 || spec.heads > cache_heads_max || spec.head_dim < 1 || spec.head_dim > cache_head_dim_max) {
+        throw std::invalid_argument("cache spec has an invalid geometry " + std::to_string(spec.heads) + "x" +
+                                    std::to_string(spec.head_dim));
+    }
+    std::string text = std::string(layout_name(spec.layout)) + '/' + dtype_name(spec.dtype) + '/' + std::to_string(spec.seed);
+    if (spec.heads != cache_heads || spec.head_dim != cache_head_dim) {
+        text += '/' + std::to_string(spec.heads) + 'x' + std::to_string(spec.head_dim);
+    }
+    text += ":[";
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {
         if (i > 0) text += ' ';
         text += format_layer(spec.layers[i]);
@@ -166,9 +190,10 @@ CacheSpec parse_cache_spec(const std::string& text) {
     const std::string_view spec = text;
     const std::size_t slash_1 = spec.find('/');
     const std::size_t slash_2 = slash_1 == std::string_view::npos ? slash_1 : spec.find('/', slash_1 + 1);
-    if (slash_2 == std::string_view::npos) fail(spec, "expected <layout>/<dtype>/<seed>:[<layer> ...]");
+    if (slash_2 == std::string_view::npos) fail(spec, "expected <layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]");
     const std::size_t colon = spec.find(':', slash_2 + 1);
     if (colon == std::string_view::npos) fail(spec, "missing ':' after the seed");
+    const std::size_t slash_3 = spec.substr(0, colon).find('/', slash_2 + 1);
     if (colon + 1 >= spec.size() || spec[colon + 1] != '[') fail(spec, "missing '[' after ':'");
     const std::size_t close = spec.find(']', colon + 2);
     if (close == std::string_view::npos) fail(spec, "missing ']' closing the layer list");
@@ -177,7 +202,9 @@ CacheSpec parse_cache_spec(const std::string& text) {
     CacheSpec result;
     result.layout = parse_layout(spec, spec.substr(0, slash_1));
     result.dtype = parse_dtype(spec, spec.substr(slash_1 + 1, slash_2 - slash_1 - 1));
-    result.seed = parse_count<std::uint64_t>(spec, spec.substr(slash_2 + 1, colon - slash_2 - 1), "seed", "");
+    const std::size_t seed_end = slash_3 == std::string_view::npos ? colon : slash_3;
+    result.seed = parse_count<std::uint64_t>(spec, spec.substr(slash_2 + 1, seed_end - slash_2 - 1), "seed", "");
+    if (slash_3 != std::string_view::npos) parse_geometry(spec, spec.substr(slash_3 + 1, colon - slash_3 - 1), result);
     std::string_view layers = spec.substr(colon + 2, close - colon - 2);
     while (!layers.empty()) {
         if (is_blank(layers.front())) {

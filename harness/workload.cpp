@@ -2,9 +2,11 @@
 
 #include "kvcheck/splitmix.h"
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace kvcheck {
@@ -99,6 +101,48 @@ Layout pick_layout(Chooser& choose, const Swarm& swarm) {
     return swarm.legacy ? Layout::legacy : Layout::modern;
 }
 
+// The exponent of the largest power of two not above `value` (value >= 1).
+int floor_log2(std::int64_t value) {
+    int exponent = 0;
+    while ((std::int64_t{2} << exponent) <= value) ++exponent;
+    return exponent;
+}
+
+// A power of two in [low, high] (low >= 1, high >= low), each exponent alike.
+std::int64_t pick_power_of_two(Chooser& choose, std::int64_t low, std::int64_t high) {
+    const int first = floor_log2(low) + ((std::int64_t{1} << floor_log2(low)) < low ? 1 : 0);
+    const int last = floor_log2(high);
+    if (last < first) return low;
+    return std::int64_t{1} << choose.between(first, last);
+}
+
+// A layer's token count in [1, max]: uniform for small ceilings; else an
+// octave (2^(k-1), 2^k] first, each alike, so counts spread over the powers
+// of two, and a quarter of the time a power of two or its neighbour.
+std::int64_t pick_tokens(Chooser& choose, std::int64_t max) {
+    if (max <= 8) return choose.between(1, max);
+    const int octave = static_cast<int>(choose.below(static_cast<std::uint64_t>(floor_log2(max)) + 1));
+    const std::int64_t top = std::int64_t{1} << octave;
+    if (choose.one_in(4)) return std::clamp<std::int64_t>(top + choose.between(-1, 1), 1, max);
+    return choose.between(octave == 0 ? 1 : top / 2 + 1, std::min(top, max));
+}
+
+// The geometry and the cache ceilings of a trace (Scope).
+void pick_size(Chooser& choose, const WorkloadOptions& options, Swarm& swarm) {
+    const Scope& scope = options.scope;
+    if (static_cast<std::int64_t>(choose.below(100)) < scope.small_percent) return;  // small: as uniform_swarm has it
+    const std::int64_t layers_max = std::max<std::int64_t>(scope.cache_layers_max, 1);
+    swarm.layers_max = choose.one_in(2) ? layers_max : choose.between(1, layers_max);
+    const std::int64_t tokens_max = std::max<std::int64_t>(scope.layer_tokens_max, 1);
+    swarm.tokens_max = pick_power_of_two(choose, std::min<std::int64_t>(64, tokens_max), tokens_max);
+    if (options.capabilities.any_geometry && choose.one_in(2)) {
+        swarm.heads = pick_power_of_two(choose, 1, std::clamp<std::int64_t>(scope.heads_max, 1, cache_heads_max));
+        swarm.head_dim = pick_power_of_two(choose, 2, std::clamp<std::int64_t>(scope.head_dim_max, 2, cache_head_dim_max));
+    }
+    const std::int64_t fitting = std::max<std::int64_t>(scope.slot_values_max / (swarm.heads * swarm.head_dim), 1);
+    swarm.tokens_max = std::min(swarm.tokens_max, fitting);
+}
+
 }  // namespace
 
 // A splitmix64 stream: the same seed gives the same choices on every platform.
@@ -108,8 +152,40 @@ std::uint64_t SeededChooser::below(std::uint64_t n) {
     return n <= 1 ? 0 : x % n;
 }
 
+Scope scope_named(const std::string& name) {
+    Scope scope;
+    if (name == "default") return scope;
+    if (name == "small") {
+        scope.name = "small";
+        scope.small_percent = 100;
+        return scope;
+    }
+    if (name == "large") {
+        scope.name = "large";
+        scope.small_percent = 25;
+        scope.cache_layers_max = 16;
+        scope.layer_tokens_max = 2048;
+        scope.heads_max = 16;
+        scope.head_dim_max = 128;
+        scope.slot_values_max = 65536;
+        return scope;
+    }
+    throw std::invalid_argument("unknown scope '" + name + "' (expected small, default or large)");
+}
+
+std::string describe_scope(const Scope& scope) {
+    std::string text = std::string("scope ") + scope.name + ": ";
+    if (scope.small_percent >= 100) return text + "small caches only";
+    return text + std::to_string(scope.small_percent) + "% small traces, the others up to " +
+           std::to_string(scope.cache_layers_max) + " layers x " + std::to_string(scope.layer_tokens_max) +
+           " tokens, heads up to " + std::to_string(scope.heads_max) + " x head_dim up to " +
+           std::to_string(scope.head_dim_max) + ", at most " + std::to_string(scope.slot_values_max) + " values a slot";
+}
+
 Swarm uniform_swarm(const WorkloadOptions& options) {
     Swarm swarm;
+    swarm.layers_max = options.cache_layers_max;
+    swarm.tokens_max = options.layer_tokens_max;
     swarm.weights.fill(2);
     swarm.legacy = options.capabilities.legacy_layout;
     swarm.weights[kind<op::Add>()] = 6;  // a store needs content to be interesting
@@ -146,6 +222,15 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
         swarm.legacy = false;
     }
     swarm.odd_layers = !choose.one_in(3);
+    pick_size(choose, options, swarm);
+    swarm.mixed_dtypes = c.half_dtypes && choose.one_in(2);
+    // Mixed dtypes matter where caches meet, in merges: a mixed trace makes
+    // caches and merges them more often.
+    if (swarm.mixed_dtypes) {
+        for (const std::size_t meeting : {kind<op::Add>(), kind<op::Make>(), kind<op::GetCache>(), kind<op::Concat>()}) {
+            if (swarm.weights[meeting] != 0) swarm.weights[meeting] = std::max<std::uint8_t>(swarm.weights[meeting], 8);
+        }
+    }
     return swarm;
 }
 
@@ -153,12 +238,14 @@ CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadO
     const Capabilities& c = options.capabilities;
     CacheSpec spec;
     spec.layout = pick_layout(choose, swarm);
-    spec.dtype = swarm.dtype;
+    spec.dtype = swarm.mixed_dtypes ? static_cast<Dtype>(choose.below(3)) : swarm.dtype;
     spec.seed = choose.below(1000);
-    const std::int64_t layers = choose.one_in(6) ? 0 : choose.between(1, options.cache_layers_max);
+    spec.heads = swarm.heads;
+    spec.head_dim = swarm.head_dim;
+    const std::int64_t layers = choose.one_in(6) ? 0 : choose.between(1, swarm.layers_max);
     for (std::int64_t i = 0; i < layers; ++i) {
         LayerSpec layer;
-        layer.tokens = choose.one_in(6) ? 0 : choose.between(1, options.layer_tokens_max);
+        layer.tokens = choose.one_in(6) ? 0 : pick_tokens(choose, swarm.tokens_max);
         if (spec.layout == Layout::modern && swarm.odd_layers && choose.one_in(2)) {
             std::uint8_t slots = 0;
             switch (choose.below(6)) {
@@ -214,7 +301,23 @@ op::Add add_of(Drawing& d, std::string id) {
     return {std::move(id), spec, draw_meta(d)};
 }
 
-op::Add draw(Drawing& d, op::Add*) { return add_of(d, d.id()); }
+op::Add draw(Drawing& d, op::Add*) {
+    // In a trace of mixed dtypes a new cache is often merged at once with
+    // one already stored: the merge promotes, or the engine refuses it.
+    const bool merge_next = d.swarm.mixed_dtypes && d.enabled(kind<op::GetCache>()) && !d.draft.stored.empty() && d.choose.one_in(2);
+    std::string other;
+    if (merge_next) {
+        auto at = d.draft.stored.begin();
+        std::advance(at, static_cast<std::ptrdiff_t>(d.choose.below(d.draft.stored.size())));
+        other = at->first;
+    }
+    op::Add add = add_of(d, d.id());
+    if (merge_next) {
+        const Ids ids = {other, add.id};
+        d.follow_up = op::GetCache{new_handle(d.draft, merged_layout(d.draft, ids)), ids};
+    }
+    return add;
+}
 
 op::AddHandle draw(Drawing& d, op::AddHandle*) {
     std::string id = d.id();

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/EmptyTensor.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -118,6 +119,17 @@ at::Tensor to_heads(const std::vector<float>& qkv, std::int64_t count, Heads hea
     return t;
 }
 
+// The geometry of the first layer whose logical keys (else values) are a
+// 4-D tensor, else `fallback`.
+Heads geometry_of(const Cache& cache, Heads fallback) {
+    for (std::int64_t layer = 0; layer < cache.layer_count(); ++layer) {
+        for (const at::Tensor& t : {logical_keys(cache, layer), logical_values(cache, layer)}) {
+            if (t.defined() && t.dim() == 4 && t.size(1) > 0 && t.size(3) > 0) return Heads{t.size(1), t.size(3)};
+        }
+    }
+    return fallback;
+}
+
 std::string shape_text(const at::Tensor& t) {
     std::string text = "[";
     for (std::int64_t i = 0; i < t.dim(); ++i) text += (i ? ", " : "") + std::to_string(t.size(i));
@@ -223,38 +235,50 @@ constexpr float readout_gain = 8.0F;
 
 Decoder::Decoder(DecoderConfig config) : config_(config) {
     check_config(config_);
-    const std::int64_t width = config_.head_count * config_.head_dim;
-    WeightSource random(config_.seed);
-    embedding_ = seeded(random, config_.vocab_size, width, embedding_scale);
-    unembedding_ = seeded(random, width, config_.vocab_size, unembedding_scale);
+    weights_for(config_.head_count, config_.head_dim, config_.layer_count);
+}
+
+const Decoder::Weights& Decoder::weights_for(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count) {
+    Weights& weights = weights_[{heads, head_dim}];
+    if (static_cast<std::int64_t>(weights.layers.size()) >= layer_count) return weights;
+    const bool configured = heads == config_.head_count && head_dim == config_.head_dim;
+    const std::uint64_t seed =
+        configured ? config_.seed
+                   : kvcheck::splitmix64(config_.seed ^ kvcheck::splitmix64(static_cast<std::uint64_t>(heads) << 32 |
+                                                                            static_cast<std::uint64_t>(head_dim)));
+    const std::int64_t width = heads * head_dim;
+    WeightSource random(seed);
+    weights = Weights{};
+    weights.embedding = seeded(random, config_.vocab_size, width, embedding_scale);
+    weights.unembedding = seeded(random, width, config_.vocab_size, unembedding_scale);
     // The same doubles embed_rows computed per element before (a pow per
     // element per token was a tenth of a small model step).
-    position_rates_.reserve(at_index(width));
+    weights.position_rates.reserve(at_index(width));
     for (std::int64_t e = 0; e < width; ++e) {
-        position_rates_.push_back(std::pow(10000.0, -static_cast<double>(e - e % 2) / static_cast<double>(width)));
+        weights.position_rates.push_back(std::pow(10000.0, -static_cast<double>(e - e % 2) / static_cast<double>(width)));
     }
-    layers_.reserve(at_index(config_.layer_count));
-    for (std::int64_t layer = 0; layer < config_.layer_count; ++layer) {
-        LayerWeights weights;
-        weights.qkv = seeded(random, width, 3 * width, projection_scale);
-        weights.out = seeded(random, width, width, output_scale);
-        layers_.push_back(std::move(weights));
+    weights.layers.reserve(at_index(layer_count));
+    for (std::int64_t layer = 0; layer < layer_count; ++layer) {
+        LayerWeights layer_weights;
+        layer_weights.qkv = seeded(random, width, 3 * width, projection_scale);
+        layer_weights.out = seeded(random, width, width, output_scale);
+        weights.layers.push_back(std::move(layer_weights));
     }
+    return weights;
 }
 
 // x_i = embedding[token_i] + position(first_position + i), [n, E] row-major.
 // The position term is sinusoidal, computed in double from the position
 // alone and rounded to float32 before the sum.
-std::vector<float> Decoder::embed_rows(const std::vector<std::int64_t>& tokens,
-                                       std::int64_t first_position) const {
+std::vector<float> Decoder::embed_rows(const Weights& weights, std::int64_t width,
+                                       const std::vector<std::int64_t>& tokens, std::int64_t first_position) {
     const auto count = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t width = config_.head_count * config_.head_dim;
     std::vector<float> x(at_index(count * width));
     for (std::int64_t i = 0; i < count; ++i) {
         const auto position = static_cast<double>(first_position + i);
-        const float* embedded = embedding_.data() + tokens[at_index(i)] * width;
+        const float* embedded = weights.embedding.data() + tokens[at_index(i)] * width;
         for (std::int64_t e = 0; e < width; ++e) {
-            const double angle = position * position_rates_[at_index(e)];
+            const double angle = position * weights.position_rates[at_index(e)];
             const double term = e % 2 == 0 ? std::sin(angle) : std::cos(angle);
             x[at_index(i * width + e)] = embedded[e] + static_cast<float>(term) * position_scale;
         }
@@ -267,14 +291,16 @@ std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache&
     check_tokens(tokens, config_.vocab_size);
     if (!at::isFloatingType(dtype)) throw std::invalid_argument("Decoder: the K/V dtype must be floating");
     const auto count = static_cast<std::int64_t>(tokens.size());
-    const Heads heads{config_.head_count, config_.head_dim};
+    const Heads heads = geometry_of(cache, Heads{config_.head_count, config_.head_dim});
     const std::int64_t width = heads.width();
-    std::vector<float> x = embed_rows(tokens, cache.get_seq_length(0));
+    const std::int64_t layer_count = std::max(config_.layer_count, cache.layer_count());
+    const Weights& model = weights_for(heads.count, heads.dims, layer_count);
+    std::vector<float> x = embed_rows(model, width, tokens, cache.get_seq_length(0));
     std::vector<float> qkv(at_index(count * 3 * width));
     std::vector<float> attended(at_index(count * width));
     std::vector<float> product(at_index(width));
-    for (std::int64_t layer = 0; layer < config_.layer_count; ++layer) {
-        const LayerWeights& weights = layers_[at_index(layer)];
+    for (std::int64_t layer = 0; layer < layer_count; ++layer) {
+        const LayerWeights& weights = model.layers[at_index(layer)];
         for (std::int64_t i = 0; i < count; ++i) {
             row_times(x.data() + i * width, weights.qkv.data(), width, 3 * width, qkv.data() + i * 3 * width);
         }
@@ -299,7 +325,7 @@ std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache&
         }
     }
     std::vector<float> logits(at_index(config_.vocab_size));
-    row_times(x.data() + (count - 1) * width, unembedding_.data(), width, config_.vocab_size, logits.data());
+    row_times(x.data() + (count - 1) * width, model.unembedding.data(), width, config_.vocab_size, logits.data());
     for (float& logit : logits) logit = std::sin(logit * readout_gain);
     return first_argmax(logits);
 }

@@ -2,11 +2,16 @@
 // trace of a known shape exercises best: round trips, clone independence,
 // merge correctness.
 #include "generators.h"
+#include "reference/cache_views.h"
 #include "reference/reference_engine.h"
 #include "run_util.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
 
 namespace kvcheck::props {
 namespace {
@@ -96,6 +101,145 @@ TEST(MergeCorrect, GetCacheOfSeveralIdsConcatenatesInRequestOrder) {
         const RunResult result = run_on(reference(), trace, properties);
         if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command(reference(), trace)));
     }));
+}
+
+// Caches of different dtypes merge as torch.cat promotes them (float16 with
+// bfloat16, or anything with float32: float32), each part's values as they
+// were; the store is untouched and a model decodes on the merge exactly as
+// on a fresh copy of it.
+TEST(MergeCorrect, MixedDtypesPromoteAsTorchCatDoes) {
+    EXPECT_TRUE(rc::check("get_cache and concat of caches of any dtypes", [] {
+        const auto count = *rc::gen::inRange(2, 4);
+        Trace trace;
+        Ids ids;
+        HandleNames parts;
+        for (int i = 0; i < count; ++i) {
+            const std::string id(1, static_cast<char>('a' + i));
+            const CacheSpec spec = any_spec(any_dtype());
+            trace.push_back(op::Add{id, spec});
+            trace.push_back(op::Make{{10 + i}, spec});
+            ids.push_back(id);
+            parts.push_back({10 + i});
+        }
+        trace.push_back(op::GetCache{{1}, ids});
+        trace.push_back(op::Concat{{2}, parts});
+        trace.push_back(op::Generate{{1}, {5}, 2});
+        PropertySet properties = PropertySet::only(Property::merge_correct);
+        properties.add(Property::stored_immutable);
+        properties.add(Property::generation_equivalent);
+        const RunResult result = run_on(reference(), trace, properties);
+        if (result.failure) RC_FAIL(format_failure(*result.failure, trace, reproduce_command(reference(), trace)));
+    }));
+}
+
+// Engines that answer a merge of mixed dtypes otherwise than the reference.
+enum class Answer { refuse_cleanly, refuse_after_binding, keep_the_first_dtype };
+
+class MixingEngine final : public adapters::ReferenceEngine {
+  public:
+    explicit MixingEngine(Answer answer) : answer_(answer) {}
+
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        std::vector<Dtype> dtypes;
+        for (const std::string& id : ids) {
+            const std::vector<std::string> stored = stored_ids();
+            if (std::find(stored.begin(), stored.end(), id) == stored.end()) continue;
+            const CacheView view = view_entry(id);
+            if (!view.layers.empty() && view.layers[0].slots[keys].present) dtypes.push_back(view.layers[0].slots[keys].dtype);
+        }
+        const bool mixed = std::adjacent_find(dtypes.begin(), dtypes.end(), std::not_equal_to<>()) != dtypes.end();
+        if (!mixed) return ReferenceEngine::get_cache(ids, out);
+        switch (answer_) {
+            case Answer::refuse_cleanly: throw std::invalid_argument("mixed dtypes");
+            case Answer::refuse_after_binding:
+                ReferenceEngine::get_cache(ids, out);
+                throw std::invalid_argument("mixed dtypes");
+            case Answer::keep_the_first_dtype: {
+                // The promotion "fixed" by casting the merge to the first part's dtype.
+                ReferenceEngine::get_cache(ids, out);
+                kv::ConstCachePtr merged = handle(out);
+                auto cast = std::const_pointer_cast<kv::Cache>(merged);
+                for (const kv::LayerPtr& layer : *cast->layers()) {
+                    const at::ScalarType first = dtypes.front() == Dtype::f16 ? at::kHalf : dtypes.front() == Dtype::bf16 ? at::kBFloat16 : at::kFloat;
+                    layer->keys = layer->keys.to(first);
+                    layer->values = layer->values.to(first);
+                }
+                return;
+            }
+        }
+    }
+
+  private:
+    Answer answer_;
+};
+
+// An engine may refuse a merge of mixed dtypes, if the refusal leaves no
+// cache behind and the store as it was; a refusal that binds its handle, a
+// wrong promotion, and a refusal that changed the store first (M16) fail.
+TEST(MergeCorrect, ARefusedMixOfDtypesLeavesNothingBehind) {
+    const Trace trace = parse_trace("add a modern/f16/1:[kv2]\nadd b modern/bf16/2:[kv3 kv1]\nh1 = get_cache a b\nh2 = clone h1\n");
+    MixingEngine clean(Answer::refuse_cleanly);
+    const RunResult refused = execute(trace, clean);
+    EXPECT_FALSE(refused.failure) << refused.failure->message;
+    EXPECT_EQ(refused.coverage.refused_merges, 1u);
+    EXPECT_EQ(refused.coverage.ops_skipped, 1u) << "the clone of nothing";
+    MixingEngine bound(Answer::refuse_after_binding);
+    const RunResult bound_result = execute(trace, bound);
+    ASSERT_TRUE(bound_result.failure);
+    EXPECT_EQ(bound_result.failure->property, "merge-correct");
+    EXPECT_NE(bound_result.failure->message.find("holds a cache"), std::string::npos) << bound_result.failure->message;
+    MixingEngine first(Answer::keep_the_first_dtype);
+    const RunResult first_result = execute(trace, first);
+    ASSERT_TRUE(first_result.failure);
+    EXPECT_EQ(first_result.failure->property, "merge-correct");
+    EXPECT_NE(first_result.failure->message.find("dtype f16, expected f32"), std::string::npos) << first_result.failure->message;
+    const RunResult m16 = run_on(*adapters::find_bundled("M16"), trace);
+    ASSERT_TRUE(m16.failure);
+    EXPECT_EQ(m16.failure->property, "stored-immutable");
+    // A refusal of a merge of one dtype is an error of the engine, as before.
+    const Trace same = parse_trace("add a modern/f16/1:[kv2]\nadd b modern/f16/2:[kv3]\nh1 = get_cache a b\n");
+    class Refusing final : public adapters::ReferenceEngine {
+        void get_cache(const std::vector<std::string>&, Handle) override { throw std::invalid_argument("no merges"); }
+    } refusing;
+    const RunResult error = execute(same, refusing);
+    ASSERT_TRUE(error.failure);
+    EXPECT_EQ(error.failure->property, engine_error_id);
+}
+
+// A store that keeps a cache's dtype tag but passes its values through a
+// narrower type loses bits, and the view, compared in the claimed dtype,
+// shows it: float32 through float16, bfloat16 through float16 (values
+// below float16's normal range).
+class LossyStore final : public adapters::ReferenceEngine {
+  public:
+    explicit LossyStore(at::ScalarType through) : through_(through) {}
+    void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override {
+        kv::CachePtr cache = adapters::materialize(content);
+        for (const kv::LayerPtr& layer : *cache->layers()) {
+            for (at::Tensor* t : {&layer->keys, &layer->values}) {
+                if (t->defined()) *t = t->to(through_).to(t->scalar_type());
+            }
+        }
+        store_add(id, cache, metadata);
+    }
+
+  private:
+    at::ScalarType through_;
+};
+
+TEST(StoredImmutable, ALossyCastThatKeepsTheDtypeTagIsCaught) {
+    const std::vector<std::pair<std::string, at::ScalarType>> cases = {
+        {"add a modern/f32/1:[kv2]\n", at::kHalf}, {"add a modern/bf16/1:[kv8]\n", at::kHalf}, {"add a modern/f32/1:[kv2]\n", at::kBFloat16}};
+    for (const auto& [text, through] : cases) {
+        LossyStore engine(through);
+        const RunResult result = execute(parse_trace(text), engine);
+        ASSERT_TRUE(result.failure) << text << " through " << c10::toString(through);
+        EXPECT_EQ(result.failure->property, "stored-immutable");
+        EXPECT_NE(result.failure->message.find("content differs"), std::string::npos) << result.failure->message;
+    }
+    // A cast to the same type is no loss.
+    LossyStore same(at::kFloat);
+    EXPECT_FALSE(execute(parse_trace("add a modern/f32/1:[kv2]\n"), same).failure);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 
+#include <iostream>
+
 namespace kvcheck::props {
 namespace {
 
@@ -57,6 +59,27 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
               << " skipped; per kind:";
     for (std::size_t k = 0; k < op_kind_count; ++k) std::cout << " " << op_kind_name(k) << "=" << total.ops_run[k];
     std::cout << "\n";
+}
+
+// Merges of caches of different dtypes: the default workload makes them in
+// a few traces in a hundred, and the reference promotes every one (it
+// never refuses).
+TEST(Stateful, MergesOfMixedDtypesOccurAndTheReferencePromotesThem) {
+    Coverage total;
+    constexpr std::uint64_t seeds = 1000;
+    std::size_t traces_mixing = 0;
+    for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+        const RunResult result = run_on(reference(), trace_for_seed(seed, WorkloadOptions{}));
+        ASSERT_FALSE(result.failure) << "seed " << seed << ": " << result.failure->message;
+        total.merges += result.coverage.merges;
+        total.mixed_merges += result.coverage.mixed_merges;
+        total.refused_merges += result.coverage.refused_merges;
+        traces_mixing += result.coverage.mixed_merges > 0 ? 1 : 0;
+    }
+    std::cout << "[ coverage ] " << seeds << " traces: " << total.merges << " merges, " << total.mixed_merges
+              << " of mixed dtypes (in " << traces_mixing << " traces), " << total.refused_merges << " refused\n";
+    EXPECT_GE(traces_mixing, seeds / 100);
+    EXPECT_EQ(total.refused_merges, 0u);
 }
 
 }  // namespace

@@ -55,6 +55,9 @@ TEST(Cli, HelpAndUsageErrors) {
     EXPECT_TRUE(contains(bad_adapter.out, "unknown adapter 'nonesuch'")) << bad_adapter.out;
     EXPECT_EQ(kvcheck("run --adapter reference --property nonesuch").status, 2);
     EXPECT_EQ(kvcheck("run --adapter reference --cases x").status, 2);
+    const Outcome bad_scope = kvcheck("run --adapter reference --scope huge");
+    EXPECT_EQ(bad_scope.status, 2);
+    EXPECT_TRUE(contains(bad_scope.out, "unknown scope 'huge' (expected small, default or large)")) << bad_scope.out;
     const Outcome missing = kvcheck("run --adapter /nonexistent/libengine.so");
     EXPECT_EQ(missing.status, 2);
     EXPECT_TRUE(contains(missing.out, "not found")) << missing.out;
@@ -75,6 +78,10 @@ TEST(Cli, TheReferencePassesAndExitsZero) {
     const Outcome run = kvcheck("run --adapter reference --cases 30 --quiet --trace-dir " + scratch("traces"));
     EXPECT_EQ(run.status, 0) << run.out;
     EXPECT_TRUE(contains(run.out, "stored-immutable")) << run.out;
+    EXPECT_TRUE(contains(run.out, "scope default: 50% small traces")) << run.out;
+    const Outcome large = kvcheck("run --adapter reference --cases 10 --scope large --quiet --trace-dir " + scratch("traces"));
+    EXPECT_EQ(large.status, 0) << large.out;
+    EXPECT_TRUE(contains(large.out, "scope large:")) << large.out;
     EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
 }
 

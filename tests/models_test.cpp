@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
 
 #include <gtest/gtest.h>
 
@@ -339,6 +340,85 @@ TEST(ModelsDecoder, HalfPrecisionCachesGenerateDeterministically) {
             }
         }
     }
+}
+
+// The default decoder's tokens, pinned: the geometry a cache brings must not
+// change what the configured geometry computes (the corpus and the reports
+// of earlier runs rely on it).
+TEST(ModelsDecoder, DefaultGeometryTokensArePinned) {
+    const std::vector<Tokens> pinned = {
+        {29, 4, 20, 1, 1, 22, 16, 7}, {2, 0, 5, 15, 20, 3, 12, 13}, {27, 13, 1, 1, 9, 8, 24, 25}, {10, 26, 20, 25, 29, 3, 14, 16}};
+    for (std::size_t i = 0; i < decoder_seeds.size(); ++i) {
+        Decoder decoder(config_for(decoder_seeds[i]));
+        EXPECT_EQ(generate_from(decoder, kv::models::memory_cache(decoder, memory_tokens, Layout::modern)), pinned[i])
+            << "seed " << decoder_seeds[i];
+    }
+}
+
+// A modern cache of `layers` initialized layers, each holding K/V of shape
+// [1, heads, 0, head_dim]: no token, but a geometry for the decoder to take.
+kv::CachePtr shaped_cache(std::int64_t heads, std::int64_t head_dim, std::int64_t layers) {
+    auto list = std::make_shared<kv::LayerList>();
+    for (std::int64_t i = 0; i < layers; ++i) {
+        auto layer = std::make_shared<kv::Layer>();
+        layer->keys = at::zeros({1, heads, 0, head_dim});
+        layer->values = at::zeros({1, heads, 0, head_dim});
+        layer->is_initialized = true;
+        list->push_back(std::move(layer));
+    }
+    return kv::Cache::from_layers(std::move(list));
+}
+
+Tokens generate_on(Decoder& decoder, const kv::CachePtr& cache, const Tokens& prompt) {
+    std::vector<std::int64_t> tokens;
+    kv::GenerationStats stats;
+    kv::run_model(decoder, prompt, *cache, new_tokens_max, [&tokens](std::int64_t token) { tokens.push_back(token); },
+                  &stats);
+    return tokens;
+}
+
+// The decoder takes the geometry and the layer count of the cache it is
+// given: it writes K/V of that shape into every layer, generation from a
+// memory equals recomputing on an empty cache of the same geometry, bit for
+// bit, and every cached token still counts.
+TEST(ModelsDecoder, AdaptsToTheGeometryOfTheCache) {
+    struct Geometry {
+        std::int64_t heads, head_dim, layers;
+    };
+    for (const Geometry g : {Geometry{4, 8, 3}, Geometry{1, 16, 2}, Geometry{2, 4, 5}}) {
+        SCOPED_TRACE(std::to_string(g.heads) + "x" + std::to_string(g.head_dim) + ", " + std::to_string(g.layers) + " layers");
+        Decoder decoder(config_for(1));
+        const kv::CachePtr memory = shaped_cache(g.heads, g.head_dim, g.layers);
+        decoder.forward(memory_tokens, *memory);
+        ASSERT_EQ(memory->layer_count(), std::max<std::int64_t>(g.layers, 2));
+        for (std::int64_t layer = 0; layer < memory->layer_count(); ++layer) {
+            EXPECT_EQ(kv::logical_keys(*memory, layer).sizes().vec(),
+                      (std::vector<std::int64_t>{1, g.heads, static_cast<std::int64_t>(memory_tokens.size()), g.head_dim}));
+        }
+        const Tokens from_memory = generate_on(decoder, kv::clone(*memory), prompt_tokens);
+        const Tokens recomputed = generate_on(decoder, shaped_cache(g.heads, g.head_dim, g.layers), joined(memory_tokens, prompt_tokens));
+        EXPECT_EQ(from_memory, recomputed);
+        Decoder again(config_for(1));
+        EXPECT_EQ(generate_on(again, kv::clone(*memory), prompt_tokens), from_memory) << "a second decoder";
+        bool some_token_counts = false;
+        for (std::int64_t position = 0; position < memory->get_seq_length(0); ++position) {
+            const kv::CachePtr dropped = edited(*memory, position, Edit::drop);
+            some_token_counts = some_token_counts || generate_on(decoder, dropped, prompt_tokens) != from_memory;
+        }
+        EXPECT_TRUE(some_token_counts);
+    }
+    // Another geometry is another model: its tokens differ from the default's.
+    Decoder decoder(config_for(1));
+    EXPECT_NE(generate_on(decoder, shaped_cache(4, 8, 2), memory_tokens), generate_on(decoder, kv::Cache::make(Layout::modern), memory_tokens));
+}
+
+// A cache whose layers disagree on the geometry is refused, not misread.
+TEST(ModelsDecoder, RefusesACacheOfTwoGeometries) {
+    Decoder decoder(config_for(1));
+    const kv::CachePtr mixed = shaped_cache(4, 8, 2);
+    (*mixed->layers())[1]->keys = at::zeros({1, 2, 1, 4});
+    (*mixed->layers())[1]->values = at::zeros({1, 2, 1, 4});
+    EXPECT_ANY_THROW(decoder.forward(memory_tokens, *mixed));
 }
 
 // ------------------------------------------------------------ bad inputs

@@ -194,6 +194,8 @@ class RandomOps {
         spec.layout = below(2) == 0 ? Layout::modern : Layout::legacy;
         spec.dtype = static_cast<Dtype>(below(3));
         spec.seed = below(4) == 0 ? uint64_max : rng_();
+        spec.heads = below(2) == 0 ? kvcheck::cache_heads : 1 + static_cast<std::int64_t>(below(kvcheck::cache_heads_max));
+        spec.head_dim = below(2) == 0 ? kvcheck::cache_head_dim : 1 + static_cast<std::int64_t>(below(kvcheck::cache_head_dim_max));
         spec.layers.resize(below(5));
         for (LayerSpec& layer : spec.layers) {
             layer.slots = static_cast<std::uint8_t>(below(16));
@@ -319,6 +321,30 @@ TEST(CacheSpecText, RoundTripsAndIsCanonical) {
     EXPECT_TRUE(kvcheck::parse_cache_spec(kvcheck::format_cache_spec(extremes)) == extremes);
 }
 
+// A text without a geometry is the default geometry, so every trace written
+// before caches had one reads as it did; another geometry is written after
+// the seed, and the default never is.
+TEST(CacheSpecText, GeometryIsOptionalAndDefaultsToTwoByFour) {
+    const CacheSpec plain = kvcheck::parse_cache_spec("modern/bf16/7:[kv3 k~2 KV4 -0]");
+    EXPECT_EQ(plain.heads, 2);
+    EXPECT_EQ(plain.head_dim, 4);
+    EXPECT_TRUE(kvcheck::parse_cache_spec("modern/bf16/7/2x4:[kv3 k~2 KV4 -0]") == plain);
+    EXPECT_EQ(kvcheck::format_cache_spec(kvcheck::parse_cache_spec("modern/bf16/7/2x4:[kv3]")), "modern/bf16/7:[kv3]");
+    CacheSpec wide = example_spec();
+    wide.heads = 8;
+    wide.head_dim = 64;
+    EXPECT_EQ(kvcheck::format_cache_spec(wide), "modern/bf16/7/8x64:[kv3 k~2 KV4 -0]");
+    EXPECT_TRUE(kvcheck::parse_cache_spec("modern/bf16/7/8x64:[kv3 k~2 KV4 -0]") == wide);
+    EXPECT_FALSE(wide == example_spec());
+    const CacheSpec largest = kvcheck::parse_cache_spec("legacy/f16/0/256x1024:[kv1]");
+    EXPECT_EQ(largest.heads, kvcheck::cache_heads_max);
+    EXPECT_EQ(largest.head_dim, kvcheck::cache_head_dim_max);
+    EXPECT_NE(kvcheck::hash_op(op::Make{HandleName{1}, wide}), kvcheck::hash_op(op::Make{HandleName{1}, example_spec()}));
+    CacheSpec bad = example_spec();
+    bad.heads = 0;
+    EXPECT_THROW(kvcheck::format_cache_spec(bad), std::invalid_argument);
+}
+
 TEST(CacheSpecText, NamesOfEnums) {
     EXPECT_STREQ(kvcheck::layout_name(Layout::legacy), "legacy");
     EXPECT_STREQ(kvcheck::dtype_name(Dtype::bf16), "bf16");
@@ -343,7 +369,14 @@ TEST(CacheSpecText, ParseErrorsNameTheFault) {
         {"modern/f32/1:[kv1] ", "trailing text ' ' after ']'"},
         {"modern/f32/1:kv1]", "missing '[' after ':'"},
         {"modern/f32/1[kv1]", "missing ':' after the seed"},
-        {"modern:[kv1]", "expected <layout>/<dtype>/<seed>:[<layer> ...]"},
+        {"modern:[kv1]", "expected <layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]"},
+        {"modern/f32/1/4:[kv1]", "bad geometry '4' (expected <heads>x<head_dim>)"},
+        {"modern/f32/1/x4:[kv1]", "missing heads in the geometry"},
+        {"modern/f32/1/4x:[kv1]", "missing head_dim in the geometry"},
+        {"modern/f32/1/0x4:[kv1]", "heads 0 outside [1, 256]"},
+        {"modern/f32/1/2x1025:[kv1]", "head_dim 1025 outside [1, 1024]"},
+        {"modern/f32/1/2x-4:[kv1]", "negative head_dim '-4' in the geometry"},
+        {"modern/f32/1/2x4/1:[kv1]", "bad head_dim '4/1' in the geometry"},
         {"modern/f32/:[]", "missing seed"},
         {"modern/f32/-1:[]", "negative seed '-1'"},
         {"modern/f32/0x10:[]", "bad seed '0x10'"},

@@ -23,11 +23,11 @@ kvcheck::Dtype kvcheck_dtype(DType dtype) {
     throw std::invalid_argument("unknown dtype");
 }
 
-Tensor slot_tensor(const kvcheck::SlotContent& slot, DType dtype) {
+Tensor slot_tensor(const kvcheck::CacheContent& content, const kvcheck::SlotContent& slot, DType dtype) {
     if (!slot.present) return nullptr;
     std::vector<float> values;
-    kvcheck::fill_slot(slot, values);
-    return make_tensor(dtype, slot.tokens(), std::move(values));
+    kvcheck::fill_slot(slot, content.heads, content.head_dim, values);
+    return make_tensor(dtype, content.heads, slot.tokens(), content.head_dim, std::move(values));
 }
 
 kvcheck::SlotView slot_view(const Tensor& tensor) {
@@ -36,7 +36,7 @@ kvcheck::SlotView slot_view(const Tensor& tensor) {
     view.present = true;
     view.dtype = kvcheck_dtype(tensor->dtype);
     view.shape = tensor->tokens == 0 ? std::vector<std::int64_t>{0}
-                                     : std::vector<std::int64_t>{1, heads, tensor->tokens, head_dim};
+                                     : std::vector<std::int64_t>{1, tensor->heads, tensor->tokens, tensor->head_dim};
     view.hash = kvcheck::content_hash(tensor->values.data(), tensor->values.size());
     return view;
 }
@@ -49,15 +49,15 @@ CachePtr materialize(const kvcheck::CacheContent& content) {
         auto key_list = std::make_shared<TensorList>();
         auto value_list = std::make_shared<TensorList>();
         for (const kvcheck::LayerContent& layer : content.layers) {
-            key_list->push_back(slot_tensor(layer.slots[kvcheck::keys], dtype));
-            value_list->push_back(slot_tensor(layer.slots[kvcheck::values], dtype));
+            key_list->push_back(slot_tensor(content, layer.slots[kvcheck::keys], dtype));
+            value_list->push_back(slot_tensor(content, layer.slots[kvcheck::values], dtype));
         }
         return Cache::from_slots(std::move(key_list), std::move(value_list));
     }
     auto layers = std::make_shared<LayerList>();
     for (const kvcheck::LayerContent& layer : content.layers) {
         auto made = std::make_shared<Layer>();
-        for (int s = 0; s < slot_count; ++s) made->slots[s] = slot_tensor(layer.slots[s], dtype);
+        for (int s = 0; s < slot_count; ++s) made->slots[s] = slot_tensor(content, layer.slots[s], dtype);
         made->initialized = layer.initialized;
         layers->push_back(std::move(made));
     }

@@ -33,8 +33,10 @@ class VectorEngine : public kvcheck::Engine {
     explicit VectorEngine(Depth copies = Depth::deep);
 
     std::string name() const override;
+    // Everything, item metadata included. (An engine of one geometry would
+    // clear any_geometry: kvcheck then gives it caches of 2 heads of 4 only.)
     kvcheck::Capabilities capabilities() const override {
-        kvcheck::Capabilities capabilities;  // everything, item metadata included
+        kvcheck::Capabilities capabilities;
         capabilities.metadata = true;
         return capabilities;
     }

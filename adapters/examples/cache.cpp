@@ -31,11 +31,20 @@ bool fits_f16(float value) {
 // Appends `piece` to `slot` along seq, in place: the storage keeps its
 // identity and holds the longer sequence.
 void append_in_place(Storage& slot, const Storage& piece) {
+    if (slot.tokens == 0) {
+        slot.heads = piece.heads;
+        slot.head_dim = piece.head_dim;
+    }
+    if (piece.tokens > 0 && (piece.heads != slot.heads || piece.head_dim != slot.head_dim)) {
+        throw std::invalid_argument("append: K/V of " + std::to_string(piece.heads) + "x" + std::to_string(piece.head_dim) +
+                                    " onto " + std::to_string(slot.heads) + "x" + std::to_string(slot.head_dim));
+    }
+    const std::int64_t heads = slot.heads;
     const std::int64_t tokens = slot.tokens + piece.tokens;
     std::vector<float> grown;
-    grown.reserve(static_cast<std::size_t>(heads * tokens * head_dim));
-    const std::int64_t old_block = slot.tokens * head_dim;
-    const std::int64_t new_block = piece.tokens * head_dim;
+    grown.reserve(static_cast<std::size_t>(heads * tokens * slot.head_dim));
+    const std::int64_t old_block = slot.tokens * slot.head_dim;
+    const std::int64_t new_block = piece.tokens * slot.head_dim;
     for (std::int64_t head = 0; head < heads; ++head) {
         const auto old_at = slot.values.begin() + head * old_block;
         const auto new_at = piece.values.begin() + head * new_block;
@@ -109,17 +118,19 @@ bool is_exact_in(DType dtype, float value) {
 
 DType promote(DType a, DType b) { return a == b ? a : DType::f32; }
 
-Tensor make_tensor(DType dtype, std::int64_t tokens, std::vector<float> values) {
-    if (tokens < 0 || values.size() != static_cast<std::size_t>(heads * tokens * head_dim)) {
-        throw std::invalid_argument("make_tensor: " + std::to_string(values.size()) + " values for " +
-                                    std::to_string(tokens) + " tokens");
+Tensor make_tensor(DType dtype, std::int64_t heads, std::int64_t tokens, std::int64_t head_dim, std::vector<float> values) {
+    if (heads < 1 || head_dim < 1 || tokens < 0 || values.size() != static_cast<std::size_t>(heads * tokens * head_dim)) {
+        throw std::invalid_argument("make_tensor: " + std::to_string(values.size()) + " values for " + std::to_string(heads) +
+                                    " heads of " + std::to_string(tokens) + " tokens of " + std::to_string(head_dim));
     }
     for (float value : values) {
         if (!is_exact_in(dtype, value)) throw std::invalid_argument("make_tensor: a value is not exact in its dtype");
     }
     auto storage = std::make_shared<Storage>();
     storage->dtype = dtype;
+    storage->heads = heads;
     storage->tokens = tokens;
+    storage->head_dim = head_dim;
     storage->values = std::move(values);
     return storage;
 }
@@ -231,6 +242,16 @@ DType cache_dtype(const Cache& cache) {
         seen = true;
     });
     return found;
+}
+
+std::pair<std::int64_t, std::int64_t> cache_geometry(const Cache& cache) {
+    for (std::size_t layer = 0; layer < cache.layer_count(); ++layer) {
+        for (Slot side : {keys, values}) {
+            const Tensor t = logical(cache, layer, side);
+            if (holds_elements(t)) return {t->heads, t->head_dim};
+        }
+    }
+    return {default_heads, default_head_dim};
 }
 
 CachePtr clone(const Cache& source, Depth depth) {

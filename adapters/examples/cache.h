@@ -20,16 +20,21 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vector_engine {
 
-inline constexpr std::int64_t heads = 2;
-inline constexpr std::int64_t head_dim = 4;
+// The geometry a tensor has when nothing says otherwise (the model's, on a
+// cache that holds no token yet).
+inline constexpr std::int64_t default_heads = 2;
+inline constexpr std::int64_t default_head_dim = 4;
 
 enum class Layout : std::uint8_t { modern, legacy };
-// A tag: the engine computes in float, and every value it ever holds is a
-// multiple of 1/8 in [-4, 4], exact in all three types (is_exact_in checks).
+// A tag: the engine computes in float, and every value it holds is exact in
+// the dtype of its tensor (is_exact_in checks): kvcheck's values come
+// rounded to their dtype (kvcheck::fill_slot), the model's are multiples of
+// 1/8 in [-4, 4], exact in all three types.
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
 std::int64_t bytes_per_value(DType dtype);
@@ -38,15 +43,18 @@ bool is_exact_in(DType dtype, float value);
 DType promote(DType a, DType b);
 
 // One K or V tensor, shape [1, heads, tokens, head_dim], row-major
-// (head, token, dim); a tensor holding no token has shape [0].
+// (head, token, dim); a tensor holding no token has shape [0]. Appending
+// to a tensor that holds tokens needs the same heads and head_dim.
 struct Storage {
     DType dtype = DType::f32;
+    std::int64_t heads = default_heads;
     std::int64_t tokens = 0;
+    std::int64_t head_dim = default_head_dim;
     std::vector<float> values;  // heads * tokens * head_dim
 };
 using Tensor = std::shared_ptr<Storage>;  // null: the slot is absent
 
-Tensor make_tensor(DType dtype, std::int64_t tokens, std::vector<float> values);
+Tensor make_tensor(DType dtype, std::int64_t heads, std::int64_t tokens, std::int64_t head_dim, std::vector<float> values);
 Tensor empty_tensor(DType dtype);
 Tensor copy_tensor(const Tensor& tensor);  // a new storage with the same content; null stays null
 bool holds_elements(const Tensor& tensor);
@@ -125,6 +133,9 @@ Tensor logical(const Cache& cache, std::size_t layer_index, Slot side);
 bool holds_tokens(const Cache& cache);
 // The dtype of the first tensor the cache holds (any slot, any layer), else f32.
 DType cache_dtype(const Cache& cache);
+// The heads and head_dim of the first logical K or V holding tokens, else
+// the defaults.
+std::pair<std::int64_t, std::int64_t> cache_geometry(const Cache& cache);
 
 // How deep a clone goes. Depth::shallow is vector-engine-shallow's bug: the
 // copy has its own lists and layer objects, but their tensors are the

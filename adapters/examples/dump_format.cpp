@@ -48,7 +48,9 @@ class Writer {
         u8(t ? 1 : 0);
         if (!t) return;
         u8(static_cast<std::uint8_t>(t->dtype));
+        u32(static_cast<std::uint32_t>(t->heads));
         u32(static_cast<std::uint32_t>(t->tokens));
+        u32(static_cast<std::uint32_t>(t->head_dim));
         for (float v : t->values) f32(v);
     }
     std::vector<char>& bytes() { return bytes_; }
@@ -102,16 +104,21 @@ class Reader {
         if (!flag()) return nullptr;
         const std::uint8_t dtype = u8();
         if (dtype > 2) fail("unknown dtype " + std::to_string(dtype));
+        const std::uint32_t heads = u32();
         const std::uint32_t tokens = u32();
+        const std::uint32_t head_dim = u32();
         if (tokens > limits_.tokens_max) fail("a tensor of " + std::to_string(tokens) + " tokens");
-        const auto count = static_cast<std::size_t>(heads * tokens * head_dim);
+        if (heads < 1 || heads > limits_.heads_max || head_dim < 1 || head_dim > limits_.heads_max) {
+            fail("a tensor of " + std::to_string(heads) + " heads of " + std::to_string(head_dim));
+        }
+        const std::size_t count = std::size_t{heads} * tokens * head_dim;
         if (count * 4 > bytes_.size() - at_) fail("a tensor longer than the file");
         std::vector<float> values(count);
         for (float& v : values) {
             v = f32();
             if (!is_exact_in(static_cast<DType>(dtype), v)) fail("a value not representable in its dtype");
         }
-        return make_tensor(static_cast<DType>(dtype), tokens, std::move(values));
+        return make_tensor(static_cast<DType>(dtype), heads, tokens, head_dim, std::move(values));
     }
     CachePtr cache() {
         const std::uint8_t layout = u8();

@@ -10,8 +10,8 @@
 //   cache   u8 layout (0 modern, 1 legacy) | u32 layers | per layer:
 //           modern: u8 initialized | 4 tensors (keys, values, key_cache, value_cache)
 //           legacy: 2 tensors (key_cache[i], value_cache[i])
-//   tensor  u8 present | if present: u8 dtype (0 f32, 1 f16, 2 bf16) | u32 tokens |
-//           heads*tokens*head_dim f32 values
+//   tensor  u8 present | if present: u8 dtype (0 f32, 1 f16, 2 bf16) | u32 heads |
+//           u32 tokens | u32 head_dim | heads*tokens*head_dim f32 values
 //   str     u32 length | bytes
 //
 //   std::vector<char> bytes = encode_dump(items);
@@ -44,7 +44,7 @@ class DumpError : public std::runtime_error {
 };
 
 inline constexpr const char* dump_file_name = "vector-engine.dump";
-inline constexpr std::uint32_t dump_format_version = 1;
+inline constexpr std::uint32_t dump_format_version = 2;
 
 // Bounds a load never exceeds, whatever a file claims.
 struct DumpLimits {
@@ -52,6 +52,7 @@ struct DumpLimits {
     std::uint32_t items_max = 1u << 20;
     std::uint32_t layers_max = 1u << 12;  // per cache
     std::uint32_t tokens_max = 1u << 20;  // per tensor
+    std::uint32_t heads_max = 1u << 10;   // per tensor, and as many head_dim
     std::uint32_t string_bytes_max = 1u << 16;
 };
 

@@ -3,6 +3,7 @@
 #include <kvcheck/splitmix.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -26,7 +27,8 @@ float kv_value(std::int64_t token, std::int64_t position, std::size_t layer, int
 }
 
 Tensor token_kv(const std::vector<std::int64_t>& tokens, std::int64_t first_position, std::size_t layer, int side,
-                DType dtype) {
+                DType dtype, std::pair<std::int64_t, std::int64_t> geometry) {
+    const auto [heads, head_dim] = geometry;
     const auto count = static_cast<std::int64_t>(tokens.size());
     std::vector<float> values;
     values.reserve(static_cast<std::size_t>(heads * count * head_dim));
@@ -37,13 +39,18 @@ Tensor token_kv(const std::vector<std::int64_t>& tokens, std::int64_t first_posi
             }
         }
     }
-    return make_tensor(dtype, count, std::move(values));
+    return make_tensor(dtype, heads, count, head_dim, std::move(values));
 }
 
 std::uint64_t hash_tensor(std::uint64_t hash, const Tensor& tensor) {
     if (!tensor) return combine(hash, 0xA55E27ull);  // absent differs from empty
     hash = combine(hash, static_cast<std::uint64_t>(tensor->tokens));
-    for (float value : tensor->values) hash = combine(hash, static_cast<std::uint64_t>(static_cast<std::int64_t>(value * 8.0f)));
+    // Every bit of every value counts (kvcheck's values have full mantissas).
+    for (float value : tensor->values) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &value, sizeof bits);
+        hash = combine(hash, bits);
+    }
     return hash;
 }
 
@@ -65,10 +72,11 @@ std::int64_t Model::forward(const std::vector<std::int64_t>& tokens, Cache& cach
     }
     const Tensor layer0_keys = logical(cache, 0, keys);
     const DType dtype = layer0_keys ? layer0_keys->dtype : DType::f32;
+    const std::pair<std::int64_t, std::int64_t> geometry = cache_geometry(cache);
     const std::int64_t first_position = cache.seq_length(0);
     for (std::size_t layer = 0; layer < config_.layer_count; ++layer) {
-        cache.update(token_kv(tokens, first_position, layer, 0, dtype), token_kv(tokens, first_position, layer, 1, dtype),
-                     layer);
+        cache.update(token_kv(tokens, first_position, layer, 0, dtype, geometry),
+                     token_kv(tokens, first_position, layer, 1, dtype, geometry), layer);
     }
     std::uint64_t hash = 0;
     for (std::int64_t token : tokens) hash = combine(hash, static_cast<std::uint64_t>(token));

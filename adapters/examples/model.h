@@ -34,7 +34,9 @@ class Model {
     // Runs `tokens` (non-empty, each in [0, vocab)) on top of `cache`: for
     // each model layer, appends the tokens' K/V (a fixed function of token,
     // absolute position, layer and side, multiples of 1/8) in one update, in
-    // the dtype of the cache's layer-0 keys (f32 when it has none). The
+    // the dtype of the cache's layer-0 keys (f32 when it has none) and the
+    // geometry of the tokens it holds (cache_geometry: the model adapts to
+    // the cache, 2 heads of 4 on a cache without tokens). The
     // position of the first token is cache.seq_length(0) before the call.
     // Returns the next token: a hash of the tokens and of every logical K/V
     // value of every layer of the cache after the update.

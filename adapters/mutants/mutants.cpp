@@ -9,9 +9,11 @@
 #include "reference/cache_views.h"
 #include "reference/reference_engine.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace kvcheck::adapters {
 namespace {
@@ -367,6 +369,128 @@ CachePtr clone_m9(const Cache& source) {
     return clone_layers(source, [](const kv::Layer& layer) { return layer; });
 }
 
+// Rebinds every tensor `cache` holds to `change` of it.
+void rebind_each_tensor(Cache& cache, const std::function<at::Tensor(const at::Tensor&)>& change) {
+    const auto apply = [&](at::Tensor& t) {
+        if (t.defined()) t = change(t);
+    };
+    if (cache.layout() == kv::Layout::legacy) {
+        for (at::Tensor& t : *cache.key_cache()) apply(t);
+        for (at::Tensor& t : *cache.value_cache()) apply(t);
+        return;
+    }
+    for (const kv::LayerPtr& layer : *cache.layers()) {
+        apply(layer->keys);
+        apply(layer->values);
+        apply(layer->key_cache);
+        apply(layer->value_cache);
+    }
+}
+
+// A clone whose every tensor is the reference clone's, passed through `copy_tensor`.
+CachePtr clone_each_tensor(const Cache& source, const std::function<at::Tensor(const at::Tensor&)>& copy_tensor) {
+    CachePtr copy = kv::clone(source);
+    rebind_each_tensor(*copy, copy_tensor);
+    return copy;
+}
+
+// M13: clone routes bfloat16 through float16 (a conversion kernel written
+// for one half type, reused for the other): the copy keeps the bfloat16 tag
+// but loses what float16 cannot hold (values below 2^-14 lose bits).
+CachePtr clone_m13(const Cache& source) {
+    return clone_each_tensor(source, [](const at::Tensor& t) {
+        return t.scalar_type() == at::kBFloat16 ? t.to(at::kHalf).to(at::kBFloat16) : t;
+    });
+}
+
+// M14: clone copies a slot of 64 tokens or more in chunks of 64 rows, and
+// each chunk after the first starts one row early: row 63 is repeated, the
+// rest shift by one and the last row is lost. The shape is right.
+constexpr std::int64_t chunk_rows = 64;
+
+CachePtr clone_m14(const Cache& source) {
+    return clone_each_tensor(source, [](const at::Tensor& t) {
+        if (t.dim() != 4 || t.size(2) < chunk_rows) return t;
+        std::vector<at::Tensor> chunks;
+        std::int64_t copied = 0;
+        for (std::int64_t start = 0; copied < t.size(2); start += chunk_rows - 1) {
+            const std::int64_t rows = std::min(chunk_rows, t.size(2) - copied);
+            chunks.push_back(t.narrow(2, start, rows));
+            copied += rows;
+        }
+        return at::cat(chunks, 2);
+    });
+}
+
+// M15: clone hands out the slots of 256 tokens or more without copying them
+// (a copy-avoiding path for large buffers): the copy shares their storage
+// with its source.
+constexpr std::int64_t shared_rows_min = 256;
+
+CachePtr clone_m15(const Cache& source) {
+    CachePtr copy = clone_each_tensor(source, [](const at::Tensor& t) { return t; });
+    const auto share_large = [](at::Tensor& mine, const at::Tensor& theirs) {
+        if (theirs.defined() && theirs.dim() == 4 && theirs.size(2) >= shared_rows_min) mine = theirs;
+    };
+    if (copy->layout() == kv::Layout::legacy) {
+        for (std::size_t i = 0; i < copy->key_cache()->size(); ++i) {
+            share_large((*copy->key_cache())[i], (*source.key_cache())[i]);
+            share_large((*copy->value_cache())[i], (*source.value_cache())[i]);
+        }
+        return copy;
+    }
+    for (std::size_t i = 0; i < copy->layers()->size(); ++i) {
+        kv::Layer& mine = *(*copy->layers())[i];
+        const kv::Layer& theirs = *(*source.layers())[i];
+        share_large(mine.keys, theirs.keys);
+        share_large(mine.values, theirs.values);
+        share_large(mine.key_cache, theirs.key_cache);
+        share_large(mine.value_cache, theirs.value_cache);
+    }
+    return copy;
+}
+
+// M16: get_cache refuses to merge items of different dtypes, which the
+// semantics allow, but only after it has cast the stored items in place to
+// the first one's dtype (normalizing before checking).
+class M16 final : public ReferenceEngine {
+  protected:
+    CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        std::vector<kv::ItemPtr> kept;
+        for (const std::string& id : ids) {
+            const kv::ItemPtr item = store_.get(id);
+            if (item && kv::holds_tokens(*item->cache)) kept.push_back(item);
+        }
+        if (kept.empty()) return ReferenceEngine::store_get_cache(ids);
+        const at::ScalarType first = dtype_of(*kept.front()->cache);
+        const bool mixed = std::any_of(kept.begin(), kept.end(), [first](const kv::ItemPtr& item) {
+            return dtype_of(*item->cache) != first;
+        });
+        if (!mixed) return ReferenceEngine::store_get_cache(ids);
+        for (const kv::ItemPtr& item : kept) {
+            rebind_each_tensor(*std::const_pointer_cast<Cache>(item->cache), [first](const at::Tensor& t) { return t.to(first); });
+        }
+        throw std::invalid_argument("get_cache: items of different dtypes are not merged");
+    }
+
+  private:
+    // The dtype of the first tensor the cache holds: the one the promotion counts.
+    static at::ScalarType dtype_of(const Cache& cache) {
+        std::vector<at::Tensor> tensors;
+        if (cache.layout() == kv::Layout::legacy) {
+            tensors = *cache.key_cache();
+        } else {
+            for (const kv::LayerPtr& layer : *cache.layers()) {
+                tensors.insert(tensors.end(), {layer->keys, layer->values, layer->key_cache, layer->value_cache});
+            }
+        }
+        for (const at::Tensor& t : tensors) {
+            if (t.defined()) return t.scalar_type();
+        }
+        return at::kFloat;
+    }
+};
+
 class M4 final : public ReferenceEngine {
   public:
     M4() : ReferenceEngine(copier_with(clone_m4)) {}
@@ -390,6 +514,21 @@ class M7 final : public ReferenceEngine {
 class M9 final : public ReferenceEngine {
   public:
     M9() : ReferenceEngine(copier_with(clone_m9)) {}
+};
+
+class M13 final : public ReferenceEngine {
+  public:
+    M13() : ReferenceEngine(copier_with(clone_m13)) {}
+};
+
+class M14 final : public ReferenceEngine {
+  public:
+    M14() : ReferenceEngine(copier_with(clone_m14)) {}
+};
+
+class M15 final : public ReferenceEngine {
+  public:
+    M15() : ReferenceEngine(copier_with(clone_m15)) {}
 };
 
 // A bundled adapter of mutant M under `name`.
@@ -417,7 +556,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
                    {P::layout_roundtrip, P::clone_independent, P::generation_equivalent, P::stored_immutable,
                     P::owned_marker}),
-        mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer", {P::clone_independent, P::layout_roundtrip}),
+        mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer",
+                   {P::clone_independent, P::layout_roundtrip, P::stored_immutable, P::owned_marker}),
         mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
         mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),
         mutant<M9>("M9", "clone copies layer objects but shares their tensors",
@@ -425,6 +565,12 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
+        mutant<M13>("M13", "clone routes bfloat16 through float16 (keeps the tag, loses bits)", {P::layout_roundtrip}),
+        mutant<M14>("M14", "clone copies slots of 64 tokens or more in chunks that overlap by a row",
+                    {P::layout_roundtrip, P::generation_equivalent}),
+        mutant<M15>("M15", "clone shares slots of 256 tokens or more with its source instead of copying them",
+                    {P::clone_independent, P::stored_immutable, P::owned_marker}),
+        mutant<M16>("M16", "get_cache refuses items of different dtypes, after casting them in place", {P::stored_immutable}),
         mutant<M17>("M17", "release zeroes what it releases, even a borrowed stored item",
                     {P::stored_immutable, P::layout_roundtrip}),
         mutant<M18>("M18", "a re-added id takes back its old place in the insertion order", {P::store_contract}),

@@ -26,14 +26,15 @@ Dtype dtype_of(at::ScalarType type) {
     throw std::invalid_argument(std::string("a cache tensor has dtype ") + c10::toString(type));
 }
 
-at::Tensor slot_tensor(const SlotContent& slot, at::ScalarType dtype) {
+at::Tensor slot_tensor(const CacheContent& content, const SlotContent& slot, at::ScalarType dtype) {
     if (!slot.present) return {};
     if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
     std::vector<float> values;
-    fill_slot(slot, values);
+    fill_slot(slot, content.heads, content.head_dim, values);
     // Made in place: at::tensor, reshape and to would be three trips through
-    // the dispatcher per slot (and at::empty a fourth).
-    at::Tensor made = at::detail::empty_cpu({cache_batch, cache_heads, slot.tokens(), cache_head_dim}, at::kFloat);
+    // the dispatcher per slot (and at::empty a fourth). The values are
+    // already rounded to their precision, so the cast is exact.
+    at::Tensor made = at::detail::empty_cpu({cache_batch, content.heads, slot.tokens(), content.head_dim}, at::kFloat);
     assert(static_cast<std::size_t>(made.numel()) == values.size());
     std::memcpy(made.data_ptr<float>(), values.data(), values.size() * sizeof(float));
     return dtype == at::kFloat ? made : made.to(dtype);
@@ -78,18 +79,18 @@ kv::CachePtr materialize(const CacheContent& content) {
         auto keys = std::make_shared<kv::TensorList>();
         auto values = std::make_shared<kv::TensorList>();
         for (const LayerContent& layer : content.layers) {
-            keys->push_back(slot_tensor(layer.slots[kvcheck::keys], dtype));
-            values->push_back(slot_tensor(layer.slots[kvcheck::values], dtype));
+            keys->push_back(slot_tensor(content, layer.slots[kvcheck::keys], dtype));
+            values->push_back(slot_tensor(content, layer.slots[kvcheck::values], dtype));
         }
         return kv::Cache::from_slots(std::move(keys), std::move(values));
     }
     auto layers = std::make_shared<kv::LayerList>();
     for (const LayerContent& layer : content.layers) {
         auto made = std::make_shared<kv::Layer>();
-        made->keys = slot_tensor(layer.slots[kvcheck::keys], dtype);
-        made->values = slot_tensor(layer.slots[kvcheck::values], dtype);
-        made->key_cache = slot_tensor(layer.slots[kvcheck::key_cache], dtype);
-        made->value_cache = slot_tensor(layer.slots[kvcheck::value_cache], dtype);
+        made->keys = slot_tensor(content, layer.slots[kvcheck::keys], dtype);
+        made->values = slot_tensor(content, layer.slots[kvcheck::values], dtype);
+        made->key_cache = slot_tensor(content, layer.slots[kvcheck::key_cache], dtype);
+        made->value_cache = slot_tensor(content, layer.slots[kvcheck::value_cache], dtype);
         made->is_initialized = layer.initialized;
         layers->push_back(std::move(made));
     }

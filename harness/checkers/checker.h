@@ -62,6 +62,10 @@ struct Made {
     std::string id;                     // get, stored_back: the id
     std::size_t ids = 0;                // get_cache: how many ids were asked for
     bool merged = false;                // get_cache, concat: of several parts
+    // get_cache, concat of parts of different dtypes that the engine
+    // refused: its error. The handle must then hold nothing, and the store
+    // must be as it was (the run reads all of it after the step).
+    std::optional<std::string> refused;
 };
 
 struct Generated {
@@ -81,14 +85,14 @@ struct Generated {
 
 // The copies an operation logged (Engine::take_copies, read right after
 // it), against those its semantics make: between `min` and `max` copies,
-// each of `bytes` bytes of K/V. Delivered after every operation when the
-// copy log is read.
+// each of `bytes` bytes of K/V (when known). Delivered after every
+// operation when the copy log is read.
 struct Copies {
     std::string what;  // the operation, as messages name it: "clone h1 -> h2"
     std::vector<CopyRecord> logged;
     std::size_t min = 0;
     std::size_t max = 0;
-    std::int64_t bytes = 0;
+    std::optional<std::int64_t> bytes;
 };
 
 struct Loaded {

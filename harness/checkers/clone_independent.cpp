@@ -5,9 +5,13 @@
 // (docs/semantics.md#conversion-copies).
 //
 // Checked, when the engine reports storage identities: the copy's storage
-// against its source's, at the step that made it.
+// against its source's, at the step that made it. The copy a generation
+// makes of a cache that is not an owned copy (one that is not stored: made,
+// or a conversion's result) is judged by its effect: the model filling that
+// copy must leave the source's content as it was, read after the generation.
 // Not checked here: the clone's content (layout-roundtrip), its owned
-// marker (owned-marker), what a generation does to either (stored-immutable).
+// marker (owned-marker), what a generation does to a stored entry
+// (stored-immutable).
 #include "checkers/checker.h"
 
 namespace kvcheck::checkers {
@@ -23,6 +27,16 @@ class CloneIndependent final : public Checker {
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
             const std::string what = made.by == MadeBy::clone ? "the clone " : "the copy from_legacy made, ";
             fail(probe, what + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
+        }
+    }
+
+    void generated(const Generated& generation, Probe& probe) override {
+        if (generation.owned || generation.source == 0 || !checking(probe)) return;
+        const std::optional<ObjectId> source = probe.auditor().handle(generation.source);
+        if (!source || probe.auditor().object(*source).origin == Origin::stored_item) return;
+        const std::string difference = probe.handle_difference(generation.source, *source);
+        if (!difference.empty()) {
+            fail(probe, generation_text(generation) + " changed its source through the copy it decoded on: " + difference);
         }
     }
 };

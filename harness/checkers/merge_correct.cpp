@@ -4,9 +4,15 @@
 // length, has every merged layer initialized, and shares no storage with
 // its parts.
 //
+// A merge of parts of different dtypes has the dtype torch.cat promotes to,
+// each part's values as they were (rounded to that part's dtype); an engine
+// may instead refuse it with an error, and then its handle holds nothing
+// (that the store is unchanged is stored-immutable's).
+//
 // Checked: the merged handle's view against the auditor's expected
 // concatenation, at the merge's step; for concat, the storage it shares
-// with its parts (when the engine reports storage identities).
+// with its parts (when the engine reports storage identities); that a
+// refused merge left no cache behind.
 // Not checked here: the owned marker of the result (owned-marker), that the
 // sources stay unchanged (stored-immutable), the copy count (single-copy).
 #include "checkers/checker.h"
@@ -19,7 +25,15 @@ class MergeCorrect final : public Checker {
     MergeCorrect() : Checker(Property::merge_correct) {}
 
     void made(const Made& made, Probe& probe) override {
-        if (!made.object || !checking(probe)) return;
+        if (!checking(probe)) return;
+        if (made.refused) {
+            expect(probe, !probe.handle(made.out).exists, [&] {
+                return "the engine refused the merge of mixed dtypes (" + *made.refused + ") but " +
+                       handle_text(made.out) + " holds a cache";
+            });
+            return;
+        }
+        if (!made.object) return;
         const bool merge = (made.by == MadeBy::get_cache && made.merged) || made.by == MadeBy::concat;
         if (!merge) return;
         const std::string difference = probe.handle_difference(made.out, *made.object);

@@ -39,7 +39,9 @@ class OwnedMarker final : public Checker {
                 if (made.object) check_owned(made.out, true, made.merged ? "the merged cache" : "the copy", probe);
                 return;
             case MadeBy::clone: check_owned(made.out, true, "the clone", probe); return;
-            case MadeBy::concat: check_owned(made.out, true, "the merged cache", probe); return;
+            case MadeBy::concat:
+                if (made.object) check_owned(made.out, true, "the merged cache", probe);
+                return;
             case MadeBy::to_legacy: check_owned(made.out, false, "to_legacy gave", probe); return;
             case MadeBy::from_legacy: check_owned(made.out, false, "from_legacy gave", probe); return;
             case MadeBy::make: return;

@@ -118,6 +118,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
         {"seed", true, "seed of the first trace (default 20261202); trace i uses seed+i"},
         {"cases", true, "traces per property (default 200)"},
+        {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
         {"seconds", true, "time per property instead of a case count"},
         {"report", true, "table (default), json, junit or markdown"},
         {"out", true, "write the report to this file instead of standard output"},
@@ -170,6 +171,11 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.trace_dir = options.get("trace-dir", conformance.trace_dir);
     conformance.progress = !options.has("quiet");
     conformance.jobs = options.number("jobs", std::max(1u, std::thread::hardware_concurrency()));
+    try {
+        conformance.workload.scope = scope_named(options.get("scope", "default"));
+    } catch (const std::invalid_argument& error) {
+        throw UsageError(std::string("--scope: ") + error.what());
+    }
     if (conformance.cases == 0 && conformance.seconds == 0) throw UsageError("--cases must be at least 1");
     if (conformance.jobs == 0) throw UsageError("--jobs must be at least 1");
     return conformance;
@@ -289,8 +295,7 @@ int command_run(const Args& args) {
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? std::to_string(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
-              << conformance.workload.trace_ops_max << " operations, caches of at most " << conformance.workload.cache_layers_max
-              << " layers x " << conformance.workload.layer_tokens_max << " tokens\n";
+              << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "\n";
     const std::vector<AdapterResult> results = check_adapters(adapters, conformance);
     write_output(render_report(results, format, conformance.seed), options.get("out", ""));
     if (bundled) {

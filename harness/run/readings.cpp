@@ -241,14 +241,23 @@ std::optional<std::string> Readings::aliased_entry(const checkers::HandleFact& f
     return first;
 }
 
-// Was `copy` copied from `source`, or from a view of it, or from what it is
-// a view of?
+namespace {
+
+// The object a chain of views (conversion results) comes down from.
+ObjectId view_root(const Auditor& audit, ObjectId object) {
+    while (audit.object(object).alias_parent != 0) object = audit.object(object).alias_parent;
+    return object;
+}
+
+}  // namespace
+
+// Was `copy` copied from `source`, or from another view of the same cache?
 bool Readings::copied_from(ObjectId copy, ObjectId source) const {
     const Lineage& lineage = audit_.object(copy).lineage;
     if (lineage.empty()) return false;
-    return std::any_of(lineage[0].begin(), lineage[0].end(), [&](ObjectId from) {
-        return from == source || audit_.may_alias(from, source) || audit_.may_alias(source, from);
-    });
+    const ObjectId root = view_root(audit_, source);
+    return std::any_of(lineage[0].begin(), lineage[0].end(),
+                       [&](ObjectId from) { return view_root(audit_, from) == root; });
 }
 
 std::optional<std::int64_t> Readings::handle_sharing(const checkers::HandleFact& fact) {
@@ -267,7 +276,8 @@ std::optional<std::int64_t> Readings::handle_sharing(const checkers::HandleFact&
         for (const std::int64_t other : found->second) {
             const std::optional<ObjectId> object = audit_.handle(other);
             if (other == fact.handle || !object || *object == fact.object) continue;
-            if (audit_.may_alias(fact.object, *object) || audit_.may_alias(*object, fact.object)) continue;
+            // Views of one cache share it.
+            if (view_root(audit_, fact.object) == view_root(audit_, *object)) continue;
             // A copy sharing with what it was copied from is the copy's
             // fault, judged where it was made (clone-independent,
             // merge-correct), whenever the store is read.

@@ -15,7 +15,8 @@
 // - before a step that replaces or removes the entries it names, those
 //   entries, so that a change is not wiped before it is seen;
 // - every entry, the listing and every handle ("a full read"): before and
-//   after a step that reads or replaces the whole store, every
+//   after a step that reads or replaces the whole store, after a merge the
+//   engine refused (it must have changed nothing), every
 //   max(sweep_steps_min, entries) steps, and at the end of the run, then
 //   without entry versions.
 // A change no handle can reach (an engine writing into an entry it was not
@@ -160,7 +161,15 @@ void Run::run_step(const Op& operation) {
     }
     deliver(*fact);
     if (op_changes_ids(operation)) listing_due_ = true;
-    if (reads_store_) check_after(operation, named, std::move(reached));
+    if (!reads_store_) return;
+    // A merge the engine refused must have changed nothing: all of the
+    // store is read at once.
+    const auto* made = std::get_if<checkers::Made>(&*fact);
+    if (made != nullptr && made->refused) {
+        check_everything(" (read after the engine refused a merge of mixed dtypes)");
+        return;
+    }
+    check_after(operation, named, std::move(reached));
 }
 
 void Run::deliver(const Fact& fact) {

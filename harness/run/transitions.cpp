@@ -17,6 +17,23 @@ bool generation_compatible(const CacheContent& content) {
     return true;
 }
 
+// Runs a merge on the engine. A merge of parts of different dtypes may be
+// refused (docs/semantics.md, mixed dtypes): the engine's error is returned
+// and checked as a refusal. Any other error stays an error of the step.
+template <typename Call>
+std::optional<std::string> run_merge(bool mixed, Call&& call) {
+    if (!mixed) {
+        call();
+        return std::nullopt;
+    }
+    try {
+        call();
+    } catch (const std::exception& error) {
+        return std::string(error.what());
+    }
+    return std::nullopt;
+}
+
 checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object) {
     checkers::Made fact;
     fact.by = by;
@@ -31,6 +48,21 @@ void Transitions::expect_copies(std::string what, std::size_t count, const Cache
     copies_.what = std::move(what);
     copies_.min = copies_.max = count;
     copies_.bytes = content_bytes(content);
+}
+
+void Transitions::count_merge(bool mixed, bool refused) {
+    ++coverage_.merges;
+    coverage_.mixed_merges += mixed ? 1 : 0;
+    coverage_.refused_merges += refused ? 1 : 0;
+}
+
+// A refused merge may have copied a part before it refused: that copy is
+// gone with the error, and harmless.
+void Transitions::refused_copies(std::string what) {
+    copies_.what = std::move(what);
+    copies_.min = 0;
+    copies_.max = 1;
+    copies_.bytes.reset();
 }
 
 void Transitions::count_layout(Layout layout) {
@@ -100,22 +132,30 @@ std::optional<Fact> Transitions::apply(const op::GetAll&) { return checkers::Got
 template <>
 std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     std::vector<ObjectId> parts;  // the entries that hold tokens
+    std::vector<CacheContent> contents;
     for (const std::string& id : op.ids) {
         const std::optional<ObjectId> entry = audit_.entry(id);
-        if (entry && content_holds_tokens(audit_.object(*entry).content)) parts.push_back(*entry);
+        if (entry && content_holds_tokens(audit_.object(*entry).content)) {
+            parts.push_back(*entry);
+            contents.push_back(audit_.object(*entry).content);
+        }
     }
-    engine_.get_cache(op.ids, op.out.value);
+    if (!merged_geometry_ok(contents)) return std::nullopt;
+    const bool mixed = dtypes_mixed(contents);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
+    fact.refused = run_merge(mixed, [&] { engine_.get_cache(op.ids, op.out.value); });
     fact.ids = op.ids.size();
-    if (parts.empty()) {
+    fact.merged = parts.size() > 1;
+    if (parts.empty() || fact.refused) {
+        if (fact.refused) {
+            count_merge(true, true);
+            refused_copies("get_cache " + std::to_string(op.ids.size()) + " ids");
+        }
         audit_.bind(op.out.value, std::nullopt);
         return fact;
     }
-    fact.merged = parts.size() > 1;
     if (fact.merged) {
-        ++coverage_.merges;
-        std::vector<CacheContent> contents;
-        for (const ObjectId part : parts) contents.push_back(audit_.object(part).content);
+        count_merge(mixed, false);
         fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2, audit_.copy_lineage(parts));
     } else {
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
@@ -276,17 +316,23 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
         objects.push_back(*object);
         deepest = std::max(deepest, audit_.object(*object).chain_sets);
     }
-    if (parts.empty()) return std::nullopt;
+    if (parts.empty() || !merged_geometry_ok(parts)) return std::nullopt;
     std::vector<Handle> handles;
     for (const HandleName& part : op.parts) handles.push_back(part.value);
-    engine_.concat(handles, op.out.value);
+    const bool mixed = dtypes_mixed(parts);
     checkers::Made fact = made(MadeBy::concat, op.out.value, std::nullopt);
+    fact.refused = run_merge(mixed, [&] { engine_.concat(handles, op.out.value); });
     fact.merged = parts.size() > 1;
-    if (fact.merged) ++coverage_.merges;
-    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1, audit_.copy_lineage(objects));
-    expect_copies("concat -> " + checkers::handle_text(op.out.value), 1, audit_.object(*fact.object).content);
     fact.sources = std::move(sources);
+    if (fact.merged || fact.refused) count_merge(mixed, fact.refused.has_value());
+    if (fact.refused) {
+        refused_copies("concat -> " + checkers::handle_text(op.out.value));
+        audit_.bind(op.out.value, std::nullopt);
+        return fact;
+    }
+    fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1, audit_.copy_lineage(objects));
     audit_.bind(op.out.value, fact.object);
+    expect_copies("concat -> " + checkers::handle_text(op.out.value), 1, audit_.object(*fact.object).content);
     return fact;
 }
 

@@ -5,7 +5,9 @@
 // An operation the expected state cannot follow is skipped (nullopt): one
 // naming a handle nobody made, or a handle whose content a model may have
 // written into, or a source of the wrong layout; an operation whose cache
-// holds no sensible generation (keys and values of different lengths).
+// holds no sensible generation (keys and values of different lengths); a
+// merge of caches of different geometries (a trace has one geometry; only
+// a hand-written or half-shrunk one mixes them).
 #pragma once
 
 #include "auditor/auditor.h"
@@ -45,7 +47,9 @@ class Transitions {
     std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;
     // The operation makes `count` copies of `content`'s K/V.
     void expect_copies(std::string what, std::size_t count, const CacheContent& content);
+    void refused_copies(std::string what);
     void count_layout(Layout layout);
+    void count_merge(bool mixed, bool refused);
 
     Engine& engine_;
     Auditor& audit_;

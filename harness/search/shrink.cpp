@@ -27,6 +27,15 @@ std::vector<CacheSpec> simpler_specs(const CacheSpec& spec) {
         with([](LayerSpec& l) { l.tokens = std::min<std::int64_t>(l.tokens, 1); });
         with([](LayerSpec& l) { l.tokens = 0; });
         with([](LayerSpec& l) { l.tokens /= 2; });
+        // Toward a size threshold: the power of two at or below, an eighth
+        // less, then one less.
+        with([](LayerSpec& l) {
+            std::int64_t power = 1;
+            while (power * 2 <= l.tokens) power *= 2;
+            if (l.tokens > 0) l.tokens = power;
+        });
+        with([](LayerSpec& l) { l.tokens -= l.tokens / 8; });
+        with([](LayerSpec& l) { l.tokens = std::max<std::int64_t>(l.tokens - 1, 0); });
         with([](LayerSpec& l) { l.initialized = true; });
         with([](LayerSpec& l) { l.slots = 0b0011; });
         if (layer.slots == 0b1111) {
@@ -42,6 +51,49 @@ std::vector<CacheSpec> simpler_specs(const CacheSpec& spec) {
     whole([](CacheSpec& s) { s.dtype = Dtype::f32; });
     whole([](CacheSpec& s) { s.layout = Layout::modern; });
     whole([](CacheSpec& s) { s.seed = 0; });
+    return simpler;
+}
+
+// `trace` with `change` applied to every cache spec in it; false when
+// nothing changed.
+bool change_every_spec(Trace& trace, const std::function<void(CacheSpec&)>& change) {
+    bool changed = false;
+    for (Op& operation : trace) {
+        std::visit(
+            [&](auto& o) {
+                boost::pfr::for_each_field(o, [&](auto& field) {
+                    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, CacheSpec>) {
+                        const CacheSpec before = field;
+                        change(field);
+                        changed = changed || !(field == before);
+                    }
+                });
+            },
+            operation);
+    }
+    return changed;
+}
+
+// Simpler geometries for a whole trace, most drastic first: a trace has one
+// geometry (merges need it), so every spec changes together. The default
+// geometry is the simplest; a larger one halves toward it (never past it,
+// so that no two candidates undo each other).
+std::vector<Trace> simpler_geometries(const Trace& trace) {
+    std::vector<Trace> simpler;
+    const auto whole = [&](const std::function<void(CacheSpec&)>& change) {
+        Trace changed = trace;
+        if (change_every_spec(changed, change)) simpler.push_back(std::move(changed));
+    };
+    whole([](CacheSpec& s) {
+        s.heads = cache_heads;
+        s.head_dim = cache_head_dim;
+    });
+    whole([](CacheSpec& s) {
+        if (s.heads > cache_heads) s.heads = std::max(s.heads / 2, cache_heads);
+    });
+    whole([](CacheSpec& s) {
+        if (s.head_dim > cache_head_dim) s.head_dim = std::max(s.head_dim / 2, cache_head_dim);
+    });
     return simpler;
 }
 
@@ -119,6 +171,7 @@ class Shrinker {
         bool progress = true;
         while (progress && budget_left()) {
             progress = drop_chunks();
+            progress = simplify_geometry() || progress;
             progress = simplify_ops() || progress;
         }
         return {best_, failure_, runs_};
@@ -158,6 +211,21 @@ class Shrinker {
                 }
             }
             if (chunk == 1) break;
+        }
+        return progress;
+    }
+
+    bool simplify_geometry() {
+        bool progress = false;
+        bool changed = true;
+        while (changed && budget_left()) {
+            changed = false;
+            for (const Trace& simpler : simpler_geometries(best_)) {
+                if (try_candidate(simpler)) {
+                    changed = progress = true;
+                    break;
+                }
+            }
         }
         return progress;
     }

@@ -12,7 +12,7 @@
 // update never writes into a tensor. The one thing a forward invalidates is
 // any length or layer count read from the cache before it.
 //
-//   kv::models::Decoder decoder({});                        // 2 layers, 2 heads, seed 1
+//   kv::models::Decoder decoder({});                        // 2 layers, 2 heads, seed 1 (by default)
 //   auto memory = kv::models::memory_cache(decoder, {5, 9, 2}, kv::Layout::modern);
 //   auto tokens = kv::generate(decoder, copier, {7, 3}, memory, 8);  // == recompute
 #pragma once
@@ -22,6 +22,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 namespace kv::models {
@@ -109,9 +111,22 @@ struct DecoderConfig {
 // memory + prompt with no cache, and generation equivalence is an exact
 // property, not a tolerance. Every cached key and value carries a positive
 // attention weight, so dropping or duplicating a cached token changes the
-// logits (and, for a sensitive seed, the tokens). A cache whose layer holds
-// K/V of another geometry than [1, heads, S, head_dim] is refused with
-// std::invalid_argument after that layer's update.
+// logits (and, for a sensitive seed, the tokens).
+//
+// Geometry. The decoder adapts to the cache it is given, as a family of
+// models would: the first layer whose logical keys (else values) are a 4-D
+// tensor [1, H, S, D] gives its heads H and head_dim D; a cache with no
+// such tensor gets config.head_count and config.head_dim. It runs
+// max(config.layer_count, the cache's layer count) layers, so every cached
+// layer takes part. The weights of a geometry (H, D) come from the stream
+// seeded by config.seed when (H, D) is the configured geometry, else by
+// splitmix64(config.seed ^ splitmix64(H << 32 | D)); layer i's weights are
+// the same whatever the number of layers run (drawn in order after the
+// embeddings). So the configured geometry, run on caches of at most
+// config.layer_count layers, computes exactly what a fixed-geometry
+// decoder of that configuration computed. A cache whose later layer holds
+// K/V of another geometry than the one chosen is refused: that layer's
+// update (a concatenation) or its read-back throws.
 class Decoder final : public TypedModel {
   public:
     explicit Decoder(DecoderConfig config);
@@ -122,20 +137,28 @@ class Decoder final : public TypedModel {
     const DecoderConfig& config() const { return config_; }
 
   private:
-    // All weights are row-major float32 matrices.
+    // All weights are row-major float32 matrices; E = heads * head_dim.
     struct LayerWeights {
         std::vector<float> qkv;  // [E, 3E]: Wq | Wk | Wv side by side
         std::vector<float> out;  // [E, E]
     };
+    struct Weights {
+        std::vector<float> embedding;    // [vocab, E]
+        std::vector<float> unembedding;  // [E, vocab], untied from embedding
+        std::vector<double> position_rates;  // [E]: the position term's frequency per embedding column
+        std::vector<LayerWeights> layers;
+    };
 
+    // The weights of geometry (heads, head_dim) with at least `layer_count`
+    // layers, made on first use (and made again, the same layers first, when
+    // more layers are needed).
+    const Weights& weights_for(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count);
     // [n, E] row-major: embedding row plus position term per token.
-    std::vector<float> embed_rows(const std::vector<std::int64_t>& tokens, std::int64_t first_position) const;
+    static std::vector<float> embed_rows(const Weights& weights, std::int64_t width,
+                                         const std::vector<std::int64_t>& tokens, std::int64_t first_position);
 
     DecoderConfig config_;
-    std::vector<float> embedding_;    // [vocab, E]
-    std::vector<float> unembedding_;  // [E, vocab], untied from embedding_
-    std::vector<double> position_rates_;  // [E]: the position term's frequency per embedding column
-    std::vector<LayerWeights> layers_;
+    std::map<std::pair<std::int64_t, std::int64_t>, Weights> weights_;  // by (heads, head_dim)
 };
 
 // The prefill of a "memory": a new cache of `layout` holding the K/V that

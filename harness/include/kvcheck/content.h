@@ -2,15 +2,81 @@
 // self-contained and the auditor can compute expected state without running
 // any engine.
 //
-// Geometry is fixed for every cache kvcheck makes: [batch 1, heads 2, seq,
-// head_dim 4], the decoder's. A slot's content is a list of segments, each
-// `len` tokens whose values come from `seed` (kvcheck::slot_value); a merged
-// slot is the concatenation of its parts' segments. Values are multiples of
-// 1/8 in [-4, 4): exact in float32, float16 and bfloat16.
-//
-//   CacheSpec spec = parse_cache_spec("modern/bf16/7:[kv3 k~2 KV4 -0]");
+//   CacheSpec spec = parse_cache_spec("modern/bf16/7/4x16:[kv3 k~2 KV4 -0]");
 //   CacheContent content = expand(spec);           // per-slot segments
 //   CacheView expected = expected_view(content);   // what an engine must report
+//
+// The content model, exactly (an SDK in another language mirrors it bit for
+// bit: slot_value, round_to, fill_slot, content_hash and the view digest).
+//
+// Geometry. Every K/V tensor of a cache has shape [1, heads, seq, head_dim];
+// heads and head_dim belong to the cache (CacheSpec, CacheContent), are the
+// same for all its slots, and default to 2 and 4 (the decoder's default
+// geometry). A spec's text gives them as "/<heads>x<head_dim>" after the
+// seed, and leaves them out when they are the default, so a text without
+// them means heads 2, head_dim 4. An empty slot has shape [0].
+//
+// Segments. A slot's content is a list of segments, each `tokens` tokens
+// whose values come from `seed` and are rounded to the segment's dtype
+// (`precision`). expand() gives each present slot of layer i with t > 0
+// tokens one segment {slot_seed(spec.seed, i, slot), t, spec.dtype}; a
+// merged slot is the concatenation of its parts' segments, each keeping its
+// own precision. A merge of parts of different dtypes has torch.cat's
+// promoted dtype (float16 with bfloat16, or anything with float32:
+// float32), so its values are each part's, rounded to that part's dtype,
+// then widened exactly (expected_concat).
+//
+// Values. Element (head h, token t, dim d) of a segment with seed s is
+// round_to(precision, slot_value(s, h, t, d)), t counted from the
+// segment's first token. slot_value is a float32 with a full 23-bit
+// mantissa drawn from the seed, so it is almost never exact in float16 or
+// bfloat16. Most magnitudes are in [1/8, 4); one in sixteen is in
+// [2^8, 2^12), and one in sixteen in [2^-26, 2^-14), where float16 has only
+// subnormals, so that a bfloat16 value routed through float16 loses bits
+// too. (Nothing reaches float16's overflow: a model decoding on a float16
+// cache would compute with infinities.) slot_value, given
+// x = splitmix64(s ^ splitmix64((h << 40) ^ (t << 16) ^ d)) (unsigned
+// 64-bit arithmetic; h < 2^24, t < 2^24, d < 2^16):
+//   sign     = x >> 63
+//   mantissa = x & 0x7FFFFF
+//   r        = (x >> 32) & 0xFF
+//   exponent = r < 224 ? (r % 5) - 3       (2^-3 .. 2^1)
+//            : r < 240 ? 8 + (r % 4)        (2^8 .. 2^11)
+//            :           -26 + (r % 12)     (2^-26 .. 2^-15)
+//   bits     = sign << 31 | (exponent + 127) << 23 | mantissa
+// read as an IEEE-754 binary32. A segment's seed is
+// slot_seed(cache_seed, layer, slot) = splitmix64(splitmix64(cache_seed) ^
+// (layer * 0x100000001B3) ^ (slot + 1)), slot numbered as Slot below.
+//
+// Rounding. round_to(f32, v) is v. round_to(f16, v) and round_to(bf16, v)
+// are the nearest float16 / bfloat16 value, ties to even, as a float32
+// (exactly what torch's `.to(dtype)` on a CPU tensor gives, then `.float()`):
+// float16 keeps 10 mantissa bits, has subnormals down to 2^-24 and rounds
+// magnitudes from 65520 up to infinity; bfloat16 keeps the top 16 bits of
+// the float32 after adding 0x7FFF plus bit 16 (its lowest kept bit). A NaN
+// stays a NaN (float16: sign kept, bits sign | 0x7FC00000; bfloat16:
+// 0x7FC00000); slot_value never gives one.
+//
+// fill_slot writes a slot's elements in row-major [head][token][dim] order,
+// the tokens of all its segments in order for each head (batch 1).
+//
+// Views and hashes. A correct engine reports, for each present slot, the
+// cache's dtype (float32 for a cache that holds no slot at all), shape
+// [1, heads, tokens, head_dim] ([0] when it holds no token) and the
+// content_hash of its values read as float32, the values being those
+// fill_slot gives, rounded to the slot's dtype. So a slot is compared
+// exactly in the dtype the engine claims: a cast that keeps the dtype tag
+// but loses bits changes the hash. content_hash and ViewDigest are below;
+// docs/semantics.md#content-geometry-values-and-hashes spells every
+// definition out for a mirror in another language.
+//
+// What changed from the first version (for the mirror): slot_value was
+// ((splitmix64(s ^ splitmix64((h * 1000003 + t) * 64 + d)) % 64) - 32) / 8,
+// a multiple of 1/8 in [-4, 4), exact in every dtype; segments had no
+// precision and values were not rounded; every cache had heads 2 and
+// head_dim 4 and the text form had no geometry. slot_seed, content_hash,
+// the view digest, the text form of layers and expand's segment seeds are
+// unchanged.
 #pragma once
 
 #include <array>
@@ -21,8 +87,13 @@
 namespace kvcheck {
 
 inline constexpr std::int64_t cache_batch = 1;
+// The default geometry: a spec or content that names none has it.
 inline constexpr std::int64_t cache_heads = 2;
 inline constexpr std::int64_t cache_head_dim = 4;
+// The largest heads and head_dim a spec may carry (slot_value's element
+// index needs head < 2^24 and dim < 2^16; this keeps caches sane).
+inline constexpr std::int64_t cache_heads_max = 256;
+inline constexpr std::int64_t cache_head_dim_max = 1024;
 
 enum class Layout : std::uint8_t { modern, legacy };
 enum class Dtype : std::uint8_t { f32, f16, bf16 };
@@ -51,17 +122,22 @@ struct LayerSpec {
     }
 };
 
-// Text: "<layout>/<dtype>/<seed>:[<layer> ...]", a layer being its slot
-// letters (k keys, v values, K key_cache, V value_cache; "-" for none), "~"
-// when uninitialized, then its token count: "modern/f32/3:[kv2 k~1 -0]".
+// Text: "<layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]", a
+// layer being its slot letters (k keys, v values, K key_cache, V
+// value_cache; "-" for none), "~" when uninitialized, then its token count:
+// "modern/f32/3:[kv2 k~1 -0]", "legacy/bf16/9/4x16:[kv300 kv300]". The
+// geometry is written only when it is not the default (2x4).
 struct CacheSpec {
     Layout layout = Layout::modern;
     Dtype dtype = Dtype::f32;
     std::uint64_t seed = 0;
     std::vector<LayerSpec> layers;
+    std::int64_t heads = cache_heads;
+    std::int64_t head_dim = cache_head_dim;
 
     friend bool operator==(const CacheSpec& a, const CacheSpec& b) {
-        return a.layout == b.layout && a.dtype == b.dtype && a.seed == b.seed && a.layers == b.layers;
+        return a.layout == b.layout && a.dtype == b.dtype && a.seed == b.seed && a.layers == b.layers &&
+               a.heads == b.heads && a.head_dim == b.head_dim;
     }
 };
 
@@ -74,6 +150,7 @@ CacheSpec parse_cache_spec(const std::string& text);
 struct Segment {
     std::uint64_t seed = 0;
     std::int64_t tokens = 0;
+    Dtype precision = Dtype::f32;  // its values are rounded to this dtype
 };
 
 struct SlotContent {
@@ -91,17 +168,24 @@ struct CacheContent {
     Layout layout = Layout::modern;
     Dtype dtype = Dtype::f32;
     std::vector<LayerContent> layers;
+    std::int64_t heads = cache_heads;
+    std::int64_t head_dim = cache_head_dim;
 };
 
 CacheContent expand(const CacheSpec& spec);
 
-// The value of element (head, token, dim) of a segment: a pure function of
-// the segment seed. Engines fill their tensors with it.
+// The unrounded value of element (head, token, dim) of a segment: a pure
+// function of the segment seed (see the top of this file).
 float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim);
 
+// `value` rounded to the nearest value of `dtype`, ties to even, as torch's
+// `.to(dtype)` rounds (see the top of this file).
+float round_to(Dtype dtype, float value);
+
 // Fills `out` (heads x tokens x head_dim, row-major, batch 1) with a slot's
-// values: the concatenation of its segments along tokens.
-void fill_slot(const SlotContent& slot, std::vector<float>& out);
+// values: the concatenation of its segments along tokens, each segment's
+// values rounded to its precision. Engines fill their tensors with them.
+void fill_slot(const SlotContent& slot, std::int64_t heads, std::int64_t head_dim, std::vector<float>& out);
 
 // ---- views: what an engine reports of a cache ------------------------------
 
@@ -109,7 +193,7 @@ struct SlotView {
     bool present = false;
     Dtype dtype = Dtype::f32;
     std::vector<std::int64_t> shape;
-    std::uint64_t hash = 0;  // content_hash of the values as float32
+    std::uint64_t hash = 0;  // content_hash of the values, read as float32
 
     friend bool operator==(const SlotView& a, const SlotView& b) {
         return a.present == b.present && (!a.present || (a.dtype == b.dtype && a.shape == b.shape && a.hash == b.hash));
@@ -168,12 +252,20 @@ std::string view_difference(const CacheView& actual, const CacheView& expected);
 // lacks that side.
 SlotContent logical_slot(const CacheContent& content, std::size_t layer, Slot side);
 
-// The expected results of the cache-level operations
-// (docs/semantics.md#cache-operations, #conversions). A merge of parts of
-// different dtypes takes torch.cat's promotion (#mixed-dtypes): the workload
-// draws one dtype per trace, but a part that holds no tensor counts as
-// float32.
+// The expected results of the cache-level operations, mirroring the
+// semantics of docs/semantics.md#cache-operations and #conversions. A merge of parts of different
+// dtypes has torch.cat's promoted dtype (float16 with bfloat16, or anything
+// with float32: float32); every part counts that holds a slot, even an
+// empty one. Its segments keep the precision of the part they came from.
+// Parts holding tokens must share one geometry (merged_geometry_ok); the
+// merge has theirs.
 CacheContent expected_concat(const std::vector<CacheContent>& parts);
+// Do the parts holding tokens share one geometry, as a merge needs?
+bool merged_geometry_ok(const std::vector<CacheContent>& parts);
+// Do the parts that hold a slot (those whose dtype the promotion counts)
+// have different dtypes? An engine may refuse such a merge (with an error,
+// changing nothing) instead of promoting.
+bool dtypes_mixed(const std::vector<CacheContent>& parts);
 CacheContent expected_to_legacy(const CacheContent& content);
 CacheContent expected_from_legacy(const CacheContent& content);
 bool content_holds_tokens(const CacheContent& content);

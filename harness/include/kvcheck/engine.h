@@ -54,6 +54,7 @@ struct Capabilities {
     bool legacy_slot_names = true;     // modern layers carrying key_cache/value_cache
     bool uninitialized_layers = true;  // bare layers with assigned tensors
     bool half_dtypes = true;           // float16 and bfloat16
+    bool any_geometry = true;          // heads and head_dim other than 2 and 4 (CacheContent)
     bool conversions = true;           // to_legacy / from_legacy
     bool dump = true;                  // dump / load
     bool dump_crash = true;            // dump_interrupted (simulated crash)

@@ -39,6 +39,8 @@ struct Coverage {
     std::uint32_t legacy_caches = 0;
     std::uint32_t generations_owned = 0;  // generate on an owned copy
     std::uint32_t merges = 0;             // get_cache / concat of several parts
+    std::uint32_t mixed_merges = 0;       // of them, of parts of different dtypes
+    std::uint32_t refused_merges = 0;     // of those, refused by the engine
     std::uint32_t store_size_max = 0;
     // A small set of (op kind x layout x store size bucket x owned) states
     // seen, as indices; the fuzzer feeds them back as coverage.

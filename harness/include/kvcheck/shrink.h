@@ -1,8 +1,10 @@
 // The shrinker: makes a failing trace short and plain, whichever engine or
 // search found it. It works on operations, not bytes: it drops chunks of
-// operations, drops everything after the failing step, and simplifies each
-// operation (smaller caches, fewer layers, fewer ids, shorter prompts),
-// keeping every change under which the same property still fails.
+// operations, drops everything after the failing step, simplifies the
+// geometry of every cache of the trace at once (a trace has one), and
+// simplifies each operation (smaller caches, token counts toward a power
+// of two, fewer layers, fewer ids, shorter prompts), keeping every change
+// under which the same property still fails.
 //
 //   auto oracle = [&](const Trace& t) { return execute(t, *make_engine()).failure; };
 //   ShrinkResult small = shrink(trace, failure, oracle);

@@ -3,8 +3,10 @@
 // plain seed all drive the same generator and produce the same vocabulary.
 //
 // Swarm testing: each trace first draws a Swarm (a weight per operation
-// kind, some kinds switched off, one dtype, which layouts), then draws its
-// operations from it; runs differ in what they stress, not only in order.
+// kind, some kinds switched off, a dtype (in some traces mixed with the
+// others), which layouts, one geometry and the size of its caches), then
+// draws its operations from it; runs differ in what they stress, not only
+// in order.
 //
 //   kvcheck::SeededChooser choose(42);
 //   kvcheck::Swarm swarm = kvcheck::random_swarm(choose, options);
@@ -16,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace kvcheck {
 
@@ -39,27 +42,63 @@ class SeededChooser final : public Chooser {
     std::uint64_t state_;
 };
 
+// Which sizes and shapes of cache traces draw (kvcheck run --scope). A
+// trace is small (small_percent of them): caches of at most
+// WorkloadOptions::cache_layers_max layers of layer_tokens_max tokens, 2
+// heads of 4, so that most failures are found and shrunk in a few short
+// steps. The others are sized: a layer ceiling of cache_layers_max (half of
+// them) or in [1, cache_layers_max], a token ceiling among the powers of
+// two from 64 to layer_tokens_max (each
+// layer then draws its count spread over the powers of two below it, and a
+// power of two or a neighbour of one a quarter of the time: where chunked
+// and pooled code paths switch), half of them another geometry (heads and
+// head_dim powers of two up to heads_max and head_dim_max), the token
+// ceiling lowered so that a slot holds at most slot_values_max values.
+struct Scope {
+    const char* name = "default";
+    std::int64_t small_percent = 50;
+    std::int64_t cache_layers_max = 8;
+    std::int64_t layer_tokens_max = 512;
+    std::int64_t heads_max = 8;
+    std::int64_t head_dim_max = 32;
+    std::int64_t slot_values_max = 8192;
+};
+
+// "small" (every trace small, as the first version drew them), "default"
+// (above), "large" (for nightly runs: 16 layers, 2048 tokens, slots of up to
+// 64 Ki values); throws std::invalid_argument for another name.
+Scope scope_named(const std::string& name);
+// The scope in one line, for the header of a run.
+std::string describe_scope(const Scope& scope);
+
 struct WorkloadOptions {
     std::size_t trace_ops_max = 24;
-    std::int64_t cache_layers_max = 3;
-    std::int64_t layer_tokens_max = 5;
+    std::int64_t cache_layers_max = 3;  // of a small trace (Scope)
+    std::int64_t layer_tokens_max = 5;  // of a small trace (Scope)
     std::int64_t prompt_tokens_max = 3;
     std::int64_t new_tokens_max = 4;
     std::int64_t id_pool = 4;     // ids a..d: repeats and missing ids are common
     std::int64_t dump_slots = 2;
+    Scope scope;
     Capabilities capabilities;   // what the engine supports: nothing else is generated
 };
 
 struct Swarm {
     std::array<std::uint8_t, op_kind_count> weights{};  // 0: switched off
     Dtype dtype = Dtype::f32;
+    bool mixed_dtypes = false;  // each cache takes any dtype: merges then promote, or are refused
     bool modern = true;
     bool legacy = true;
     bool odd_layers = true;  // one-sided, legacy-named and uninitialized layers
+    // The trace's geometry and the ceilings of its caches (Scope).
+    std::int64_t heads = cache_heads;
+    std::int64_t head_dim = cache_head_dim;
+    std::int64_t layers_max = 3;
+    std::int64_t tokens_max = 5;
 };
 
 Swarm random_swarm(Chooser& choose, const WorkloadOptions& options);
-// Every kind on, equal weights: the swarm of a plain random run.
+// Every kind on, equal weights, small caches: the swarm of a plain random run.
 Swarm uniform_swarm(const WorkloadOptions& options);
 Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options);
 CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options);
