@@ -101,26 +101,35 @@ class ActivationMemory:
     def add(self, items: Iterable) -> None:
         """Stores each item under its id; an existing id is overwritten in
         place (it keeps its position). A stored cache is never an owned copy:
-        the marker is cleared. Nothing is stored when an item is malformed."""
+        the marker is cleared. Metadata is a map of strings. Nothing is
+        stored when an item is malformed (TypeError or ValueError naming it)."""
         new = [_as_item(item) for item in items]
         for item in new:
             if not isinstance(item.id, str):
                 raise TypeError(f"add: an id is a string, not {type(item.id).__name__}")
             if item.cache is None:
                 raise ValueError(f"add: item '{item.id}' has no cache")
+            for key, value in item.metadata.items():
+                if not isinstance(key, str) or not isinstance(value, str):
+                    raise TypeError(f"add: item '{item.id}' metadata {key!r}: {value!r} is not a string pair")
             kv.layout_of(item.cache)  # a KV cache of either layout, or TypeError
         for item in new:
             kv.set_owned(item.cache, False)
             self._items[item.id] = item
 
+    # Reads hand out a record of the stored item: its cache is the stored
+    # object itself (read-only by contract: generate clones it), its
+    # metadata a copy, so that editing it changes nothing stored.
+
     def get(self, item_id: str) -> Optional[MemoryItem]:
-        return self._items.get(item_id)
+        item = self._items.get(item_id)
+        return None if item is None else MemoryItem(item.id, item.cache, dict(item.metadata))
 
     def get_by_ids(self, ids: Sequence[str]) -> List[Optional[MemoryItem]]:
-        return [self._items.get(item_id) for item_id in ids]
+        return [self.get(item_id) for item_id in ids]
 
     def get_all(self) -> List[MemoryItem]:
-        return list(self._items.values())
+        return [self.get(item_id) for item_id in self._items]
 
     def delete(self, ids: Sequence[str]) -> None:
         for item_id in ids:

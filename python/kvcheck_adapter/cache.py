@@ -151,6 +151,14 @@ class DynamicCache:
     def __len__(self) -> int:
         return len(self.layers)
 
+    def __getitem__(self, layer_idx: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """(keys, values) of a layer, as transformers' legacy indexing gives them."""
+        layer = self.layers[layer_idx]
+        return layer.keys, layer.values
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.layers)))
+
     def to_legacy_cache(self) -> Tuple[Tuple[Optional[Tensor], Optional[Tensor]], ...]:
         """((keys, values), ...) per layer, aliased, as to_legacy gives them."""
         legacy = to_legacy(self)
@@ -215,6 +223,12 @@ class LegacyDynamicCache:
 
     def __len__(self) -> int:
         return len(self.key_cache)
+
+    def __getitem__(self, layer_idx: int) -> Tuple[Tensor, Tensor]:
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.key_cache)))
 
     def to_legacy_cache(self) -> Tuple[Tuple[Tensor, Tensor], ...]:
         return tuple(zip(self.key_cache, self.value_cache))

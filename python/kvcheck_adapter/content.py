@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence
 
@@ -338,6 +339,9 @@ _TAIL_MARK = 1 << 40
 _NEGATIVE_ZERO_BYTES = b"\x00\x00\x00\x80"  # -0.0f, little-endian
 
 
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def _float32_bytes(values) -> bytes:
     """The values as float32, row-major, little-endian bytes."""
     if isinstance(values, torch.Tensor):
@@ -352,7 +356,7 @@ def _float32_bytes(values) -> bytes:
         array = values.numpy()
     else:
         array = np.ascontiguousarray(values, dtype=np.float32)
-    return array.astype("<f4", copy=False).tobytes()
+    return array.tobytes() if _LITTLE_ENDIAN else array.astype("<f4").tobytes()
 
 
 def _canonical_zeros(raw: bytes) -> bytes:
@@ -407,9 +411,13 @@ def content_hash(values) -> int:
     for k, bits in enumerate(struct.unpack_from(f"<{count - full}I", raw, full * 4)):
         h = ((lanes[k % 4] ^ (bits | _TAIL_MARK)) * prime) & mask
         lanes[k % 4] = h ^ (h >> 29)
+    # The fold: splitmix64(hash ^ lane) for each lane in order, inlined.
     result = 0
     for lane in lanes:
-        result = splitmix64(result ^ lane)
+        x = ((result ^ lane) + _GOLDEN) & mask
+        x = ((x ^ (x >> 30)) * _MIX_1) & mask
+        x = ((x ^ (x >> 27)) * _MIX_2) & mask
+        result = x ^ (x >> 31)
     return result
 
 
@@ -541,7 +549,11 @@ class ViewDigest:
         self._mix(layers)
 
     def _mix(self, word: int) -> None:
-        self._hash = splitmix64(self._hash ^ (word & _MASK64))
+        # splitmix64(hash ^ word), inlined: a digest mixes 4 words per slot.
+        x = ((self._hash ^ (word & _MASK64)) + _GOLDEN) & _MASK64
+        x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
+        x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
+        self._hash = x ^ (x >> 31)
 
     def layer(self, initialized: bool) -> None:
         self._mix(0x11 if initialized else 0x10)
@@ -572,6 +584,36 @@ def view_digest(view: CacheView) -> int:
             else:
                 digest.absent_slot()
     return digest.value()
+
+
+def digest_of(cache) -> int:
+    """view_digest(view_of(cache)), without building the view."""
+    layout = cache_layout(cache)
+    if layout == "legacy":
+        keys, values = cache.key_cache, cache.value_cache
+        if len(keys) != len(values):
+            raise ValueError(f"legacy cache: key_cache holds {len(keys)} layers but value_cache {len(values)}")
+        digest = ViewDigest(layout, len(keys))
+        for pair in zip(keys, values):
+            digest.layer(True)
+            for tensor in pair:
+                _digest_slot(digest, tensor)
+            digest.absent_slot()
+            digest.absent_slot()
+        return digest.value()
+    digest = ViewDigest(layout, len(cache.layers))
+    for layer in cache.layers:
+        digest.layer(_layer_initialized(layer))
+        for name in SLOT_NAMES:
+            _digest_slot(digest, getattr(layer, name, None))
+    return digest.value()
+
+
+def _digest_slot(digest: "ViewDigest", tensor: Optional[torch.Tensor]) -> None:
+    if tensor is None:
+        digest.absent_slot()
+    else:
+        digest.slot(dtype_name(tensor.dtype), tuple(tensor.shape), content_hash(tensor))
 
 
 def expected_digest(content: CacheContent) -> int:

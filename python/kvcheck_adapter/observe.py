@@ -12,6 +12,7 @@ call them outside a copies.CopyTracker's recording of an engine operation.
     ids = storage_of(cache)             # lists, layer objects, storages
     aliased = bool(set(ids) & set(storage_of(other)))
     seq_length(cache), view_of(cache)
+    if fingerprint(cache) == earlier: ...       # nothing observable changed
 """
 
 from __future__ import annotations
@@ -94,3 +95,49 @@ def seq_length(cache, layer_idx: int = 0) -> int:
 
     keys = logical_keys(cache, layer_idx)
     return 0 if keys is None or keys.numel() == 0 else int(keys.shape[-2])
+
+
+def _slot_fingerprint(tensor: Optional[torch.Tensor]):
+    if tensor is None:
+        return None
+    return (
+        id(tensor),
+        tensor._version,
+        tensor.data_ptr(),
+        tensor.dtype,
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.storage_offset(),
+    )
+
+
+def fingerprint(cache) -> tuple:
+    """A cheap value that changes whenever anything view_of or storage_of
+    reports of the cache may have changed: the lists and layer objects
+    (identities and lengths), the flags, and per slot the tensor object,
+    its version counter (bumped by every in-place torch operator, through
+    any view), data address, dtype, shape, strides and offset.
+
+    Equal fingerprints mean an equal view and equal storage identities,
+    with one exception a checker must know: bytes written without torch
+    (through a numpy array sharing the tensor's memory, ctypes, another
+    process) bump no version. The fingerprint holds no reference to the
+    cache's objects; compare it only while they are alive (an id can be
+    reused once its object is gone)."""
+    if cache_layout(cache) == "legacy":
+        return (
+            "legacy",
+            id(cache.key_cache),
+            id(cache.value_cache),
+            tuple(_slot_fingerprint(t) for t in cache.key_cache),
+            tuple(_slot_fingerprint(t) for t in cache.value_cache),
+        )
+    return (
+        "modern",
+        id(cache.layers),
+        tuple(
+            (id(layer), _content._layer_initialized(layer))
+            + tuple(_slot_fingerprint(getattr(layer, name, None)) for name in _content.SLOT_NAMES)
+            for layer in cache.layers
+        ),
+    )

@@ -182,6 +182,7 @@ def test_items_keep_insertion_order_overwrites_keep_their_place_readds_go_last()
     store.add([am.MemoryItem("b", replacement, {"k": "v"})])
     assert [item.id for item in store.get_all()] == ["a", "b", "c"]
     assert store.get("b").cache is replacement and store.get("b").metadata == {"k": "v"}
+    assert not kv.is_owned(replacement)
     store.delete(["a", "zzz"])
     store.add([{"id": "a", "cache": materialized("modern/f32/3:[kv1]")}])
     assert [item.id for item in store.get_all()] == ["b", "c", "a"]
@@ -207,7 +208,19 @@ def test_bad_items_are_refused_and_nothing_is_stored():
         store.add([{"id": "a", "cache": materialized("modern/f32/1:[kv1]")}, {"id": "b", "cache": None}])
     with pytest.raises(TypeError, match="is not a KV cache"):
         store.add([{"id": "a", "cache": "not a cache"}])
+    with pytest.raises(TypeError, match="item 'm' metadata 'n': 3 is not a string pair"):
+        store.add([{"id": "m", "cache": materialized("modern/f32/1:[kv1]"), "metadata": {"n": 3}}])
     assert store.get_all() == []
+
+
+def test_reads_hand_out_the_stored_cache_and_a_copy_of_the_metadata():
+    store = am.ActivationMemory()
+    cache = materialized("modern/f32/1:[kv1]")
+    store.add([{"id": "a", "cache": cache, "metadata": {"k": "v"}}])
+    item = store.get("a")
+    assert item.cache is cache
+    item.metadata["k"] = "changed"
+    assert store.get("a").metadata == {"k": "v"}
 
 
 def test_generate_without_a_cache_and_bad_arguments():

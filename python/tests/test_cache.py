@@ -292,6 +292,14 @@ def test_transformers_legacy_tuples():
     assert legacy.key_cache[0] is pairs[0][0]  # transformers <= 4.53: no copy
 
 
+def test_layers_index_and_iterate_as_key_value_pairs():
+    modern, legacy = materialized("modern/f32/1:[kv2 K1]"), materialized("legacy/f32/1:[kv2 kv1]")
+    assert modern[0] == (modern.layers[0].keys, modern.layers[0].values)
+    assert modern[1] == (None, None)
+    assert [pair[0] for pair in legacy] == legacy.key_cache
+    assert len(list(modern)) == len(modern) == 2
+
+
 def test_footprint_and_holds_tokens():
     cache = materialized("modern/bf16/1:[kv2 K3 -0]")
     tensors, total = kv.footprint(cache)

@@ -295,3 +295,9 @@ def test_expected_conversions():
     modern = c.expected_from_legacy(legacy)
     assert modern.layout == "modern" and all(layer.initialized for layer in modern.layers)
     assert c.expected_to_legacy(c.expand(c.parse_cache_spec("modern/bf16/1:[-0]"))).dtype == "f32"
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_digest_of_a_cache_is_the_digest_of_its_view(text):
+    cache = kv.materialize(c.expand(c.parse_cache_spec(text)))
+    assert c.digest_of(cache) == c.view_digest(c.view_of(cache))

@@ -109,3 +109,35 @@ def test_untyped_storage_is_the_tensors_storage():
     assert observe.untyped_storage(t[1:]).data_ptr() == observe.untyped_storage(t).data_ptr()
     assert observe.storage_identity(torch.zeros(0)) is None
     assert observe.storage_identity(None) is None
+
+
+def check_fingerprint_sees_changes(fingerprint_of):
+    cache = materialized("modern/f32/1:[kv2 kv2]")
+    legacy = materialized("legacy/f32/1:[kv2]")
+    changes = [
+        lambda: cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4), 0),  # a rebinding
+        lambda: cache.layers[1].keys.add_(1.0),  # in place
+        lambda: cache.layers[1].values[:, :, :1].mul_(2.0),  # in place, through a view
+        lambda: setattr(cache.layers[0], "is_initialized", False),
+        lambda: setattr(cache.layers[0], "key_cache", torch.zeros(1, 2, 1, 4)),
+        lambda: cache.layers.append(kv.DynamicLayer()),
+        lambda: setattr(cache, "layers", list(cache.layers)),
+        lambda: legacy.key_cache[0].zero_(),
+        lambda: legacy.value_cache.append(torch.zeros(0)),
+    ]
+    for n, change in enumerate(changes):
+        before = (fingerprint_of(cache), fingerprint_of(legacy))
+        change()
+        assert (fingerprint_of(cache), fingerprint_of(legacy)) != before, f"change {n} not seen"
+    assert fingerprint_of(cache) == fingerprint_of(cache)
+
+
+def test_fingerprint_changes_with_anything_observable():
+    check_fingerprint_sees_changes(observe.fingerprint)
+
+
+def test_fingerprint_check_catches_a_fingerprint_without_versions(monkeypatch):
+    real = observe._slot_fingerprint
+    monkeypatch.setattr(observe, "_slot_fingerprint", lambda t: None if t is None else real(t)[:1] + real(t)[2:])
+    with pytest.raises(AssertionError, match="not seen"):
+        check_fingerprint_sees_changes(observe.fingerprint)
