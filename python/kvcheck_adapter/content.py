@@ -677,9 +677,6 @@ def logical_slot(content: CacheContent, layer: int, side: int) -> SlotContent:
     return entry.slots[modern] if entry.slots[modern].present else entry.slots[legacy_named]
 
 
-_PROMOTED = {frozenset(("f16", "bf16")): "f32"}
-
-
 def expected_concat(parts: Sequence[CacheContent]) -> CacheContent:
     """The content of concat(parts) (C++ expected_concat): layer i is the
     concatenation of the parts' logical layer i, initialized; legacy when

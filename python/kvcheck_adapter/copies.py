@@ -127,7 +127,10 @@ class _KvSet:
         self.sources: List[_KvSet] = list(sources)
 
     def alive(self) -> bool:
-        return any(not storage.expired() for storage in self.storages)
+        # Dead storages are dropped on the way: a working set gains two
+        # storages per layer per model step, and loses as many.
+        self.storages = [storage for storage in self.storages if not storage.expired()]
+        return bool(self.storages)
 
 
 @dataclass
@@ -147,8 +150,6 @@ class Recording:
 
 
 # ---- which operators copy, and what they copy from --------------------------------
-
-_Args = Tuple[tuple, dict]
 
 
 def _arg(index: int, name: str) -> Callable[[tuple, dict], object]:

@@ -104,7 +104,8 @@ def _ordered_sum(products: np.ndarray, axis: int) -> np.ndarray:
     """Sum of float32 products along `axis`, index 0 first, as C++'s
     `sum = 0.0F; for (...) sum += product;` does. A sum that C++ starts from
     +0 is never -0, hence the final + 0.0 (it changes nothing else)."""
-    return np.take(np.add.accumulate(products, axis=axis), -1, axis=axis) + _ZERO
+    last = (slice(None),) * axis + (-1,)
+    return np.add.accumulate(products, axis=axis)[last] + _ZERO
 
 
 def _row_times(rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
