@@ -250,7 +250,7 @@ void AdapterProcess::send(const std::string& payload) {
     while (done < frame.size()) {
         const ssize_t n = ::write(request_fd_, frame.data() + done, frame.size() - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) died("while kvcheck sent it a request");
+        if (n < 0) died(hello_.protocol == 0 ? "before answering the handshake" : "while kvcheck sent it a request");
         done += static_cast<std::size_t>(n);
     }
 }

@@ -232,6 +232,7 @@ class ProcessEngine final : public Engine {
     // ---- observations ----
 
     std::vector<std::string> stored_ids() override {
+        check_current();
         if (!stored_ids_) {
             const Json reply = observation("{\"op\":\"stored_ids\"}");
             stored_ids_ = reading("stored_ids", [&] { return read_strings(reply, "ids"); });
@@ -254,24 +255,28 @@ class ProcessEngine final : public Engine {
     }
 
     std::uint64_t entry_digest(const std::string& id) override {
+        check_current();
         EntryKnown& known = entry(id);
-        if (!known.digest) fetch_entries({id});
+        if (!known.digest) fetch_entries_with(id);
         return entry_fact(id, &EntryKnown::digest, "digest");
     }
 
     bool entry_owned(const std::string& id) override {
+        check_current();
         EntryKnown& known = entry(id);
-        if (!known.owned) fetch_entries({id});
+        if (!known.owned) fetch_entries_with(id);
         return entry_fact(id, &EntryKnown::owned, "owned");
     }
 
     std::vector<std::uint64_t> storage_of_entry(const std::string& id) override {
+        check_current();
         EntryKnown& known = entry(id);
-        if (!known.storage) fetch_entries({id});
+        if (!known.storage) fetch_entries_with(id);
         return entry_fact(id, &EntryKnown::storage, "storage");
     }
 
     std::uint64_t handle_digest(Handle handle) override {
+        check_current();
         HandleKnown& known = handles_[handle];
         if (!known.digest && !known.facts) fetch_handle(handle);
         if (!handles_[handle].digest) {
@@ -288,11 +293,13 @@ class ProcessEngine final : public Engine {
     }
 
     HandleFacts handle_facts(Handle handle) override {
+        check_current();
         if (!handles_[handle].facts) fetch_handle(handle);
         return *handles_[handle].facts;
     }
 
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override {
+        check_current();
         HandleKnown& known = handles_[handle];
         if (!known.storage && !known.facts) fetch_handle(handle);
         if (!handles_[handle].storage) {
@@ -305,6 +312,7 @@ class ProcessEngine final : public Engine {
     }
 
     std::vector<CopyRecord> take_copies() override {
+        check_current();
         if (!hello_.copies_in_replies) {
             const Json reply = observation("{\"op\":\"take_copies\"}");
             return reading("take_copies", [&] { return read_copies(member(reply, "copies")); });
@@ -330,6 +338,7 @@ class ProcessEngine final : public Engine {
     }
 
     std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) override {
+        check_current();
         std::vector<std::string> missing;
         for (const std::string& id : ids) {
             const EntryKnown& known = entry(id);
@@ -376,10 +385,17 @@ class ProcessEngine final : public Engine {
 
     Json observation(const std::string& request) { return call(request); }
 
-    Json call(const std::string& request) {
+    // What this engine knows is of its own session: once the process was
+    // reset for a newer engine, this one answers nothing, not even from
+    // what it kept.
+    void check_current() const {
         if (connection_->session != session_ || !connection_->process || !connection_->process->alive()) {
             throw std::logic_error("this engine's adapter process was reset for a newer engine (one engine per trace)");
         }
+    }
+
+    Json call(const std::string& request) {
+        check_current();
         connection_->used = true;
         Json reply = connection_->process->call(request);
         if (!reply.at("ok").as_bool()) throw std::runtime_error(engine_error_text(reply));
@@ -445,6 +461,24 @@ class ProcessEngine final : public Engine {
             });
         }
         return *value;
+    }
+
+    // The facts of `id`, and of every other entry the listing names that
+    // lacks some: the checks ask about one entry at a time, and then
+    // about the next (every entry at a full read; those an operation
+    // names before it runs): one request instead of one per entry.
+    void fetch_entries_with(const std::string& id) {
+        std::vector<std::string> ids{id};
+        if (stored_ids_) {
+            for (const std::string& other : *stored_ids_) {
+                if (other == id) continue;
+                const auto found = entries_.find(other);
+                const bool complete = found != entries_.end() && found->second.digest && found->second.owned &&
+                                      (found->second.storage || !hello_.capabilities.storage_identity);
+                if (!complete) ids.push_back(other);
+            }
+        }
+        fetch_entries(ids);
     }
 
     void fetch_entries(const std::vector<std::string>& ids) {
@@ -542,6 +576,11 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
     connection.used = false;
     ++connection.session;
     return std::make_shared<ProcessEngine>(connection_, connection.session, options_.on_fault);
+}
+
+int ProcessLauncher::process_id() const {
+    const AdapterProcess* process = connection_->process.get();
+    return process != nullptr && process->owned_here() && process->alive() ? process->pid() : -1;
 }
 
 std::string ProcessLauncher::take_output(int pid, std::size_t bytes_max) {

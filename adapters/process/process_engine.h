@@ -64,6 +64,8 @@ class ProcessLauncher {
     // `bytes_max` bytes); its output file is removed. Empty when none.
     std::string take_output(int pid, std::size_t bytes_max = 4096);
     const ProcessCommand& command() const { return command_; }
+    // The adapter process this process started (-1: none running).
+    int process_id() const;
 
   private:
     std::string output_path(const std::string& name) const;

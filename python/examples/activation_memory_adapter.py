@@ -32,10 +32,10 @@ from kvcheck_adapter.crash import power_cut  # noqa: E402
 class ActivationMemoryAdapter(Adapter):
     description = "the example Python activation-memory store (python/examples/activation_memory.py)"
 
-    def __init__(self, bugs=()):
+    def __init__(self, bugs=(), model=None):
         self.bugs = tuple(bugs)
         self.name = "activation-memory" + "".join("+" + bug for bug in self.bugs)
-        self.store = activation_memory.ActivationMemory(bugs=self.bugs)
+        self.store = activation_memory.ActivationMemory(bugs=self.bugs, model=model)
 
     # ---- the store ----
 
@@ -113,7 +113,10 @@ def main(argv=None) -> None:
     unknown = sorted(set(bugs).difference(activation_memory.BUGS))
     if unknown:
         parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(activation_memory.BUGS)})")
-    serve(lambda: ActivationMemoryAdapter(bugs))
+    # One model for every engine of the process: it keeps no state between
+    # calls (decoder.py), and making its weights costs a tenth of a trace.
+    model = models.Decoder()
+    serve(lambda: ActivationMemoryAdapter(bugs, model))
 
 
 if __name__ == "__main__":

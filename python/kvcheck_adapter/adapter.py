@@ -249,7 +249,7 @@ class _Session:
         self.pending_copies: List[Dict[str, Any]] = []
         # What the last operation's reply reported, reported again after a
         # generate_fresh (kvcheck forgets everything at each operation).
-        self.last_named: Tuple[Sequence[int], Sequence[str], bool] = ((), (), False)
+        self.last_named: Tuple[Sequence[int], Sequence[str]] = ((), ())
 
 
 class Server:
@@ -309,7 +309,7 @@ class Server:
         id = _field(request, "id", str)
         cache = s.engine.make_cache(_wire.content_from_json(_field(request, "cache")))
         metadata = request.get("metadata") or {}
-        return self._operation(lambda: s.engine.add(id, cache, dict(metadata)), ids=[id], membership=True, stored=[id])
+        return self._operation(lambda: s.engine.add(id, cache, dict(metadata)), ids=[id], stored=[id])
 
     def _op_add_handle(self, request):
         s = self._session
@@ -317,7 +317,7 @@ class Server:
         cache = s.handles.get(handle)
         if cache is None:
             raise ValueError(f"add_handle: handle {handle} holds no cache")
-        return self._operation(lambda: s.engine.add(id, cache, {}), handles=[handle], ids=[id], membership=True, stored=[id])
+        return self._operation(lambda: s.engine.add(id, cache, {}), handles=[handle], ids=[id], stored=[id])
 
     def _op_get(self, request):
         s = self._session
@@ -357,11 +357,11 @@ class Server:
     def _op_remove(self, request):
         s = self._session
         ids = _field(request, "ids", list)
-        return self._operation(lambda: s.engine.delete(list(ids)), ids=ids, membership=True)
+        return self._operation(lambda: s.engine.delete(list(ids)), ids=ids)
 
     def _op_remove_all(self, request):
         s = self._session
-        return self._operation(s.engine.delete_all, membership=True)
+        return self._operation(s.engine.delete_all)
 
     def _op_dump(self, request):
         s = self._session
@@ -384,7 +384,7 @@ class Server:
                 return {"error": f"{type(error).__name__}: {error}"}
             return {"error": None}
 
-        reply = self._operation(run, membership=True)
+        reply = self._operation(run)
         if reply["error"] is None and s.tracker is not None:
             for id in s.engine.stored_ids():
                 s.tracker.track(s.engine.stored_cache(id))
@@ -427,9 +427,9 @@ class Server:
         # Not recorded: kvcheck takes the copies before every operation
         # whose copies it counts, so none made here is ever counted.
         tokens = [int(t) for t in s.engine.generate_fresh(cache, prompt, max_new_tokens)]
-        handles, ids, membership = s.last_named
+        handles, ids = s.last_named
         reply = {"ok": True, "tokens": tokens, "copies": []}
-        reply["observed"] = self._observed(handles, ids, membership)
+        reply["observed"] = self._observed(handles, ids)
         return reply
 
     # ---- caches ------------------------------------------------------------------------
@@ -518,9 +518,13 @@ class Server:
         return {"ok": True, "storage": [] if cache is None else self._session.engine.storage(cache)}
 
     def _op_handle_facts(self, request):
-        facts = self._handle_facts(_field(request, "handle", int), {})
-        facts["ok"] = True
-        return facts
+        # Without the view: kvcheck asks a handle's marker and storage far
+        # more often than its content, which it asks for when it needs it.
+        cache = self._session.handles.get(_field(request, "handle", int))
+        if cache is None:
+            return {"ok": True, "exists": False, "owned": False, "storage": []}
+        engine = self._session.engine
+        return {"ok": True, "exists": True, "owned": engine.is_owned(cache), "storage": engine.storage(cache)}
 
     def _op_read_entries(self, request):
         ids = _field(request, "ids", list)
@@ -546,7 +550,6 @@ class Server:
         run: Callable[[], Optional[Dict[str, Any]]],
         handles: Sequence[int] = (),
         ids: Sequence[str] = (),
-        membership: bool = False,
         stored: Sequence[str] = (),
         recording_box: Optional[List[Any]] = None,
     ) -> Dict[str, Any]:
@@ -566,22 +569,23 @@ class Server:
                 recording_box.append(recording)
             for id in stored:
                 s.tracker.track(s.engine.stored_cache(id))
-        reply = self._reply(result or {}, handles, ids, membership)
+        reply = self._reply(result or {}, handles, ids)
         reply["copies"] = made
         return reply
 
-    def _reply(self, result: Dict[str, Any], handles: Sequence[int] = (), ids: Sequence[str] = (), membership=False):
-        self._session.last_named = (tuple(handles), tuple(ids), membership)
+    def _reply(self, result: Dict[str, Any], handles: Sequence[int] = (), ids: Sequence[str] = ()):
+        self._session.last_named = (tuple(handles), tuple(ids))
         reply = {"ok": True}
         reply.update(result)
-        reply["observed"] = self._observed(handles, ids, membership)
+        reply["observed"] = self._observed(handles, ids)
         return reply
 
-    def _observed(self, handles: Sequence[int], ids: Sequence[str], membership: bool) -> Dict[str, Any]:
+    def _observed(self, handles: Sequence[int], ids: Sequence[str]) -> Dict[str, Any]:
         """The facts of the handles and stored entries an operation named,
         as they are after it; a fact that cannot be read is left out (kvcheck
         then asks, and gets the error)."""
-        engine = self._session.engine
+        session = self._session
+        engine = session.engine
         seen: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
         observed: Dict[str, Any] = {"handles": [], "entries": []}
         for handle in dict.fromkeys(handles):
@@ -591,19 +595,33 @@ class Server:
                 continue
             facts["handle"] = handle
             observed["handles"].append(facts)
-        if ids or membership:
-            stored_ids = [str(id) for id in engine.stored_ids()]
-            if membership:
-                observed["stored_ids"] = stored_ids
+        # Every other live handle's marker and storage (not its view): kvcheck
+        # reads them before the next operation that names one, and at its
+        # full reads, a request each otherwise.
+        named = set(handles)
+        for handle, cache in session.handles.items():
+            if handle in named or cache is None:
+                continue
+            try:
+                storage = seen[id(cache)][1] if id(cache) in seen else engine.storage(cache)
+                observed["handles"].append(
+                    {"handle": handle, "exists": True, "owned": engine.is_owned(cache), "storage": storage}
+                )
+            except Exception:  # noqa: BLE001 - see the docstring
+                continue
+        # The listing costs less than the request kvcheck would send for it.
+        stored_ids = [str(id) for id in engine.stored_ids()]
+        observed["stored_ids"] = stored_ids
+        if ids:
             present = set(stored_ids)
-            for id in dict.fromkeys(ids):
-                if id not in present:
+            for entry_id in dict.fromkeys(ids):
+                if entry_id not in present:
                     continue
                 try:
-                    facts = self._entry_facts(id, seen, True)
+                    facts = self._entry_facts(entry_id, seen, True)
                 except Exception:  # noqa: BLE001 - see the docstring
                     continue
-                facts["id"] = id
+                facts["id"] = entry_id
                 observed["entries"].append(facts)
         return observed
 

@@ -91,10 +91,22 @@ class Connection:
             view = view[written:]
 
 
+# The SDK's own request handling: its frames lead every traceback and say
+# nothing about the engine, so they are left out of the report.
+_DISPATCH_FILES = {
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("protocol.py", "adapter.py")
+}
+
+
 def error_reply(error: BaseException) -> Dict[str, Any]:
     """The reply to a request the adapter could not carry out: the error
-    in one line, and the Python traceback kvcheck shows with the failure."""
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    in one line, and the Python traceback kvcheck shows with the failure
+    (from the first frame outside the SDK's request handling, when there
+    is one)."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_next is not None and os.path.abspath(frames.tb_frame.f_code.co_filename) in _DISPATCH_FILES:
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(error), error, frames))
     return {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": text}
 
 
