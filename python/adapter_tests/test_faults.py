@@ -60,11 +60,12 @@ def process_gone(pid):
 
 def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_dir):
     pid_file = os.path.join(scratch_dir, "adapter.pid")
-    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file), "--property", "store-contract",
-                  "--cases", "5", "--timeout", "10")
+    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file, "--noise", "3"),
+                  "--property", "store-contract", "--cases", "5", "--timeout", "10")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result("store-contract")
     assert result["fault"] == "hang: no progress for 10 s", result
+    assert "noise line 2 on stdout" in result["output"], result["output"]
     with open(pid_file) as file:
         pid = int(file.read())
     deadline = time.monotonic() + 60
@@ -74,12 +75,14 @@ def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_
 
 
 def test_memory_over_the_limit_is_a_fault(kvcheck):
+    # The limit is the sandbox child's and its adapter's together: 1 GiB
+    # leaves room for a child built with sanitizers; the adapter grows to 3.
     run = kvcheck("run", "--adapter", fault_adapter("memory"), "--property", "store-contract", "--cases", "5",
-                  "--memory-mb", "400")
+                  "--memory-mb", "1024")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result("store-contract")
     assert result["fault"].startswith("memory: "), result
-    assert "over the limit of 400 MiB" in result["fault"]
+    assert "over the limit of 1024 MiB" in result["fault"]
 
 
 def test_another_protocol_version_is_refused_with_both_versions(kvcheck):

@@ -331,3 +331,24 @@ def test_a_power_cut_keeps_the_previous_dump_and_the_bytes_written(scratch_dir):
     loaded = activation_memory.ActivationMemory()
     loaded.load(scratch_dir)
     assert [item.id for item in loaded.get_all()] == ["a", "b"]
+
+
+def test_storage_of_is_the_observers_own():
+    from kvcheck_adapter import decoder, observe
+
+    model = decoder.Decoder()
+    for spec in SPECS:
+        cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+        assert wire.storage_of(cache) == observe.storage_of(cache)
+    for spec in ("modern/f32/1:[kv3 kv3]", "legacy/bf16/3:[kv1 kv1]", "modern/f32/0:[]"):
+        cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+        decoder.generate(model, [1], cache, 2)  # the model's appends: new storages
+        assert wire.storage_of(cache) == observe.storage_of(cache)
+    base = torch.arange(24, dtype=torch.float32).reshape(1, 2, 3, 4)
+    odd = kv.DynamicCache()
+    layer = kv.DynamicLayer()
+    layer.keys, layer.values = base[:, :, 1:], base[:, :, 3:]  # a view into the middle; an empty view of a full storage
+    layer.key_cache = base.transpose(2, 3)
+    odd.layers.append(layer)
+    assert wire.storage_of(odd) == observe.storage_of(odd)
+    assert len(set(wire.storage_of(odd)[2:])) == 1  # three views, one storage

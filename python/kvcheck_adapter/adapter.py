@@ -40,7 +40,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from . import cache as _cache
 from . import copies as _copies
-from . import observe as _observe
 from . import protocol as _protocol
 from . import wire as _wire
 
@@ -174,7 +173,7 @@ class Adapter:
 
     def storage(self, cache: Cache) -> List[int]:
         """Identities of everything the cache is made of (observe.storage_of)."""
-        return _observe.storage_of(cache)
+        return _wire.storage_of(cache)
 
     def take_copies(self) -> Optional[List[Tuple[str, int]]]:
         """For an engine that logs its K/V copies itself: (reason, bytes) of
