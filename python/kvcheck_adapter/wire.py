@@ -8,7 +8,8 @@ slot its dtype, shape and content hash; kvcheck derives the digest.
 
 Both are memoised, and both memos are keyed on everything the result
 depends on, so they can never answer for a changed tensor:
-  - a segment's values by (seed, tokens, heads, head_dim): a pure function;
+  - a segment's values by (seed, tokens, heads, head_dim): a pure function
+    (the values of a cache's new segments are made together, in one pass);
   - a slot's hash by (dtype, shape, the bytes of its values): the hash is
     a function of exactly these. A tensor written in place, by any means,
     has other bytes and misses the memo.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from . import cache as _cache
@@ -89,16 +91,46 @@ def content_from_json(data: Any) -> _content.CacheContent:
     return content
 
 
-def _segment_tensor(seed: int, tokens: int, heads: int, head_dim: int) -> torch.Tensor:
-    key = (seed, tokens, heads, head_dim)
-    found = _segment_memo.get(key)
+_index_memo: Dict[tuple, np.ndarray] = {}
+
+
+def _index_mix(heads: int, tokens: int, head_dim: int) -> np.ndarray:
+    """splitmix64 of the element indices (head * 1000003 + token) * 64 + dim
+    of a [heads, tokens, head_dim] segment, row-major: the half of
+    content.slot_value that does not depend on the seed."""
+    key = (heads, tokens, head_dim)
+    found = _index_memo.get(key)
     if found is None:
-        values = _content.slot_values(_content.SlotContent(True, [_content.Segment(seed, tokens)]), heads, head_dim)
-        found = torch.from_numpy(values).reshape(_content.CACHE_BATCH, heads, tokens, head_dim)
-        if len(_segment_memo) >= _MEMO_ENTRIES_MAX:
-            _segment_memo.clear()
-        _segment_memo[key] = found
+        head = np.arange(heads, dtype=np.uint64)[:, None, None]
+        token = np.arange(tokens, dtype=np.uint64)[None, :, None]
+        dim = np.arange(head_dim, dtype=np.uint64)[None, None, :]
+        found = _content.splitmix64_array(((head * np.uint64(1000003) + token) * np.uint64(64) + dim).reshape(-1))
+        if len(_index_memo) >= _MEMO_ENTRIES_MAX:
+            _index_memo.clear()
+        _index_memo[key] = found
     return found
+
+
+def _make_segments(segments: List[_content.Segment], heads: int, head_dim: int) -> None:
+    """Puts the values of every segment not memoised yet into the memo, all
+    in one pass of array arithmetic (content.slot_value's, element for
+    element): per segment, it costs what one numpy call costs."""
+    missing = list(
+        dict.fromkeys((s.seed, s.tokens) for s in segments if s.tokens > 0 and (s.seed, s.tokens, heads, head_dim) not in _segment_memo)
+    )
+    if not missing:
+        return
+    sizes = [heads * tokens * head_dim for _, tokens in missing]
+    seeds = np.repeat(np.array([seed for seed, _ in missing], dtype=np.uint64), sizes)
+    mixes = np.concatenate([_index_mix(heads, tokens, head_dim) for _, tokens in missing])
+    mixed = _content.splitmix64_array(seeds ^ mixes)
+    # (mixed % 64) - 32 is in [-32, 32): exact in float32, and so is / 8.
+    values = ((mixed % np.uint64(64)).astype(np.int64) - 32).astype(np.float32) / np.float32(8.0)
+    if len(_segment_memo) + len(missing) > _MEMO_ENTRIES_MAX:
+        _segment_memo.clear()
+    for (seed, tokens), part in zip(missing, np.split(values, np.cumsum(sizes)[:-1])):
+        tensor = torch.from_numpy(part).reshape(_content.CACHE_BATCH, heads, tokens, head_dim)
+        _segment_memo[(seed, tokens, heads, head_dim)] = tensor
 
 
 def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: int) -> Optional[torch.Tensor]:
@@ -110,7 +142,8 @@ def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: in
     torch_dtype = _content.TORCH_DTYPES[dtype]
     if not slot.segments:
         return torch.zeros(0, dtype=torch_dtype)
-    parts = [_segment_tensor(s.seed, s.tokens, heads, head_dim) for s in slot.segments if s.tokens > 0]
+    _make_segments(slot.segments, heads, head_dim)
+    parts = [_segment_memo[(s.seed, s.tokens, heads, head_dim)] for s in slot.segments if s.tokens > 0]
     if not parts:
         return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
     made = torch.cat(parts, dim=-2)  # a new storage, even of one part
@@ -121,6 +154,7 @@ def materialize(content: _content.CacheContent) -> Any:
     """cache.materialize(content): a DynamicCache (modern) or
     LegacyDynamicCache (legacy) holding exactly `content`, every slot in a
     storage of its own, the layers' flags as given, not owned."""
+    _make_segments([s for layer in content.layers for slot in layer.slots for s in slot.segments], content.heads, content.head_dim)
     make = lambda slot: slot_tensor(slot, content.dtype, content.heads, content.head_dim)  # noqa: E731
     if content.layout == "legacy":
         legacy = _cache.LegacyDynamicCache()
