@@ -109,7 +109,7 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
 const std::vector<OptionSpec> isolation_options = {
     {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
     {"timeout", true, "seconds a single trace may run before the engine counts as hung (default 30)"},
-    {"memory-mb", true, "resident memory limit of the engine's process, MiB (default 4096)"},
+    {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
     {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
 };
 
