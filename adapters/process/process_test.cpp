@@ -94,6 +94,46 @@ TEST(Json, WritesWhatItReads) {
     EXPECT_TRUE(back.as_array()[3].as_bool());
 }
 
+TEST(Json, GarbageIsAnErrorNeverACrash) {
+    // Seeded: mutations of a real reply (bytes flipped, cut, duplicated)
+    // and plain random bytes. Every one parses or throws JsonError; under
+    // the sanitizer builds, nothing reads out of bounds.
+    const std::string reply =
+        R"({"ok":true,"observed":{"handles":[{"handle":3,"exists":true,"owned":false,"view":{"layout":"modern",)"
+        R"("layers":[{"initialized":true,"slots":[{"dtype":"f32","shape":[1,2,3,4],"hash":18446744073709551615},null,null,null]}]},)"
+        R"("storage":[1,2]}],"stored_ids":["a","é
+"]},"copies":[{"reason":"get_cache","bytes":-1}]})";
+    std::uint64_t state = 20261202;
+    const auto next = [&state] {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        return state >> 33;
+    };
+    std::size_t parsed = 0;
+    for (int round = 0; round < 20000; ++round) {
+        std::string text = reply;
+        if (round % 4 == 3) {
+            text.assign(next() % 64, '\0');
+            for (char& c : text) c = static_cast<char>(next());
+        } else {
+            for (int edits = 1 + static_cast<int>(next() % 4); edits > 0; --edits) {
+                const std::size_t at = next() % text.size();
+                switch (next() % 3) {
+                    case 0: text[at] = static_cast<char>(next()); break;
+                    case 1: text.resize(at); break;
+                    default: text.insert(at, text.substr(at, next() % 16)); break;
+                }
+                if (text.empty()) text = "{";
+            }
+        }
+        try {
+            Json::parse(text);
+            ++parsed;
+        } catch (const JsonError&) {
+        }
+    }
+    EXPECT_LT(parsed, 20000u);  // the mutations do break the text
+}
+
 // ---- the protocol's messages ---------------------------------------------------------
 
 TEST(Wire, ContentIsWrittenAsSegments) {
