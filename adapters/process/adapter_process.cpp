@@ -207,13 +207,18 @@ void AdapterProcess::handshake(double seconds) {
     try {
         const Json* version = reply.find("protocol");
         const int theirs = version ? static_cast<int>(version->as_int()) : 0;
-        if (theirs != protocol_version) {
-            fail("version", "the adapter '" + command_text_ + "' speaks protocol version " +
-                                (version ? std::to_string(theirs) : std::string("(none given)")) +
+        if (version != nullptr && theirs != protocol_version) {
+            fail("version", "the adapter '" + command_text_ + "' speaks protocol version " + std::to_string(theirs) +
                                 "; this kvcheck speaks version " + std::to_string(protocol_version) +
                                 (reply.find("error") ? ": " + reply.at("error").as_string() : std::string()));
         }
-        if (!read_bool(reply, "ok")) fail("start", "the adapter refused the handshake: " + read_string(reply, "error"));
+        if (!read_bool(reply, "ok")) {
+            const Json* traceback = reply.find("traceback");
+            fail("start", "the adapter '" + command_text_ + "' refused the handshake: " + read_string(reply, "error") +
+                              (traceback != nullptr && traceback->type() == Json::Type::string ? "\n" + traceback->as_string()
+                                                                                              : std::string()));
+        }
+        if (version == nullptr) throw ProtocolError("missing member 'protocol'");
         hello_.protocol = theirs;
         hello_.name = read_string(reply, "name");
         if (hello_.name.empty()) throw ProtocolError("'name' is empty");

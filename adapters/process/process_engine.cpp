@@ -567,7 +567,7 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
         connection.process->clear_output();
         const Json reply = connection.process->call("{\"op\":\"reset\"}");
         if (!reply.at("ok").as_bool()) {
-            const ProcessFault fault{"protocol", "the adapter could not reset its engine: " + engine_error_text(reply)};
+            const ProcessFault fault{"start", "the adapter could not make a fresh engine: " + engine_error_text(reply)};
             connection.process->shut_down();
             if (options_.on_fault) options_.on_fault(fault);
             throw ProcessError(fault);

@@ -13,6 +13,7 @@ on the first other request:
     --fault not-json   answer with a frame that is not JSON
     --fault no-ok      answer with a JSON object without "ok"
     --fault version    answer the handshake with protocol version 99
+    --fault refuse     refuse the handshake (an engine that cannot start)
     --fault none       answer every request with an error (a well-behaved
                        adapter of an engine that rejects everything)
 
@@ -85,7 +86,9 @@ def main():
             return
         request = json.loads(read_exactly(request_fd, int.from_bytes(header, "big")))
         op = request["op"]
-        if op == "hello":
+        if op == "hello" and args.fault == "refuse":
+            send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
+        elif op == "hello":
             version = 99 if args.fault == "version" else 1
             send(reply_fd, {"ok": True, "protocol": version, "name": f"fault-{args.fault}"})
         elif op in ("reset", "shutdown"):

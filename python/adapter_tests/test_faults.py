@@ -92,6 +92,12 @@ def test_another_protocol_version_is_refused_with_both_versions(kvcheck):
     assert run.report is None
 
 
+def test_a_refused_handshake_is_an_error_with_the_adapters_words(kvcheck):
+    run = kvcheck("run", "--adapter", fault_adapter("refuse"), "--cases", "1")
+    assert run.status == 2, run.stdout + run.stderr
+    assert "refused the handshake: RuntimeError: cannot open the store\nTraceback: here" in run.stderr, run.stderr
+
+
 def test_an_interpreter_without_torch_is_refused_with_a_hint(kvcheck):
     # -S: no site directories, so no dist-packages and no torch, on any machine.
     run = kvcheck("run", "--adapter", f"exec:{SYSTEM_PYTHON} -S {EXAMPLE}", "--cases", "1")
