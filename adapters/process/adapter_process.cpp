@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
@@ -196,6 +197,7 @@ void AdapterProcess::handshake(double seconds) {
     json_append_int(hello, protocol_version);
     hello += ",\"kvcheck\":\"" KVCHECK_VERSION_TEXT "\"}";
     send(hello);
+    handshake_seconds_ = seconds;
     const std::string frame = receive(now_seconds() + seconds);
     Json reply;
     try {
@@ -282,8 +284,9 @@ std::string AdapterProcess::receive(double deadline) {
             const int polled = left > 0 ? ::poll(&ready, 1, static_cast<int>(left * 1000) + 1) : 0;
             if (polled < 0 && errno == EINTR) continue;
             if (polled == 0) {
-                fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " +
-                                  std::to_string(static_cast<int>(deadline - now_seconds() + left)) + " s");
+                char seconds[32];
+                std::snprintf(seconds, sizeof seconds, "%g", handshake_seconds_);
+                fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " + seconds + " s");
             }
         }
         char chunk[65536];

@@ -114,6 +114,7 @@ class AdapterProcess {
     int request_fd_ = -1;
     int reply_fd_ = -1;
     bool reaped_ = false;
+    double handshake_seconds_ = 0;
     int wait_status_ = 0;
     std::string buffer_;
     Hello hello_;

@@ -283,7 +283,7 @@ TEST_F(ProcessTest, SilenceAtTheHandshakeIsAStartFaultAfterTheLimit) {
     // The process never answers: the limit only decides how soon that is said.
     const ProcessFault fault = fault_of(shell("sleep 600"), 0.5);
     EXPECT_EQ(fault.kind, "start");
-    EXPECT_NE(fault.detail.find("did not answer the handshake within"), std::string::npos) << fault.detail;
+    EXPECT_NE(fault.detail.find("did not answer the handshake within 0.5 s"), std::string::npos) << fault.detail;
 }
 
 TEST_F(ProcessTest, DeathAfterTheHandshakeIsNamedAndTheHandlerRunsFirst) {
