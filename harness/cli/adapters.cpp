@@ -6,8 +6,8 @@
 #include "sandbox.h"
 
 #include <cstdlib>
-#include <dlfcn.h>
 #include <cstring>
+#include <dlfcn.h>
 #include <filesystem>
 #include <optional>
 
