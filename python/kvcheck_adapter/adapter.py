@@ -9,13 +9,16 @@ cache objects. The SDK does the rest:
   - the content: kvcheck sends what a cache holds as seeded segments; the
     SDK builds the tensors (make_cache, overridable for another cache class);
   - every observation, computed from the objects themselves: views and
-    content hashes (wire.view_json), storage identities (observe.storage_of:
-    tensor storages, layer objects, lists), the owned marker (`owned`);
+    content hashes (wire.view_json), storage identities (wire.storage_of,
+    observe.storage_of's: tensor storages, layer objects, lists), the owned
+    marker (`owned`);
   - copy accounting: each operation runs under a copies.CopyTracker, a
     torch dispatch mode that sees the K/V copies the engine makes and the
     K/V sets alive while its model runs (the model marks its forwards with
-    copies.model_forward, as decoder.Decoder does). An engine that logs its
-    copies itself overrides take_copies instead;
+    copies.model_forward, as decoder.Decoder does; a model that does not
+    reports no live sets, and single-copy then checks the copies only). An
+    engine that logs its copies itself overrides take_copies instead, and
+    returns (tokens, peak_live_sets) from generate;
   - errors: an exception in an operation is that step's engine error, and
     its Python traceback is in kvcheck's report.
 
