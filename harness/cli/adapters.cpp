@@ -1,9 +1,14 @@
 #include "adapters.h"
 
 #include "kvcheck/plugin.h"
+#include "process_engine.h"
+#include "sandbox.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 #include <filesystem>
+#include <optional>
 
 namespace kvcheck::cli {
 namespace {
@@ -52,7 +57,114 @@ Adapter load_plugin(const std::string& path) {
         throw UsageError(path + ": the plugin description lacks a name, create or destroy");
     }
     return {plugin->name, plugin->description ? plugin->description : "", path, {},
-            [plugin] { return std::shared_ptr<Engine>(plugin->create(), plugin->destroy); }};
+            [plugin] { return std::shared_ptr<Engine>(plugin->create(), plugin->destroy); }, nullptr};
+}
+
+// ---- engines in another process (docs/protocol.md) ----------------------------
+
+constexpr const char* exec_prefix = "exec:";
+constexpr const char* default_python = "/usr/bin/python3";
+
+// The words of a command line as a POSIX shell splits them: blanks
+// separate, '...' and "..." quote, a backslash escapes the next character
+// (inside "...", only \\, \" and \$). No expansions.
+std::vector<std::string> shell_words(const std::string& text) {
+    std::vector<std::string> words;
+    std::string word;
+    bool in_word = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (c == ' ' || c == '\t' || c == '\n') {
+            if (in_word) words.push_back(word);
+            word.clear();
+            in_word = false;
+            continue;
+        }
+        in_word = true;
+        if (c == '\'') {
+            const std::size_t end = text.find('\'', i + 1);
+            if (end == std::string::npos) throw UsageError("unterminated ' in the adapter command: " + text);
+            word += text.substr(i + 1, end - i - 1);
+            i = end;
+        } else if (c == '"') {
+            std::size_t j = i + 1;
+            for (; j < text.size() && text[j] != '"'; ++j) {
+                if (text[j] == '\\' && j + 1 < text.size() &&
+                    (text[j + 1] == '\\' || text[j + 1] == '"' || text[j + 1] == '$')) {
+                    ++j;
+                }
+                word += text[j];
+            }
+            if (j >= text.size()) throw UsageError("unterminated \" in the adapter command: " + text);
+            i = j;
+        } else if (c == '\\' && i + 1 < text.size()) {
+            word += text[++i];
+        } else {
+            word += c;
+        }
+    }
+    if (in_word) words.push_back(word);
+    return words;
+}
+
+bool is_python_script(const std::string& word) {
+    return word.size() > 3 && word.compare(word.size() - 3, 3, ".py") == 0;
+}
+
+std::string python_of(const AdapterOptions& options) {
+    if (!options.python.empty()) return options.python;
+    const char* chosen = std::getenv("KVCHECK_PYTHON");
+    return chosen != nullptr && *chosen != '\0' ? chosen : default_python;
+}
+
+// The command an adapter argument names, or nullopt when it names no
+// process: "exec:COMMAND" as given; "x.py ARGS" run by the interpreter.
+std::optional<process::ProcessCommand> process_command(const std::string& text, const AdapterOptions& options) {
+    process::ProcessCommand command;
+    if (text.rfind(exec_prefix, 0) == 0) {
+        command.argv = shell_words(text.substr(std::strlen(exec_prefix)));
+        if (command.argv.empty()) throw UsageError("exec: needs a command, as in exec:'python3 my_adapter.py'");
+    } else {
+        std::vector<std::string> words = shell_words(text);
+        if (words.empty() || !is_python_script(words.front())) return std::nullopt;
+        if (!std::filesystem::exists(words.front())) throw UsageError("adapter script not found: " + words.front());
+        words.insert(words.begin(), python_of(options));
+        command.argv = std::move(words);
+    }
+    for (const std::string& word : command.argv) command.text += (command.text.empty() ? "" : " ") + shell_quoted(word);
+    // The SDK of this source tree, importable as kvcheck_adapter.
+    if (std::filesystem::is_directory(KVCHECK_PYTHON_SDK_DIR)) {
+        const char* path = std::getenv("PYTHONPATH");
+        command.extra_env.push_back(std::string("PYTHONPATH=") + KVCHECK_PYTHON_SDK_DIR +
+                                    (path != nullptr && *path != '\0' ? ":" + std::string(path) : ""));
+    }
+    return command;
+}
+
+std::string start_hint(const std::string& detail, const process::ProcessCommand& command) {
+    if (detail.find("No module named 'torch'") != std::string::npos) {
+        return "\nhint: " + command.argv.front() + " has no torch; choose an interpreter that has it with --python PATH "
+               "or $KVCHECK_PYTHON (default " + default_python + ", Debian's, with python3-torch)";
+    }
+    if (detail.find("No module named 'kvcheck_adapter'") != std::string::npos) {
+        return "\nhint: put the SDK's directory (python/ in kvcheck's source tree) on PYTHONPATH";
+    }
+    return "";
+}
+
+Adapter load_process_adapter(const process::ProcessCommand& command) {
+    process::LaunchOptions launch;
+    launch.on_fault = [](const process::ProcessFault& fault) { exit_with_fault(fault.kind, fault.detail); };
+    std::shared_ptr<process::ProcessLauncher> launcher;
+    process::Hello hello;
+    try {
+        launcher = std::make_shared<process::ProcessLauncher>(command, launch);
+        hello = launcher->probe();
+    } catch (const process::ProcessError& error) {
+        throw UsageError(error.fault().detail + start_hint(error.fault().detail, command));
+    }
+    return {hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
+            [launcher](int pid) { return launcher->take_output(pid); }};
 }
 
 }  // namespace
@@ -61,13 +173,14 @@ void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std:
 
 std::vector<Adapter> bundled_adapters() { return bundled_list(); }
 
-Adapter load_adapter(const std::string& name_or_path) {
+Adapter load_adapter(const std::string& name_or_path, const AdapterOptions& options) {
     if (const Adapter* bundled = find_bundled(name_or_path)) return *bundled;
+    if (const auto command = process_command(name_or_path, options)) return load_process_adapter(*command);
     if (looks_like_path(name_or_path)) return load_plugin(name_or_path);
     std::string names;
     for (const Adapter& bundled : bundled_list()) names += " " + bundled.name;
     throw UsageError("unknown adapter '" + name_or_path + "': give a bundled name (" + names.substr(1) +
-                     ") or the path of a plugin (.so)");
+                     "), the path of a plugin (.so), a Python script (.py) or exec:COMMAND");
 }
 
 }  // namespace kvcheck::cli

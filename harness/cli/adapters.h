@@ -1,9 +1,12 @@
-// The adapters the CLI can check: the bundled ones by name, and plugins by
-// path (a shared library exporting the versioned entry point of
-// kvcheck/plugin.h).
+// The adapters the CLI can check: the bundled ones by name, plugins by path
+// (a shared library exporting the versioned entry point of
+// kvcheck/plugin.h), and engines in another process that speak the adapter
+// protocol (docs/protocol.md): `exec:COMMAND`, or a Python script `x.py
+// [args]` run by the chosen interpreter.
 #pragma once
 
 #include "kvcheck/adapter.h"
+#include "kvcheck/search.h"
 
 #include <functional>
 #include <memory>
@@ -21,13 +24,22 @@ class UsageError : public std::runtime_error {
 
 using kvcheck::Adapter;
 
-// "reference", "M3", ... or a path to a plugin. Throws UsageError naming
-// what is wrong (unknown name, missing file, dlopen error, missing entry
-// point, ABI version mismatch).
-Adapter load_adapter(const std::string& name_or_path);
+struct AdapterOptions {
+    // The interpreter of a Python script adapter; empty: $KVCHECK_PYTHON,
+    // else /usr/bin/python3 (Debian's, which has torch).
+    std::string python;
+};
+
+// "reference", "M3", ..., a path to a plugin, "exec:COMMAND" or a Python
+// script ("engine.py --flag"). Throws UsageError naming what is wrong
+// (unknown name, missing file, dlopen error, missing entry point, ABI or
+// protocol version mismatch, a process that fails its handshake).
+Adapter load_adapter(const std::string& name_or_path, const AdapterOptions& options = {});
 // The adapters built into the binary (the kvcheck tool registers the
 // reference and the mutants at start-up, through cli::main).
 void set_bundled_adapters(std::vector<Adapter> adapters);
+
+using kvcheck::shell_quoted;
 std::vector<Adapter> bundled_adapters();
 
 }  // namespace kvcheck::cli

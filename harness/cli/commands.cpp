@@ -107,14 +107,16 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
 }
 
 const std::vector<OptionSpec> isolation_options = {
+    {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
     {"timeout", true, "seconds a single trace may run before the engine counts as hung (default 30)"},
-    {"memory-mb", true, "resident memory limit of the engine's process, MiB (default 4096)"},
+    {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
     {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
 };
 
 const std::vector<OptionSpec> run_options = [] {
     std::vector<OptionSpec> specs = {
-        {"adapter", true, "bundled name (see kvcheck list) or plugin path; repeatable. Default: all bundled adapters"},
+        {"adapter", true, "bundled name (see kvcheck list), plugin path, Python script (x.py ARGS) or exec:COMMAND;\n"
+                          "                             repeatable. Default: all bundled adapters"},
         {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
         {"seed", true, "seed of the first trace (default 20261202); trace i uses seed+i"},
         {"cases", true, "traces per property (default 200)"},
@@ -132,7 +134,7 @@ const std::vector<OptionSpec> run_options = [] {
 
 const std::vector<OptionSpec> replay_options = [] {
     std::vector<OptionSpec> specs = {
-        {"adapter", true, "bundled name or plugin path (required)"},
+        {"adapter", true, "bundled name, plugin path, Python script or exec:COMMAND (required)"},
         {"property", true, "check only these properties; repeatable. Default: all"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
@@ -179,6 +181,12 @@ ConformanceOptions conformance_options(const Options& options) {
     if (conformance.cases == 0 && conformance.seconds == 0) throw UsageError("--cases must be at least 1");
     if (conformance.jobs == 0) throw UsageError("--jobs must be at least 1");
     return conformance;
+}
+
+AdapterOptions adapter_options(const Options& options) {
+    AdapterOptions adapter;
+    adapter.python = options.get("python", "");
+    return adapter;
 }
 
 void write_output(const std::string& text, const std::string& path) {
@@ -266,7 +274,9 @@ int command_list(const Args& args) {
         const std::string id = property_id(p);
         std::cout << "  " << id << std::string(24 - id.size(), ' ') << property_summary(p) << "\n";
     }
-    std::cout << "\nplugins: kvcheck run --adapter path/to/libengine.so (see adapters/examples)\n";
+    std::cout << "\nplugins: kvcheck run --adapter path/to/libengine.so (see adapters/examples)\n"
+                 "engines in another process: kvcheck run --adapter my_adapter.py, or --adapter exec:'COMMAND'\n"
+                 "(docs/protocol.md; the Python SDK is in python/kvcheck_adapter)\n";
     return 0;
 }
 
@@ -290,7 +300,7 @@ int command_run(const Args& args) {
     if (bundled) {
         adapters = bundled_adapters();
     } else {
-        for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name));
+        for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name, adapter_options(options)));
     }
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? std::to_string(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
@@ -323,16 +333,17 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
     }
     if (options.positional().size() != 1) throw UsageError(command + " takes one trace file (see kvcheck " + command + " --help)");
     if (!options.has("adapter")) throw UsageError(command + " needs --adapter");
-    const Adapter adapter = load_adapter(options.get("adapter", ""));
+    const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
     const Trace trace = read_trace(options.positional().front());
     const ConformanceOptions conformance = conformance_options(options);
     const ReplayResult result = replay_trace(adapter, trace, property_set(conformance.properties), shrink_it, conformance);
-    const std::string reproduce = "kvcheck replay " + options.positional().front() + " --adapter " + options.get("adapter", "");
+    const std::string reproduce = replay_command(adapter, options.positional().front());
     if (!result.failed) {
         std::cout << "kvcheck: " << trace.size() << " operations, every property holds on " << adapter.name << "\n";
         return 0;
     }
     std::cout << format_failure(result.failure, result.trace, reproduce);
+    if (!result.output.empty()) std::cout << "the engine's output ended with:\n" << result.output << "\n";
     if (shrink_it) write_output(format_trace(result.trace), options.get("out", ""));
     return 1;
 }

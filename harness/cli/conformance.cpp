@@ -18,6 +18,31 @@ std::string one_line(std::string text) {
     return text;
 }
 
+// A message on one line of the child's report and back: an engine's error
+// may span lines (a Python traceback), and keeps them.
+std::string escape_lines(const std::string& text) {
+    std::string out;
+    for (const char c : text) {
+        if (c == '\\') out += "\\\\";
+        else if (c == '\n') out += "\\n";
+        else out += c;
+    }
+    return out;
+}
+
+std::string unescape_lines(const std::string& text) {
+    std::string out;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '\\' && i + 1 < text.size()) {
+            out += text[i + 1] == 'n' ? '\n' : text[i + 1];
+            ++i;
+        } else {
+            out += text[i];
+        }
+    }
+    return out;
+}
+
 // ---- what a child sends about a failure ---------------------------------------
 
 struct FoundFailure {
@@ -30,8 +55,8 @@ struct FoundFailure {
 std::string encode(const FoundFailure& found) {
     std::ostringstream out;
     out << "cases " << found.cases << "\nfound " << found.found_length << "\nstep " << found.failure.step
-        << "\nproperty " << found.failure.property << "\nmessage " << one_line(found.failure.message) << "\n";
-    for (const std::string& other : found.failure.also) out << "also " << one_line(other) << "\n";
+        << "\nproperty " << found.failure.property << "\nmessage " << escape_lines(found.failure.message) << "\n";
+    for (const std::string& other : found.failure.also) out << "also " << escape_lines(other) << "\n";
     out << "trace\n" << found.trace;
     return out.str();
 }
@@ -48,8 +73,8 @@ FoundFailure decode(const std::string& payload) {
         if (key == "found") found.found_length = std::stoul(value);
         if (key == "step") found.failure.step = std::stoul(value);
         if (key == "property") found.failure.property = value;
-        if (key == "message") found.failure.message = value;
-        if (key == "also") found.failure.also.push_back(value);
+        if (key == "message") found.failure.message = unescape_lines(value);
+        if (key == "also") found.failure.also.push_back(unescape_lines(value));
     }
     found.trace.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     return found;
@@ -106,6 +131,16 @@ void write_trace_file(const Adapter& adapter, PropertyResult& result, const Conf
     if (out) result.trace_file = file;
 }
 
+// What a fault of the engine's process was, in words.
+std::string fault_text(const Fault& fault) {
+    if (fault.kind == "crash") return "the engine crashed (" + fault.detail + ")";
+    if (fault.kind == "hang") return "the engine hung (" + fault.detail + ")";
+    if (fault.kind == "memory") return "the engine exceeded the memory limit (" + fault.detail + ")";
+    if (fault.kind == "protocol") return "the engine broke the adapter protocol (" + fault.detail + ")";
+    if (fault.kind == "start") return "the engine's process failed to start (" + fault.detail + ")";
+    return "the engine exited (" + fault.detail + ")";
+}
+
 // Shrinks a trace that made a child die, each candidate in a child of its
 // own; hangs are not shrunk (each try would cost the full time limit), and
 // leaks only a little.
@@ -122,6 +157,7 @@ std::string shrink_fault(const Adapter& adapter, const std::string& trace_text, 
     Sandbox sandbox(options.limits);
     const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
         auto job = sandbox.run([&](Channel& out) { runner_for(adapter, properties, out).run(candidate); });
+        if (adapter.take_output) adapter.take_output(job->pid);
         if (!job->fault || job->fault->kind != fault.kind) return std::nullopt;
         return Failure{"fault:" + fault.kind, candidate.size() - 1, job->fault->detail, {}};
     };
@@ -222,6 +258,7 @@ class Scheduler {
         PropertyResult& result = results_[task.adapter].properties[task.property];
         const Job& job = *task.job;
         result.seconds = now - task.started;
+        if (adapter.take_output) result.output = adapter.take_output(options_.isolate ? job.pid : 0);
         result.cases = count_begins(job);
         for (const Message& message : job.messages) {
             if (message.kind == "pass") {
@@ -249,14 +286,11 @@ class Scheduler {
         if (job.fault) {
             result.verdict = "fail";
             result.fault = job.fault->kind + ": " + job.fault->detail;
-            result.message = "the engine " + (job.fault->kind == "crash" ? "crashed (" + job.fault->detail + ")"
-                                              : job.fault->kind == "hang" ? "hung (" + job.fault->detail + ")"
-                                              : job.fault->kind == "memory" ? "exceeded the memory limit (" + job.fault->detail + ")"
-                                                                            : "exited (" + job.fault->detail + ")") +
-                             " while running the trace below";
+            result.message = fault_text(*job.fault) + " while running the trace below";
             result.trace = shrink_fault(adapter, job.last_begin, *job.fault, PropertySet::only(properties_[task.property]), options_);
             result.found_length = result.trace.empty() ? 0 : static_cast<std::size_t>(std::count(job.last_begin.begin(), job.last_begin.end(), '\n'));
         }
+        if (result.verdict != "fail") result.output.clear();  // shown with a failure only
         if (result.verdict == "fail" && !result.trace.empty()) write_trace_file(adapter, result, options_);
         ++finished_;
         if (options_.progress) {
@@ -318,6 +352,7 @@ ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySe
     }
     ReplayResult result;
     result.trace = trace;
+    if (adapter.take_output) result.output = adapter.take_output(options.isolate ? job->pid : 0);
     for (const Message& message : job->messages) {
         if (message.kind != "fail") continue;
         const FoundFailure found = decode(message.payload);

@@ -40,6 +40,7 @@ struct PropertyResult {
     std::size_t found_length = 0;  // operations before shrinking
     std::string trace_file;        // where the trace was written
     std::string reproduce;         // the command that replays it
+    std::string output;            // an out-of-process engine's last output (Adapter::take_output)
 };
 
 struct AdapterResult {
@@ -58,6 +59,7 @@ struct ReplayResult {
     Failure failure;
     std::string fault;
     Trace trace;  // shrunk when asked and failing, else the input
+    std::string output;  // an out-of-process engine's last output (Adapter::take_output)
 };
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
                           const ConformanceOptions& options);

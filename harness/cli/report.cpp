@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -66,7 +67,8 @@ std::string json_adapter(const AdapterResult& result, std::uint64_t seed, const 
         out << (i ? "," : "") << "\n" << indent << "  {\"id\": " << json_string(p.id) << ", \"verdict\": " << json_string(p.verdict)
             << ", \"cases\": " << p.cases << ", \"seconds\": " << seconds_text(p.seconds)
             << ", \"trace\": " << json_or_null(p.trace) << ", \"message\": " << json_or_null(p.message)
-            << ", \"fault\": " << json_or_null(p.fault) << ", \"reproduce\": " << json_or_null(p.reproduce) << "}";
+            << ", \"fault\": " << json_or_null(p.fault) << ", \"reproduce\": " << json_or_null(p.reproduce)
+            << ", \"output\": " << json_or_null(p.output) << "}";
     }
     out << "\n" << indent << "]}";
     return out.str();
@@ -115,7 +117,8 @@ std::string render_junit(const std::vector<AdapterResult>& results) {
 std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
     std::ostringstream out;
     const std::size_t first = 24;
-    const std::size_t width = 10;
+    std::size_t width = 10;
+    for (const auto& r : results) width = std::max(width, r.adapter.name.size() + 2);
     auto pad = [](std::string text, std::size_t n) {
         if (text.size() < n) text.append(n - text.size(), ' ');
         return text;
@@ -157,6 +160,10 @@ std::string details(const std::vector<AdapterResult>& results, bool markdown) {
                     << std::count(p.trace.begin(), p.trace.end(), '\n') << " operations, found after " << p.cases << " traces\n";
             }
             if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
+            if (!p.output.empty()) {
+                out << "the engine's output ended with:\n" << (markdown ? "```\n" : "") << p.output << "\n"
+                    << (markdown ? "```\n" : "");
+            }
         }
     }
     return out.str();

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <poll.h>
 #include <stdexcept>
@@ -26,13 +27,39 @@ void write_all(int fd, const std::string& bytes) {
     }
 }
 
-std::int64_t resident_bytes(int pid) {
+// The exit status of a child that reported a fault (exit_with_fault).
+constexpr int fault_exit_status = 4;
+// The pipe to the parent, in a sandboxed child; -1 elsewhere.
+int child_fd = -1;
+
+std::string frame(const std::string& kind, const std::string& payload) {
+    // Frame: "<kind> <size>\n<payload>". Sizes make any payload safe.
+    return kind + " " + std::to_string(payload.size()) + "\n" + payload;
+}
+
+std::int64_t own_resident_bytes(int pid) {
     std::ifstream status("/proc/" + std::to_string(pid) + "/status");
     std::string line;
     while (std::getline(status, line)) {
         if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
     }
     return 0;
+}
+
+// The resident memory of a child and of every process it started (an
+// engine running out of process is part of the engine). Children are
+// found through /proc/<pid>/task/<tid>/children; the depth is bounded so
+// that a process tree that changes while it is read cannot loop.
+std::int64_t resident_bytes(int pid, int depth = 0) {
+    std::int64_t total = own_resident_bytes(pid);
+    if (depth >= 8) return total;
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+        std::ifstream children(task.path() / "children");
+        int child = 0;
+        while (children >> child) total += resident_bytes(child, depth + 1);
+    }
+    return total;
 }
 
 std::string signal_name(int signal) {
@@ -72,10 +99,8 @@ std::shared_ptr<Job> Sandbox::start(const std::function<void(Channel&)>& body,
     if (pid == 0) {
         ::close(fds[0]);
         const int fd = fds[1];
-        // Frame: "<kind> <size>\n<payload>". Sizes make any payload safe.
-        Channel channel([fd](const std::string& kind, const std::string& payload) {
-            write_all(fd, kind + " " + std::to_string(payload.size()) + "\n" + payload);
-        });
+        child_fd = fd;
+        Channel channel([fd](const std::string& kind, const std::string& payload) { write_all(fd, frame(kind, payload)); });
         int status = 0;
         try {
             body(channel);
@@ -142,6 +167,16 @@ void Sandbox::finish(Job& job) {
                                         std::to_string(limits_.memory_bytes >> 20) + " MiB"};
         return;
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == fault_exit_status) {
+        const auto reported = std::find_if(job.messages.rbegin(), job.messages.rend(),
+                                           [](const Message& m) { return m.kind == "fault"; });
+        if (reported != job.messages.rend()) {
+            const std::size_t newline = reported->payload.find('\n');
+            job.fault = Fault{reported->payload.substr(0, newline),
+                              newline == std::string::npos ? "" : reported->payload.substr(newline + 1)};
+            return;
+        }
+    }
     if (WIFSIGNALED(status)) {
         job.fault = Fault{"crash", signal_name(WTERMSIG(status))};
     } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) {
@@ -185,6 +220,13 @@ bool Sandbox::poll(double seconds) {
         }
     }
     return running() > 0;
+}
+
+void exit_with_fault(const std::string& kind, const std::string& detail) {
+    if (child_fd < 0) return;
+    write_all(child_fd, frame("fault", kind + "\n" + detail));
+    std::fflush(nullptr);
+    ::_exit(fault_exit_status);
 }
 
 std::shared_ptr<Job> Sandbox::run(const std::function<void(Channel&)>& body) {

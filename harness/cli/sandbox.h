@@ -45,7 +45,7 @@ class Channel {
 
 // Why a child did not end normally.
 struct Fault {
-    std::string kind;    // "crash", "hang", "memory", "exit"
+    std::string kind;    // "crash", "hang", "memory", "exit", or one a child reported (exit_with_fault)
     std::string detail;  // "SIGSEGV", "no progress for 30 s", ...
 };
 
@@ -90,5 +90,13 @@ class Sandbox {
 };
 
 double monotonic_seconds();
+
+// In a sandboxed child: reports a fault of `kind` with `detail` to the
+// parent and ends the child, which the parent then reports as that fault
+// (an engine running out of process whose process died, or broke its
+// protocol, is a fault of the engine, like a crash of one loaded in
+// process). Elsewhere (a run with --no-isolate) it returns, and the caller
+// goes on to throw.
+void exit_with_fault(const std::string& kind, const std::string& detail);
 
 }  // namespace kvcheck::cli

@@ -60,8 +60,17 @@ Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& 
     return finding;
 }
 
+std::string shell_quoted(const std::string& text) {
+    const bool plain = !text.empty() && text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                                "0123456789_./:=@%+,-") == std::string::npos;
+    if (plain) return text;
+    std::string quoted = "'";
+    for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return quoted + "'";
+}
+
 std::string replay_command(const Adapter& adapter, const std::string& trace_file, std::optional<Property> property) {
-    std::string command = "kvcheck replay " + trace_file + " --adapter " + adapter.reference();
+    std::string command = "kvcheck replay " + shell_quoted(trace_file) + " --adapter " + shell_quoted(adapter.reference());
     if (property) command += " --property " + std::string(property_id(*property));
     return command;
 }

@@ -27,6 +27,10 @@ struct Adapter {
     // empty for an engine meant to pass.
     std::vector<Property> breaks;
     EngineFactory make;
+    // An engine in another process: what it printed in the child process
+    // `pid` (0: this process), its last lines, and the file holding it
+    // removed. Unset for engines loaded in process.
+    std::function<std::string(int pid)> take_output = nullptr;
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }

@@ -71,6 +71,9 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure,
                        const ShrinkOptions& options = {});
 
+// `text` as one word of a POSIX shell command line (quoted when it must be).
+std::string shell_quoted(const std::string& text);
+
 // The command that replays a trace file on an adapter:
 //   kvcheck replay FILE --adapter NAME [--property ID]
 std::string replay_command(const Adapter& adapter, const std::string& trace_file,

@@ -1,0 +1,234 @@
+// Engines in another process (docs/protocol.md): the Python example store
+// (python/examples/activation_memory_adapter.py) checked through the adapter
+// protocol, as `kvcheck run --adapter x.py` checks it.
+// - boundary/python_vs_reference: the same seeded traces (the default
+//   workload, every property checked, the default schedule) run trace by
+//   trace, interleaved, on the Python example through a ProcessEngine and
+//   on the C++ reference in process; checked operations per second of each,
+//   and the ratio of their times per operation;
+// - boundary/python_vs_reference_no_generation: the same with generation
+//   switched off in every trace's swarm: the Python decoder, run twice per
+//   generation (the store's, and generation-equivalent's on a fresh copy),
+//   costs several times the rest of a step;
+// - boundary/round_trip: one request and its reply (stored_ids, which the
+//   adapter answers from a list) between kvcheck and the Python process,
+//   the protocol's floor per request;
+// - time_to_verdict/<bug>: per historic bug of the example, the property
+//   that names it searched as `kvcheck run` does (seeded traces from
+//   seeds_per_bug first seeds far apart, the one property checked, then
+//   the shrinker), medians over the seeds of the time to the first failure,
+//   of the shrinking and of the two (the verdict). The process starts once
+//   per benchmark (a second or more: Python importing torch), outside the
+//   timing, as it starts once per property in a kvcheck run; traces reset it.
+// The Python side's work is another process's: the numbers are wall-clock.
+#include "bench_util.h"
+
+#include "bundled.h"
+#include "kvcheck/executor.h"
+#include "kvcheck/shrink.h"
+#include "kvcheck/workload.h"
+#include "process_engine.h"
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace kvbench {
+namespace {
+
+using namespace kvcheck;
+
+constexpr std::size_t boundary_traces = 300;
+constexpr std::size_t round_trips = 2000;
+constexpr int seeds_per_bug = 10;
+constexpr std::uint64_t seed_spacing = 100003;
+constexpr std::size_t traces_max = 2000;
+
+std::string python() {
+    const char* chosen = std::getenv("KVCHECK_PYTHON");
+    return chosen != nullptr && *chosen != '\0' ? chosen : "/usr/bin/python3";
+}
+
+process::ProcessCommand example(const std::string& bug) {
+    process::ProcessCommand command;
+    command.argv = {python(), KVCHECK_SOURCE_DIR "/python/examples/activation_memory_adapter.py"};
+    if (!bug.empty()) command.argv.insert(command.argv.end(), {"--bug", bug});
+    for (const std::string& word : command.argv) command.text += (command.text.empty() ? "" : " ") + word;
+    command.extra_env = {"PYTHONPATH=" KVCHECK_SOURCE_DIR "/python"};
+    return command;
+}
+
+WorkloadOptions workload_of(const Engine& engine) {
+    WorkloadOptions options;
+    options.capabilities = engine.capabilities();
+    return options;
+}
+
+// CPU seconds (user and system) process `pid` has used so far.
+double process_cpu_seconds(int pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    std::istringstream fields(text.substr(text.rfind(')') + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+        if (i == 14 || i == 15) ticks += std::stod(field);
+    }
+    return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+std::size_t ops_run(const RunResult& result) {
+    std::size_t ran = 0;
+    for (const std::uint32_t count : result.coverage.ops_run) ran += count;
+    return ran;
+}
+
+// trace_for_seed's trace, or the same swarm's without generation.
+Trace trace_of(std::uint64_t seed, const WorkloadOptions& options, bool generation) {
+    if (generation) return trace_for_seed(seed, options);
+    SeededChooser choose(seed);
+    Swarm swarm = random_swarm(choose, options);
+    swarm.weights[Op(op::Generate{}).index()] = 0;
+    swarm.weights[Op(op::GenerateStream{}).index()] = 0;
+    return generate_trace(choose, swarm, options);
+}
+
+void python_vs_reference(benchmark::State& state, bool generation) {
+    process::ProcessLauncher launcher(example(""), {});
+    const WorkloadOptions options = workload_of(*launcher.make());
+    std::vector<Trace> traces;
+    for (std::size_t i = 0; i < boundary_traces; ++i) traces.push_back(trace_of(1 + i, options, generation));
+    const Adapter& reference = *adapters::find_bundled("reference");
+    double python_s = 0, reference_s = 0, kvcheck_cpu_s = 0;
+    std::size_t python_ops = 0, reference_ops = 0, python_failures = 0;
+    const int adapter = launcher.process_id();
+    const double adapter_cpu_start = process_cpu_seconds(adapter);
+    for (auto _ : state) {
+        for (const Trace& trace : traces) {
+            double start = now_seconds();
+            const double cpu_start = cpu_seconds();
+            const std::shared_ptr<Engine> engine = launcher.make();
+            const RunResult through = execute(trace, *engine);
+            kvcheck_cpu_s += cpu_seconds() - cpu_start;
+            python_s += now_seconds() - start;
+            python_ops += ops_run(through);
+            python_failures += through.failure.has_value();
+            start = now_seconds();
+            const std::unique_ptr<Engine> in_process(reference.make());
+            const RunResult direct = execute(trace, *in_process);
+            reference_s += now_seconds() - start;
+            reference_ops += ops_run(direct);
+        }
+    }
+    const double adapter_cpu_s = process_cpu_seconds(adapter) - adapter_cpu_start;
+    const double ops = static_cast<double>(python_ops);
+    state.counters["traces"] = static_cast<double>(traces.size());
+    // CPU time per operation, kvcheck's side and the adapter's: unlike the
+    // wall clock, not inflated by other work on a shared machine; their
+    // sum bounds the time per operation on an idle one.
+    state.counters["kvcheck_cpu_us_per_op"] = kvcheck_cpu_s / ops * 1e6;
+    state.counters["adapter_cpu_us_per_op"] = adapter_cpu_s / ops * 1e6;
+    state.counters["python_ops_per_cpu_s"] = ops / (kvcheck_cpu_s + adapter_cpu_s);
+    state.counters["python_ops"] = static_cast<double>(python_ops);
+    state.counters["python_failures"] = static_cast<double>(python_failures);
+    state.counters["python_ops_per_s"] = static_cast<double>(python_ops) / python_s;
+    state.counters["reference_ops_per_s"] = static_cast<double>(reference_ops) / reference_s;
+    state.counters["python_us_per_op"] = python_s / static_cast<double>(python_ops) * 1e6;
+    state.counters["reference_us_per_op"] = reference_s / static_cast<double>(reference_ops) * 1e6;
+    state.counters["ratio"] = (python_s / static_cast<double>(python_ops)) / (reference_s / static_cast<double>(reference_ops));
+}
+
+void round_trip(benchmark::State& state) {
+    const std::string output = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/kvcheck-bench-round-trip.out";
+    process::AdapterProcess adapter(example(""), output, 120);
+    Samples micros;
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < round_trips; ++i) {
+            const double start = now_seconds();
+            adapter.call(R"({"op":"stored_ids"})");
+            micros.add((now_seconds() - start) * 1e6);
+        }
+    }
+    adapter.shut_down();
+    std::remove(output.c_str());
+    state.counters["round_trips"] = static_cast<double>(round_trips);
+    state.counters["round_trip_us"] = micros.median();
+}
+
+struct Bug {
+    const char* name;
+    Property property;  // the property that names it
+};
+
+constexpr Bug bugs[] = {
+    {"stored_to_generation", Property::stored_immutable},
+    {"single_id_returns_stored", Property::stored_immutable},
+    {"merge_uninitialized", Property::merge_correct},
+    {"shallow_clone", Property::clone_independent},
+    {"double_copy", Property::single_copy},
+};
+
+void time_to_verdict(benchmark::State& state, const Bug* bug) {
+    process::ProcessLauncher launcher(example(bug->name), {});
+    const WorkloadOptions options = workload_of(*launcher.make());
+    RunOptions run;
+    run.properties = PropertySet::only(bug->property);
+    const Oracle oracle = [&](const Trace& candidate) { return execute(candidate, *launcher.make(), run).failure; };
+    Samples find_s, shrink_s, verdict_s, traces, shrunk_ops;
+    int missed = 0;
+    for (auto _ : state) {
+        for (int k = 0; k < seeds_per_bug; ++k) {
+            const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
+            const double start = now_seconds();
+            std::optional<Failure> failure;
+            Trace trace;
+            std::size_t tried = 0;
+            while (!failure && tried < traces_max) {
+                trace = trace_for_seed(first_seed + tried++, options);
+                failure = oracle(trace);
+            }
+            const double found = now_seconds();
+            if (!failure) {
+                ++missed;
+                continue;
+            }
+            const ShrinkResult shrunk = shrink(trace, *failure, oracle);
+            const double done = now_seconds();
+            find_s.add(found - start);
+            shrink_s.add(done - found);
+            verdict_s.add(done - start);
+            traces.add(static_cast<double>(tried));
+            shrunk_ops.add(static_cast<double>(shrunk.trace.size()));
+        }
+    }
+    state.counters["seeds"] = seeds_per_bug;
+    state.counters["missed"] = missed;
+    state.counters["find_s"] = find_s.median();
+    state.counters["traces_to_failure"] = traces.median();
+    state.counters["shrink_s"] = shrink_s.median();
+    state.counters["shrunk_ops"] = shrunk_ops.median();
+    state.counters["verdict_s"] = verdict_s.median();
+    state.counters["verdict_s_max"] = verdict_s.max();
+}
+
+const bool registered = [] {
+    benchmark::RegisterBenchmark("boundary/python_vs_reference", python_vs_reference, true)
+        ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    benchmark::RegisterBenchmark("boundary/python_vs_reference_no_generation", python_vs_reference, false)
+        ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    benchmark::RegisterBenchmark("boundary/round_trip", round_trip)
+        ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (const Bug& bug : bugs) {
+        benchmark::RegisterBenchmark((std::string("time_to_verdict/") + bug.name).c_str(), time_to_verdict, &bug)
+            ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    }
+    return true;
+}();
+
+}  // namespace
+}  // namespace kvbench

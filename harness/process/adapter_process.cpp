@@ -1,0 +1,387 @@
+#include "adapter_process.h"
+
+#include "wire.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fcntl.h>
+#include <fstream>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace kvcheck::process {
+
+namespace {
+
+// The descriptors the adapter finds its pipes on (docs/protocol.md).
+constexpr int request_fd_in_child = 3;
+constexpr int reply_fd_in_child = 4;
+// Where the child reports a failed exec (close-on-exec: closed by a
+// successful one).
+constexpr int exec_status_fd_in_child = 5;
+
+double now_seconds() {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+void ignore_sigpipe_once() {
+    // A write to the pipe of a process that died must fail with EPIPE (and
+    // be reported as its death), not kill kvcheck with SIGPIPE.
+    static const bool done = [] {
+        std::signal(SIGPIPE, SIG_IGN);
+        return true;
+    }();
+    (void)done;
+}
+
+std::vector<std::string> child_environment(const ProcessCommand& command) {
+    std::vector<std::string> names_set = {"KVCHECK_PROTOCOL", "KVCHECK_REQUEST_FD", "KVCHECK_REPLY_FD",
+                                          "PYTHONUNBUFFERED"};
+    for (const std::string& extra : command.extra_env) names_set.push_back(extra.substr(0, extra.find('=')));
+    std::vector<std::string> env;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+        const std::string text = *entry;
+        const std::string name = text.substr(0, text.find('='));
+        if (std::find(names_set.begin(), names_set.end(), name) == names_set.end()) env.push_back(text);
+    }
+    env.push_back("KVCHECK_PROTOCOL=" + std::to_string(protocol_version));
+    env.push_back("KVCHECK_REQUEST_FD=" + std::to_string(request_fd_in_child));
+    env.push_back("KVCHECK_REPLY_FD=" + std::to_string(reply_fd_in_child));
+    // Whatever the engine prints reaches the output file before a crash.
+    env.push_back("PYTHONUNBUFFERED=1");
+    env.insert(env.end(), command.extra_env.begin(), command.extra_env.end());
+    return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+    std::vector<char*> list;
+    for (std::string& text : strings) list.push_back(text.data());
+    list.push_back(nullptr);
+    return list;
+}
+
+void close_quietly(int& fd) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+}
+
+// The child's side of the fork, up to exec: async-signal-safe calls only.
+[[noreturn]] void become_adapter(pid_t parent, int request_read, int reply_write, int output, int null_input,
+                                 int exec_status, char* const* argv, char* const* envp) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(111);  // the parent died before prctl took effect
+    ::setpgid(0, 0);
+    // Copies above every target first, so that no dup2 below overwrites a
+    // descriptor another one still needs.
+    const int sources[] = {null_input, output, output, request_read, reply_write, exec_status};
+    int copies[6];
+    for (int i = 0; i < 6; ++i) {
+        copies[i] = ::fcntl(sources[i], F_DUPFD_CLOEXEC, 16);
+        if (copies[i] < 0) ::_exit(112);
+    }
+    for (int target = 0; target < 6; ++target) {
+        if (::dup2(copies[target], target) < 0) ::_exit(113);
+    }
+    ::fcntl(exec_status_fd_in_child, F_SETFD, FD_CLOEXEC);
+    // Nothing else of kvcheck's (other jobs' pipes) leaks into the adapter.
+    if (::syscall(SYS_close_range, 6u, ~0u, 0u) != 0) {
+        for (int fd = 6; fd < 65536; ++fd) ::close(fd);
+    }
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execvpe(argv[0], argv, envp);
+    const int error = errno;
+    ssize_t ignored = ::write(exec_status_fd_in_child, &error, sizeof error);
+    (void)ignored;
+    ::_exit(127);
+}
+
+}  // namespace
+
+std::string frame_of(const std::string& payload) {
+    std::string frame(4, '\0');
+    const auto size = static_cast<std::uint32_t>(payload.size());
+    for (std::size_t i = 0; i < 4; ++i) frame[i] = static_cast<char>((size >> (24 - 8 * i)) & 0xFF);
+    return frame + payload;
+}
+
+std::string signal_text(int signal) {
+    switch (signal) {
+        case SIGSEGV: return "SIGSEGV";
+        case SIGABRT: return "SIGABRT";
+        case SIGBUS: return "SIGBUS";
+        case SIGFPE: return "SIGFPE";
+        case SIGILL: return "SIGILL";
+        case SIGKILL: return "SIGKILL";
+        case SIGTERM: return "SIGTERM";
+        case SIGPIPE: return "SIGPIPE";
+        default: return "signal " + std::to_string(signal);
+    }
+}
+
+AdapterProcess::AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
+                               FaultHandler on_fault)
+    : command_text_(command.text), output_path_(output_path), on_fault_(std::move(on_fault)) {
+    start(command);
+    handshake(handshake_seconds);
+}
+
+AdapterProcess::~AdapterProcess() {
+    if (owned_here()) {
+        shut_down();
+        return;
+    }
+    close_quietly(request_fd_);
+    close_quietly(reply_fd_);
+}
+
+bool AdapterProcess::owned_here() const { return owner_ == ::getpid(); }
+
+void AdapterProcess::start(const ProcessCommand& command) {
+    if (command.argv.empty() || command.argv.front().empty()) {
+        throw ProcessError({"start", "the adapter command is empty"});
+    }
+    ignore_sigpipe_once();
+    int request[2], reply[2], status[2];
+    if (::pipe2(request, O_CLOEXEC) != 0 || ::pipe2(reply, O_CLOEXEC) != 0 || ::pipe2(status, O_CLOEXEC) != 0) {
+        throw ProcessError({"start", std::string("cannot make the adapter's pipes: ") + std::strerror(errno)});
+    }
+    const int output = ::open(output_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const int null_input = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (output < 0 || null_input < 0) {
+        throw ProcessError({"start", "cannot open the adapter's output file " + output_path_ + ": " + std::strerror(errno)});
+    }
+    std::vector<std::string> argv_strings = command.argv;
+    std::vector<std::string> env_strings = child_environment(command);
+    std::vector<char*> argv = pointers(argv_strings);
+    std::vector<char*> envp = pointers(env_strings);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw ProcessError({"start", std::string("fork: ") + std::strerror(errno)});
+    if (pid == 0) become_adapter(parent, request[0], reply[1], output, null_input, status[1], argv.data(), envp.data());
+    pid_ = pid;
+    owner_ = parent;
+    ::close(request[0]);
+    ::close(reply[1]);
+    ::close(status[1]);
+    ::close(output);
+    ::close(null_input);
+    request_fd_ = request[1];
+    reply_fd_ = reply[0];
+    int exec_error = 0;
+    ssize_t n = 0;
+    do {
+        n = ::read(status[0], &exec_error, sizeof exec_error);
+    } while (n < 0 && errno == EINTR);
+    ::close(status[0]);
+    if (n == static_cast<ssize_t>(sizeof exec_error)) {
+        reap(5);
+        throw ProcessError({"start", "cannot run the adapter command '" + command_text_ + "': " + command.argv.front() +
+                                         ": " + std::strerror(exec_error)});
+    }
+}
+
+void AdapterProcess::handshake(double seconds) {
+    std::string hello = "{\"op\":\"hello\",\"protocol\":";
+    json_append_int(hello, protocol_version);
+    hello += ",\"kvcheck\":\"" KVCHECK_VERSION_TEXT "\"}";
+    send(hello);
+    handshake_seconds_ = seconds;
+    const std::string frame = receive(now_seconds() + seconds);
+    Json reply;
+    try {
+        reply = Json::parse(frame);
+    } catch (const JsonError& error) {
+        fail("start", "the adapter's handshake reply is not JSON (" + std::string(error.what()) + "): '" +
+                          printable_prefix(frame) + "'");
+    }
+    try {
+        const Json* version = reply.find("protocol");
+        const int theirs = version ? static_cast<int>(version->as_int()) : 0;
+        if (version != nullptr && theirs != protocol_version) {
+            fail("version", "the adapter '" + command_text_ + "' speaks protocol version " + std::to_string(theirs) +
+                                "; this kvcheck speaks version " + std::to_string(protocol_version) +
+                                (reply.find("error") ? ": " + reply.at("error").as_string() : std::string()));
+        }
+        if (!read_bool(reply, "ok")) {
+            const Json* traceback = reply.find("traceback");
+            fail("start", "the adapter '" + command_text_ + "' refused the handshake: " + read_string(reply, "error") +
+                              (traceback != nullptr && traceback->type() == Json::Type::string ? "\n" + traceback->as_string()
+                                                                                              : std::string()));
+        }
+        if (version == nullptr) throw ProtocolError("missing member 'protocol'");
+        hello_.protocol = theirs;
+        hello_.name = read_string(reply, "name");
+        if (hello_.name.empty()) throw ProtocolError("'name' is empty");
+        if (reply.find("description")) hello_.description = read_string(reply, "description");
+        if (const Json* flags = reply.find("capabilities")) hello_.capabilities = read_capabilities(*flags);
+        if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");
+    } catch (const ProcessError&) {
+        throw;
+    } catch (const std::exception& error) {
+        fail("start", "the adapter's handshake reply breaks the protocol: " + std::string(error.what()));
+    }
+}
+
+Json AdapterProcess::call(const std::string& request) {
+    send(request);
+    const std::string frame = receive(0);
+    Json reply;
+    try {
+        reply = Json::parse(frame);
+    } catch (const JsonError& error) {
+        fail("protocol", "the adapter answered with a frame that is not JSON (" + std::string(error.what()) + "): '" +
+                             printable_prefix(frame) + "'");
+    }
+    const Json* ok = reply.find("ok");
+    if (ok == nullptr || ok->type() != Json::Type::boolean) {
+        fail("protocol", "the adapter's reply has no boolean 'ok': '" + printable_prefix(frame) + "'");
+    }
+    return reply;
+}
+
+void AdapterProcess::send(const std::string& payload) {
+    const std::string frame = frame_of(payload);
+    std::size_t done = 0;
+    while (done < frame.size()) {
+        const ssize_t n = ::write(request_fd_, frame.data() + done, frame.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) died(hello_.protocol == 0 ? "before answering the handshake" : "while kvcheck sent it a request");
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+std::string AdapterProcess::receive(double deadline) {
+    for (;;) {
+        if (buffer_.size() >= 4) {
+            std::uint32_t size = 0;
+            for (int i = 0; i < 4; ++i) size = (size << 8) | static_cast<unsigned char>(buffer_[static_cast<std::size_t>(i)]);
+            if (size > frame_bytes_max) {
+                fail("protocol", "the adapter wrote something that is not a protocol frame on its reply pipe (a length of " +
+                                     std::to_string(size) + " bytes, over the limit of " + std::to_string(frame_bytes_max) +
+                                     "): '" + printable_prefix(buffer_) + "'");
+            }
+            if (buffer_.size() >= 4 + std::size_t{size}) {
+                std::string frame = buffer_.substr(4, size);
+                buffer_.erase(0, 4 + std::size_t{size});
+                return frame;
+            }
+        }
+        if (deadline > 0) {
+            const double left = deadline - now_seconds();
+            pollfd ready{reply_fd_, POLLIN, 0};
+            const int polled = left > 0 ? ::poll(&ready, 1, static_cast<int>(left * 1000) + 1) : 0;
+            if (polled < 0 && errno == EINTR) continue;
+            if (polled == 0) {
+                char seconds[32];
+                std::snprintf(seconds, sizeof seconds, "%g", handshake_seconds_);
+                fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " + seconds + " s");
+            }
+        }
+        char chunk[65536];
+        const ssize_t n = ::read(reply_fd_, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) died(hello_.protocol == 0 ? "before answering the handshake" : "before answering a request");
+        buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+}
+
+void AdapterProcess::reap(double grace_seconds) {
+    if (reaped_ || pid_ <= 0) return;
+    const double until = now_seconds() + grace_seconds;
+    for (;;) {
+        const pid_t done = ::waitpid(pid_, &wait_status_, WNOHANG);
+        if (done == pid_ || (done < 0 && errno != EINTR)) break;
+        if (now_seconds() >= until) {
+            ::kill(-pid_, SIGKILL);
+            ::kill(pid_, SIGKILL);
+            while (::waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {}
+            break;
+        }
+        ::usleep(2000);
+    }
+    // Whatever the adapter started in its process group goes with it.
+    ::kill(-pid_, SIGKILL);
+    reaped_ = true;
+}
+
+void AdapterProcess::fail(const std::string& kind, const std::string& detail) {
+    std::string text = detail;
+    if (kind == "start" || kind == "version") {
+        const std::string tail = output_tail();
+        if (!tail.empty()) text += "\nthe adapter's output ends with:\n" + tail;
+    }
+    close_quietly(request_fd_);
+    close_quietly(reply_fd_);
+    reap(kind == "start" || kind == "version" ? 2 : 0);
+    const ProcessFault fault{kind, text};
+    if (on_fault_) on_fault_(fault);
+    throw ProcessError(fault);
+}
+
+void AdapterProcess::died(const std::string& when) {
+    close_quietly(request_fd_);
+    close_quietly(reply_fd_);
+    reap(5);
+    const std::string who = "the adapter process '" + command_text_ + "' (pid " + std::to_string(pid_) + ")";
+    std::string kind = "exit";
+    std::string detail;
+    if (WIFSIGNALED(wait_status_)) {
+        kind = "crash";
+        detail = who + " was killed by " + signal_text(WTERMSIG(wait_status_)) + " " + when;
+    } else {
+        detail = who + " exited with status " + std::to_string(WEXITSTATUS(wait_status_)) + " " + when;
+    }
+    if (hello_.protocol == 0) kind = "start";
+    fail(kind, detail);
+}
+
+void AdapterProcess::shut_down() {
+    if (!owned_here() || reaped_) return;
+    if (request_fd_ >= 0) {
+        // Best effort: a process that is gone already is reaped below.
+        const std::string frame = frame_of("{\"op\":\"shutdown\"}");
+        ssize_t ignored = ::write(request_fd_, frame.data(), frame.size());
+        (void)ignored;
+    }
+    close_quietly(request_fd_);
+    close_quietly(reply_fd_);
+    reap(2);
+}
+
+std::string AdapterProcess::output_tail(std::size_t bytes_max) const { return file_tail(output_path_, bytes_max); }
+
+std::string file_tail(const std::string& path, std::size_t bytes_max) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return {};
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    const std::streamoff from = std::max<std::streamoff>(0, size - static_cast<std::streamoff>(bytes_max));
+    in.seekg(from);
+    std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (from > 0) {
+        const std::size_t newline = tail.find('\n');
+        if (newline != std::string::npos) tail.erase(0, newline + 1);
+    }
+    while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+    return tail;
+}
+
+void AdapterProcess::clear_output() {
+    // A failure leaves more than the last trace's output in the tail: harmless.
+    const int ignored = ::truncate(output_path_.c_str(), 0);
+    (void)ignored;
+}
+
+}  // namespace kvcheck::process

@@ -1,0 +1,133 @@
+// One adapter process: a command kvcheck starts and talks the adapter
+// protocol with (docs/protocol.md) over two pipes of its own, never the
+// process's stdout.
+//
+// What it owns: the process (started in its own process group, killed with
+// SIGKILL when the process that started it dies, through
+// PR_SET_PDEATHSIG, so nothing outlives a sandbox child), the two pipe ends
+// kvcheck holds, and nothing else. The process's stdout and stderr go to
+// an output file the caller names; its tail goes into every message about
+// the process dying.
+//
+// A process belongs to the process that started it: a forked child that
+// inherits the object must not talk to it (the pipes are shared with the
+// parent); ~AdapterProcess there only closes the inherited descriptors.
+//
+//   AdapterProcess process({{"/usr/bin/python3", "my_adapter.py"}, "my_adapter.py"}, "/tmp/out");
+//   Json reply = process.call(R"({"op":"stored_ids"})");   // {"ok": true, "ids": [...]}
+#pragma once
+
+#include "json.h"
+#include "kvcheck/engine.h"
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace kvcheck::process {
+
+struct ProcessCommand {
+    std::vector<std::string> argv;       // argv[0] is looked up on PATH
+    std::string text;                    // the command as the user gave it, for messages
+    std::vector<std::string> extra_env;  // "NAME=value", added to kvcheck's environment
+};
+
+// What the adapter said in the handshake.
+struct Hello {
+    int protocol = 0;
+    std::string name;
+    std::string description;
+    Capabilities capabilities;
+    bool copies_in_replies = false;  // each operation's reply carries its copies
+};
+
+// Why a process cannot be used any more, as a sandbox fault: kind "crash"
+// (killed by a signal), "exit" (exited), "protocol" (broke the protocol:
+// garbage, a malformed reply), "start" (could not be started, or failed
+// its handshake), "version" (speaks another protocol version).
+struct ProcessFault {
+    std::string kind;
+    std::string detail;
+};
+
+class ProcessError : public std::runtime_error {
+  public:
+    explicit ProcessError(ProcessFault fault)
+        : std::runtime_error(fault.detail), fault_(std::move(fault)) {}
+    const ProcessFault& fault() const { return fault_; }
+
+  private:
+    ProcessFault fault_;
+};
+
+// Called with a fault before it is thrown as a ProcessError: a sandbox
+// child ends itself here so that the fault is reported as one.
+using FaultHandler = std::function<void(const ProcessFault&)>;
+
+class AdapterProcess {
+  public:
+    // Starts the command and shakes hands, giving up after
+    // `handshake_seconds`. Throws ProcessError ("start" or "version") with
+    // the process's output tail.
+    AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
+                   FaultHandler on_fault = nullptr);
+    ~AdapterProcess();
+    AdapterProcess(const AdapterProcess&) = delete;
+    AdapterProcess& operator=(const AdapterProcess&) = delete;
+
+    // One request and its reply. A reply {"ok": false, ...} is returned as
+    // it is; the process dying or breaking the protocol is a ProcessError
+    // (after the fault handler ran).
+    Json call(const std::string& request);
+
+    // Tells the process to exit and waits a moment for it (then kills it).
+    void shut_down();
+
+    const Hello& hello() const { return hello_; }
+    bool alive() const { return request_fd_ >= 0; }
+    pid_t pid() const { return pid_; }
+    bool owned_here() const;  // started by this process (not inherited through fork)
+    const std::string& output_path() const { return output_path_; }
+    // The last `bytes_max` bytes the process wrote to stdout and stderr.
+    std::string output_tail(std::size_t bytes_max = 4096) const;
+    // Empties the output file (the next tail shows only what follows).
+    void clear_output();
+
+  private:
+    void start(const ProcessCommand& command);
+    void handshake(double seconds);
+    void send(const std::string& frame);
+    // The next reply frame; `deadline` > 0: give up at that monotonic time.
+    std::string receive(double deadline);
+    [[noreturn]] void fail(const std::string& kind, const std::string& detail);
+    // After the reply pipe closed: how the process ended, as a fault.
+    [[noreturn]] void died(const std::string& when);
+    void reap(double grace_seconds);
+
+    std::string command_text_;
+    std::string output_path_;
+    FaultHandler on_fault_;
+    pid_t pid_ = -1;
+    pid_t owner_ = -1;
+    int request_fd_ = -1;
+    int reply_fd_ = -1;
+    bool reaped_ = false;
+    double handshake_seconds_ = 0;
+    int wait_status_ = 0;
+    std::string buffer_;
+    Hello hello_;
+};
+
+// A protocol frame: the payload's length as 4 bytes, big-endian, then the payload.
+std::string frame_of(const std::string& payload);
+
+// The last `bytes_max` bytes of a file, from a line start, without trailing
+// blank space; empty when it cannot be read.
+std::string file_tail(const std::string& path, std::size_t bytes_max);
+
+// "SIGSEGV", "SIGKILL", ..., or "signal N".
+std::string signal_text(int signal);
+
+}  // namespace kvcheck::process

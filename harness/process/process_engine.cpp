@@ -1,0 +1,618 @@
+#include "process_engine.h"
+
+#include "wire.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <unistd.h>
+#include <unordered_map>
+
+namespace kvcheck::process {
+
+struct Connection {
+    std::unique_ptr<AdapterProcess> process;
+    std::uint64_t session = 0;  // the engine allowed to use the process
+    bool used = false;          // a request was sent since the last reset
+};
+
+namespace {
+
+// An operation the adapter rejected: the error, then its traceback.
+std::string engine_error_text(const Json& reply) {
+    std::string text = "the adapter raised ";
+    const Json* error = reply.find("error");
+    text += error != nullptr && error->type() == Json::Type::string ? error->as_string() : std::string("an error (no message)");
+    const Json* traceback = reply.find("traceback");
+    if (traceback != nullptr && traceback->type() == Json::Type::string && !traceback->as_string().empty()) {
+        std::string trace = traceback->as_string();
+        while (!trace.empty() && trace.back() == '\n') trace.pop_back();
+        text += "\n" + trace;
+    }
+    return text;
+}
+
+void append_handle_request(std::string& out, const char* op, const char* field, Handle handle) {
+    out += "{\"op\":\"";
+    out += op;
+    out += "\",\"";
+    out += field;
+    out += "\":";
+    json_append_int(out, handle);
+    out += '}';
+}
+
+void append_id_request(std::string& out, const char* op, const std::string& id) {
+    out += "{\"op\":\"";
+    out += op;
+    out += "\",\"id\":";
+    json_append_string(out, id);
+    out += '}';
+}
+
+// What is known of a handle or an entry until the next operation.
+struct HandleKnown {
+    std::optional<HandleFacts> facts;
+    std::optional<std::uint64_t> digest;
+    std::optional<std::vector<std::uint64_t>> storage;
+};
+
+struct EntryKnown {
+    std::optional<std::uint64_t> digest;
+    std::optional<bool> owned;
+    std::optional<std::vector<std::uint64_t>> storage;
+};
+
+class ProcessEngine final : public Engine {
+  public:
+    ProcessEngine(std::shared_ptr<Connection> connection, std::uint64_t session, FaultHandler on_fault)
+        : connection_(std::move(connection)), session_(session), hello_(connection_->process->hello()),
+          on_fault_(std::move(on_fault)) {}
+
+    std::string name() const override { return hello_.name; }
+    Capabilities capabilities() const override { return hello_.capabilities; }
+
+    // ---- the store ----
+
+    void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override {
+        std::string request = "{\"op\":\"add\",\"id\":";
+        json_append_string(request, id);
+        request += ",\"metadata\":{";
+        bool first = true;
+        for (const auto& [key, value] : metadata) {
+            if (!first) request += ',';
+            first = false;
+            json_append_string(request, key);
+            request += ':';
+            json_append_string(request, value);
+        }
+        request += "},\"cache\":";
+        append_content(request, content);
+        request += '}';
+        operation(request);
+    }
+
+    void add_handle(const std::string& id, Handle handle) override {
+        std::string request = "{\"op\":\"add_handle\",\"id\":";
+        json_append_string(request, id);
+        request += ",\"handle\":";
+        json_append_int(request, handle);
+        request += '}';
+        operation(request);
+    }
+
+    void get(const std::string& id, Handle out) override {
+        std::string request = "{\"op\":\"get\",\"id\":";
+        json_append_string(request, id);
+        request += ",\"out\":";
+        json_append_int(request, out);
+        request += '}';
+        operation(request);
+    }
+
+    std::vector<std::optional<std::string>> get_by_ids(const std::vector<std::string>& ids) override {
+        std::string request = "{\"op\":\"get_by_ids\",\"ids\":";
+        append_strings(request, ids);
+        request += '}';
+        const Json reply = operation(request);
+        return reading("get_by_ids", [&] {
+            std::vector<std::optional<std::string>> items;
+            for (const Json& item : member(reply, "items").as_array()) {
+                items.push_back(item.is_null() ? std::nullopt : std::optional<std::string>(item.as_string()));
+            }
+            return items;
+        });
+    }
+
+    std::vector<std::string> get_all_ids() override {
+        const Json reply = operation("{\"op\":\"get_all_ids\"}");
+        return reading("get_all_ids", [&] { return read_strings(reply, "ids"); });
+    }
+
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        std::string request = "{\"op\":\"get_cache\",\"ids\":";
+        append_strings(request, ids);
+        request += ",\"out\":";
+        json_append_int(request, out);
+        request += '}';
+        operation(request);
+    }
+
+    void remove(const std::vector<std::string>& ids) override {
+        std::string request = "{\"op\":\"remove\",\"ids\":";
+        append_strings(request, ids);
+        request += '}';
+        operation(request);
+    }
+
+    void remove_all() override { operation("{\"op\":\"remove_all\"}"); }
+
+    void dump(const std::string& dir) override {
+        std::string request = "{\"op\":\"dump\",\"dir\":";
+        json_append_string(request, dir);
+        request += '}';
+        operation(request);
+    }
+
+    void dump_interrupted(const std::string& dir, std::int64_t bytes_budget) override {
+        std::string request = "{\"op\":\"dump_interrupted\",\"dir\":";
+        json_append_string(request, dir);
+        request += ",\"bytes_budget\":";
+        json_append_int(request, bytes_budget);
+        request += '}';
+        operation(request);
+    }
+
+    LoadResult load(const std::string& dir) override {
+        std::string request = "{\"op\":\"load\",\"dir\":";
+        json_append_string(request, dir);
+        request += '}';
+        const Json reply = operation(request);
+        return reading("load", [&] {
+            const Json& error = member(reply, "error");
+            return error.is_null() ? LoadResult{true, {}} : LoadResult{false, error.as_string()};
+        });
+    }
+
+    // ---- generation ----
+
+    GenerateResult generate(Handle handle, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                            bool stream) override {
+        std::string request = "{\"op\":\"generate\",\"handle\":";
+        json_append_int(request, handle);
+        request += ",\"prompt\":";
+        append_ints(request, prompt);
+        request += ",\"max_new_tokens\":";
+        json_append_int(request, max_new_tokens);
+        request += ",\"stream\":";
+        json_append_bool(request, stream);
+        request += '}';
+        const Json reply = operation(request);
+        return reading("generate", [&] {
+            return GenerateResult{read_ints(reply, "tokens"), read_int(reply, "peak_live_sets")};
+        });
+    }
+
+    std::vector<std::int64_t> generate_fresh(const CacheContent& content, const std::vector<std::int64_t>& prompt,
+                                             std::int64_t max_new_tokens) override {
+        std::string request = "{\"op\":\"generate_fresh\",\"prompt\":";
+        append_ints(request, prompt);
+        request += ",\"max_new_tokens\":";
+        json_append_int(request, max_new_tokens);
+        request += ",\"cache\":";
+        append_content(request, content);
+        request += '}';
+        const Json reply = operation(request);
+        return reading("generate_fresh", [&] { return read_ints(reply, "tokens"); });
+    }
+
+    // ---- cache-level ----
+
+    void make(const CacheContent& content, Handle out) override {
+        std::string request = "{\"op\":\"make\",\"out\":";
+        json_append_int(request, out);
+        request += ",\"cache\":";
+        append_content(request, content);
+        request += '}';
+        operation(request);
+    }
+
+    void clone(Handle source, Handle out) override { operation(source_out("clone", source, out)); }
+    void to_legacy(Handle source, Handle out) override { operation(source_out("to_legacy", source, out)); }
+    void from_legacy(Handle source, Handle out) override { operation(source_out("from_legacy", source, out)); }
+
+    void concat(const std::vector<Handle>& parts, Handle out) override {
+        std::string request = "{\"op\":\"concat\",\"parts\":";
+        append_ints(request, parts);
+        request += ",\"out\":";
+        json_append_int(request, out);
+        request += '}';
+        operation(request);
+    }
+
+    void release(Handle handle) override {
+        std::string request;
+        append_handle_request(request, "release", "handle", handle);
+        operation(request);
+    }
+
+    // ---- observations ----
+
+    std::vector<std::string> stored_ids() override {
+        check_current();
+        if (!stored_ids_) {
+            const Json reply = observation("{\"op\":\"stored_ids\"}");
+            stored_ids_ = reading("stored_ids", [&] { return read_strings(reply, "ids"); });
+        }
+        return *stored_ids_;
+    }
+
+    CacheView view_entry(const std::string& id) override {
+        std::string request;
+        append_id_request(request, "view_entry", id);
+        const Json reply = observation(request);
+        return reading("view_entry", [&] { return read_view(member(reply, "view")); });
+    }
+
+    Metadata entry_metadata(const std::string& id) override {
+        std::string request;
+        append_id_request(request, "entry_metadata", id);
+        const Json reply = observation(request);
+        return reading("entry_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+    }
+
+    Metadata handle_metadata(Handle handle) override {
+        std::string request;
+        append_handle_request(request, "handle_metadata", "handle", handle);
+        const Json reply = observation(request);
+        return reading("handle_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+    }
+
+    CacheView view_handle(Handle handle) override {
+        std::string request;
+        append_handle_request(request, "view_handle", "handle", handle);
+        const Json reply = observation(request);
+        return reading("view_handle", [&] { return read_view(member(reply, "view")); });
+    }
+
+    std::uint64_t entry_digest(const std::string& id) override {
+        check_current();
+        EntryKnown& known = entry(id);
+        if (!known.digest) fetch_entries_with(id);
+        return entry_fact(id, &EntryKnown::digest, "digest");
+    }
+
+    bool entry_owned(const std::string& id) override {
+        check_current();
+        EntryKnown& known = entry(id);
+        if (!known.owned) fetch_entries_with(id);
+        return entry_fact(id, &EntryKnown::owned, "owned");
+    }
+
+    std::vector<std::uint64_t> storage_of_entry(const std::string& id) override {
+        check_current();
+        EntryKnown& known = entry(id);
+        if (!known.storage) fetch_entries_with(id);
+        return entry_fact(id, &EntryKnown::storage, "storage");
+    }
+
+    std::uint64_t handle_digest(Handle handle) override {
+        check_current();
+        HandleKnown& known = handles_[handle];
+        if (!known.digest && !known.facts) fetch_handle(handle);
+        if (!handles_[handle].digest) {
+            std::string request;
+            append_handle_request(request, "handle_digest", "handle", handle);
+            const Json reply = observation(request);
+            handles_[handle].digest = reading("handle_digest", [&] {
+                const std::optional<std::uint64_t> digest = read_digest(reply);
+                if (!digest) throw ProtocolError("the reply has neither 'digest' nor 'view'");
+                return *digest;
+            });
+        }
+        return *handles_[handle].digest;
+    }
+
+    HandleFacts handle_facts(Handle handle) override {
+        check_current();
+        if (!handles_[handle].facts) fetch_handle(handle);
+        return *handles_[handle].facts;
+    }
+
+    std::vector<std::uint64_t> storage_of_handle(Handle handle) override {
+        check_current();
+        HandleKnown& known = handles_[handle];
+        if (!known.storage && !known.facts) fetch_handle(handle);
+        if (!handles_[handle].storage) {
+            std::string request;
+            append_handle_request(request, "storage_of_handle", "handle", handle);
+            const Json reply = observation(request);
+            handles_[handle].storage = reading("storage_of_handle", [&] { return read_uints(reply, "storage"); });
+        }
+        return *handles_[handle].storage;
+    }
+
+    std::vector<CopyRecord> take_copies() override {
+        check_current();
+        if (!hello_.copies_in_replies) {
+            const Json reply = observation("{\"op\":\"take_copies\"}");
+            return reading("take_copies", [&] { return read_copies(member(reply, "copies")); });
+        }
+        std::vector<CopyRecord> taken;
+        taken.swap(copies_);
+        return taken;
+    }
+
+    std::uint64_t entry_version(const std::string& id) override {
+        std::string request;
+        append_id_request(request, "entry_version", id);
+        const Json reply = observation(request);
+        return reading("entry_version", [&] { return read_uint(reply, "version"); });
+    }
+
+    std::vector<std::uint64_t> entry_versions(const std::vector<std::string>& ids) override {
+        std::string request = "{\"op\":\"entry_versions\",\"ids\":";
+        append_strings(request, ids);
+        request += '}';
+        const Json reply = observation(request);
+        return reading("entry_versions", [&] { return read_uints(reply, "versions"); });
+    }
+
+    std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) override {
+        check_current();
+        std::vector<std::string> missing;
+        for (const std::string& id : ids) {
+            const EntryKnown& known = entry(id);
+            if (!known.digest || !known.owned || (with_storage && !known.storage)) missing.push_back(id);
+        }
+        if (!missing.empty()) fetch_entries(missing);
+        std::vector<EntryFacts> facts;
+        facts.reserve(ids.size());
+        for (const std::string& id : ids) {
+            EntryFacts fact;
+            fact.digest = entry_fact(id, &EntryKnown::digest, "digest");
+            fact.owned = entry_fact(id, &EntryKnown::owned, "owned");
+            if (with_storage) fact.storage = entry_fact(id, &EntryKnown::storage, "storage");
+            facts.push_back(std::move(fact));
+        }
+        return facts;
+    }
+
+  private:
+    static std::string source_out(const char* op, Handle source, Handle out) {
+        std::string request = "{\"op\":\"";
+        request += op;
+        request += "\",\"source\":";
+        json_append_int(request, source);
+        request += ",\"out\":";
+        json_append_int(request, out);
+        request += '}';
+        return request;
+    }
+
+    // A request that may change what the engine holds: everything known
+    // is forgotten first, then what the reply reports is kept.
+    Json operation(const std::string& request) {
+        handles_.clear();
+        entries_.clear();
+        stored_ids_.reset();
+        Json reply = call(request);
+        reading("the reply's observed facts", [&] {
+            absorb(reply);
+            return 0;
+        });
+        return reply;
+    }
+
+    Json observation(const std::string& request) { return call(request); }
+
+    // What this engine knows is of its own session: once the process was
+    // reset for a newer engine, this one answers nothing, not even from
+    // what it kept.
+    void check_current() const {
+        if (connection_->session != session_ || !connection_->process || !connection_->process->alive()) {
+            throw std::logic_error("this engine's adapter process was reset for a newer engine (one engine per trace)");
+        }
+    }
+
+    Json call(const std::string& request) {
+        check_current();
+        connection_->used = true;
+        Json reply = connection_->process->call(request);
+        if (!reply.at("ok").as_bool()) throw std::runtime_error(engine_error_text(reply));
+        return reply;
+    }
+
+    // A reply's content that breaks the protocol is a process fault, not
+    // an engine error: the adapter is broken, not the engine.
+    template <typename Read>
+    auto reading(const char* what, Read read) -> decltype(read()) {
+        try {
+            return read();
+        } catch (const std::exception& error) {
+            const ProcessFault fault{"protocol", std::string("the adapter's reply to ") + what +
+                                                     " breaks the protocol: " + error.what()};
+            connection_->process->shut_down();
+            if (on_fault_) on_fault_(fault);
+            throw ProcessError(fault);
+        }
+    }
+
+    void absorb(const Json& reply) {
+        if (hello_.copies_in_replies) {
+            if (const Json* copies = reply.find("copies")) {
+                std::vector<CopyRecord> made = read_copies(*copies);
+                copies_.insert(copies_.end(), made.begin(), made.end());
+            }
+        }
+        const Json* observed = reply.find("observed");
+        if (observed == nullptr) return;
+        if (const Json* handles = observed->find("handles")) {
+            for (const Json& facts : handles->as_array()) keep_handle(facts);
+        }
+        if (const Json* entries = observed->find("entries")) {
+            for (const Json& facts : entries->as_array()) keep_entry(read_string(facts, "id"), facts);
+        }
+        if (observed->find("stored_ids") != nullptr) stored_ids_ = read_strings(*observed, "stored_ids");
+    }
+
+    void keep_handle(const Json& facts) {
+        HandleKnown& known = handles_[read_int(facts, "handle")];
+        known.facts = HandleFacts{read_bool(facts, "exists"), read_bool(facts, "owned")};
+        if (const std::optional<std::uint64_t> digest = read_digest(facts)) known.digest = digest;
+        if (facts.find("storage") != nullptr) known.storage = read_uints(facts, "storage");
+        if (!known.facts->exists) known.storage = std::vector<std::uint64_t>{};
+    }
+
+    void keep_entry(const std::string& id, const Json& facts) {
+        EntryKnown& known = entries_[id];
+        if (const std::optional<std::uint64_t> digest = read_digest(facts)) known.digest = digest;
+        if (facts.find("owned") != nullptr) known.owned = read_bool(facts, "owned");
+        if (facts.find("storage") != nullptr) known.storage = read_uints(facts, "storage");
+    }
+
+    EntryKnown& entry(const std::string& id) { return entries_[id]; }
+
+    template <typename T>
+    T entry_fact(const std::string& id, std::optional<T> EntryKnown::*field, const char* name) {
+        const std::optional<T>& value = entries_[id].*field;
+        if (!value) {
+            return reading("read_entries", [&]() -> T {
+                throw ProtocolError("no '" + std::string(name) + "' for entry \"" + id + "\"");
+            });
+        }
+        return *value;
+    }
+
+    // The facts of `id`, and of every other entry the listing names that
+    // lacks some: the checks ask about one entry at a time, and then
+    // about the next (every entry at a full read; those an operation
+    // names before it runs): one request instead of one per entry.
+    void fetch_entries_with(const std::string& id) {
+        std::vector<std::string> ids{id};
+        if (stored_ids_) {
+            for (const std::string& other : *stored_ids_) {
+                if (other == id) continue;
+                const auto found = entries_.find(other);
+                const bool complete = found != entries_.end() && found->second.digest && found->second.owned &&
+                                      (found->second.storage || !hello_.capabilities.storage_identity);
+                if (!complete) ids.push_back(other);
+            }
+        }
+        fetch_entries(ids);
+    }
+
+    void fetch_entries(const std::vector<std::string>& ids) {
+        std::string request = "{\"op\":\"read_entries\",\"ids\":";
+        append_strings(request, ids);
+        request += ",\"with_storage\":";
+        json_append_bool(request, hello_.capabilities.storage_identity);
+        request += '}';
+        const Json reply = observation(request);
+        reading("read_entries", [&] {
+            const std::vector<Json>& entries = member(reply, "entries").as_array();
+            if (entries.size() != ids.size()) {
+                throw ProtocolError("'entries' holds " + std::to_string(entries.size()) + " facts for " +
+                                    std::to_string(ids.size()) + " ids");
+            }
+            for (std::size_t i = 0; i < ids.size(); ++i) keep_entry(ids[i], entries[i]);
+            return 0;
+        });
+    }
+
+    void fetch_handle(Handle handle) {
+        std::string request;
+        append_handle_request(request, "handle_facts", "handle", handle);
+        const Json reply = observation(request);
+        reading("handle_facts", [&] {
+            HandleKnown& known = handles_[handle];
+            known.facts = HandleFacts{read_bool(reply, "exists"), read_bool(reply, "owned")};
+            if (const std::optional<std::uint64_t> digest = read_digest(reply)) known.digest = digest;
+            if (reply.find("storage") != nullptr) known.storage = read_uints(reply, "storage");
+            return 0;
+        });
+    }
+
+    std::shared_ptr<Connection> connection_;
+    std::uint64_t session_;
+    Hello hello_;
+    FaultHandler on_fault_;
+    std::unordered_map<Handle, HandleKnown> handles_;
+    std::unordered_map<std::string, EntryKnown> entries_;
+    std::optional<std::vector<std::string>> stored_ids_;
+    std::vector<CopyRecord> copies_;  // reported with operations, not yet taken
+};
+
+}  // namespace
+
+ProcessLauncher::ProcessLauncher(ProcessCommand command, LaunchOptions options)
+    : command_(std::move(command)), options_(std::move(options)), owner_(::getpid()),
+      connection_(std::make_shared<Connection>()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/kvcheck-adapter-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw ProcessError({"start", "cannot make a directory for the adapter's output (" + pattern + "): " + std::strerror(errno)});
+    }
+    directory_ = pattern;
+}
+
+ProcessLauncher::~ProcessLauncher() {
+    if (::getpid() != owner_) return;  // a forked child's copy: the parent cleans up
+    connection_->process.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(directory_, ignored);
+}
+
+std::string ProcessLauncher::output_path(const std::string& name) const { return directory_ + "/" + name + ".out"; }
+
+Hello ProcessLauncher::probe() {
+    const std::string path = output_path("handshake");
+    struct Remove {
+        const std::string& path;
+        ~Remove() { std::remove(path.c_str()); }
+    } remove{path};
+    AdapterProcess process(command_, path, options_.handshake_seconds);
+    return process.hello();
+}
+
+std::shared_ptr<Engine> ProcessLauncher::make() {
+    Connection& connection = *connection_;
+    const bool usable = connection.process && connection.process->owned_here() && connection.process->alive();
+    if (!usable) {
+        // An inherited process (a forked child's copy) only closes its
+        // descriptors here; the parent still owns it.
+        connection.process.reset();
+        connection.process = std::make_unique<AdapterProcess>(command_, output_path(std::to_string(::getpid())),
+                                                              options_.handshake_seconds, options_.on_fault);
+    } else if (connection.used) {
+        connection.process->clear_output();
+        const Json reply = connection.process->call("{\"op\":\"reset\"}");
+        if (!reply.at("ok").as_bool()) {
+            const ProcessFault fault{"start", "the adapter could not make a fresh engine: " + engine_error_text(reply)};
+            connection.process->shut_down();
+            if (options_.on_fault) options_.on_fault(fault);
+            throw ProcessError(fault);
+        }
+    }
+    connection.used = false;
+    ++connection.session;
+    return std::make_shared<ProcessEngine>(connection_, connection.session, options_.on_fault);
+}
+
+int ProcessLauncher::process_id() const {
+    const AdapterProcess* process = connection_->process.get();
+    return process != nullptr && process->owned_here() && process->alive() ? process->pid() : -1;
+}
+
+std::string ProcessLauncher::take_output(int pid, std::size_t bytes_max) {
+    const std::string path = output_path(std::to_string(pid > 0 ? pid : ::getpid()));
+    const std::string tail = file_tail(path, bytes_max);
+    // The process of the current one keeps writing there: only a finished
+    // child's file goes.
+    if (pid > 0 && pid != ::getpid()) std::remove(path.c_str());
+    return tail;
+}
+
+}  // namespace kvcheck::process

@@ -1,0 +1,80 @@
+// kvcheck::Engine over the adapter protocol: an engine in another process,
+// in any language (docs/protocol.md), checked exactly as an in-process one.
+//
+// ProcessLauncher is what the command line keeps per adapter: the command,
+// a directory for the processes' output, and the process the current
+// process started. make() hands out a ProcessEngine per trace; the process
+// is reused across traces (a `reset` request gives it a fresh engine:
+// starting Python with torch costs about a second). A forked sandbox child
+// starts a process of its own on its first make(): the parent's pipes are
+// never shared.
+//
+// ProcessEngine keeps what the adapter reported of handles and entries
+// between two operations: observations are read-only (engine.h), so a fact
+// stays true until the next request that can change anything, and every
+// such request (each store, generation and cache-level operation) forgets
+// them all. An adapter may report the facts of what an operation touched
+// in that operation's reply ("observed"); kvcheck then asks nothing more
+// about them. Only one engine of a launcher is usable at a time: the one
+// made last (an older one throws on use).
+//
+//   ProcessLauncher launcher({{"/usr/bin/python3", "my_adapter.py"}, "my_adapter.py"}, {});
+//   Hello hello = launcher.probe();              // handshake; exit 2 on a mismatch
+//   std::shared_ptr<Engine> engine = launcher.make();
+//   kvcheck::execute(trace, *engine);
+#pragma once
+
+#include "adapter_process.h"
+#include "kvcheck/engine.h"
+
+#include <memory>
+#include <string>
+
+namespace kvcheck::process {
+
+struct LaunchOptions {
+    // How long a process may take to answer the handshake (Python importing
+    // torch on a loaded machine takes several seconds).
+    double handshake_seconds = 120;
+    // Runs before a process fault is thrown (kvcheck run: the sandbox child
+    // ends itself, and the fault is reported as a FAULT verdict).
+    FaultHandler on_fault;
+};
+
+// The engine session a ProcessEngine belongs to (process_engine.cpp).
+struct Connection;
+
+class ProcessLauncher {
+  public:
+    // Makes the output directory (under $TMPDIR). Throws ProcessError.
+    ProcessLauncher(ProcessCommand command, LaunchOptions options);
+    // In the process that made it: stops its adapter process and removes
+    // the output directory.
+    ~ProcessLauncher();
+    ProcessLauncher(const ProcessLauncher&) = delete;
+    ProcessLauncher& operator=(const ProcessLauncher&) = delete;
+
+    // Starts the command, shakes hands and stops it again: what the adapter
+    // says it is. Throws ProcessError ("start", "version").
+    Hello probe();
+    // A fresh engine: the first starts this process's adapter process, the
+    // next ones reset it.
+    std::shared_ptr<Engine> make();
+    // What the adapter process started by process `pid` printed (its last
+    // `bytes_max` bytes); its output file is removed. Empty when none.
+    std::string take_output(int pid, std::size_t bytes_max = 4096);
+    const ProcessCommand& command() const { return command_; }
+    // The adapter process this process started (-1: none running).
+    int process_id() const;
+
+  private:
+    std::string output_path(const std::string& name) const;
+
+    ProcessCommand command_;
+    LaunchOptions options_;
+    std::string directory_;
+    int owner_ = -1;
+    std::shared_ptr<Connection> connection_;
+};
+
+}  // namespace kvcheck::process

@@ -1,0 +1,379 @@
+// The process adapter's own tests: the JSON it speaks, the protocol's
+// messages, and adapter processes that start, answer, reset, die, lie about
+// their version or write garbage. Adapters are Python scripts run by
+// Debian's interpreter: the fault adapter (no torch: quick to start) and,
+// for the engine itself, the example store.
+#include "adapter_process.h"
+#include "json.h"
+#include "process_engine.h"
+#include "wire.h"
+
+#include "kvcheck/executor.h"
+#include "kvcheck/trace.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvcheck::process {
+namespace {
+
+// ---- JSON ----------------------------------------------------------------------
+
+TEST(Json, ParsesEveryKindOfValue) {
+    const Json value = Json::parse(R"( {"a": [1, -2, 18446744073709551615, 1.5e3, true, false, null],
+                                        "s": "q\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00", "o": {}} )");
+    const auto& a = value.at("a").as_array();
+    ASSERT_EQ(a.size(), 7u);
+    EXPECT_EQ(a[0].as_int(), 1);
+    EXPECT_EQ(a[1].as_int(), -2);
+    EXPECT_EQ(a[2].as_uint(), 18446744073709551615ull);
+    EXPECT_EQ(a[3].type(), Json::Type::real);
+    EXPECT_TRUE(a[4].as_bool());
+    EXPECT_FALSE(a[5].as_bool());
+    EXPECT_TRUE(a[6].is_null());
+    EXPECT_EQ(value.at("s").as_string(), "q\"\\/\b\f\n\r\t\xC3\xA9\xF0\x9F\x98\x80");
+    EXPECT_TRUE(value.at("o").as_object().empty());
+    EXPECT_EQ(value.find("missing"), nullptr);
+}
+
+TEST(Json, NamesWhatIsWrongAndWhere) {
+    const auto error_of = [](const std::string& text) {
+        try {
+            Json::parse(text);
+        } catch (const JsonError& error) {
+            return std::string(error.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_EQ(error_of("{\"a\" 1}"), "not valid JSON at byte 5: expected ':'");
+    EXPECT_EQ(error_of("[1, 2] x"), "not valid JSON at byte 7: trailing text after the value");
+    EXPECT_EQ(error_of("\"open"), "not valid JSON at byte 5: unterminated string");
+    EXPECT_EQ(error_of("\"a\nb\""), "not valid JSON at byte 3: control character in a string");
+    EXPECT_EQ(error_of("1-2"), "not valid JSON at byte 1: trailing text after the value");
+    EXPECT_EQ(error_of("18446744073709551616"), "not valid JSON at byte 0: integer out of the 64-bit range");
+    EXPECT_EQ(error_of(std::string(65, '[') + std::string(65, ']')), "no error");
+    EXPECT_EQ(error_of(std::string(66, '[') + std::string(66, ']')), "not valid JSON at byte 65: nested deeper than 64 levels");
+    EXPECT_EQ(error_of("Hello"), "not valid JSON at byte 0: unexpected character 'H'");
+}
+
+TEST(Json, RefusesAValueOfAnotherType) {
+    const Json value = Json::parse(R"({"n": -1, "big": 9223372036854775808, "s": "x"})");
+    EXPECT_THROW(value.at("n").as_uint(), JsonError);
+    EXPECT_THROW(value.at("big").as_int(), JsonError);
+    EXPECT_EQ(value.at("big").as_uint(), 9223372036854775808ull);
+    try {
+        value.at("s").as_array();
+        FAIL() << "no error";
+    } catch (const JsonError& error) {
+        EXPECT_STREQ(error.what(), "expected an array, found a string");
+    }
+    EXPECT_THROW(value.at("nope"), JsonError);
+}
+
+TEST(Json, WritesWhatItReads) {
+    std::string out = "[";
+    json_append_string(out, std::string("tab\there \"quoted\" \\ \x01 \xC3\xA9", 24));
+    out += ',';
+    json_append_int(out, std::numeric_limits<std::int64_t>::min());
+    out += ',';
+    json_append_uint(out, std::numeric_limits<std::uint64_t>::max());
+    out += ',';
+    json_append_bool(out, true);
+    out += ']';
+    const Json back = Json::parse(out);
+    EXPECT_EQ(back.as_array()[0].as_string(), std::string("tab\there \"quoted\" \\ \x01 \xC3\xA9", 24));
+    EXPECT_EQ(back.as_array()[1].as_int(), std::numeric_limits<std::int64_t>::min());
+    EXPECT_EQ(back.as_array()[2].as_uint(), std::numeric_limits<std::uint64_t>::max());
+    EXPECT_TRUE(back.as_array()[3].as_bool());
+}
+
+TEST(Json, GarbageIsAnErrorNeverACrash) {
+    // Seeded: mutations of a real reply (bytes flipped, cut, duplicated)
+    // and plain random bytes. Every one parses or throws JsonError; under
+    // the sanitizer builds, nothing reads out of bounds.
+    const std::string reply =
+        R"({"ok":true,"observed":{"handles":[{"handle":3,"exists":true,"owned":false,"view":{"layout":"modern",)"
+        R"("layers":[{"initialized":true,"slots":[{"dtype":"f32","shape":[1,2,3,4],"hash":18446744073709551615},null,null,null]}]},)"
+        R"("storage":[1,2]}],"stored_ids":["a","é
+"]},"copies":[{"reason":"get_cache","bytes":-1}]})";
+    std::uint64_t state = 20261202;
+    const auto next = [&state] {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        return state >> 33;
+    };
+    std::size_t parsed = 0;
+    for (int round = 0; round < 20000; ++round) {
+        std::string text = reply;
+        if (round % 4 == 3) {
+            text.assign(next() % 64, '\0');
+            for (char& c : text) c = static_cast<char>(next());
+        } else {
+            for (int edits = 1 + static_cast<int>(next() % 4); edits > 0; --edits) {
+                const std::size_t at = next() % text.size();
+                switch (next() % 3) {
+                    case 0: text[at] = static_cast<char>(next()); break;
+                    case 1: text.resize(at); break;
+                    default: text.insert(at, text.substr(at, next() % 16)); break;
+                }
+                if (text.empty()) text = "{";
+            }
+        }
+        try {
+            Json::parse(text);
+            ++parsed;
+        } catch (const JsonError&) {
+        }
+    }
+    EXPECT_LT(parsed, 20000u);  // the mutations do break the text
+}
+
+// ---- the protocol's messages ---------------------------------------------------------
+
+TEST(Wire, ContentIsWrittenAsSegments) {
+    const CacheContent content = expand(parse_cache_spec("modern/bf16/7:[kv3 k~2 -0]"));
+    std::string out;
+    append_content(out, content);
+    const Json json = Json::parse(out);
+    EXPECT_EQ(json.at("layout").as_string(), "modern");
+    EXPECT_EQ(json.at("dtype").as_string(), "bf16");
+    EXPECT_EQ(json.at("heads").as_int(), cache_heads);
+    EXPECT_EQ(json.at("head_dim").as_int(), cache_head_dim);
+    const auto& layers = json.at("layers").as_array();
+    ASSERT_EQ(layers.size(), 3u);
+    EXPECT_FALSE(layers[1].at("initialized").as_bool());
+    const auto& keys = layers[0].at("slots").as_array()[0].as_array();
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_EQ(keys[0].as_array()[0].as_uint(), content.layers[0].slots[0].segments[0].seed);
+    EXPECT_EQ(keys[0].as_array()[1].as_int(), 3);
+    EXPECT_TRUE(layers[1].at("slots").as_array()[1].is_null());
+    EXPECT_TRUE(layers[2].at("slots").as_array()[0].is_null());
+}
+
+TEST(Wire, AViewGivesTheDigestKvcheckComputes) {
+    const CacheContent content = expand(parse_cache_spec("legacy/f16/3:[kv2 kv0]"));
+    const CacheView expected = expected_view(content);
+    std::string out = R"({"view": {"layout": "legacy", "layers": [)";
+    for (std::size_t i = 0; i < expected.layers.size(); ++i) {
+        out += i ? "," : "";
+        out += R"({"initialized": true, "slots": [)";
+        for (std::size_t s = 0; s < slot_count; ++s) {
+            const SlotView& slot = expected.layers[i].slots[s];
+            out += s ? "," : "";
+            if (!slot.present) {
+                out += "null";
+                continue;
+            }
+            out += R"({"dtype": ")" + std::string(dtype_name(slot.dtype)) + R"(", "shape": )";
+            append_ints(out, slot.shape);
+            out += R"(, "hash": )";
+            json_append_uint(out, slot.hash);
+            out += "}";
+        }
+        out += "]}";
+    }
+    out += "]}}";
+    EXPECT_EQ(read_digest(Json::parse(out)), expected_digest(content));
+    EXPECT_EQ(read_digest(Json::parse(R"({"digest": 42})")), 42u);
+    EXPECT_EQ(read_digest(Json::parse(R"({})")), std::nullopt);
+}
+
+TEST(Wire, AMalformedViewIsAProtocolErrorNamingTheMember) {
+    const auto error_of = [](const std::string& text) {
+        try {
+            read_view(Json::parse(text));
+        } catch (const ProtocolError& error) {
+            return std::string(error.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_EQ(error_of(R"({"layers": []})"), "missing member 'layout'");
+    EXPECT_EQ(error_of(R"({"layout": "diagonal", "layers": []})"), "unknown layout 'diagonal' (expected modern or legacy)");
+    EXPECT_EQ(error_of(R"({"layout": "modern", "layers": [{"initialized": true, "slots": [null]}]})"),
+              "a layer's 'slots' holds 1 entries, expected 4 (keys, values, key_cache, value_cache)");
+    EXPECT_EQ(error_of(R"({"layout": "modern", "layers": [{"initialized": true, "slots": [{"dtype": "f64", "shape": [0], "hash": 1}, null, null, null]}]})"),
+              "slot keys: unknown dtype 'f64' (expected f32, f16 or bf16)");
+    EXPECT_EQ(error_of(R"({"layout": "modern", "layers": [{"initialized": 1, "slots": []}]})"),
+              "'initialized': expected a boolean, found an integer");
+}
+
+TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
+    const Capabilities flags = read_capabilities(Json::parse(R"({"dump": false, "entry_versions": true})"));
+    EXPECT_FALSE(flags.dump);
+    EXPECT_TRUE(flags.entry_versions);
+    EXPECT_TRUE(flags.legacy_layout);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"dumb": false})")), ProtocolError);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"dump": "no"})")), ProtocolError);
+}
+
+// ---- processes ---------------------------------------------------------------------
+
+class ProcessTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        char pattern[] = "/tmp/kvcheck-process-test-XXXXXX";
+        ASSERT_NE(::mkdtemp(pattern), nullptr);
+        dir_ = pattern;
+    }
+    void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+    std::string output() const { return dir_ + "/output"; }
+
+    static ProcessCommand fault_adapter(const std::string& fault) {
+        return {{KVCHECK_TEST_PYTHON, KVCHECK_TEST_FAULT_ADAPTER, "--fault", fault}, "fault_adapter.py --fault " + fault, {}};
+    }
+    static ProcessCommand shell(const std::string& script) { return {{"/bin/sh", "-c", script}, script, {}}; }
+
+    ProcessFault fault_of(const ProcessCommand& command, double handshake_seconds = 120) const {
+        try {
+            AdapterProcess process(command, output(), handshake_seconds);
+        } catch (const ProcessError& error) {
+            return error.fault();
+        }
+        return {"none", ""};
+    }
+
+    std::string dir_;
+};
+
+TEST_F(ProcessTest, HandshakeNamesTheAdapter) {
+    AdapterProcess process(fault_adapter("none"), output(), 120);
+    EXPECT_EQ(process.hello().protocol, protocol_version);
+    EXPECT_EQ(process.hello().name, "fault-none");
+    EXPECT_FALSE(process.hello().copies_in_replies);
+    const Json reply = process.call(R"({"op":"stored_ids"})");
+    EXPECT_FALSE(reply.at("ok").as_bool());
+    EXPECT_EQ(reply.at("error").as_string(), "RuntimeError: stored_ids is not supported");
+    process.shut_down();
+    EXPECT_FALSE(process.alive());
+}
+
+TEST_F(ProcessTest, AnotherVersionIsRefusedNamingBoth) {
+    const ProcessFault fault = fault_of(fault_adapter("version"));
+    EXPECT_EQ(fault.kind, "version");
+    EXPECT_NE(fault.detail.find("speaks protocol version 99; this kvcheck speaks version 1"), std::string::npos) << fault.detail;
+}
+
+TEST_F(ProcessTest, AProcessThatDiesBeforeTheHandshakeShowsItsOutput) {
+    const ProcessFault fault = fault_of(shell("echo 'Traceback: no module' >&2; exit 7"));
+    EXPECT_EQ(fault.kind, "start");
+    EXPECT_NE(fault.detail.find("exited with status 7 before answering the handshake"), std::string::npos) << fault.detail;
+    EXPECT_NE(fault.detail.find("the adapter's output ends with:\nTraceback: no module"), std::string::npos) << fault.detail;
+}
+
+TEST_F(ProcessTest, GarbageOnTheReplyPipeIsAProtocolFault) {
+    const ProcessFault fault = fault_of(shell("printf 'garbage!!' >&4; sleep 600"));
+    EXPECT_EQ(fault.kind, "protocol");
+    EXPECT_NE(fault.detail.find("'garbage!!'"), std::string::npos) << fault.detail;
+}
+
+TEST_F(ProcessTest, ACommandThatCannotRunIsAStartFault) {
+    const ProcessFault fault = fault_of({{"/nonexistent/adapter"}, "/nonexistent/adapter", {}});
+    EXPECT_EQ(fault.kind, "start");
+    EXPECT_EQ(fault.detail, "cannot run the adapter command '/nonexistent/adapter': /nonexistent/adapter: No such file or directory");
+}
+
+TEST_F(ProcessTest, SilenceAtTheHandshakeIsAStartFaultAfterTheLimit) {
+    // The process never answers: the limit only decides how soon that is said.
+    const ProcessFault fault = fault_of(shell("sleep 600"), 0.5);
+    EXPECT_EQ(fault.kind, "start");
+    EXPECT_NE(fault.detail.find("did not answer the handshake within 0.5 s"), std::string::npos) << fault.detail;
+}
+
+TEST_F(ProcessTest, DeathAfterTheHandshakeIsNamedAndTheHandlerRunsFirst) {
+    ProcessFault seen;
+    AdapterProcess process(fault_adapter("crash"), output(), 120, [&seen](const ProcessFault& fault) { seen = fault; });
+    try {
+        process.call(R"({"op":"stored_ids"})");
+        FAIL() << "no fault";
+    } catch (const ProcessError& error) {
+        EXPECT_EQ(error.fault().kind, "crash");
+        EXPECT_NE(error.fault().detail.find("was killed by SIGSEGV before answering a request"), std::string::npos);
+    }
+    EXPECT_EQ(seen.kind, "crash");
+    EXPECT_FALSE(process.alive());
+}
+
+TEST_F(ProcessTest, TheOutputIsKeptAndClearedAtReset) {
+    AdapterProcess process(shell("echo started; exec " KVCHECK_TEST_PYTHON " " KVCHECK_TEST_FAULT_ADAPTER " --fault none"),
+                           output(), 120);
+    EXPECT_EQ(process.output_tail(), "started");
+    process.clear_output();
+    EXPECT_EQ(process.output_tail(), "");
+}
+
+TEST_F(ProcessTest, TheProcessDiesWithTheProcessThatStartedIt) {
+    int pipe_fds[2];
+    ASSERT_EQ(::pipe(pipe_fds), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        AdapterProcess process(fault_adapter("hang"), output(), 120);
+        const pid_t adapter = process.pid();
+        ssize_t written = ::write(pipe_fds[1], &adapter, sizeof adapter);
+        (void)written;
+        ::_exit(0);  // no destructor: only PR_SET_PDEATHSIG can stop the adapter
+    }
+    pid_t adapter = -1;
+    ASSERT_EQ(::read(pipe_fds[0], &adapter, sizeof adapter), static_cast<ssize_t>(sizeof adapter));
+    ::waitpid(child, nullptr, 0);
+    bool gone = false;
+    for (int i = 0; i < 600 && !gone; ++i) {
+        std::ifstream stat("/proc/" + std::to_string(adapter) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        gone = text.empty() || text.substr(text.rfind(')') + 2, 1) == "Z";
+        if (!gone) ::usleep(100000);
+    }
+    EXPECT_TRUE(gone) << "adapter process " << adapter << " outlived the process that started it";
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+}
+
+// ---- the engine over the example store ------------------------------------------------
+
+TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
+    ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_EXAMPLE}, "activation_memory_adapter.py",
+                           {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR}};
+    ProcessLauncher launcher(command, {});
+    const Hello hello = launcher.probe();
+    EXPECT_EQ(hello.name, "activation-memory");
+    EXPECT_TRUE(hello.copies_in_replies);
+    const Trace trace = parse_trace(
+        "add a modern/f32/3:[kv2 kv2]\n"
+        "add b legacy/bf16/4:[kv1]\n"
+        "h1 = get_cache a b\n"
+        "generate h1 prompt=5,7 max=3\n"
+        "h2 = get a\n"
+        "generate h2 prompt=1 max=2\n"
+        "dump slot=0\n"
+        "delete_all\n"
+        "load slot=0\n");
+    const std::shared_ptr<Engine> first = launcher.make();
+    const RunResult result = execute(trace, *first);
+    EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
+    EXPECT_EQ(first->stored_ids(), (std::vector<std::string>{"a", "b"}));
+    const int pid = launcher.process_id();
+    const std::shared_ptr<Engine> second = launcher.make();
+    EXPECT_EQ(launcher.process_id(), pid);  // the same process, reset
+    EXPECT_TRUE(second->stored_ids().empty());
+    EXPECT_THROW(first->stored_ids(), std::logic_error);
+    second->make(expand(parse_cache_spec("modern/f32/1:[kv1]")), 3);
+    EXPECT_TRUE(second->handle_facts(3).exists);
+    EXPECT_FALSE(second->handle_facts(4).exists);
+    try {
+        second->view_handle(4);
+        FAIL() << "no error";
+    } catch (const std::runtime_error& error) {
+        EXPECT_NE(std::string(error.what()).find("the adapter raised ValueError: handle 4 holds no cache"), std::string::npos)
+            << error.what();
+    }
+}
+
+}  // namespace
+}  // namespace kvcheck::process

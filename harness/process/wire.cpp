@@ -1,0 +1,259 @@
+#include "wire.h"
+
+#include <array>
+
+namespace kvcheck::process {
+
+namespace {
+
+constexpr std::array<const char*, slot_count> slot_names{"keys", "values", "key_cache", "value_cache"};
+
+Layout parse_layout(const std::string& text) {
+    if (text == "modern") return Layout::modern;
+    if (text == "legacy") return Layout::legacy;
+    throw ProtocolError("unknown layout '" + text + "' (expected modern or legacy)");
+}
+
+Dtype parse_dtype(const std::string& text) {
+    if (text == "f32") return Dtype::f32;
+    if (text == "f16") return Dtype::f16;
+    if (text == "bf16") return Dtype::bf16;
+    throw ProtocolError("unknown dtype '" + text + "' (expected f32, f16 or bf16)");
+}
+
+template <typename Read>
+auto in_member(const char* name, Read read) -> decltype(read()) {
+    try {
+        return read();
+    } catch (const JsonError& error) {
+        throw ProtocolError(std::string("'") + name + "': " + error.what());
+    }
+}
+
+SlotView read_slot_view(const Json& slot) {
+    SlotView view;
+    if (slot.is_null()) return view;
+    view.present = true;
+    view.dtype = parse_dtype(read_string(slot, "dtype"));
+    view.shape = read_ints(slot, "shape");
+    view.hash = read_uint(slot, "hash");
+    return view;
+}
+
+}  // namespace
+
+void append_content(std::string& out, const CacheContent& content) {
+    out += "{\"layout\":\"";
+    out += layout_name(content.layout);
+    out += "\",\"dtype\":\"";
+    out += dtype_name(content.dtype);
+    out += "\",\"heads\":";
+    json_append_int(out, cache_heads);
+    out += ",\"head_dim\":";
+    json_append_int(out, cache_head_dim);
+    out += ",\"layers\":[";
+    for (std::size_t i = 0; i < content.layers.size(); ++i) {
+        const LayerContent& layer = content.layers[i];
+        if (i > 0) out += ',';
+        out += "{\"initialized\":";
+        json_append_bool(out, layer.initialized);
+        out += ",\"slots\":[";
+        for (int s = 0; s < slot_count; ++s) {
+            if (s > 0) out += ',';
+            const SlotContent& slot = layer.slots[static_cast<std::size_t>(s)];
+            if (!slot.present) {
+                out += "null";
+                continue;
+            }
+            out += '[';
+            for (std::size_t k = 0; k < slot.segments.size(); ++k) {
+                if (k > 0) out += ',';
+                out += '[';
+                json_append_uint(out, slot.segments[k].seed);
+                out += ',';
+                json_append_int(out, slot.segments[k].tokens);
+                out += ']';
+            }
+            out += ']';
+        }
+        out += "]}";
+    }
+    out += "]}";
+}
+
+void append_strings(std::string& out, const std::vector<std::string>& items) {
+    out += '[';
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += ',';
+        json_append_string(out, items[i]);
+    }
+    out += ']';
+}
+
+void append_ints(std::string& out, const std::vector<std::int64_t>& items) {
+    out += '[';
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += ',';
+        json_append_int(out, items[i]);
+    }
+    out += ']';
+}
+
+const Json& member(const Json& object, const char* name) {
+    if (object.type() != Json::Type::object) {
+        throw ProtocolError(std::string("expected an object holding '") + name + "', found " + object.type_name());
+    }
+    const Json* found = object.find(name);
+    if (found == nullptr) throw ProtocolError(std::string("missing member '") + name + "'");
+    return *found;
+}
+
+bool read_bool(const Json& object, const char* name) {
+    return in_member(name, [&] { return member(object, name).as_bool(); });
+}
+
+std::int64_t read_int(const Json& object, const char* name) {
+    return in_member(name, [&] { return member(object, name).as_int(); });
+}
+
+std::uint64_t read_uint(const Json& object, const char* name) {
+    return in_member(name, [&] { return member(object, name).as_uint(); });
+}
+
+std::string read_string(const Json& object, const char* name) {
+    return in_member(name, [&] { return member(object, name).as_string(); });
+}
+
+std::vector<std::string> read_strings(const Json& object, const char* name) {
+    return in_member(name, [&] {
+        std::vector<std::string> items;
+        for (const Json& item : member(object, name).as_array()) items.push_back(item.as_string());
+        return items;
+    });
+}
+
+std::vector<std::int64_t> read_ints(const Json& object, const char* name) {
+    return in_member(name, [&] {
+        std::vector<std::int64_t> items;
+        for (const Json& item : member(object, name).as_array()) items.push_back(item.as_int());
+        return items;
+    });
+}
+
+std::vector<std::uint64_t> read_uints(const Json& object, const char* name) {
+    return in_member(name, [&] {
+        std::vector<std::uint64_t> items;
+        const std::vector<Json>& array = member(object, name).as_array();
+        items.reserve(array.size());
+        for (const Json& item : array) items.push_back(item.as_uint());
+        return items;
+    });
+}
+
+CacheView read_view(const Json& json) {
+    CacheView view;
+    view.layout = parse_layout(read_string(json, "layout"));
+    const Json& layers = member(json, "layers");
+    in_member("layers", [&] {
+        for (const Json& layer : layers.as_array()) {
+            LayerView layer_view;
+            layer_view.initialized = read_bool(layer, "initialized");
+            const std::vector<Json>& slots = member(layer, "slots").as_array();
+            if (slots.size() != slot_count) {
+                throw ProtocolError("a layer's 'slots' holds " + std::to_string(slots.size()) + " entries, expected " +
+                                    std::to_string(slot_count) + " (keys, values, key_cache, value_cache)");
+            }
+            for (std::size_t s = 0; s < slot_count; ++s) {
+                try {
+                    layer_view.slots[s] = read_slot_view(slots[s]);
+                } catch (const std::exception& error) {
+                    throw ProtocolError(std::string("slot ") + slot_names[s] + ": " + error.what());
+                }
+            }
+            view.layers.push_back(std::move(layer_view));
+        }
+        return 0;
+    });
+    return view;
+}
+
+std::optional<std::uint64_t> read_digest(const Json& facts) {
+    if (facts.find("digest") != nullptr) return read_uint(facts, "digest");
+    if (const Json* view = facts.find("view")) {
+        try {
+            return view_digest(read_view(*view));
+        } catch (const std::exception& error) {
+            throw ProtocolError(std::string("'view': ") + error.what());
+        }
+    }
+    return std::nullopt;
+}
+
+Metadata read_metadata(const Json& object) {
+    Metadata metadata;
+    for (const auto& [key, value] : object.as_object()) metadata[key] = value.as_string();
+    return metadata;
+}
+
+Capabilities read_capabilities(const Json& flags) {
+    Capabilities capabilities;
+    const std::array<std::pair<const char*, bool*>, 14> known{{
+        {"legacy_layout", &capabilities.legacy_layout},
+        {"one_sided_layers", &capabilities.one_sided_layers},
+        {"legacy_slot_names", &capabilities.legacy_slot_names},
+        {"uninitialized_layers", &capabilities.uninitialized_layers},
+        {"half_dtypes", &capabilities.half_dtypes},
+        {"conversions", &capabilities.conversions},
+        {"dump", &capabilities.dump},
+        {"dump_crash", &capabilities.dump_crash},
+        {"generate_stream", &capabilities.generate_stream},
+        {"storage_identity", &capabilities.storage_identity},
+        {"copy_log", &capabilities.copy_log},
+        {"entry_versions", &capabilities.entry_versions},
+        {"metadata", &capabilities.metadata},
+        {"any_geometry", &capabilities.any_geometry},
+    }};
+    const std::vector<Json::Member>& members =
+        in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });
+    for (const auto& [name, value] : members) {
+        bool found = false;
+        for (const auto& [known_name, flag] : known) {
+            if (name != known_name) continue;
+            *flag = in_member(known_name, [&] { return value.as_bool(); });
+            found = true;
+        }
+        if (!found) {
+            std::string names;
+            for (const auto& entry : known) names += std::string(names.empty() ? "" : ", ") + entry.first;
+            throw ProtocolError("unknown capability '" + name + "' (known: " + names + ")");
+        }
+    }
+    return capabilities;
+}
+
+std::vector<CopyRecord> read_copies(const Json& copies) {
+    std::vector<CopyRecord> records;
+    in_member("copies", [&] {
+        for (const Json& copy : copies.as_array()) records.push_back({read_string(copy, "reason"), read_int(copy, "bytes")});
+        return 0;
+    });
+    return records;
+}
+
+std::string printable_prefix(const std::string& bytes, std::size_t count_max) {
+    std::string text;
+    for (std::size_t i = 0; i < bytes.size() && i < count_max; ++i) {
+        const unsigned char c = static_cast<unsigned char>(bytes[i]);
+        if (c >= 0x20 && c < 0x7F) {
+            text += static_cast<char>(c);
+        } else {
+            char escaped[8];
+            std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+            text += escaped;
+        }
+    }
+    if (bytes.size() > count_max) text += "...";
+    return text;
+}
+
+}  // namespace kvcheck::process

@@ -1,0 +1,75 @@
+"""Shared set-up of the adapter protocol's tests: import paths, the kvcheck
+binary, a command runner, and scratch directories removed afterwards.
+
+The kvcheck binary is $KVCHECK (ctest sets it), else the default build's."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(PYTHON_DIR)
+EXAMPLE = os.path.join(PYTHON_DIR, "examples", "activation_memory_adapter.py")
+FAULT_ADAPTER = os.path.join(HERE, "fault_adapter.py")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def kvcheck_binary():
+    found = os.environ.get("KVCHECK") or os.path.join(REPO, "build", "default", "harness", "cli", "kvcheck")
+    if not os.path.isfile(found):
+        pytest.skip(f"no kvcheck binary at {found} (build it, or set $KVCHECK)")
+    return found
+
+
+@pytest.fixture
+def scratch_dir():
+    """A temporary directory, removed with everything in it after the test."""
+    directory = tempfile.mkdtemp(prefix="kvcheck-adapter-test-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class Run:
+    def __init__(self, completed, report):
+        self.status = completed.returncode
+        self.stdout = completed.stdout
+        self.stderr = completed.stderr
+        self.report = report
+
+    def result(self, property_id):
+        return next(p for p in self.report["properties"] if p["id"] == property_id)
+
+
+@pytest.fixture
+def kvcheck(scratch_dir):
+    """Runs `kvcheck ARGS...` in the scratch directory (traces go there); for
+    `run`, with a JSON report, parsed into Run.report."""
+    binary = kvcheck_binary()
+
+    def run(*args, timeout=900):
+        args = list(args)
+        report_path = None
+        if args and args[0] == "run":
+            report_path = os.path.join(scratch_dir, "report.json")
+            args += ["--report", "json", "--out", report_path, "--quiet", "--trace-dir", os.path.join(scratch_dir, "traces")]
+        completed = subprocess.run([binary] + args, cwd=scratch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, timeout=timeout)
+        report = None
+        if report_path and os.path.isfile(report_path):
+            with open(report_path) as file:
+                report = json.load(file)
+        return Run(completed, report)
+
+    return run

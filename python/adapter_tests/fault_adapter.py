@@ -1,0 +1,109 @@
+"""An adapter that breaks on purpose, for kvcheck's fault tests.
+
+Written from docs/protocol.md alone, with the standard library only (no
+torch, no SDK): it also shows that the protocol document is enough to write
+an adapter from. It answers the handshake and `reset`, then does its fault
+on the first other request:
+
+    --fault crash      kill itself with SIGSEGV
+    --fault exit       exit with status 3
+    --fault hang       never answer
+    --fault memory     allocate memory until killed (up to 3 GiB, then hang)
+    --fault garbage    write text that is not a frame on the reply pipe
+    --fault not-json   answer with a frame that is not JSON
+    --fault no-ok      answer with a JSON object without "ok"
+    --fault version    answer the handshake with protocol version 99
+    --fault refuse     refuse the handshake (an engine that cannot start)
+    --fault none       answer every request with an error (a well-behaved
+                       adapter of an engine that rejects everything)
+
+--pid-file PATH writes the process id there first; --noise N prints N lines
+on stdout and stderr before the fault (kvcheck shows their tail).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def read_exactly(fd, count):
+    data = b""
+    while len(data) < count:
+        chunk = os.read(fd, count - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def send(fd, message):
+    payload = json.dumps(message).encode("utf-8")
+    os.write(fd, len(payload).to_bytes(4, "big") + payload)
+
+
+def fault(kind, reply_fd):
+    if kind == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "exit":
+        os._exit(3)
+    elif kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif kind == "memory":
+        held = []
+        for _ in range(96):  # 3 GiB in 32 MiB pieces, each written so that it is resident
+            held.append(b"\x01" * (32 << 20))
+            time.sleep(0.02)
+        while True:
+            time.sleep(3600)
+    elif kind == "garbage":
+        os.write(reply_fd, b"Hello from the adapter: this is not a protocol frame\n")
+        while True:
+            time.sleep(3600)
+    elif kind == "not-json":
+        os.write(reply_fd, (9).to_bytes(4, "big") + b"not json!")
+    elif kind == "no-ok":
+        send(reply_fd, {"tokens": []})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", required=True)
+    parser.add_argument("--pid-file")
+    parser.add_argument("--noise", type=int, default=0)
+    args = parser.parse_args()
+    if args.pid_file:
+        with open(args.pid_file, "w") as out:
+            out.write(str(os.getpid()))
+    request_fd = int(os.environ["KVCHECK_REQUEST_FD"])
+    reply_fd = int(os.environ["KVCHECK_REPLY_FD"])
+    while True:
+        header = read_exactly(request_fd, 4)
+        if header is None:
+            return
+        request = json.loads(read_exactly(request_fd, int.from_bytes(header, "big")))
+        op = request["op"]
+        if op == "hello" and args.fault == "refuse":
+            send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
+        elif op == "hello":
+            version = 99 if args.fault == "version" else 1
+            send(reply_fd, {"ok": True, "protocol": version, "name": f"fault-{args.fault}"})
+        elif op in ("reset", "shutdown"):
+            send(reply_fd, {"ok": True})
+            if op == "shutdown":
+                return
+        elif args.fault == "none":
+            send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported", "traceback": ""})
+        else:
+            for i in range(args.noise):
+                print(f"noise line {i} on stdout")
+                print(f"noise line {i} on stderr", file=sys.stderr)
+            sys.stdout.flush()
+            fault(args.fault, reply_fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""kvcheck on the example Python store, through the process boundary, as a
+user runs it: the fixed store passes, each historic bug is caught by the
+property that names it, a failure comes with its trace and replays, an
+exception comes with its Python traceback."""
+
+import os
+
+import pytest
+
+from conftest import EXAMPLE, HERE, SYSTEM_PYTHON
+
+# The property that names each bug of activation_memory.BUGS.
+BUGS = {
+    "stored_to_generation": "stored-immutable",
+    "single_id_returns_stored": "stored-immutable",
+    "merge_uninitialized": "merge-correct",
+    "shallow_clone": "clone-independent",
+    "double_copy": "single-copy",
+}
+
+
+def test_the_fixed_store_holds_every_property(kvcheck):
+    run = kvcheck("run", "--adapter", EXAMPLE, "--cases", "60", "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.report["properties"]}
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    assert run.report["adapter"] == "activation-memory"
+    assert run.report["source"] == f"exec:{SYSTEM_PYTHON} {EXAMPLE}"
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
+    prop = BUGS[bug]
+    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug {bug}", "--property", prop, "--cases", "400")
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result(prop)
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert result["trace"] and result["reproduce"]
+    assert result["message"], result
+
+
+def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
+    adapter = f"{EXAMPLE} --bug double_copy"
+    run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400")
+    result = run.result("single-copy")
+    trace_file = os.path.join(scratch_dir, "traces", "activation-memory+double_copy-single-copy.trace")
+    assert os.path.isfile(trace_file)
+    assert result["reproduce"].startswith("kvcheck replay ")
+    replay = kvcheck("replay", trace_file, "--adapter", adapter)
+    assert replay.status == 1 and "ERROR: single-copy:" in replay.stdout, replay.stdout + replay.stderr
+    fixed = kvcheck("replay", trace_file, "--adapter", EXAMPLE)
+    assert fixed.status == 0 and "every property holds" in fixed.stdout, fixed.stdout + fixed.stderr
+    shrunk_file = os.path.join(scratch_dir, "shrunk.trace")
+    shrink = kvcheck("shrink", trace_file, "--adapter", adapter, "--out", shrunk_file)
+    assert shrink.status == 1 and os.path.isfile(shrunk_file), shrink.stdout + shrink.stderr
+
+
+def test_an_exception_is_the_steps_engine_error_with_its_traceback(kvcheck):
+    adapter = os.path.join(HERE, "raising_adapter.py")
+    run = kvcheck("run", "--adapter", adapter, "--property", "merge-correct", "--cases", "200")
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result("merge-correct")
+    assert result["verdict"] == "fail" and result["fault"] is None
+    message = result["message"]
+    assert message.startswith("engine-error: the engine threw: the adapter raised ValueError: planted: a merge of ")
+    assert "Traceback (most recent call last):" in message and "raising_adapter.py" in message, message
+    assert "get_cache" in result["trace"]
+    assert "the planted error's last words" in result["output"]

@@ -1,0 +1,141 @@
+"""Adapter processes that break: each is a FAULT verdict (or exit status 2
+for a handshake that fails) with a message naming the cause, and the run
+goes on with the next property. The faults come from fault_adapter.py, a
+torch-free adapter that breaks on its first operation (deterministic, and
+quick to start: a fault's trace is shrunk by starting it again per try).
+Time limits are generous: only the hang test waits for one."""
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import EXAMPLE, FAULT_ADAPTER, SYSTEM_PYTHON
+
+PROPERTIES = ["stored-immutable", "store-contract"]
+
+
+def fault_adapter(kind, *extra):
+    return " ".join(["exec:" + SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", kind] + list(extra))
+
+
+def run_properties(kvcheck, adapter, *options):
+    args = ["run", "--adapter", adapter, "--cases", "5", "--jobs", "2"]
+    for prop in PROPERTIES:
+        args += ["--property", prop]
+    return kvcheck(*args, *options)
+
+
+@pytest.mark.parametrize(
+    "kind, fault, words",
+    [
+        ("crash", "crash", "was killed by SIGSEGV"),
+        ("exit", "exit", "exited with status 3"),
+        ("garbage", "protocol", "not a protocol frame on its reply pipe (a length of 1214606444 bytes"),
+        ("not-json", "protocol", "a frame that is not JSON"),
+        ("no-ok", "protocol", "has no boolean 'ok'"),
+    ],
+)
+def test_a_broken_process_is_a_fault_of_each_property(kvcheck, kind, fault, words):
+    run = run_properties(kvcheck, fault_adapter(kind, "--noise", "50"))
+    assert run.status == 1, run.stdout + run.stderr
+    for prop in PROPERTIES:  # the first fault did not end the run
+        result = run.result(prop)
+        assert result["verdict"] == "fail", result
+        assert result["fault"].startswith(fault + ": "), result
+        assert words in result["fault"], result["fault"]
+        assert result["trace"], result  # the trace that met it, shrunk
+        assert "noise line 49 on stderr" in result["output"], result["output"]
+
+
+def process_gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, not yet reaped by init
+    except FileNotFoundError:
+        return True
+
+
+def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_dir):
+    pid_file = os.path.join(scratch_dir, "adapter.pid")
+    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file, "--noise", "3"),
+                  "--property", "store-contract", "--cases", "5", "--timeout", "10")
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result("store-contract")
+    assert result["fault"] == "hang: no progress for 10 s", result
+    assert "noise line 2 on stdout" in result["output"], result["output"]
+    with open(pid_file) as file:
+        pid = int(file.read())
+    deadline = time.monotonic() + 60
+    while not process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert process_gone(pid), f"the hung adapter process {pid} outlived its sandbox child"
+
+
+def test_memory_over_the_limit_is_a_fault(kvcheck):
+    # The limit is the sandbox child's and its adapter's together: 1 GiB
+    # leaves room for a child built with sanitizers; the adapter grows to 3.
+    run = kvcheck("run", "--adapter", fault_adapter("memory"), "--property", "store-contract", "--cases", "5",
+                  "--memory-mb", "1024")
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result("store-contract")
+    assert result["fault"].startswith("memory: "), result
+    assert "over the limit of 1024 MiB" in result["fault"]
+
+
+def test_another_protocol_version_is_refused_with_both_versions(kvcheck):
+    run = kvcheck("run", "--adapter", fault_adapter("version"), "--cases", "1")
+    assert run.status == 2, run.stdout + run.stderr
+    assert "speaks protocol version 99; this kvcheck speaks version 1" in run.stderr, run.stderr
+    assert run.report is None
+
+
+def test_a_refused_handshake_is_an_error_with_the_adapters_words(kvcheck):
+    run = kvcheck("run", "--adapter", fault_adapter("refuse"), "--cases", "1")
+    assert run.status == 2, run.stdout + run.stderr
+    assert "refused the handshake: RuntimeError: cannot open the store\nTraceback: here" in run.stderr, run.stderr
+
+
+def test_an_interpreter_without_torch_is_refused_with_a_hint(kvcheck):
+    # -S: no site directories, so no dist-packages and no torch, on any machine.
+    run = kvcheck("run", "--adapter", f"exec:{SYSTEM_PYTHON} -S {EXAMPLE}", "--cases", "1")
+    assert run.status == 2, run.stdout + run.stderr
+    assert "exited with status 1 before answering the handshake" in run.stderr, run.stderr
+    assert "ModuleNotFoundError: No module named 'torch'" in run.stderr, run.stderr
+    assert "has no torch; choose an interpreter that has it with --python" in run.stderr, run.stderr
+
+
+def path_python_without_torch():
+    found = shutil.which("python3")
+    if found is None or os.path.realpath(found) == os.path.realpath(SYSTEM_PYTHON):
+        return None
+    has_torch = subprocess.run([found, "-c", "import torch"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return found if has_torch.returncode != 0 else None
+
+
+def test_the_python_first_on_path_without_torch_is_refused(kvcheck):
+    python = path_python_without_torch()
+    if python is None:
+        pytest.skip("the python3 on PATH has torch (or is the system one)")
+    run = kvcheck("run", "--adapter", EXAMPLE, "--python", python, "--cases", "1")
+    assert run.status == 2, run.stdout + run.stderr
+    assert "No module named 'torch'" in run.stderr and python in run.stderr, run.stderr
+
+
+def test_a_command_that_cannot_run_is_refused(kvcheck, scratch_dir):
+    run = kvcheck("run", "--adapter", "exec:/nonexistent/engine --flag", "--cases", "1")
+    assert run.status == 2
+    assert "cannot run the adapter command '/nonexistent/engine --flag': /nonexistent/engine: No such file" in run.stderr
+    missing = kvcheck("run", "--adapter", os.path.join(scratch_dir, "missing.py"), "--cases", "1")
+    assert missing.status == 2 and "adapter script not found" in missing.stderr
+
+
+def test_an_engine_that_rejects_everything_fails_by_engine_error_not_fault(kvcheck):
+    run = run_properties(kvcheck, fault_adapter("none"))
+    assert run.status == 1
+    for prop in PROPERTIES:
+        result = run.result(prop)
+        assert result["fault"] is None and "engine-error" in result["message"], result
+        assert "is not supported" in result["message"]

@@ -1,0 +1,354 @@
+"""The SDK's protocol side in process, without kvcheck: the wire forms of
+content and views, the server's handling of requests, its observations and
+copy accounting, the framing, and the simulated power cut."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+import activation_memory
+import activation_memory_adapter
+from kvcheck_adapter import cache as kv
+from kvcheck_adapter import content
+from kvcheck_adapter import protocol
+from kvcheck_adapter import wire
+from kvcheck_adapter.adapter import Adapter, RequestError, Server, capabilities_of
+from kvcheck_adapter.crash import power_cut
+
+SPECS = [
+    "modern/f32/1:[kv3 kv3]",
+    "modern/bf16/7:[kv3 k~2 KV4 -0]",
+    "modern/f16/9:[k2 v4 kvKV1]",
+    "modern/f32/0:[]",
+    "modern/f32/5:[kv0 -0]",
+    "legacy/f32/2:[kv2 kv5]",
+    "legacy/bf16/3:[kv1]",
+    "legacy/f16/4:[kv0]",
+]
+
+
+def contents():
+    return [content.expand(content.parse_cache_spec(spec)) for spec in SPECS]
+
+
+# ---- content and views ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_materialize_is_the_core_materialize_bit_for_bit(spec):
+    wanted = content.expand(content.parse_cache_spec(spec))
+    made, reference = wire.materialize(wanted), kv.materialize(wanted)
+    assert content.view_of(made) == content.view_of(reference)
+    for mine, theirs in zip(kv._all_slots(made), kv._all_slots(reference)):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+            assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_materialized_slots_have_storages_of_their_own(spec):
+    made = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+    again = wire.materialize(content.expand(content.parse_cache_spec(spec)))  # from the segment memo
+    identities = [i for i in kv._all_slots(made) if i is not None and i.numel() > 0]
+    from kvcheck_adapter.observe import storage_identity
+
+    ids = [storage_identity(t) for t in identities]
+    assert len(set(ids)) == len(ids)
+    assert not set(ids) & {storage_identity(t) for t in kv._all_slots(again) if t is not None and t.numel() > 0}
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_view_json_is_view_of(spec):
+    cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+    assert wire.view_from_json(wire.view_json(cache)) == content.view_of(cache)
+    assert content.view_digest(wire.view_from_json(wire.view_json(cache))) == content.view_digest(content.view_of(cache))
+
+
+def test_view_json_sees_every_write_to_a_tensor():
+    cache = wire.materialize(content.expand(content.parse_cache_spec("modern/f32/1:[kv3]")))
+    before = wire.view_json(cache)
+    keys = cache.layers[0].keys
+    keys.data.mul_(2)  # a write that bumps no version counter of `keys`
+    assert wire.view_json(cache)["layers"][0]["slots"][0]["hash"] != before["layers"][0]["slots"][0]["hash"]
+    keys.data.div_(2)
+    assert wire.view_json(cache) == before
+    keys.numpy()[0, 0, 0, 0] += 1  # and one through numpy's view of the memory
+    assert wire.view_json(cache) != before
+
+
+def test_view_json_of_a_model_grown_cache_is_view_of():
+    from kvcheck_adapter import decoder
+
+    model = decoder.Decoder()
+    for spec in ("modern/bf16/3:[kv2 kv2]", "legacy/f32/1:[kv1 kv1]"):
+        cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+        decoder.generate(model, [3, 1], cache, 3)
+        assert wire.view_from_json(wire.view_json(cache)) == content.view_of(cache)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_content_round_trips_through_json(spec):
+    wanted = content.expand(content.parse_cache_spec(spec))
+    assert wire.content_from_json(wire.content_json(wanted)) == wanted
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("not an object", "must be an object"),
+        ({"layout": "sideways", "dtype": "f32", "layers": []}, "cache.layout"),
+        ({"layout": "modern", "dtype": "f64", "layers": []}, "cache.dtype"),
+        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [None]}]}, "4 entries"),
+        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [[[1]], None, None, None]}]}, "seed, tokens"),
+        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [[[-1, 2]], None, None, None]}]}, "seed"),
+        ({"layout": "modern", "dtype": "f32", "heads": 0, "layers": []}, "cache.heads"),
+    ],
+)
+def test_bad_content_is_refused_by_name(bad, words):
+    with pytest.raises(wire.WireError, match=words):
+        wire.content_from_json(bad)
+
+
+# ---- the server --------------------------------------------------------------------
+
+
+def new_server(bugs=()):
+    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter(bugs))
+    hello = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert hello["ok"]
+    return server, hello
+
+
+def cache_json(spec):
+    return wire.content_json(content.expand(content.parse_cache_spec(spec)))
+
+
+def handle_facts(reply, handle):
+    return next(f for f in reply["observed"]["handles"] if f["handle"] == handle)
+
+
+def test_hello_names_the_adapter_and_its_capabilities():
+    _, hello = new_server(["double_copy"])
+    assert hello["protocol"] == protocol.PROTOCOL_VERSION
+    assert hello["name"] == "activation-memory+double_copy"
+    assert hello["copies_in_replies"] is True
+    flags = hello["capabilities"]
+    assert flags["dump"] and flags["dump_crash"] and flags["conversions"] and flags["generate_stream"]
+    assert flags["copy_log"] and flags["storage_identity"] and not flags["entry_versions"]
+
+
+def test_a_hello_of_another_version_is_answered_with_ours():
+    server = Server(activation_memory_adapter.ActivationMemoryAdapter)
+    reply = server.handle({"op": "hello", "protocol": 7})
+    assert reply == {"ok": False, "protocol": protocol.PROTOCOL_VERSION, "error": reply["error"]}
+    assert "7" in reply["error"] and str(protocol.PROTOCOL_VERSION) in reply["error"]
+
+
+def test_capabilities_follow_the_methods_an_engine_implements():
+    class Small(Adapter):
+        capabilities = {"half_dtypes": False}
+
+    flags = capabilities_of(Small())
+    assert not flags["conversions"] and not flags["dump"] and not flags["dump_crash"] and not flags["generate_stream"]
+    assert flags["half_dtypes"] is False and flags["copy_log"] and flags["storage_identity"]
+
+
+def test_requests_out_of_place_are_refused():
+    server = Server(activation_memory_adapter.ActivationMemoryAdapter)
+    with pytest.raises(RequestError, match="before the handshake"):
+        server.handle({"op": "stored_ids"})
+    server, _ = new_server()
+    with pytest.raises(RequestError, match="unknown request 'fly'"):
+        server.handle({"op": "fly"})
+    with pytest.raises(RequestError, match="lacks 'out'"):
+        server.handle({"op": "get", "id": "a"})
+
+
+def test_an_operation_reports_what_it_named_as_it_is_after():
+    server, _ = new_server()
+    spec = "modern/f32/3:[kv2 kv2]"
+    reply = server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json(spec)})
+    expected = content.expected_digest(content.expand(content.parse_cache_spec(spec)))
+    entry = reply["observed"]["entries"][0]
+    assert entry["id"] == "a" and entry["owned"] is False
+    assert content.view_digest(wire.view_from_json(entry["view"])) == expected
+    assert reply["observed"]["stored_ids"] == ["a"]
+    reply = server.handle({"op": "get_cache", "ids": ["a"], "out": 1})
+    facts = handle_facts(reply, 1)
+    assert facts["exists"] and facts["owned"]
+    assert content.view_digest(wire.view_from_json(facts["view"])) == expected
+    assert not set(facts["storage"]) & set(entry["storage"])
+    assert reply["copies"] == [{"reason": "get_cache", "bytes": 2 * 2 * (1 * 2 * 2 * 4 * 4)}]
+    reply = server.handle({"op": "get", "id": "a", "out": 2})
+    facts = handle_facts(reply, 2)
+    assert facts["exists"] and not facts["owned"] and facts["storage"] == entry["storage"]
+    other = handle_facts(reply, 1)  # a live handle the operation did not name: marker and storage only
+    assert other["owned"] and "view" not in other
+
+
+def test_copies_and_live_sets_of_the_generation_boundary():
+    server, _ = new_server()
+    server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2 kv2]")})
+    server.handle({"op": "get_cache", "ids": ["a"], "out": 1})
+    owned = server.handle({"op": "generate", "handle": 1, "prompt": [1, 2], "max_new_tokens": 2, "stream": False})
+    assert owned["copies"] == [] and owned["peak_live_sets"] == 2
+    server.handle({"op": "get", "id": "a", "out": 2})
+    stored = server.handle({"op": "generate", "handle": 2, "prompt": [1, 2], "max_new_tokens": 2, "stream": True})
+    assert len(stored["copies"]) == 1 and stored["peak_live_sets"] == 2
+    assert stored["tokens"] == owned["tokens"]
+    none = server.handle({"op": "generate", "handle": 0, "prompt": [1], "max_new_tokens": 1, "stream": False})
+    assert none["copies"] == []
+
+
+def test_a_copy_of_an_empty_cache_is_counted_by_the_cache_the_model_wrote_into():
+    for bugs, copies in (((), 1), (("stored_to_generation",), 0)):
+        server, _ = new_server(bugs)
+        server.handle({"op": "make", "out": 1, "cache": cache_json("modern/f32/0:[]")})
+        reply = server.handle({"op": "generate", "handle": 1, "prompt": [1], "max_new_tokens": 1, "stream": False})
+        assert len(reply["copies"]) == copies, bugs
+
+
+def test_double_copy_shows_two_copies():
+    server, _ = new_server(["double_copy"])
+    server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2]")})
+    server.handle({"op": "get_cache", "ids": ["a"], "out": 1})
+    reply = server.handle({"op": "generate", "handle": 1, "prompt": [1], "max_new_tokens": 1, "stream": False})
+    assert len(reply["copies"]) == 1  # the generation's own copy of the owned cache: one too many
+
+
+def test_reset_gives_a_fresh_engine_and_forgets_handles():
+    server, _ = new_server()
+    server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2]")})
+    server.handle({"op": "make", "out": 4, "cache": cache_json("legacy/f32/3:[kv2]")})
+    assert server.handle({"op": "reset"}) == {"ok": True}
+    assert server.handle({"op": "stored_ids"})["ids"] == []
+    assert server.handle({"op": "handle_facts", "handle": 4})["exists"] is False
+
+
+def test_observations_of_what_does_not_exist_are_errors():
+    server, _ = new_server()
+    with pytest.raises(KeyError, match="no stored entry 'x'"):
+        server.handle({"op": "view_entry", "id": "x"})
+    with pytest.raises(ValueError, match="handle 9 holds no cache"):
+        server.handle({"op": "view_handle", "handle": 9})
+
+
+def test_a_failed_load_is_a_result(scratch_dir):
+    server, _ = new_server()
+    reply = server.handle({"op": "load", "dir": os.path.join(scratch_dir, "nothing")})
+    assert reply["ok"] and "does not exist" in reply["error"]
+
+
+def test_read_entries_answers_in_request_order():
+    server, _ = new_server()
+    for id, spec in (("a", "modern/f32/1:[kv1]"), ("b", "legacy/f32/2:[kv2]")):
+        server.handle({"op": "add", "id": id, "metadata": {}, "cache": cache_json(spec)})
+    reply = server.handle({"op": "read_entries", "ids": ["b", "a"], "with_storage": False})
+    views = [wire.view_from_json(e["view"]) for e in reply["entries"]]
+    assert [v.layout for v in views] == ["legacy", "modern"]
+    assert all("storage" not in e for e in reply["entries"])
+
+
+# ---- the transport -------------------------------------------------------------------
+
+
+def test_frames_round_trip_over_pipes():
+    read_fd, write_fd = os.pipe()
+    receiver = protocol.Connection(read_fd, -1)
+    sender = protocol.Connection(os.open(os.devnull, os.O_RDONLY), write_fd)
+    message = {"op": "add", "id": "é\n\"", "seeds": [2**64 - 1, 0]}
+    sender.send(message)
+    sender.send({"op": "shutdown"})
+    os.close(write_fd)
+    assert receiver.receive() == message
+    assert receiver.receive() == {"op": "shutdown"}
+    assert receiver.receive() is None
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (b"\x00\x00", "cut short"),
+        (b"\xff\xff\xff\xff", "over the limit"),
+        ((5).to_bytes(4, "big") + b"[1,2]", "not an object"),
+        ((9).to_bytes(4, "big") + b"{}", "cut short at 2"),
+    ],
+)
+def test_bad_frames_are_protocol_errors(raw, words):
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, raw)
+    os.close(write_fd)
+    with pytest.raises(protocol.ProtocolError, match=words):
+        protocol.Connection(read_fd, -1).receive()
+
+
+def test_the_loop_answers_an_exception_with_its_traceback_and_goes_on():
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+
+    def handle(request):
+        if request["op"] == "boom":
+            raise ValueError("planted")
+        return {"ok": True}
+
+    loop = threading.Thread(target=protocol.serve_loop, args=(protocol.Connection(requests_read, replies_write), handle))
+    loop.start()
+    kvcheck_side = protocol.Connection(replies_read, requests_write)
+    kvcheck_side.send({"op": "boom"})
+    kvcheck_side.send({"op": "shutdown"})
+    loop.join(timeout=60)
+    error = kvcheck_side.receive()
+    assert error["ok"] is False and error["error"] == "ValueError: planted"
+    assert "Traceback (most recent call last)" in error["traceback"] and "in handle" in error["traceback"]
+    assert kvcheck_side.receive() == {"ok": True}
+    for fd in (requests_write, replies_write):
+        os.close(fd)
+
+
+# ---- the power cut -------------------------------------------------------------------------
+
+
+def test_a_power_cut_keeps_the_previous_dump_and_the_bytes_written(scratch_dir):
+    store = activation_memory.ActivationMemory()
+    store.add([{"id": "a", "cache": wire.materialize(content.expand(content.parse_cache_spec("modern/f32/1:[kv2]")))}])
+    store.dump(scratch_dir)
+    store.add([{"id": "b", "cache": wire.materialize(content.expand(content.parse_cache_spec("legacy/f32/2:[kv3]")))}])
+    for budget in (0, 1, 100, 1000):
+        with power_cut(activation_memory, budget):
+            store.dump(scratch_dir)
+        temporaries = [name for name in os.listdir(scratch_dir) if ".tmp-" in name]
+        assert len(temporaries) == 1  # the crash left it; no clean-up ran
+        assert os.path.getsize(os.path.join(scratch_dir, temporaries[0])) == budget
+        loaded = activation_memory.ActivationMemory()
+        loaded.load(scratch_dir)
+        assert [item.id for item in loaded.get_all()] == ["a"]
+    assert "open" not in vars(activation_memory) and activation_memory.os is os  # put back
+    with power_cut(activation_memory, 10**9):
+        store.dump(scratch_dir)
+    loaded = activation_memory.ActivationMemory()
+    loaded.load(scratch_dir)
+    assert [item.id for item in loaded.get_all()] == ["a", "b"]
+
+
+def test_storage_of_is_the_observers_own():
+    from kvcheck_adapter import decoder, observe
+
+    model = decoder.Decoder()
+    for spec in SPECS:
+        cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+        assert wire.storage_of(cache) == observe.storage_of(cache)
+    for spec in ("modern/f32/1:[kv3 kv3]", "legacy/bf16/3:[kv1 kv1]", "modern/f32/0:[]"):
+        cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+        decoder.generate(model, [1], cache, 2)  # the model's appends: new storages
+        assert wire.storage_of(cache) == observe.storage_of(cache)
+    base = torch.arange(24, dtype=torch.float32).reshape(1, 2, 3, 4)
+    odd = kv.DynamicCache()
+    layer = kv.DynamicLayer()
+    layer.keys, layer.values = base[:, :, 1:], base[:, :, 3:]  # a view into the middle; an empty view of a full storage
+    layer.key_cache = base.transpose(2, 3)
+    odd.layers.append(layer)
+    assert wire.storage_of(odd) == observe.storage_of(odd)
+    assert len(set(wire.storage_of(odd)[2:])) == 1  # three views, one storage

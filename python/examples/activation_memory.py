@@ -1,0 +1,352 @@
+"""An activation-memory store, transformers style: the kind of Python engine
+kvcheck exists to check.
+
+It keeps items {id, cache, metadata}, where a cache is a KV cache of either
+layout (kvcheck_adapter.cache stands in for transformers' DynamicCache), and
+hands caches to a model (kvcheck_adapter.decoder stands in for
+`model.generate(past_key_values=...)`). It knows nothing of kvcheck: the
+adapter that exposes it to kvcheck is separate glue.
+
+Ownership, the point of the exercise: a stored cache is read-only by
+construction. Whatever leaves the store is either the stored item itself
+(get, get_by_ids, get_all: read access) or an owned copy (get_cache: a
+clone, or a merge whose every layer is initialized). The generation
+boundary clones the incoming cache exactly once, unless it is already an
+owned copy, which the model may write into as it is. So
+generate(get_cache(ids)) copies the stored K/V once, and the K/V sets alive
+during a generation are two, never three.
+
+The historic bugs are switchable by name (ActivationMemory(bugs=[...])):
+  stored_to_generation      generate hands the incoming cache to the model
+                            without cloning (the original aliasing bug);
+  single_id_returns_stored  get_cache of one id returns the stored object;
+  merge_uninitialized       merged layers are not marked initialized (the
+                            merge reports length 0, the model drops it);
+  shallow_clone             a clone copies the cache and layer objects but
+                            shares their tensors;
+  double_copy               generate clones even an owned copy (get_cache
+                            clones, then generation clones again).
+
+    store = ActivationMemory()
+    store.add([{"id": "a", "cache": cache, "metadata": {"source": "doc1"}}])
+    tokens = store.generate(store.get_cache(["a"]), [7, 3], 8)   # "a" unchanged
+    store.dump("/tmp/mem"); store.load("/tmp/mem")
+
+Run with the SDK importable (PYTHONPATH=python, from the repository root).
+"""
+
+from __future__ import annotations
+
+import glob
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+
+import torch
+
+from kvcheck_adapter import cache as kv
+from kvcheck_adapter import decoder as models
+
+BUGS = (
+    "stored_to_generation",
+    "single_id_returns_stored",
+    "merge_uninitialized",
+    "shallow_clone",
+    "double_copy",
+)
+
+DUMP_FILE_NAME = "activation-memory.pt"
+DUMP_TAG = "kvcheck-example.activation-memory"
+DUMP_VERSION = 1
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class DumpError(Exception):
+    """A dump could not be read: missing, truncated, corrupt or of another
+    format. The message names the file and what is wrong."""
+
+
+@dataclass
+class MemoryItem:
+    """A stored item. The store hands out the item itself for reading: its
+    cache must not be written into (generate clones it first)."""
+
+    id: str
+    cache: object
+    metadata: Dict[str, str] = field(default_factory=dict)
+
+
+def _as_item(item) -> MemoryItem:
+    if isinstance(item, MemoryItem):
+        return MemoryItem(item.id, item.cache, dict(item.metadata))
+    if isinstance(item, dict):
+        return MemoryItem(item["id"], item["cache"], dict(item.get("metadata") or {}))
+    raise TypeError(f"add: an item is a MemoryItem or a dict with id, cache and metadata, not {type(item).__name__}")
+
+
+class ActivationMemory:
+    """The store. `bugs` names the historic bugs to plant (see BUGS)."""
+
+    def __init__(self, bugs: Iterable[str] = (), model: Optional[models.Decoder] = None):
+        self.bugs = frozenset(bugs)
+        unknown = sorted(self.bugs.difference(BUGS))
+        if unknown:
+            raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
+        self.model = model if model is not None else models.Decoder()
+        self._items: Dict[str, MemoryItem] = {}  # insertion order, as kept by dict
+
+    # ---- items ----
+
+    def add(self, items: Iterable) -> None:
+        """Stores each item under its id; an existing id is overwritten in
+        place (it keeps its position). A stored cache is never an owned copy:
+        the marker is cleared. Metadata is a map of strings. Nothing is
+        stored when an item is malformed (TypeError or ValueError naming it)."""
+        new = [_as_item(item) for item in items]
+        for item in new:
+            if not isinstance(item.id, str):
+                raise TypeError(f"add: an id is a string, not {type(item.id).__name__}")
+            if item.cache is None:
+                raise ValueError(f"add: item '{item.id}' has no cache")
+            for key, value in item.metadata.items():
+                if not isinstance(key, str) or not isinstance(value, str):
+                    raise TypeError(f"add: item '{item.id}' metadata {key!r}: {value!r} is not a string pair")
+            kv.layout_of(item.cache)  # a KV cache of either layout, or TypeError
+        for item in new:
+            kv.set_owned(item.cache, False)
+            self._items[item.id] = item
+
+    # Reads hand out a record of the stored item: its cache is the stored
+    # object itself (read-only by contract: generate clones it), its
+    # metadata a copy, so that editing it changes nothing stored.
+
+    def get(self, item_id: str) -> Optional[MemoryItem]:
+        item = self._items.get(item_id)
+        return None if item is None else MemoryItem(item.id, item.cache, dict(item.metadata))
+
+    def get_by_ids(self, ids: Sequence[str]) -> List[Optional[MemoryItem]]:
+        return [self.get(item_id) for item_id in ids]
+
+    def get_all(self) -> List[MemoryItem]:
+        return [self.get(item_id) for item_id in self._items]
+
+    def delete(self, ids: Sequence[str]) -> None:
+        for item_id in ids:
+            self._items.pop(item_id, None)
+
+    def delete_all(self) -> None:
+        self._items = {}
+
+    # ---- caches ----
+
+    def _clone(self, cache):
+        if "shallow_clone" not in self.bugs:
+            return kv.clone(cache)
+        copy = kv.clone(cache)  # the structure, then the source's tensors put back
+        if kv.layout_of(cache) == "legacy":
+            copy.key_cache, copy.value_cache = list(cache.key_cache), list(cache.value_cache)
+        else:
+            for source, twin in zip(cache.layers, copy.layers):
+                for name in ("keys", "values", "key_cache", "value_cache"):
+                    setattr(twin, name, getattr(source, name, None))
+        return copy
+
+    def get_cache(self, ids: Sequence[str]):
+        """The ids that exist and hold tokens, in request order (repeats
+        kept); none -> None. One: an owned clone of its cache. Several: an
+        owned merge, every layer initialized. Stored caches are unchanged."""
+        parts = [self._items[i].cache for i in ids if i in self._items and kv.holds_tokens(self._items[i].cache)]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            if "single_id_returns_stored" in self.bugs:
+                return parts[0]
+            return self._clone(parts[0])
+        merged = kv.concat(parts)
+        if "merge_uninitialized" in self.bugs:
+            for layer in getattr(merged, "layers", []):
+                layer.is_initialized = False
+        return merged
+
+    # ---- generation ----
+
+    def _own_for_generation(self, cache):
+        if cache is None:
+            return kv.DynamicCache()
+        if "stored_to_generation" in self.bugs:
+            return cache
+        if kv.is_owned(cache) and "double_copy" not in self.bugs:
+            return cache  # the one copy of this generation: the model may write into it
+        return self._clone(cache)
+
+    def generate_stream(self, cache, prompt: Sequence[int], max_new_tokens: int) -> Iterator[int]:
+        """Greedy generation on top of `cache` (None: no memory), yielding
+        each token: the boundary, then prefill and decoding, to EOS or the
+        limit. A cache that is not an owned copy is cloned first."""
+        if len(prompt) == 0:
+            raise ValueError("generate: the prompt is empty")
+        if max_new_tokens < 0:
+            raise ValueError("generate: max_new_tokens < 0")
+        working = self._own_for_generation(cache)
+        return models.generate_stream(self.model, prompt, working, max_new_tokens)
+
+    def generate(self, cache, prompt: Sequence[int], max_new_tokens: int) -> List[int]:
+        return list(self.generate_stream(cache, prompt, max_new_tokens))
+
+    # ---- dump and load ----
+
+    def dump(self, directory: str) -> None:
+        """Writes the whole store to <directory>/activation-memory.pt: to a
+        temporary file, fsynced, renamed over the previous dump, then the
+        directory fsynced. A crash at any point leaves the previous dump
+        readable; a temporary file a crash left is removed by the next dump
+        or load."""
+        os.makedirs(directory, exist_ok=True)
+        _remove_stale_temporaries(directory)
+        target = os.path.join(directory, DUMP_FILE_NAME)
+        temporary = f"{target}.tmp-{os.getpid()}"
+        payload = (DUMP_TAG, DUMP_VERSION, tuple(_encode_item(item) for item in self._items.values()))
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(payload, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+        _fsync_directory(directory)
+
+    def load(self, directory: str) -> None:
+        """Replaces the store with the dump in `directory`. DumpError (naming
+        the file and the fault) when it is missing, truncated, corrupt or of
+        another format; the store is then unchanged."""
+        if os.path.isdir(directory):
+            _remove_stale_temporaries(directory)
+        path = os.path.join(directory, DUMP_FILE_NAME)
+        if not os.path.isfile(path):
+            raise DumpError(f"cannot load dump: {path} does not exist")
+        try:
+            with open(path, "rb") as file:
+                payload = torch.load(file, **_safe_load_arguments())
+        except Exception as error:  # torch.load raises many kinds for a bad file
+            raise DumpError(f"cannot load dump {path}: {type(error).__name__}: {error}") from None
+        items = _decode_payload(payload, path)
+        loaded: Dict[str, MemoryItem] = {}
+        for item in items:
+            loaded[item.id] = item
+        self._items = loaded
+
+
+# ---- the dump format -----------------------------------------------------------------
+#
+# A torch.save pickle of tuples only (lists and dicts of one element do not
+# load in C++'s torch::pickle_load, and tuples keep the format one shape):
+#   (DUMP_TAG, DUMP_VERSION, ((id, ((key, value), ...), cache), ...))
+# where a cache is ("modern", ((initialized, keys, values, key_cache,
+# value_cache), ...)) with None for an absent slot, or
+# ("legacy", (key, ...), (value, ...)).
+
+
+def _encode_cache(cache) -> tuple:
+    if kv.layout_of(cache) == "legacy":
+        return ("legacy", tuple(cache.key_cache), tuple(cache.value_cache))
+    return (
+        "modern",
+        tuple(
+            (
+                bool(layer.is_initialized),
+                getattr(layer, "keys", None),
+                getattr(layer, "values", None),
+                getattr(layer, "key_cache", None),
+                getattr(layer, "value_cache", None),
+            )
+            for layer in cache.layers
+        ),
+    )
+
+
+def _encode_item(item: MemoryItem) -> tuple:
+    return (item.id, tuple(sorted(item.metadata.items())), _encode_cache(item.cache))
+
+
+def _safe_load_arguments() -> dict:
+    # weights_only (torch >= 1.13) unpickles tensors and plain containers only.
+    return {"weights_only": True} if "weights_only" in inspect.signature(torch.load).parameters else {}
+
+
+def _check(condition: bool, path: str, fault: str) -> None:
+    if not condition:
+        raise DumpError(f"corrupt dump {path}: {fault}")
+
+
+def _decode_slot(value, path: str, where: str) -> Optional[torch.Tensor]:
+    if value is None:
+        return None
+    _check(isinstance(value, torch.Tensor), path, f"{where} is a {type(value).__name__}, not a tensor")
+    _check(value.dtype in _FLOAT_DTYPES, path, f"{where} has dtype {value.dtype}")
+    return value
+
+
+def _decode_cache(value, path: str, where: str):
+    _check(isinstance(value, tuple) and len(value) >= 1, path, f"{where} is not a cache tuple")
+    if value[0] == "legacy":
+        _check(len(value) == 3 and isinstance(value[1], tuple) and isinstance(value[2], tuple), path, f"{where}: bad legacy cache")
+        _check(len(value[1]) == len(value[2]), path, f"{where}: {len(value[1])} keys but {len(value[2])} values")
+        cache = kv.LegacyDynamicCache()
+        for i, (k, v) in enumerate(zip(value[1], value[2])):
+            cache.key_cache.append(_decode_slot(k, path, f"{where} layer {i} keys"))
+            cache.value_cache.append(_decode_slot(v, path, f"{where} layer {i} values"))
+        return cache
+    _check(value[0] == "modern" and len(value) == 2 and isinstance(value[1], tuple), path, f"{where}: bad cache layout")
+    cache = kv.DynamicCache()
+    for i, layer_value in enumerate(value[1]):
+        _check(
+            isinstance(layer_value, tuple) and len(layer_value) == 5 and isinstance(layer_value[0], bool),
+            path,
+            f"{where} layer {i} is not (initialized, keys, values, key_cache, value_cache)",
+        )
+        layer = kv.DynamicLayer()
+        layer.is_initialized = layer_value[0]
+        for name, slot in zip(("keys", "values", "key_cache", "value_cache"), layer_value[1:]):
+            setattr(layer, name, _decode_slot(slot, path, f"{where} layer {i} {name}"))
+        cache.layers.append(layer)
+    return cache
+
+
+def _decode_payload(payload, path: str) -> List[MemoryItem]:
+    _check(isinstance(payload, tuple) and len(payload) == 3, path, "not a (tag, version, items) tuple")
+    _check(payload[0] == DUMP_TAG, path, f"tag {payload[0]!r}, expected {DUMP_TAG!r}")
+    _check(payload[1] == DUMP_VERSION, path, f"version {payload[1]!r}, expected {DUMP_VERSION}")
+    _check(isinstance(payload[2], tuple), path, "the items are not a tuple")
+    items = []
+    for n, entry in enumerate(payload[2]):
+        _check(isinstance(entry, tuple) and len(entry) == 3, path, f"item {n} is not (id, metadata, cache)")
+        item_id, metadata, cache = entry
+        _check(isinstance(item_id, str), path, f"item {n} id is not a string")
+        _check(
+            isinstance(metadata, tuple)
+            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in metadata),
+            path,
+            f"item '{item_id}' metadata is not string pairs",
+        )
+        items.append(MemoryItem(item_id, _decode_cache(cache, path, f"item '{item_id}'"), dict(metadata)))
+    return items
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+    for stale in glob.glob(os.path.join(glob.escape(directory), DUMP_FILE_NAME + ".tmp-*")):
+        try:
+            os.remove(stale)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

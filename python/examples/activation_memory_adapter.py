@@ -1,0 +1,123 @@
+"""kvcheck's adapter for the example activation-memory store
+(activation_memory.py): the glue a Python engine needs to be checked.
+
+    kvcheck run --adapter python/examples/activation_memory_adapter.py
+    kvcheck run --adapter 'python/examples/activation_memory_adapter.py --bug double_copy'
+
+--bug NAME (repeatable) plants one of the store's historic bugs (see
+activation_memory.BUGS); $KVCHECK_EXAMPLE_BUGS (comma-separated) does the
+same. The adapter only maps kvcheck's operations onto the store's API; the
+SDK (kvcheck_adapter.adapter) keeps the handles and computes every
+observation (views, storage identities, the owned marker, copies) from the
+cache objects the store hands out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(1, os.path.dirname(_HERE))  # the SDK, when run from the source tree
+
+import activation_memory  # noqa: E402
+from kvcheck_adapter import cache as kv  # noqa: E402
+from kvcheck_adapter import decoder as models  # noqa: E402
+from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
+from kvcheck_adapter.crash import power_cut  # noqa: E402
+
+
+class ActivationMemoryAdapter(Adapter):
+    description = "the example Python activation-memory store (python/examples/activation_memory.py)"
+
+    def __init__(self, bugs=(), model=None):
+        self.bugs = tuple(bugs)
+        self.name = "activation-memory" + "".join("+" + bug for bug in self.bugs)
+        self.store = activation_memory.ActivationMemory(bugs=self.bugs, model=model)
+
+    # ---- the store ----
+
+    def add(self, id, cache, metadata):
+        self.store.add([{"id": id, "cache": cache, "metadata": metadata}])
+
+    def get(self, id):
+        item = self.store.get(id)
+        return None if item is None else item.cache
+
+    def get_by_ids(self, ids):
+        return [None if item is None else item.id for item in self.store.get_by_ids(ids)]
+
+    def get_all_ids(self):
+        return [item.id for item in self.store.get_all()]
+
+    def get_cache(self, ids):
+        return self.store.get_cache(ids)
+
+    def delete(self, ids):
+        self.store.delete(ids)
+
+    def delete_all(self):
+        self.store.delete_all()
+
+    def stored_cache(self, id):
+        item = self.store.get(id)  # the stored object itself (a read-only record)
+        if item is None:
+            raise KeyError(id)
+        return item.cache
+
+    def dump(self, directory):
+        self.store.dump(directory)
+
+    def load(self, directory):
+        self.store.load(directory)
+
+    def dump_interrupted(self, directory, bytes_budget):
+        with power_cut(activation_memory, bytes_budget):
+            self.store.dump(directory)
+
+    # ---- generation ----
+
+    def generate(self, cache, prompt, max_new_tokens):
+        return self.store.generate(cache, prompt, max_new_tokens)
+
+    def generate_stream(self, cache, prompt, max_new_tokens):
+        return self.store.generate_stream(cache, prompt, max_new_tokens)
+
+    def generate_fresh(self, cache, prompt, max_new_tokens):
+        # The store's model on the fresh cache, without the boundary.
+        return models.generate(self.store.model, prompt, cache, max_new_tokens)
+
+    # ---- caches ----
+
+    def clone(self, cache):
+        return self.store._clone(cache)  # the store's own clone, bugs included
+
+    def concat(self, caches):
+        return kv.concat(caches)
+
+    def to_legacy(self, cache):
+        return kv.to_legacy(cache)
+
+    def from_legacy(self, cache):
+        return kv.from_legacy(cache)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bug", action="append", default=[], choices=activation_memory.BUGS,
+                        help="plant a historic bug (repeatable)")
+    arguments = parser.parse_args(argv)
+    bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
+    unknown = sorted(set(bugs).difference(activation_memory.BUGS))
+    if unknown:
+        parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(activation_memory.BUGS)})")
+    # One model for every engine of the process: it keeps no state between
+    # calls (decoder.py), and making its weights costs a tenth of a trace.
+    model = models.Decoder()
+    serve(lambda: ActivationMemoryAdapter(bugs, model))
+
+
+if __name__ == "__main__":
+    main()

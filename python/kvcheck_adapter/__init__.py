@@ -1,0 +1,16 @@
+"""kvcheck's Python adapter SDK: what a Python engine needs to be checked by
+kvcheck through a process boundary.
+
+The semantic core, importable on its own with only torch (and the numpy it
+ships with):
+  content  the cache content model, values, hashes, views and digests,
+           bit-exact with kvcheck's C++ side;
+  cache    transformers-compatible caches of both layouts and the
+           cache-level operations (clone, concat, to_legacy, from_legacy);
+  observe  storage identities, length and view of any cache object;
+  copies   K/V copy accounting through a torch dispatch mode;
+  decoder  the small deterministic attention decoder kvcheck's C++ side runs.
+
+Modules are imported by name (`from kvcheck_adapter import content`); this
+file imports none of them, so that importing one costs only what it needs.
+"""

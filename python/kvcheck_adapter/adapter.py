@@ -1,0 +1,666 @@
+"""The Python adapter SDK: a base class with the operations of kvcheck's
+engine interface, and `serve`, the protocol loop that lets kvcheck drive it
+from another process (docs/protocol.md).
+
+An engine author implements only the store's operations, on their own
+cache objects. The SDK does the rest:
+  - the handle table: kvcheck names the caches it is handed by small
+    integers; the SDK keeps the objects;
+  - the content: kvcheck sends what a cache holds as seeded segments; the
+    SDK builds the tensors (make_cache, overridable for another cache class);
+  - every observation, computed from the objects themselves: views and
+    content hashes (wire.view_json), storage identities (wire.storage_of,
+    observe.storage_of's: tensor storages, layer objects, lists), the owned
+    marker (`owned`);
+  - copy accounting: each operation runs under a copies.CopyTracker, a
+    torch dispatch mode that sees the K/V copies the engine makes and the
+    K/V sets alive while its model runs (the model marks its forwards with
+    copies.model_forward, as decoder.Decoder does; a model that does not
+    reports no live sets, and single-copy then checks the copies only). An
+    engine that logs its copies itself overrides take_copies instead, and
+    returns (tokens, peak_live_sets) from generate;
+  - errors: an exception in an operation is that step's engine error, and
+    its Python traceback is in kvcheck's report.
+
+    class MyAdapter(Adapter):
+        name = "my-store"
+        def __init__(self):
+            self.store = MyStore()
+        def add(self, id, cache, metadata): self.store.add(id, cache, metadata)
+        def get(self, id): return self.store.get(id)
+        ...
+
+    if __name__ == "__main__":
+        serve(MyAdapter)          # kvcheck run --adapter my_adapter.py
+
+kvcheck makes one engine per trace: `serve` calls the factory again on each
+`reset`, in the same process (starting Python with torch costs a second).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import cache as _cache
+from . import copies as _copies
+from . import protocol as _protocol
+from . import wire as _wire
+
+Cache = Any
+
+
+class Adapter:
+    """An engine as kvcheck drives it. Subclass it and implement the store's
+    operations; the ones marked optional switch a capability off while they
+    are not implemented (kvcheck then never asks for them)."""
+
+    #: The adapter's name in kvcheck's reports.
+    name: str = "python-engine"
+    #: One line saying what it is.
+    description: str = ""
+    #: Capability flags (kvcheck/engine.h Capabilities) that differ from
+    #: what the SDK works out from the methods implemented: for example
+    #: {"legacy_layout": False} for an engine of the modern layout only.
+    capabilities: Dict[str, bool] = {}
+
+    # ---- the store -----------------------------------------------------------------
+
+    def add(self, id: str, cache: Cache, metadata: Dict[str, str]) -> None:
+        """Stores `cache` under `id` (an existing id is overwritten). The
+        cache is the caller's object: kvcheck either built it from content
+        (make_cache) or got it from the engine earlier (a handle)."""
+        raise NotImplementedError(f"{type(self).__name__}.add")
+
+    def get(self, id: str) -> Optional[Cache]:
+        """What the store hands out for `id` (None when missing)."""
+        raise NotImplementedError(f"{type(self).__name__}.get")
+
+    def get_by_ids(self, ids: Sequence[str]) -> List[Optional[str]]:
+        """The ids of the items handed out, in request order; None for a
+        missing id."""
+        raise NotImplementedError(f"{type(self).__name__}.get_by_ids")
+
+    def get_all_ids(self) -> List[str]:
+        """Every stored id, in insertion order."""
+        raise NotImplementedError(f"{type(self).__name__}.get_all_ids")
+
+    def get_cache(self, ids: Sequence[str]) -> Optional[Cache]:
+        """One id: an owned copy of its cache; several: their merge; None
+        when no id holds tokens."""
+        raise NotImplementedError(f"{type(self).__name__}.get_cache")
+
+    def delete(self, ids: Sequence[str]) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.delete")
+
+    def delete_all(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.delete_all")
+
+    def stored_cache(self, id: str) -> Cache:
+        """The cache object the store holds for `id` (not a copy): what
+        kvcheck's observations of stored entries look at. KeyError when
+        missing."""
+        raise NotImplementedError(f"{type(self).__name__}.stored_cache")
+
+    def stored_ids(self) -> List[str]:
+        """The ids the store holds, in insertion order (by default
+        get_all_ids)."""
+        return list(self.get_all_ids())
+
+    # optional: dump / load (capability "dump"), dump_interrupted ("dump_crash")
+
+    def dump(self, directory: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.dump")
+
+    def load(self, directory: str) -> None:
+        """Replaces the store with the dump in `directory`; raises (leaving
+        the store as it was) for a missing, truncated or corrupt dump."""
+        raise NotImplementedError(f"{type(self).__name__}.load")
+
+    def dump_interrupted(self, directory: str, bytes_budget: int) -> None:
+        """A dump that "loses power" after `bytes_budget` bytes are written:
+        what was written stays as it is, nothing is cleaned up."""
+        raise NotImplementedError(f"{type(self).__name__}.dump_interrupted")
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(self, cache: Optional[Cache], prompt: List[int], max_new_tokens: int) -> Any:
+        """Generation through the store's boundary, from `cache` (None: no
+        cache). Returns the tokens, or (tokens, peak_live_sets) for an
+        engine that counts its K/V sets itself."""
+        raise NotImplementedError(f"{type(self).__name__}.generate")
+
+    def generate_stream(self, cache: Optional[Cache], prompt: List[int], max_new_tokens: int) -> Iterable[int]:
+        """Optional (capability "generate_stream"): as generate, yielding
+        tokens one at a time."""
+        raise NotImplementedError(f"{type(self).__name__}.generate_stream")
+
+    def generate_fresh(self, cache: Cache, prompt: List[int], max_new_tokens: int) -> List[int]:
+        """The engine's model run directly on `cache`, a fresh cache kvcheck
+        built from content: what generation-equivalent compares with. The
+        default goes through generate; override it to run the model without
+        the boundary, so that a boundary bug cannot hide in the comparison."""
+        result = self.generate(cache, prompt, max_new_tokens)
+        return list(result[0] if isinstance(result, tuple) else result)
+
+    # ---- caches ------------------------------------------------------------------------------
+
+    def make_cache(self, content) -> Cache:
+        """A cache holding exactly `content` (content.CacheContent), in the
+        engine's own cache class. The default builds this package's
+        DynamicCache / LegacyDynamicCache (cache.py)."""
+        return _wire.materialize(content)
+
+    def clone(self, cache: Cache) -> Cache:
+        raise NotImplementedError(f"{type(self).__name__}.clone")
+
+    def concat(self, caches: Sequence[Cache]) -> Cache:
+        raise NotImplementedError(f"{type(self).__name__}.concat")
+
+    # optional: conversions (capability "conversions")
+
+    def to_legacy(self, cache: Cache) -> Cache:
+        raise NotImplementedError(f"{type(self).__name__}.to_legacy")
+
+    def from_legacy(self, cache: Cache) -> Cache:
+        raise NotImplementedError(f"{type(self).__name__}.from_legacy")
+
+    # ---- observations (the defaults read any cache of either layout) -------------------------
+
+    def is_owned(self, cache: Cache) -> bool:
+        """The owned-copy marker (by default the `owned` attribute)."""
+        return bool(getattr(cache, "owned", False))
+
+    def view(self, cache: Cache) -> Dict[str, Any]:
+        """What kvcheck sees of a cache, in the protocol's view form."""
+        return _wire.view_json(cache)
+
+    def storage(self, cache: Cache) -> List[int]:
+        """Identities of everything the cache is made of (observe.storage_of)."""
+        return _wire.storage_of(cache)
+
+    def take_copies(self) -> Optional[List[Tuple[str, int]]]:
+        """For an engine that logs its K/V copies itself: (reason, bytes) of
+        each copy since the last call. None (the default): the SDK's copy
+        tracker accounts for them."""
+        return None
+
+
+def _overrides(engine: Adapter, method: str) -> bool:
+    return getattr(type(engine), method) is not getattr(Adapter, method)
+
+
+def capabilities_of(engine: Adapter) -> Dict[str, bool]:
+    """The capability flags kvcheck is told: those the implemented methods
+    allow, then the engine's own overrides."""
+    flags = {
+        "conversions": _overrides(engine, "to_legacy") and _overrides(engine, "from_legacy"),
+        "dump": _overrides(engine, "dump") and _overrides(engine, "load"),
+        "dump_crash": _overrides(engine, "dump_interrupted"),
+        "generate_stream": _overrides(engine, "generate_stream"),
+        "storage_identity": True,
+        "copy_log": True,
+        "entry_versions": False,
+    }
+    flags.update(engine.capabilities)
+    if not flags["dump"]:
+        flags["dump_crash"] = False
+    return flags
+
+
+class RequestError(ValueError):
+    """A request kvcheck should not have sent (an unknown operation, a
+    missing field)."""
+
+
+def _field(request: Dict[str, Any], name: str, kind=None):
+    if name not in request:
+        raise RequestError(f"request '{request.get('op')}' lacks '{name}'")
+    value = request[name]
+    if kind is not None and not isinstance(value, kind):
+        raise RequestError(f"request '{request.get('op')}': '{name}' is not {kind}")
+    return value
+
+
+class _Tracker(_copies.CopyTracker):
+    """The copy tracker, also noting which cache objects the model ran on
+    during the current recording (the caches copies.model_forward marks).
+
+    A copy of a cache that holds no K/V element moves no byte, so no copy
+    operator shows it; what shows it is the model writing into another
+    cache object than the one the boundary was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model_caches: List[int] = []
+
+    def _sample(self, cache) -> None:
+        if self._recording is not None:
+            self.model_caches.append(id(cache))
+        super()._sample(cache)
+
+
+class _Session:
+    """One engine and what kvcheck holds of it: from a handshake or reset to
+    the next."""
+
+    def __init__(self, engine: Adapter):
+        self.engine = engine
+        self.handles: Dict[int, Optional[Cache]] = {}
+        self.engine_logs_copies = _overrides(engine, "take_copies")
+        self.tracker = None if self.engine_logs_copies else _Tracker()
+        self.pending_copies: List[Dict[str, Any]] = []
+        # What the last operation's reply reported, reported again after a
+        # generate_fresh (kvcheck forgets everything at each operation).
+        self.last_named: Tuple[Sequence[int], Sequence[str]] = ((), ())
+
+
+class Server:
+    """Answers the protocol's requests for engines made by `factory`."""
+
+    def __init__(self, factory: Callable[[], Adapter]):
+        self._factory = factory
+        self._session: Optional[_Session] = None
+        self._op = ""  # the request being answered: the reason of the copies it makes
+        self._handlers: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+            name[len("_op_"):]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
+        }
+
+    def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        op = request.get("op")
+        handler = self._handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            raise RequestError(f"unknown request {op!r} (this SDK speaks protocol {_protocol.PROTOCOL_VERSION})")
+        if self._session is None and op not in ("hello", "shutdown"):
+            raise RequestError(f"request {op!r} before the handshake")
+        self._op = op
+        return handler(request)
+
+    # ---- session -----------------------------------------------------------------------
+
+    def _op_hello(self, request):
+        theirs = request.get("protocol")
+        if theirs != _protocol.PROTOCOL_VERSION:
+            return {
+                "ok": False,
+                "protocol": _protocol.PROTOCOL_VERSION,
+                "error": f"this adapter speaks protocol version {_protocol.PROTOCOL_VERSION}; kvcheck asked for {theirs}",
+            }
+        self._session = _Session(self._factory())
+        engine = self._session.engine
+        return {
+            "ok": True,
+            "protocol": _protocol.PROTOCOL_VERSION,
+            "name": engine.name,
+            "description": engine.description,
+            "capabilities": capabilities_of(engine),
+            "copies_in_replies": True,
+        }
+
+    def _op_reset(self, request):
+        self._session = None  # the old engine goes before the new one is made
+        self._session = _Session(self._factory())
+        return {"ok": True}
+
+    def _op_shutdown(self, request):
+        return {"ok": True}
+
+    # ---- the store -------------------------------------------------------------------
+
+    def _op_add(self, request):
+        s = self._session
+        id = _field(request, "id", str)
+        cache = s.engine.make_cache(_wire.content_from_json(_field(request, "cache")))
+        metadata = request.get("metadata") or {}
+        return self._operation(lambda: s.engine.add(id, cache, dict(metadata)), ids=[id], stored=[id])
+
+    def _op_add_handle(self, request):
+        s = self._session
+        id, handle = _field(request, "id", str), _field(request, "handle", int)
+        cache = s.handles.get(handle)
+        if cache is None:
+            raise ValueError(f"add_handle: handle {handle} holds no cache")
+        return self._operation(lambda: s.engine.add(id, cache, {}), handles=[handle], ids=[id], stored=[id])
+
+    def _op_get(self, request):
+        s = self._session
+        id, out = _field(request, "id", str), _field(request, "out", int)
+
+        def run():
+            s.handles[out] = s.engine.get(id)
+
+        return self._operation(run, handles=[out], ids=[id])
+
+    def _op_get_by_ids(self, request):
+        s = self._session
+        ids = _field(request, "ids", list)
+
+        def run():
+            items = list(s.engine.get_by_ids(list(ids)))
+            for item in items:
+                if item is not None and not isinstance(item, str):
+                    raise TypeError(f"get_by_ids must return ids (str) or None, not {type(item).__name__}")
+            return {"items": items}
+
+        return self._operation(run, ids=ids)
+
+    def _op_get_all_ids(self, request):
+        s = self._session
+        return self._operation(lambda: {"ids": [str(id) for id in s.engine.get_all_ids()]})
+
+    def _op_get_cache(self, request):
+        s = self._session
+        ids, out = _field(request, "ids", list), _field(request, "out", int)
+
+        def run():
+            s.handles[out] = s.engine.get_cache(list(ids))
+
+        return self._operation(run, handles=[out], ids=ids)
+
+    def _op_remove(self, request):
+        s = self._session
+        ids = _field(request, "ids", list)
+        return self._operation(lambda: s.engine.delete(list(ids)), ids=ids)
+
+    def _op_remove_all(self, request):
+        s = self._session
+        return self._operation(s.engine.delete_all)
+
+    def _op_dump(self, request):
+        s = self._session
+        directory = _field(request, "dir", str)
+        return self._operation(lambda: s.engine.dump(directory))
+
+    def _op_dump_interrupted(self, request):
+        s = self._session
+        directory, budget = _field(request, "dir", str), _field(request, "bytes_budget", int)
+        return self._operation(lambda: s.engine.dump_interrupted(directory, budget))
+
+    def _op_load(self, request):
+        s = self._session
+        directory = _field(request, "dir", str)
+
+        def run():
+            try:
+                s.engine.load(directory)
+            except Exception as error:  # noqa: BLE001 - a failed load is a result, not an engine error
+                return {"error": f"{type(error).__name__}: {error}"}
+            return {"error": None}
+
+        reply = self._operation(run)
+        if reply["error"] is None and s.tracker is not None:
+            for id in s.engine.stored_ids():
+                s.tracker.track(s.engine.stored_cache(id))
+        return reply
+
+    # ---- generation ------------------------------------------------------------------
+
+    def _op_generate(self, request):
+        s = self._session
+        handle = _field(request, "handle", int)
+        prompt = [int(t) for t in _field(request, "prompt", list)]
+        max_new_tokens = _field(request, "max_new_tokens", int)
+        stream = bool(request.get("stream", False))
+        cache = s.handles.get(handle) if handle != 0 else None
+        recording_box: List[Any] = []
+
+        def run():
+            if stream:
+                result: Any = list(s.engine.generate_stream(cache, prompt, max_new_tokens))
+            else:
+                result = s.engine.generate(cache, prompt, max_new_tokens)
+            if isinstance(result, tuple):
+                tokens, peak = result
+                return {"tokens": [int(t) for t in tokens], "peak_live_sets": int(peak)}
+            return {"tokens": [int(t) for t in result], "peak_live_sets": None}
+
+        reply = self._operation(run, handles=[handle] if handle != 0 else [], recording_box=recording_box)
+        if reply["peak_live_sets"] is None:
+            reply["peak_live_sets"] = recording_box[0].peak_sets_on_path if recording_box else 0
+        if cache is not None and s.tracker is not None and not reply["copies"] and _cache.footprint(cache)[1] == 0:
+            if any(ran_on != id(cache) for ran_on in s.tracker.model_caches):
+                reply["copies"] = [{"reason": "generate", "bytes": 0}]  # see _Tracker
+        return reply
+
+    def _op_generate_fresh(self, request):
+        s = self._session
+        prompt = [int(t) for t in _field(request, "prompt", list)]
+        max_new_tokens = _field(request, "max_new_tokens", int)
+        cache = s.engine.make_cache(_wire.content_from_json(_field(request, "cache")))
+        # Not recorded: kvcheck takes the copies before every operation
+        # whose copies it counts, so none made here is ever counted.
+        tokens = [int(t) for t in s.engine.generate_fresh(cache, prompt, max_new_tokens)]
+        handles, ids = s.last_named
+        reply = {"ok": True, "tokens": tokens, "copies": []}
+        reply["observed"] = self._observed(handles, ids)
+        return reply
+
+    # ---- caches ------------------------------------------------------------------------
+
+    def _op_make(self, request):
+        s = self._session
+        out = _field(request, "out", int)
+        made = s.engine.make_cache(_wire.content_from_json(_field(request, "cache")))
+        s.handles[out] = made
+        if s.tracker is not None:
+            s.tracker.track(made)  # K/V of its own: a copy of it is a copy
+        return self._reply({}, handles=[out])
+
+    def _cache_op(self, request, method: str):
+        s = self._session
+        source, out = _field(request, "source", int), _field(request, "out", int)
+        cache = s.handles.get(source)
+
+        def run():
+            s.handles[out] = getattr(s.engine, method)(cache) if cache is not None else None
+
+        return self._operation(run, handles=[out, source])
+
+    def _op_clone(self, request):
+        return self._cache_op(request, "clone")
+
+    def _op_to_legacy(self, request):
+        return self._cache_op(request, "to_legacy")
+
+    def _op_from_legacy(self, request):
+        return self._cache_op(request, "from_legacy")
+
+    def _op_concat(self, request):
+        s = self._session
+        parts, out = _field(request, "parts", list), _field(request, "out", int)
+        caches = [s.handles.get(p) for p in parts]
+        present = [c for c in caches if c is not None]
+
+        def run():
+            s.handles[out] = s.engine.concat(present) if present else None
+
+        return self._operation(run, handles=[out] + [p for p in parts if p != 0])
+
+    def _op_release(self, request):
+        s = self._session
+        s.handles.pop(_field(request, "handle", int), None)
+        return self._reply({})
+
+    # ---- observations ----------------------------------------------------------------
+
+    def _op_stored_ids(self, request):
+        return {"ok": True, "ids": [str(id) for id in self._session.engine.stored_ids()]}
+
+    def _stored(self, id: str) -> Cache:
+        try:
+            return self._session.engine.stored_cache(id)
+        except KeyError:
+            raise KeyError(f"no stored entry {id!r}") from None
+
+    def _held(self, handle: int) -> Cache:
+        cache = self._session.handles.get(handle)
+        if cache is None:
+            raise ValueError(f"handle {handle} holds no cache")
+        return cache
+
+    def _op_view_entry(self, request):
+        return {"ok": True, "view": self._session.engine.view(self._stored(_field(request, "id", str)))}
+
+    def _op_entry_digest(self, request):
+        return self._op_view_entry(request)
+
+    def _op_entry_owned(self, request):
+        return {"ok": True, "owned": self._session.engine.is_owned(self._stored(_field(request, "id", str)))}
+
+    def _op_storage_of_entry(self, request):
+        return {"ok": True, "storage": self._session.engine.storage(self._stored(_field(request, "id", str)))}
+
+    def _op_view_handle(self, request):
+        return {"ok": True, "view": self._session.engine.view(self._held(_field(request, "handle", int)))}
+
+    def _op_handle_digest(self, request):
+        return self._op_view_handle(request)
+
+    def _op_storage_of_handle(self, request):
+        cache = self._session.handles.get(_field(request, "handle", int))
+        return {"ok": True, "storage": [] if cache is None else self._session.engine.storage(cache)}
+
+    def _op_handle_facts(self, request):
+        # Without the view: kvcheck asks a handle's marker and storage far
+        # more often than its content, which it asks for when it needs it.
+        cache = self._session.handles.get(_field(request, "handle", int))
+        if cache is None:
+            return {"ok": True, "exists": False, "owned": False, "storage": []}
+        engine = self._session.engine
+        return {"ok": True, "exists": True, "owned": engine.is_owned(cache), "storage": engine.storage(cache)}
+
+    def _op_read_entries(self, request):
+        ids = _field(request, "ids", list)
+        with_storage = bool(request.get("with_storage", True))
+        seen: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
+        return {"ok": True, "entries": [self._entry_facts(id, seen, with_storage) for id in ids]}
+
+    def _op_take_copies(self, request):
+        s = self._session
+        taken, s.pending_copies = s.pending_copies, []
+        return {"ok": True, "copies": taken}
+
+    def _op_entry_version(self, request):
+        raise RequestError("this adapter does not report entry versions (capability entry_versions is off)")
+
+    def _op_entry_versions(self, request):
+        return self._op_entry_version(request)
+
+    # ---- what every operation does ----------------------------------------------------
+
+    def _operation(
+        self,
+        run: Callable[[], Optional[Dict[str, Any]]],
+        handles: Sequence[int] = (),
+        ids: Sequence[str] = (),
+        stored: Sequence[str] = (),
+        recording_box: Optional[List[Any]] = None,
+    ) -> Dict[str, Any]:
+        """Runs an engine operation under the copy tracker, then replies
+        with its result, the copies it made and the facts of what it named.
+        `stored`: ids whose caches become originals (the store holds them)."""
+        s = self._session
+        if s.tracker is None:
+            result = run()
+            made = [{"reason": str(reason), "bytes": int(size)} for reason, size in (s.engine.take_copies() or [])]
+        else:
+            s.tracker.model_caches.clear()
+            with s.tracker.record() as recording:
+                result = run()
+            made = [{"reason": self._op, "bytes": copy.bytes} for copy in recording.copies]
+            if recording_box is not None:
+                recording_box.append(recording)
+            for id in stored:
+                s.tracker.track(s.engine.stored_cache(id))
+        reply = self._reply(result or {}, handles, ids)
+        reply["copies"] = made
+        return reply
+
+    def _reply(self, result: Dict[str, Any], handles: Sequence[int] = (), ids: Sequence[str] = ()):
+        self._session.last_named = (tuple(handles), tuple(ids))
+        reply = {"ok": True}
+        reply.update(result)
+        reply["observed"] = self._observed(handles, ids)
+        return reply
+
+    def _observed(self, handles: Sequence[int], ids: Sequence[str]) -> Dict[str, Any]:
+        """The facts of the handles and stored entries an operation named,
+        as they are after it; a fact that cannot be read is left out (kvcheck
+        then asks, and gets the error)."""
+        session = self._session
+        engine = session.engine
+        seen: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
+        observed: Dict[str, Any] = {"handles": [], "entries": []}
+        for handle in dict.fromkeys(handles):
+            try:
+                facts = self._handle_facts(handle, seen)
+            except Exception:  # noqa: BLE001 - see the docstring
+                continue
+            facts["handle"] = handle
+            observed["handles"].append(facts)
+        # Every other live handle's marker and storage (not its view): kvcheck
+        # reads them before the next operation that names one, and at its
+        # full reads, a request each otherwise.
+        named = set(handles)
+        for handle, cache in session.handles.items():
+            if handle in named or cache is None:
+                continue
+            try:
+                storage = seen[id(cache)][1] if id(cache) in seen else engine.storage(cache)
+                observed["handles"].append(
+                    {"handle": handle, "exists": True, "owned": engine.is_owned(cache), "storage": storage}
+                )
+            except Exception:  # noqa: BLE001 - see the docstring
+                continue
+        # The listing costs less than the request kvcheck would send for it.
+        stored_ids = [str(id) for id in engine.stored_ids()]
+        observed["stored_ids"] = stored_ids
+        if ids:
+            present = set(stored_ids)
+            for entry_id in dict.fromkeys(ids):
+                if entry_id not in present:
+                    continue
+                try:
+                    facts = self._entry_facts(entry_id, seen, True)
+                except Exception:  # noqa: BLE001 - see the docstring
+                    continue
+                facts["id"] = entry_id
+                observed["entries"].append(facts)
+        return observed
+
+    def _look(self, cache: Cache, seen: Dict[int, Tuple[Dict[str, Any], List[int]]]):
+        # One reading of an object per reply: a handle and an entry are
+        # often the same object.
+        found = seen.get(id(cache))
+        if found is None:
+            engine = self._session.engine
+            found = (engine.view(cache), engine.storage(cache))
+            seen[id(cache)] = found
+        return found
+
+    def _handle_facts(self, handle: int, seen) -> Dict[str, Any]:
+        cache = self._session.handles.get(handle)
+        if cache is None:
+            return {"exists": False, "owned": False, "storage": []}
+        view, storage = self._look(cache, seen)
+        return {"exists": True, "owned": self._session.engine.is_owned(cache), "view": view, "storage": storage}
+
+    def _entry_facts(self, id: str, seen, with_storage: bool) -> Dict[str, Any]:
+        cache = self._stored(id)
+        view, storage = self._look(cache, seen)
+        facts = {"owned": self._session.engine.is_owned(cache), "view": view}
+        if with_storage:
+            facts["storage"] = storage
+        return facts
+
+
+def serve(factory: Callable[[], Adapter]) -> None:
+    """Runs the protocol loop for engines made by `factory` (a subclass of
+    Adapter, or any callable returning an instance): one at the handshake
+    and one at each reset. Returns when kvcheck closes the pipes or asks
+    to shut down. Run by hand (not by kvcheck), it says how to run it and
+    exits with status 2."""
+    connection = _protocol.Connection.from_environment()
+    _protocol.serve_loop(connection, Server(factory).handle)
+
+
+__all__ = ["Adapter", "Server", "RequestError", "capabilities_of", "serve"]

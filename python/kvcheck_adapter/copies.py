@@ -1,0 +1,421 @@
+"""Copy accounting without the engine's cooperation: which K/V copies an
+engine operation makes, and how many K/V sets are alive along a generation.
+
+The C++ reference logs every deliberate copy through kv::Copier (one event
+per cache copied, with its bytes) and counts the K/V sets alive on a
+generation's path from the copies' lineage (kv::live_sets_on_path, sampled
+by run_model before the first forward and after each). A Python engine logs
+nothing; this module observes the same facts from below, with a torch
+dispatch mode that sees every tensor operator the engine runs.
+
+K/V set, in Python terms: the tensor storages that together hold one copy
+of some keys and values. Either
+  - an *original*: the storages of a cache registered with
+    CopyTracker.track (what a store holds: the caches given to `add`, and
+    those a `load` made); or
+  - a *copy*: the storages written by the copy operators of one recording
+    (one engine operation) at one depth of copying: the copies of tracked
+    tensors made before the recording are depth 1, copies of those made in
+    the same recording depth 2, and so on. Each source storage is copied
+    into a set at most once: copying it again at the same depth begins a
+    new set (two clones in one operation are two sets).
+The model's appends continue a set: inside a model forward, the cat of a
+tracked tensor with the model's new tokens belongs to the tracked tensor's
+set. A set is alive while any of its storages is alive (a weak reference
+to the storage, so tracking never keeps K/V alive). A copy's lineage is the
+sets it was copied from (level 0), the sets those were copied from (level
+1), and so on: sets_on_path(cache) is 1 (the cache itself) plus the number
+of lineage levels of its sets with a live member, as C++'s
+live_sets_on_path, and the peak over a recording is sampled at the entry
+and exit of each model forward (decoder.Decoder marks its forwards with
+model_forward).
+
+What counts as a copy: an operator that writes the values of tracked
+tensors into a storage of another set, outside a model forward, when every
+non-empty tensor it copies from is tracked (a cat of a stored tensor with
+tokens the engine made itself is an append, not a copy):
+  clone              clone(), contiguous() of a non-contiguous tensor,
+                     copy.deepcopy of a cache (through storage copies);
+  _to_copy           to(dtype or device), float(), half(), new_tensor();
+  copy_              copy into an existing tensor: empty_like(x).copy_(x),
+                     slice assignment, storage copies;
+  cat, stack         merges; a cat of one part is a copy too;
+  index_select, index, gather, take, masked_select, repeat
+                     copies of selected or repeated rows;
+  index_copy(_), index_put(_)
+                     writes of tracked values into a buffer;
+  any other *_copy   functional copies (narrow_copy, slice_copy, ...).
+Each is logged with the bytes it wrote (the output's size in its dtype).
+What does not count: views (they share the storage: the same set),
+arithmetic (a computation is not a copy), anything inside a model forward
+(the model's appends, its float32 read-back of a bfloat16 cache, its new
+tokens' K/V: the model writes, it does not copy the store), and copies of
+untracked tensors (what the tracker was never told is K/V).
+
+    tracker = CopyTracker()
+    tracker.track(stored_cache)                  # an original
+    with tracker.record() as recording:          # one engine operation
+        out = store.get_cache(["a"])
+    recording.copies                             # one SetCopy, its bytes
+    with tracker.record() as recording:
+        store.generate(out, [7, 3], 8)
+    recording.copies == [], recording.peak_sets_on_path == 2
+
+Observe caches (content.view_of, observe.storage_of) outside a recording:
+view_of converts a non-float32 slot to hash it, which a recording would
+see as a copy. One recording at a time, on one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    from torch.utils.weak import StorageWeakRef
+except ImportError:  # torch 1.13
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import content as _content
+
+
+def _untyped_storage(tensor: torch.Tensor):
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage()
+    return tensor.storage()._storage
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+@dataclass(frozen=True)
+class TensorCopy:
+    """One copy operator: its name, the bytes it wrote, the sets it read
+    from and the set it wrote into (set ids)."""
+
+    op: str
+    bytes: int
+    sources: Tuple[int, ...]
+    target: int
+
+
+@dataclass
+class SetCopy:
+    """One K/V set made by copying (C++ CopyEvent): the sets it was copied
+    from, the copy operators that wrote it and their bytes."""
+
+    set_id: int
+    sources: Tuple[int, ...]
+    tensors: int = 0
+    bytes: int = 0
+
+
+class _KvSet:
+    """A K/V set: its storages (weakly) and the sets it was copied from."""
+
+    __slots__ = ("set_id", "storages", "sources", "__weakref__")
+
+    def __init__(self, set_id: int, sources: Sequence["_KvSet"] = ()):
+        self.set_id = set_id
+        self.storages: List[StorageWeakRef] = []
+        self.sources: List[_KvSet] = list(sources)
+
+    def alive(self) -> bool:
+        # Dead storages are dropped on the way: a working set gains two
+        # storages per layer per model step, and loses as many.
+        self.storages = [storage for storage in self.storages if not storage.expired()]
+        return bool(self.storages)
+
+
+@dataclass
+class Recording:
+    """What one recorded operation did: the K/V sets it made by copying
+    (in order), each copy operator, and the most K/V sets alive on the path
+    of the cache a model wrote into (0 when no model ran)."""
+
+    copies: List[SetCopy] = field(default_factory=list)
+    tensor_copies: List[TensorCopy] = field(default_factory=list)
+    peak_sets_on_path: int = 0
+    model_forwards: int = 0
+
+    @property
+    def bytes_copied(self) -> int:
+        return sum(copy.bytes for copy in self.copies)
+
+
+# ---- which operators copy, and what they copy from --------------------------------
+
+
+def _arg(index: int, name: str) -> Callable[[tuple, dict], object]:
+    def get(args: tuple, kwargs: dict):
+        if len(args) > index:
+            return args[index]
+        return kwargs.get(name)
+
+    return get
+
+
+def _tensors(value) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+_SELF = _arg(0, "self")
+# Operator name -> (what it copies from, where it writes: None = its output).
+_COPY_OPS: Dict[str, Tuple[Callable, Optional[Callable]]] = {
+    "clone": (_SELF, None),
+    "_to_copy": (_SELF, None),
+    "copy_": (_arg(1, "src"), _SELF),
+    "copy": (_arg(1, "src"), None),
+    "cat": (_arg(0, "tensors"), None),
+    "stack": (_arg(0, "tensors"), None),
+    "index_select": (_SELF, None),
+    "index": (_SELF, None),
+    "gather": (_SELF, None),
+    "take": (_SELF, None),
+    "masked_select": (_SELF, None),
+    "repeat": (_SELF, None),
+    "index_copy": (_arg(3, "source"), None),
+    "index_copy_": (_arg(3, "source"), _SELF),
+    "index_put": (_arg(2, "values"), None),
+    "index_put_": (_arg(2, "values"), _SELF),
+}
+
+
+def _copy_rule(name: str) -> Optional[Tuple[Callable, Optional[Callable]]]:
+    rule = _COPY_OPS.get(name)
+    if rule is None and name.endswith("_copy"):
+        return (_SELF, None)
+    return rule
+
+
+# ---- the tracker ----------------------------------------------------------------------
+
+# The trackers recording now (at most one), for model_forward.
+_RECORDING: List["CopyTracker"] = []
+
+
+class CopyTracker:
+    """Tracks K/V sets across operations; records one operation at a time."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        # Storage (its StorageImpl address, stable while a weak reference to
+        # it is held) -> (set, weak reference). Entries of dead storages are
+        # dropped on sight and swept when the table has doubled.
+        self._storages: Dict[int, Tuple[_KvSet, StorageWeakRef]] = {}
+        self._sweep_at = 1024
+        self._recording: Optional[Recording] = None
+        self._open: Dict[int, Tuple[_KvSet, Set[int]]] = {}  # depth -> (set, sources copied into it)
+        self._made_here: Dict[int, int] = {}  # set id -> depth, for the sets this recording made
+        self._set_copies: Dict[int, SetCopy] = {}
+        self._model_depth = 0
+
+    # ---- sets and storages ----
+
+    def _key(self, tensor: torch.Tensor) -> int:
+        return _untyped_storage(tensor)._cdata
+
+    def set_of_tensor(self, tensor: Optional[torch.Tensor]) -> Optional[_KvSet]:
+        """The live set a tensor's storage belongs to, if any (empty: none)."""
+        if tensor is None or tensor.numel() == 0:
+            return None
+        key = self._key(tensor)
+        entry = self._storages.get(key)
+        if entry is None:
+            return None
+        if entry[1].expired():
+            del self._storages[key]
+            return None
+        return entry[0]
+
+    def _join(self, tensor: torch.Tensor, kv_set: _KvSet) -> None:
+        if tensor.numel() == 0:
+            return
+        storage = _untyped_storage(tensor)
+        key = storage._cdata
+        entry = self._storages.get(key)
+        if entry is not None and entry[0] is kv_set and not entry[1].expired():
+            return
+        reference = StorageWeakRef(storage)
+        self._storages[key] = (kv_set, reference)
+        kv_set.storages.append(reference)
+        if len(self._storages) >= self._sweep_at:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        self._storages = {key: entry for key, entry in self._storages.items() if not entry[1].expired()}
+        self._sweep_at = max(1024, 2 * len(self._storages))
+
+    def track(self, cache) -> int:
+        """Registers every tensor a cache holds as one original K/V set (its
+        earlier lineage, if it was a copy, is forgotten: it is what the
+        store holds now, as C++'s Store::add clears it). Returns the set id."""
+        kv_set = _KvSet(next(self._ids))
+        for tensor in _cache_tensors(cache):
+            self._join(tensor, kv_set)
+        return kv_set.set_id
+
+    def set_id(self, tensor: Optional[torch.Tensor]) -> Optional[int]:
+        kv_set = self.set_of_tensor(tensor)
+        return None if kv_set is None else kv_set.set_id
+
+    # ---- the path of a generation ----
+
+    def sets_on_path(self, cache) -> int:
+        """1 (the cache) plus the number of lineage levels of the cache's
+        sets with a live member (C++ live_sets_on_path); for a cache holding
+        tensors of several sets, the set with the most such levels counts."""
+        sets = {id(s): s for s in (self.set_of_tensor(t) for t in _cache_tensors(cache)) if s is not None}
+        most = 0
+        for kv_set in sets.values():
+            live, level = 0, _unique(kv_set.sources)
+            while level:
+                if any(source.alive() for source in level):
+                    live += 1
+                level = _unique(source for member in level for source in member.sources)
+            most = max(most, live)
+        return 1 + most
+
+    # ---- recording ----
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[Recording]:
+        """Records the copies made and the K/V sets alive while the block
+        runs (one engine operation)."""
+        if _RECORDING:
+            raise RuntimeError("a CopyTracker is already recording: one recording at a time")
+        recording = Recording()
+        self._recording = recording
+        self._open.clear()
+        self._made_here.clear()
+        self._set_copies = {}
+        _RECORDING.append(self)
+        try:
+            with _CopyMode(self):
+                yield recording
+        finally:
+            _RECORDING.remove(self)
+            self._recording = None
+            self._open.clear()
+            self._made_here.clear()
+
+    def _sample(self, cache) -> None:
+        recording = self._recording
+        if recording is not None:
+            recording.peak_sets_on_path = max(recording.peak_sets_on_path, self.sets_on_path(cache))
+
+    def _copy_target(self, sources: List[_KvSet], source_keys: List[int]) -> _KvSet:
+        """The set a copy from `sources` writes into (see the module doc)."""
+        depth = 1 + max((self._made_here.get(s.set_id, 0) for s in sources), default=0)
+        opened = self._open.get(depth)
+        if opened is None or not opened[1].isdisjoint(source_keys):
+            kv_set = _KvSet(next(self._ids))
+            opened = (kv_set, set())
+            self._open[depth] = opened
+            self._made_here[kv_set.set_id] = depth
+            copy = SetCopy(kv_set.set_id, ())
+            self._set_copies[kv_set.set_id] = copy
+            self._recording.copies.append(copy)
+        kv_set, copied = opened
+        copied.update(source_keys)
+        for source in sources:
+            if all(source is not known for known in kv_set.sources):
+                kv_set.sources.append(source)
+        copy = self._set_copies[kv_set.set_id]
+        copy.sources = tuple(s.set_id for s in kv_set.sources)
+        return kv_set
+
+    def _observe(self, name: str, args: tuple, kwargs: dict, result) -> None:
+        rule = _copy_rule(name)
+        if rule is None:
+            return
+        read, written = rule
+        sources = [t for t in _tensors(read(args, kwargs)) if t.numel() > 0]
+        target = written(args, kwargs) if written is not None else result
+        if not sources or not isinstance(target, torch.Tensor) or target.numel() == 0:
+            return
+        source_sets = [self.set_of_tensor(t) for t in sources]
+        tracked = [s for s in source_sets if s is not None]
+        if not tracked:
+            return
+        if self._model_depth > 0 or len(tracked) < len(source_sets):
+            # An append (the model's, or tracked K/V joined with new
+            # tokens): the result continues the set it extends; a model's
+            # other operators (its read-back conversions) make temporaries.
+            if name == "cat":
+                self._join(target, tracked[0])
+            return
+        kv_set = self._copy_target(_unique(tracked), [self._key(t) for t in sources])
+        self._join(target, kv_set)
+        copy = self._set_copies[kv_set.set_id]
+        copy.tensors += 1
+        copy.bytes += _nbytes(target)
+        self._recording.tensor_copies.append(
+            TensorCopy(name, _nbytes(target), tuple(s.set_id for s in _unique(tracked)), kv_set.set_id)
+        )
+
+
+def _unique(sets) -> List[_KvSet]:
+    seen: Dict[int, _KvSet] = {}
+    for kv_set in sets:
+        seen.setdefault(id(kv_set), kv_set)
+    return list(seen.values())
+
+
+def _cache_tensors(cache) -> List[torch.Tensor]:
+    layout = _content.cache_layout(cache)
+    if layout == "legacy":
+        held = list(cache.key_cache) + list(cache.value_cache)
+    else:
+        held = [getattr(layer, name, None) for layer in cache.layers for name in _content.SLOT_NAMES]
+    return [t for t in held if isinstance(t, torch.Tensor)]
+
+
+class _CopyMode(TorchDispatchMode):
+    def __init__(self, tracker: CopyTracker):
+        super().__init__()
+        self._tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if _copy_rule(name) is not None:
+            self._tracker._observe(name, args, kwargs, result)
+        return result
+
+
+_NO_MODEL = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _model_forward(tracker: CopyTracker, cache) -> Iterator[None]:
+    tracker._sample(cache)
+    tracker._model_depth += 1
+    try:
+        yield
+    finally:
+        tracker._model_depth -= 1
+        if tracker._recording is not None:
+            tracker._recording.model_forwards += 1
+        tracker._sample(cache)
+
+
+def model_forward(cache):
+    """Marks one model forward over `cache` (the cache the model writes
+    into): inside it nothing counts as a copy, and the K/V sets on the
+    cache's path are sampled at its entry and exit. Free when nothing is
+    recording."""
+    if not _RECORDING:
+        return _NO_MODEL
+    return _model_forward(_RECORDING[0], cache)

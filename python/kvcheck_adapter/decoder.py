@@ -1,0 +1,379 @@
+"""The small deterministic attention decoder of kvcheck (C++
+kv::models::Decoder, models/decoder.cpp), in Python over numpy and torch,
+driving any cache the way transformers' attention layers do.
+
+A forward reads `cache.get_seq_length(0)` for the position of its first
+token, then per layer calls `cache.update(k, v, layer_idx, cache_kwargs)`
+with the new tokens' K/V ([1, heads, n, head_dim] tensors in storages of
+their own, in the cache's dtype) and attends over the keys and values that
+`update` returns. It keeps no reference to a cache between calls.
+
+Equality with C++: the weights come from the same splitmix64 stream, and
+every float32 quantity is computed with the same operations in the same
+order as decoder.cpp: each sum runs sequentially over its inner index
+(np.add.accumulate, never numpy's pairwise sum; a sum that C++ starts from
++0.0 is made +0.0 when it ends as -0.0), products are rounded before they
+are added, no operation is fused, and exp and sin of float32 are glibc's
+expf and sinf themselves, called through ctypes, because numpy's own
+float32 exp/sin (and a float64 computation rounded to float32) differ from
+them in the last bit now and then. So for the same cache content the logits
+are bit for bit those of the C++ decoder, and so are the tokens (the
+agreement test checks this against the C++ program). On a platform whose C
+library has no expf/sinf to load, exp and sin are computed in float64 and
+rounded, and the last bit of a logit may differ from C++.
+
+    model = Decoder(DecoderConfig())                 # 2 layers, 2 heads, seed 1
+    memory = memory_cache(model, [5, 9, 2], "modern")
+    tokens = generate(model, [7, 3], clone(memory), 8)   # == recomputation
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import cache as _cache
+from . import copies as _copies
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The C++ DecoderConfig; an eos_token of -1 never stops early."""
+
+    layer_count: int = 2
+    head_count: int = 2
+    head_dim: int = 4
+    vocab_size: int = 32
+    eos_token: int = 0
+    seed: int = 1
+
+
+def _check_config(config: DecoderConfig) -> None:
+    if config.layer_count < 1:
+        raise ValueError("Decoder: layer_count must be >= 1")
+    if config.head_count < 1:
+        raise ValueError("Decoder: head_count must be >= 1")
+    if config.head_dim < 1:
+        raise ValueError("Decoder: head_dim must be >= 1")
+    if config.vocab_size < 1:
+        raise ValueError("Decoder: vocab_size must be >= 1")
+    if config.eos_token < -1 or config.eos_token >= config.vocab_size:
+        raise ValueError("Decoder: eos_token must be -1 or in [0, vocab_size)")
+
+
+# ---- glibc's float32 exp and sin ---------------------------------------------------
+
+
+def _libm_function(name: str) -> Optional[Callable[[float], float]]:
+    path = ctypes.util.find_library("m")
+    if path is None:
+        return None
+    try:
+        function = getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_float
+    function.argtypes = [ctypes.c_float]
+    return function
+
+
+_EXPF = _libm_function("expf")
+_SINF = _libm_function("sinf")
+
+
+def _float32_map(function, fallback, values: np.ndarray) -> np.ndarray:
+    """function (a C float -> float) of each float32 value; `fallback`
+    (numpy, float64) when the C library has none."""
+    if function is None:
+        return fallback(values.astype(np.float64)).astype(np.float32)
+    return np.array([function(value) for value in values.tolist()], dtype=np.float32)
+
+
+# ---- float32 arithmetic in C++'s order ------------------------------------------------
+
+_ZERO = np.float32(0.0)
+
+
+def _ordered_sum(products: np.ndarray, axis: int) -> np.ndarray:
+    """Sum of float32 products along `axis`, index 0 first, as C++'s
+    `sum = 0.0F; for (...) sum += product;` does. A sum that C++ starts from
+    +0 is never -0, hence the final + 0.0 (it changes nothing else)."""
+    last = (slice(None),) * axis + (-1,)
+    return np.add.accumulate(products, axis=axis)[last] + _ZERO
+
+
+def _row_times(rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """rows [n, inner] times a row-major weight [inner, cols], each sum over
+    the inner index in ascending order (C++ row_times, per row)."""
+    return _ordered_sum(rows[:, :, None] * weight[None, :, :], axis=1)
+
+
+class _SplitMix64:
+    """The C++ SplitMix64 weight stream, drawn in blocks."""
+
+    def __init__(self, seed: int):
+        self._state = seed & ((1 << 64) - 1)
+
+    def uniform(self, count: int) -> np.ndarray:
+        """`count` draws, uniform in [-1, 1) on a grid of 2^-23 (float32)."""
+        steps = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(self._state)
+        self._state = (self._state + count * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
+        z = steps
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        bits = (z >> np.uint64(40)).astype(np.int64)
+        return (bits - (1 << 23)).astype(np.float32) / np.float32(1 << 23)
+
+
+def _seeded(random: _SplitMix64, rows: int, cols: int, scale: float) -> np.ndarray:
+    return (random.uniform(rows * cols) * np.float32(scale)).reshape(rows, cols)
+
+
+# The C++ scales, all 1: see decoder.cpp.
+_EMBEDDING_SCALE = _POSITION_SCALE = _PROJECTION_SCALE = _OUTPUT_SCALE = _UNEMBEDDING_SCALE = 1.0
+# The readout folds the scaled logits through sin before the argmax, so
+# that greedy decoding follows every change of the cache (decoder.cpp).
+_READOUT_GAIN = np.float32(8.0)
+
+
+def _shape_text(t: Optional[torch.Tensor]) -> str:
+    return "(none)" if t is None else "[" + ", ".join(str(size) for size in t.shape) + "]"
+
+
+def _first_argmax(values: Sequence[float]) -> int:
+    """The first index of the largest value; a NaN counts as larger than any
+    number (at::argmax's rule, as C++ first_argmax)."""
+    best = 0
+    for c in range(1, len(values)):
+        current = values[best]
+        if math.isnan(current):
+            break
+        if math.isnan(values[c]) or values[c] > current:
+            best = c
+    return best
+
+
+class Decoder:
+    """kv::models::Decoder: weights from config.seed, float32 arithmetic in
+    the C++ order. `forward` writes K/V in the cache's dtype (that of its
+    layer-0 logical keys, else float32); `forward_as` in a chosen one."""
+
+    def __init__(self, config: DecoderConfig = DecoderConfig()):
+        _check_config(config)
+        self.config = config
+        width = config.head_count * config.head_dim
+        random = _SplitMix64(config.seed)
+        self._embedding = _seeded(random, config.vocab_size, width, _EMBEDDING_SCALE)
+        self._unembedding = _seeded(random, width, config.vocab_size, _UNEMBEDDING_SCALE)
+        self._position_rates = [math.pow(10000.0, -float(e - e % 2) / float(width)) for e in range(width)]
+        self._layers = []
+        for _ in range(config.layer_count):
+            qkv = _seeded(random, width, 3 * width, _PROJECTION_SCALE)
+            out = _seeded(random, width, width, _OUTPUT_SCALE)
+            self._layers.append((qkv, out))
+        self._positions: Dict[int, np.ndarray] = {}
+        self._scale = np.float32(1.0 / math.sqrt(float(config.head_dim)))
+
+    @property
+    def eos_token(self) -> int:
+        return self.config.eos_token
+
+    def _position_row(self, position: int) -> np.ndarray:
+        """The sinusoidal term of a position, computed in double with the C
+        library's sin/cos (math.sin is it) and rounded to float32."""
+        row = self._positions.get(position)
+        if row is None:
+            terms = [
+                (math.sin if e % 2 == 0 else math.cos)(float(position) * rate)
+                for e, rate in enumerate(self._position_rates)
+            ]
+            row = np.array(terms, dtype=np.float32) * np.float32(_POSITION_SCALE)
+            self._positions[position] = row
+        return row
+
+    def _embed_rows(self, tokens: Sequence[int], first_position: int) -> np.ndarray:
+        rows = [self._embedding[token] + self._position_row(first_position + i) for i, token in enumerate(tokens)]
+        return np.stack(rows).astype(np.float32, copy=False)
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        if len(tokens) == 0:
+            raise ValueError("Decoder: forward needs at least one token")
+        for token in tokens:
+            if not 0 <= token < self.config.vocab_size:
+                raise ValueError(f"Decoder: token {token} outside [0, {self.config.vocab_size})")
+
+    def forward(self, tokens: Sequence[int], cache) -> int:
+        """Runs `tokens` on top of `cache` (appending their K/V to it in
+        place, in the cache's dtype) and returns the greedy next token."""
+        return self.forward_as(tokens, cache, cache_dtype(cache))
+
+    def forward_as(self, tokens: Sequence[int], cache, dtype: torch.dtype) -> int:
+        """As forward, writing K/V of `dtype`. ValueError on a bad token
+        list, a non-floating dtype, or a cache whose layer does not hold
+        [1, heads, >= n, head_dim] keys and values of one length after the
+        update (C++'s messages)."""
+        tokens = [int(token) for token in tokens]
+        self._check_tokens(tokens)
+        if not dtype.is_floating_point:
+            raise ValueError("Decoder: the K/V dtype must be floating")
+        with _copies.model_forward(cache):
+            return self._forward(tokens, cache, dtype)
+
+    def _forward(self, tokens: List[int], cache, dtype: torch.dtype) -> int:
+        config = self.config
+        count, heads, dims = len(tokens), config.head_count, config.head_dim
+        width = heads * dims
+        past = int(cache.get_seq_length(0))
+        x = self._embed_rows(tokens, past)
+        cache_kwargs = {"cache_position": torch.arange(past, past + count)}
+        for layer, (qkv_weight, out_weight) in enumerate(self._layers):
+            qkv = _row_times(x, qkv_weight)
+            k = self._to_heads(qkv, count, 1)
+            v = self._to_heads(qkv, count, 2)
+            if dtype != torch.float32:
+                k, v = k.to(dtype), v.to(dtype)
+            held_keys, held_values = cache.update(k, v, layer, cache_kwargs)
+            keys = self._read_back(held_keys, count, layer, "keys")
+            values = self._read_back(held_values, count, layer, "values")
+            if values.shape[1] != keys.shape[1]:
+                raise ValueError(
+                    f"Decoder: layer {layer} holds {keys.shape[1]} keys but {values.shape[1]} values"
+                )
+            attended = self._attend(qkv, keys, values, count)
+            x = x + _row_times(attended, out_weight)
+        logits = _row_times(x[count - 1 : count], self._unembedding)[0] * _READOUT_GAIN
+        folded = _float32_map(_SINF, np.sin, logits)
+        return _first_argmax(folded.tolist())
+
+    def _to_heads(self, qkv: np.ndarray, count: int, part: int) -> torch.Tensor:
+        """Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
+        [1, heads, n, head_dim] float32 tensor in a storage of its own."""
+        heads, dims = self.config.head_count, self.config.head_dim
+        width = heads * dims
+        side = qkv[:, part * width : (part + 1) * width].reshape(count, heads, dims).transpose(1, 0, 2)
+        return torch.from_numpy(np.ascontiguousarray(side, dtype=np.float32)).reshape(1, heads, count, dims)
+
+    def _read_back(self, held: Optional[torch.Tensor], count: int, layer: int, side: str) -> np.ndarray:
+        """What the cache holds for one side of a layer after the update, as
+        a float32 [heads, S, head_dim] array; another geometry is refused."""
+        heads, dims = self.config.head_count, self.config.head_dim
+        fits = (
+            held is not None
+            and held.dim() == 4
+            and held.shape[0] == 1
+            and held.shape[1] == heads
+            and held.shape[2] >= count
+            and held.shape[3] == dims
+        )
+        if not fits:
+            raise ValueError(
+                f"Decoder: layer {layer} {side} of shape {_shape_text(held)}, "
+                f"expected [1, {heads}, >= {count}, {dims}]"
+            )
+        if held.dtype != torch.float32:
+            held = held.to(torch.float32)
+        return held.detach().contiguous().numpy()[0]
+
+    def _attend(self, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+        """Causal attention of the `count` new tokens (C++ attend): the
+        query of new token i sits at position P = S - n + i and sees keys
+        0..P; softmax(q.k * scale) with the maximum subtracted first, then
+        the weighted sum of the values. Returns [n, E]."""
+        heads, dims = self.config.head_count, self.config.head_dim
+        total = keys.shape[1]
+        past = total - count
+        query = qkv[:, : heads * dims].reshape(count, heads, dims)
+        scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * self._scale  # [n, H, S]
+        visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
+        visible = np.broadcast_to(visible[:, None, :], scores.shape)
+        # C++ keeps the first maximum of the visible scores, skipping NaN.
+        candidates = np.where(visible & ~np.isnan(scores), scores, np.float32(-np.inf))
+        top = candidates.max(axis=2)
+        exponents = np.zeros_like(scores)
+        shifted = (scores - top[:, :, None])[visible]
+        exponents[visible] = _float32_map(_EXPF, np.exp, shifted)
+        total_weight = _ordered_sum(exponents, axis=2)
+        weights = exponents / total_weight[:, :, None]
+        result = _ordered_sum(weights[:, :, :, None] * values[None, :, :, :], axis=2)  # [n, H, D]
+        return result.reshape(count, heads * dims)
+
+
+def cache_dtype(cache) -> torch.dtype:
+    """The dtype a model writes into `cache`: that of its layer-0 logical
+    keys when it has them, else float32."""
+    try:
+        keys = _cache.logical_keys(cache, 0)
+    except TypeError:
+        return torch.float32
+    return keys.dtype if keys is not None else torch.float32
+
+
+# ---- generation ---------------------------------------------------------------------
+
+
+def generate_stream(model: Decoder, prompt: Sequence[int], cache, max_new_tokens: int) -> Iterator[int]:
+    """The model loop, with no boundary (C++ run_model): prefill `prompt` on
+    top of `cache` (written in place), then greedy decoding, feeding each
+    token back, until EOS (yielded) or `max_new_tokens` tokens."""
+    if len(prompt) == 0:
+        raise ValueError("generate: the prompt is empty")
+    if max_new_tokens < 0:
+        raise ValueError("generate: max_new_tokens < 0")
+    if max_new_tokens == 0:
+        return
+    next_token = model.forward(prompt, cache)
+    produced = 1
+    while True:
+        yield next_token
+        if next_token == model.eos_token or produced == max_new_tokens:
+            return
+        next_token = model.forward([next_token], cache)
+        produced += 1
+
+
+def generate(model: Decoder, prompt: Sequence[int], cache, max_new_tokens: int) -> List[int]:
+    """generate_stream's tokens as a list. The cache given is the one the
+    model writes into: a caller that must keep its cache passes a clone."""
+    if len(prompt) == 0:
+        raise ValueError("generate: the prompt is empty")
+    if max_new_tokens < 0:
+        raise ValueError("generate: max_new_tokens < 0")
+    return list(generate_stream(model, prompt, cache, max_new_tokens))
+
+
+def memory_cache(model: Decoder, memory_tokens: Sequence[int], layout: str = "modern", dtype=torch.float32):
+    """A new cache of `layout` holding the K/V that `model` writes for
+    `memory_tokens` with no past, in `dtype` (torch dtype or kvcheck name);
+    an empty token list gives an empty cache. Not owned: it stands for what
+    a store holds."""
+    if isinstance(dtype, str):
+        dtype = _cache._content.TORCH_DTYPES[dtype]
+    cache = _cache.DynamicCache() if layout == "modern" else _cache.LegacyDynamicCache()
+    if memory_tokens:
+        model.forward_as(memory_tokens, cache, dtype)
+    return cache
+
+
+def generate_without_cache(model: Decoder, tokens: Sequence[int], max_new_tokens: int) -> List[int]:
+    """Greedy generation with no cache: every step runs the whole sequence
+    so far on a fresh float32 cache. Stops at EOS (kept) or the limit."""
+    if len(tokens) == 0:
+        raise ValueError("generate_without_cache: no tokens")
+    if max_new_tokens < 0:
+        raise ValueError("generate_without_cache: max_new_tokens < 0")
+    sequence = list(tokens)
+    generated: List[int] = []
+    while len(generated) < max_new_tokens:
+        next_token = model.forward_as(sequence, _cache.DynamicCache(), torch.float32)
+        generated.append(next_token)
+        if next_token == model.eos_token:
+            break
+        sequence.append(next_token)
+    return generated

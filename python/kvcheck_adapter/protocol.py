@@ -1,0 +1,127 @@
+"""The adapter protocol's transport (docs/protocol.md), in plain Python.
+
+kvcheck starts an adapter as a child process and talks to it over two pipes
+of its own: requests arrive on the descriptor named by $KVCHECK_REQUEST_FD,
+replies leave on $KVCHECK_REPLY_FD. Each message is a frame: four bytes of
+length (big-endian), then that many bytes of UTF-8 JSON, one object. The
+process's stdout and stderr are not part of the protocol: kvcheck captures
+them and shows their tail with a failure, so `print()` is harmless.
+
+This module needs nothing but the standard library (no torch): the
+protocol loop of an adapter written without the SDK's base class, and the
+fault-injection adapters of kvcheck's own tests, run on it.
+
+    connection = Connection.from_environment()
+    while (request := connection.receive()) is not None:
+        connection.send({"ok": True})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable, Dict, Optional
+
+PROTOCOL_VERSION = 1
+# A frame longer than this is not a protocol message.
+FRAME_BYTES_MAX = 64 << 20
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, check_circular=False).encode
+
+
+class ProtocolError(Exception):
+    """A frame that is not a protocol message (cut short, too long, not a
+    JSON object)."""
+
+
+class NotRunByKvcheck(SystemExit):
+    """The process was not started by kvcheck (no protocol descriptors)."""
+
+
+class Connection:
+    """The two protocol pipes of an adapter process."""
+
+    def __init__(self, request_fd: int, reply_fd: int):
+        self._requests = os.fdopen(request_fd, "rb", buffering=1 << 16)
+        self._reply_fd = reply_fd
+
+    @classmethod
+    def from_environment(cls) -> "Connection":
+        """The pipes kvcheck passed ($KVCHECK_REQUEST_FD, $KVCHECK_REPLY_FD).
+        Exits with status 2 and a message when they are missing: the script
+        was run by hand, not by kvcheck."""
+        try:
+            request_fd = int(os.environ["KVCHECK_REQUEST_FD"])
+            reply_fd = int(os.environ["KVCHECK_REPLY_FD"])
+        except (KeyError, ValueError):
+            script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "this adapter"
+            sys.stderr.write(
+                f"{script} is a kvcheck adapter: kvcheck starts it and talks to it over pipes of its own.\n"
+                f"Check it with:  kvcheck run --adapter {script}\n"
+            )
+            raise NotRunByKvcheck(2)
+        return cls(request_fd, reply_fd)
+
+    def receive(self) -> Optional[Dict[str, Any]]:
+        """The next request, or None when kvcheck closed the pipe."""
+        header = self._requests.read(4)
+        if not header:
+            return None
+        if len(header) < 4:
+            raise ProtocolError("a frame header was cut short")
+        size = int.from_bytes(header, "big")
+        if size > FRAME_BYTES_MAX:
+            raise ProtocolError(f"a frame of {size} bytes is over the limit of {FRAME_BYTES_MAX}")
+        payload = self._requests.read(size)
+        if len(payload) < size:
+            raise ProtocolError(f"a frame of {size} bytes was cut short at {len(payload)}")
+        message = json.loads(payload)
+        if not isinstance(message, dict):
+            raise ProtocolError("a frame holds JSON that is not an object")
+        return message
+
+    def send(self, message: Dict[str, Any]) -> None:
+        payload = _encode(message).encode("utf-8")
+        data = len(payload).to_bytes(4, "big") + payload
+        view = memoryview(data)
+        while view:
+            written = os.write(self._reply_fd, view)
+            view = view[written:]
+
+
+# The SDK's own request handling: its frames lead every traceback and say
+# nothing about the engine, so they are left out of the report.
+_DISPATCH_FILES = {
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("protocol.py", "adapter.py")
+}
+
+
+def error_reply(error: BaseException) -> Dict[str, Any]:
+    """The reply to a request the adapter could not carry out: the error
+    in one line, and the Python traceback kvcheck shows with the failure
+    (from the first frame outside the SDK's request handling, when there
+    is one)."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_next is not None and os.path.abspath(frames.tb_frame.f_code.co_filename) in _DISPATCH_FILES:
+        frames = frames.tb_next
+    text = "".join(traceback.format_exception(type(error), error, frames))
+    return {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": text}
+
+
+def serve_loop(connection: Connection, handle: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
+    """Answers requests until kvcheck closes the pipe or asks to shut down.
+    `handle` maps a request to its reply; an exception it raises becomes an
+    error reply (the step's engine error, with the traceback)."""
+    while True:
+        request = connection.receive()
+        if request is None:
+            return
+        try:
+            reply = handle(request)
+        except Exception as error:  # noqa: BLE001 - every engine error is reported, none ends the loop
+            reply = error_reply(error)
+        connection.send(reply)
+        if request.get("op") == "shutdown":
+            return

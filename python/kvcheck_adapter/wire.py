@@ -1,0 +1,300 @@
+"""Cache content and views as the adapter protocol carries them
+(docs/protocol.md), with the two costs of an adapter made small: building
+a cache from content, and reporting what a cache holds.
+
+Content arrives compact: per slot a list of segments [seed, tokens]; the
+adapter makes the values (content.slot_values). Views leave as JSON: per
+slot its dtype, shape and content hash; kvcheck derives the digest.
+
+Both are memoised, and both memos are keyed on everything the result
+depends on, so they can never answer for a changed tensor:
+  - a segment's values by (seed, tokens, heads, head_dim): a pure function
+    (the values of a cache's new segments are made together, in one pass);
+  - a slot's hash by (dtype, shape, the bytes of its values): the hash is
+    a function of exactly these. A tensor written in place, by any means,
+    has other bytes and misses the memo.
+
+    content = content_from_json(request["cache"])
+    cache = materialize(content)           # == cache.materialize(content)
+    reply["view"] = view_json(cache)       # == content.view_of(cache)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from . import cache as _cache
+from . import content as _content
+from . import observe as _observe
+
+# Entries each memo keeps at most; it is emptied when full (a run's caches
+# repeat within a trace, rarely across many).
+_MEMO_ENTRIES_MAX = 1 << 16
+
+_segment_memo: Dict[tuple, torch.Tensor] = {}
+_hash_memo: Dict[tuple, int] = {}
+
+
+class WireError(ValueError):
+    """Content or a request field that breaks the protocol."""
+
+
+# ---- content -------------------------------------------------------------------
+
+
+def _int(value: Any, what: str, low: int = 0, high: int = (1 << 64) - 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise WireError(f"{what} must be an integer in [{low}, {high}], not {value!r}")
+    return value
+
+
+def content_from_json(data: Any) -> _content.CacheContent:
+    """The CacheContent a request's "cache" member describes; WireError
+    naming the member at fault."""
+    if not isinstance(data, dict):
+        raise WireError("'cache' must be an object")
+    layout, dtype = data.get("layout"), data.get("dtype")
+    if layout not in _content.LAYOUTS:
+        raise WireError(f"'cache.layout' must be one of {_content.LAYOUTS}, not {layout!r}")
+    if dtype not in _content.DTYPES:
+        raise WireError(f"'cache.dtype' must be one of {_content.DTYPES}, not {dtype!r}")
+    heads = _int(data.get("heads", _content.CACHE_HEADS), "'cache.heads'", 1, 1 << 16)
+    head_dim = _int(data.get("head_dim", _content.CACHE_HEAD_DIM), "'cache.head_dim'", 1, 1 << 16)
+    layers = data.get("layers")
+    if not isinstance(layers, list):
+        raise WireError("'cache.layers' must be an array")
+    content = _content.CacheContent(layout=layout, dtype=dtype, heads=heads, head_dim=head_dim)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict) or not isinstance(layer.get("initialized"), bool):
+            raise WireError(f"'cache.layers[{i}]' must be an object with a boolean 'initialized'")
+        slots = layer.get("slots")
+        if not isinstance(slots, list) or len(slots) != _content.SLOT_COUNT:
+            raise WireError(f"'cache.layers[{i}].slots' must be an array of {_content.SLOT_COUNT} entries")
+        made = _content.LayerContent(initialized=layer["initialized"])
+        for s, slot in enumerate(slots):
+            if slot is None:
+                continue
+            if not isinstance(slot, list):
+                raise WireError(f"'cache.layers[{i}].slots[{s}]' must be null or an array of [seed, tokens]")
+            segments = []
+            for segment in slot:
+                if not isinstance(segment, list) or len(segment) != 2:
+                    raise WireError(f"a segment of 'cache.layers[{i}].slots[{s}]' is not [seed, tokens]")
+                segments.append(
+                    _content.Segment(_int(segment[0], "a segment's seed"), _int(segment[1], "a segment's tokens", 0, 1 << 32))
+                )
+            made.slots[s] = _content.SlotContent(True, segments)
+        content.layers.append(made)
+    return content
+
+
+_index_memo: Dict[tuple, np.ndarray] = {}
+
+
+def _index_mix(heads: int, tokens: int, head_dim: int) -> np.ndarray:
+    """splitmix64 of the element indices (head * 1000003 + token) * 64 + dim
+    of a [heads, tokens, head_dim] segment, row-major: the half of
+    content.slot_value that does not depend on the seed."""
+    key = (heads, tokens, head_dim)
+    found = _index_memo.get(key)
+    if found is None:
+        head = np.arange(heads, dtype=np.uint64)[:, None, None]
+        token = np.arange(tokens, dtype=np.uint64)[None, :, None]
+        dim = np.arange(head_dim, dtype=np.uint64)[None, None, :]
+        found = _content.splitmix64_array(((head * np.uint64(1000003) + token) * np.uint64(64) + dim).reshape(-1))
+        if len(_index_memo) >= _MEMO_ENTRIES_MAX:
+            _index_memo.clear()
+        _index_memo[key] = found
+    return found
+
+
+def _make_segments(segments: List[_content.Segment], heads: int, head_dim: int) -> None:
+    """Puts the values of every segment not memoised yet into the memo, all
+    in one pass of array arithmetic (content.slot_value's, element for
+    element): per segment, it costs what one numpy call costs."""
+    missing = list(
+        dict.fromkeys((s.seed, s.tokens) for s in segments if s.tokens > 0 and (s.seed, s.tokens, heads, head_dim) not in _segment_memo)
+    )
+    if not missing:
+        return
+    sizes = [heads * tokens * head_dim for _, tokens in missing]
+    seeds = np.repeat(np.array([seed for seed, _ in missing], dtype=np.uint64), sizes)
+    mixes = np.concatenate([_index_mix(heads, tokens, head_dim) for _, tokens in missing])
+    mixed = _content.splitmix64_array(seeds ^ mixes)
+    # (mixed % 64) - 32 is in [-32, 32): exact in float32, and so is / 8.
+    values = ((mixed % np.uint64(64)).astype(np.int64) - 32).astype(np.float32) / np.float32(8.0)
+    if len(_segment_memo) + len(missing) > _MEMO_ENTRIES_MAX:
+        _segment_memo.clear()
+    for (seed, tokens), part in zip(missing, np.split(values, np.cumsum(sizes)[:-1])):
+        tensor = torch.from_numpy(part).reshape(_content.CACHE_BATCH, heads, tokens, head_dim)
+        _segment_memo[(seed, tokens, heads, head_dim)] = tensor
+
+
+def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: int) -> Optional[torch.Tensor]:
+    """content.slot_tensor, bit for bit, from memoised segment values: None
+    when absent, a [0] tensor without segments, else [1, heads, T,
+    head_dim] in a storage of its own."""
+    if not slot.present:
+        return None
+    torch_dtype = _content.TORCH_DTYPES[dtype]
+    if not slot.segments:
+        return torch.zeros(0, dtype=torch_dtype)
+    _make_segments(slot.segments, heads, head_dim)
+    parts = [_segment_memo[(s.seed, s.tokens, heads, head_dim)] for s in slot.segments if s.tokens > 0]
+    if not parts:
+        return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
+    made = torch.cat(parts, dim=-2)  # a new storage, even of one part
+    return made if torch_dtype == torch.float32 else made.to(torch_dtype)
+
+
+def materialize(content: _content.CacheContent) -> Any:
+    """cache.materialize(content): a DynamicCache (modern) or
+    LegacyDynamicCache (legacy) holding exactly `content`, every slot in a
+    storage of its own, the layers' flags as given, not owned."""
+    _make_segments([s for layer in content.layers for slot in layer.slots for s in slot.segments], content.heads, content.head_dim)
+    make = lambda slot: slot_tensor(slot, content.dtype, content.heads, content.head_dim)  # noqa: E731
+    if content.layout == "legacy":
+        legacy = _cache.LegacyDynamicCache()
+        for layer in content.layers:
+            legacy.key_cache.append(make(layer.slots[_content.KEYS]))
+            legacy.value_cache.append(make(layer.slots[_content.VALUES]))
+        return legacy
+    modern = _cache.DynamicCache()
+    for layer in content.layers:
+        made = _cache.DynamicLayer()
+        made.keys, made.values, made.key_cache, made.value_cache = (make(slot) for slot in layer.slots)
+        made.is_initialized = layer.initialized
+        modern.layers.append(made)
+    return modern
+
+
+# ---- views ---------------------------------------------------------------------------
+
+
+def _slot_json(tensor: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
+    """What kvcheck sees of one slot tensor (content.slot_view), as JSON."""
+    if tensor is None:
+        return None
+    dtype = _content.dtype_name(tensor.dtype)
+    shape = tuple(tensor.shape)
+    try:
+        data = tensor.detach() if tensor.requires_grad else tensor
+        if dtype == "bf16":
+            data = data.view(torch.int16)  # numpy has no bfloat16; the bits are what count
+        key = (dtype, shape, data.numpy().tobytes())  # row-major, whatever the strides
+    except (RuntimeError, TypeError):
+        return {"dtype": dtype, "shape": list(shape), "hash": _content.content_hash(tensor)}
+    hash_value = _hash_memo.get(key)
+    if hash_value is None:
+        hash_value = _content.content_hash(tensor)
+        if len(_hash_memo) >= _MEMO_ENTRIES_MAX:
+            _hash_memo.clear()
+        _hash_memo[key] = hash_value
+    return {"dtype": dtype, "shape": list(shape), "hash": hash_value}
+
+
+def _initialized(layer) -> bool:
+    # As content.view_of reads it: transformers 4.57 layers carry the flag;
+    # 4.56 ones initialize lazily when their keys are None.
+    flag = getattr(layer, "is_initialized", None)
+    return bool(flag) if flag is not None else getattr(layer, "keys", None) is not None
+
+
+def view_json(cache) -> Dict[str, Any]:
+    """content.view_of(cache) as the protocol writes a view (duck-typed:
+    the modern `layers` list or the legacy `key_cache`/`value_cache`
+    lists)."""
+    layout = _content.cache_layout(cache)
+    layers: List[Dict[str, Any]] = []
+    if layout == "modern":
+        for layer in cache.layers:
+            slots = [_slot_json(getattr(layer, name, None)) for name in _content.SLOT_NAMES]
+            layers.append({"initialized": _initialized(layer), "slots": slots})
+    else:
+        keys, values = cache.key_cache, cache.value_cache
+        if len(keys) != len(values):
+            raise ValueError(f"legacy cache: key_cache holds {len(keys)} layers but value_cache {len(values)}")
+        for k, v in zip(keys, values):
+            layers.append({"initialized": True, "slots": [_slot_json(k), _slot_json(v), None, None]})
+    return {"layout": layout, "layers": layers}
+
+
+def _storage_identity(tensor: Optional[torch.Tensor]) -> Optional[int]:
+    # observe.storage_identity, without making a storage object (a tenth
+    # of the cost): a tensor holding elements starts `storage_offset`
+    # elements into its storage. An empty one reports no data address, and
+    # may still view a storage that holds bytes: it takes the long way.
+    if tensor is None:
+        return None
+    if tensor.numel() > 0 and not tensor.is_cuda:
+        return tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+    return _observe.storage_identity(tensor)
+
+
+def storage_of(cache) -> List[int]:
+    """observe.storage_of(cache): the lists, layer objects and storages a
+    cache is made of, in the same order, computed faster."""
+    ids: List[int] = []
+    if _content.cache_layout(cache) == "modern":
+        ids.append(id(cache.layers))
+        for layer in cache.layers:
+            ids.append(id(layer))
+            for name in _content.SLOT_NAMES:
+                identity = _storage_identity(getattr(layer, name, None))
+                if identity is not None:
+                    ids.append(identity)
+    else:
+        ids.append(id(cache.key_cache))
+        ids.append(id(cache.value_cache))
+        for tensor in list(cache.key_cache) + list(cache.value_cache):
+            identity = _storage_identity(tensor)
+            if identity is not None:
+                ids.append(identity)
+    return ids
+
+
+def view_from_json(data: Dict[str, Any]) -> _content.CacheView:
+    """The CacheView a protocol view describes (for tests and digests)."""
+    view = _content.CacheView(layout=data["layout"])
+    for layer in data["layers"]:
+        slots = [
+            _content.SlotView() if slot is None else _content.SlotView(True, slot["dtype"], tuple(slot["shape"]), slot["hash"])
+            for slot in layer["slots"]
+        ]
+        view.layers.append(_content.LayerView(layer["initialized"], slots))
+    return view
+
+
+def content_json(content: _content.CacheContent) -> Dict[str, Any]:
+    """The protocol form of a CacheContent (what kvcheck sends)."""
+    return {
+        "layout": content.layout,
+        "dtype": content.dtype,
+        "heads": content.heads,
+        "head_dim": content.head_dim,
+        "layers": [
+            {
+                "initialized": layer.initialized,
+                "slots": [
+                    [[segment.seed, segment.tokens] for segment in slot.segments] if slot.present else None
+                    for slot in layer.slots
+                ],
+            }
+            for layer in content.layers
+        ],
+    }
+
+
+__all__ = [
+    "WireError",
+    "content_from_json",
+    "content_json",
+    "materialize",
+    "slot_tensor",
+    "storage_of",
+    "view_from_json",
+    "view_json",
+]

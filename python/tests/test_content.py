@@ -1,0 +1,303 @@
+"""content.py: specs, values, slot tensors, the content hash, views,
+digests and difference texts. Every property check is a function of the
+implementation it checks, run once on the real one (must pass) and once on
+a planted bug (must fail)."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import corpus_lines
+from kvcheck_adapter import cache as kv
+from kvcheck_adapter import content as c
+
+SPECS = corpus_lines("spec")
+
+
+# ---- specs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_spec_text_round_trips(text):
+    assert c.format_cache_spec(c.parse_cache_spec(text)) == text
+
+
+def test_spec_fields():
+    spec = c.parse_cache_spec("modern/bf16/7:[kv3 k~2 KV4 -0]")
+    assert (spec.layout, spec.dtype, spec.seed) == ("modern", "bf16", 7)
+    assert spec.layers == [
+        c.LayerSpec(0b0011, True, 3),
+        c.LayerSpec(0b0001, False, 2),
+        c.LayerSpec(0b1100, True, 4),
+        c.LayerSpec(0b0000, True, 0),
+    ]
+
+
+def test_expand_legacy_layers_hold_both_sides_and_are_initialized():
+    content = c.expand(c.parse_cache_spec("legacy/f16/3:[k~2 KV1]"))
+    for layer in content.layers:
+        assert layer.initialized
+        assert [slot.present for slot in layer.slots] == [True, True, False, False]
+
+
+def test_expand_gives_each_slot_its_own_seed():
+    content = c.expand(c.parse_cache_spec("modern/f32/5:[kvKV2 kv2]"))
+    seeds = [slot.segments[0].seed for layer in content.layers for slot in layer.slots if slot.present]
+    assert len(set(seeds)) == len(seeds) == 6
+    assert seeds[0] == c.slot_seed(5, 0, 0)
+
+
+# ---- values and tensors ------------------------------------------------------------------
+
+
+def check_values_match_slot_value(values_of):
+    """values_of(slot, heads, head_dim) must hold slot_value per element."""
+    slot = c.SlotContent(True, [c.Segment(11, 3), c.Segment(2**64 - 1, 2)])
+    values = values_of(slot, 2, 4)
+    assert values.shape == (2, 5, 4)
+    for head in range(2):
+        for token in range(5):
+            segment, at = (slot.segments[0], token) if token < 3 else (slot.segments[1], token - 3)
+            for dim in range(4):
+                assert values[head, token, dim] == c.slot_value(segment.seed, head, at, dim)
+
+
+def test_slot_values_are_slot_value_per_element():
+    check_values_match_slot_value(c.slot_values)
+
+
+def test_slot_values_check_catches_segments_restarting_at_the_wrong_token():
+    def planted(slot, heads, head_dim):  # every segment's tokens counted from the slot's start
+        values = c.slot_values(c.SlotContent(True, [c.Segment(slot.segments[0].seed, slot.tokens())]), heads, head_dim)
+        return values
+
+    with pytest.raises(AssertionError):
+        check_values_match_slot_value(planted)
+
+
+def test_slot_values_are_exact_eighths_in_range():
+    values = c.slot_values(c.SlotContent(True, [c.Segment(3, 50)]))
+    assert np.all(values * 8 == np.round(values * 8))
+    assert values.min() >= -4 and values.max() < 4
+    assert len(np.unique(values)) > 32
+
+
+@pytest.mark.parametrize("dtype", c.DTYPES)
+def test_slot_tensor_shapes_and_dtypes(dtype):
+    torch_dtype = c.TORCH_DTYPES[dtype]
+    assert c.slot_tensor(c.SlotContent(), dtype) is None
+    empty = c.slot_tensor(c.SlotContent(True), dtype)
+    assert tuple(empty.shape) == (0,) and empty.dtype == torch_dtype
+    full = c.slot_tensor(c.SlotContent(True, [c.Segment(9, 5)]), dtype)
+    assert tuple(full.shape) == (1, 2, 5, 4) and full.dtype == torch_dtype
+    values = c.slot_values(c.SlotContent(True, [c.Segment(9, 5)]))
+    assert torch.equal(full.to(torch.float32)[0], torch.from_numpy(values))
+
+
+def test_slot_tensors_have_storages_of_their_own():
+    slot = c.SlotContent(True, [c.Segment(9, 5)])
+    a, b = c.slot_tensor(slot, "f32"), c.slot_tensor(slot, "f32")
+    assert a.data_ptr() != b.data_ptr()
+
+
+# ---- the content hash -------------------------------------------------------------------------
+
+LENGTHS = [1, 2, 7, 8, 9, 15, 16, 17, 40, 41]
+
+
+def ramp(count):
+    return [i * 0.5 - 3.0 for i in range(count)]
+
+
+def check_every_value_counts(hash_of):
+    for count in LENGTHS:
+        base = ramp(count)
+        for i in range(count):
+            changed = list(base)
+            changed[i] += 0.125
+            assert hash_of(changed) != hash_of(base), f"value {i} of {count}"
+
+
+def check_positions_count(hash_of):
+    for count in LENGTHS:
+        base = ramp(count)
+        for i in range(count):
+            for j in range(i + 1, count):
+                swapped = list(base)
+                swapped[i], swapped[j] = swapped[j], swapped[i]
+                assert hash_of(swapped) != hash_of(base), f"values {i} and {j} of {count}"
+
+
+def check_the_count_counts(hash_of):
+    assert len({hash_of([0.0] * count) for count in range(34)}) == 34
+
+
+def check_the_sign_of_zero_does_not(hash_of):
+    for count in LENGTHS:
+        positive = ramp(count)
+        negative = list(positive)
+        for i in range(0, count, 3):
+            positive[i], negative[i] = 0.0, -0.0
+        assert hash_of(positive) == hash_of(negative), count
+
+
+HASH_CHECKS = [check_every_value_counts, check_positions_count, check_the_count_counts, check_the_sign_of_zero_does_not]
+
+
+@pytest.mark.parametrize("check", HASH_CHECKS)
+def test_content_hash(check):
+    check(c.content_hash)
+
+
+def _hash_ignoring_the_tail(values):
+    array = np.asarray(values, dtype=np.float32)
+    return c.content_hash(array[: len(array) - len(array) % 8]) ^ len(array)
+
+
+def _hash_of_raw_bits(values):  # no canonical zero
+    array = np.asarray(values, dtype=np.float32)
+    return hash(array.tobytes())
+
+
+def _hash_of_a_sum(values):  # positions do not count
+    return c.content_hash([float(np.sum(np.asarray(values, dtype=np.float64)))] + [len(values)])
+
+
+@pytest.mark.parametrize(
+    "check, planted",
+    [
+        (check_every_value_counts, _hash_ignoring_the_tail),
+        (check_positions_count, _hash_of_a_sum),
+        (check_the_count_counts, lambda values: c.content_hash(values[:1])),
+        (check_the_sign_of_zero_does_not, _hash_of_raw_bits),
+    ],
+)
+def test_content_hash_checks_catch_planted_hashes(check, planted):
+    with pytest.raises(AssertionError):
+        check(planted)
+
+
+def test_content_hash_reads_any_dtype_shape_and_layout_as_float32_row_major():
+    values = torch.tensor(ramp(24), dtype=torch.float32).reshape(1, 2, 3, 4)
+    expected = c.content_hash(ramp(24))
+    assert c.content_hash(values) == expected
+    assert c.content_hash(values.to(torch.bfloat16)) == expected  # halves of 1/2 are exact
+    assert c.content_hash(values.transpose(2, 3).contiguous().transpose(2, 3)) == expected
+    assert c.content_hash(values.numpy()) == expected
+
+
+def test_content_hash_of_bytes_that_look_like_negative_zero_across_two_values():
+    # 0x80000000 straddling two values is no -0: the canonical copy keeps it.
+    a = struct.unpack("<f", b"\x00\x00\x00\x00")[0]
+    b = struct.unpack("<f", b"\x00\x00\x80\x3f")[0]  # 1.0
+    straddle = [a, b]
+    assert c.content_hash(straddle) == c.content_hash([0.0, 1.0])
+
+
+# ---- views, digests, differences ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_view_of_the_materialized_content_is_the_expected_view(text):
+    content = c.expand(c.parse_cache_spec(text))
+    actual, expected = c.view_of(kv.materialize(content)), c.expected_view(content)
+    assert c.view_difference(actual, expected) == ""
+    assert actual == expected
+    assert c.view_digest(actual) == c.view_digest(expected) == c.expected_digest(content)
+
+
+def _view(text):
+    return c.expected_view(c.expand(c.parse_cache_spec(text)))
+
+
+@pytest.mark.parametrize(
+    "actual, expected, text",
+    [
+        ("legacy/f32/1:[kv2]", "modern/f32/1:[kv2]", "layout is legacy, expected modern"),
+        ("modern/f32/1:[kv2]", "modern/f32/1:[kv2 kv2]", "1 layers, expected 2"),
+        ("modern/f32/1:[kv~2]", "modern/f32/1:[kv2]", "layer 0 is not initialized, expected initialized"),
+        ("modern/f32/1:[kv2]", "modern/f32/1:[kv~2]", "layer 0 is initialized, expected uninitialized"),
+        ("modern/f32/1:[k2]", "modern/f32/1:[kv2]", "layer 0 values is missing"),
+        ("modern/f32/1:[kvK2]", "modern/f32/1:[kv2]", "layer 0 key_cache is present, expected absent"),
+        ("modern/f16/1:[kv2]", "modern/f32/1:[kv2]", "layer 0 keys dtype f16, expected f32"),
+        ("modern/f32/1:[kv3]", "modern/f32/1:[kv2]", "layer 0 keys shape [1,2,3,4], expected [1,2,2,4]"),
+        ("modern/f32/2:[kv2]", "modern/f32/1:[kv2]", "layer 0 keys content differs"),
+        ("modern/f16/1:[kv0]", "modern/f32/1:[kv0]", ""),  # an empty slot's dtype is not compared
+    ],
+)
+def test_view_difference_texts(actual, expected, text):
+    a, e = _view(actual), _view(expected)
+    assert c.view_difference(a, e) == text
+    assert (c.view_digest(a) == c.view_digest(e)) == (text == "")
+
+
+def test_slot_views_equal_when_absent_whatever_else():
+    assert c.SlotView(False, "f16", (3,), 7) == c.SlotView()
+    assert c.SlotView(True, "f16", (0,), 7) != c.SlotView(True, "f16", (0,), 8)
+
+
+def test_view_of_refuses_what_is_no_cache_and_other_dtypes():
+    with pytest.raises(TypeError, match="is not a KV cache"):
+        c.view_of(object())
+    cache = kv.DynamicCache()
+    cache.update(torch.zeros(1, 2, 1, 4, dtype=torch.float64), torch.zeros(1, 2, 1, 4, dtype=torch.float64), 0)
+    with pytest.raises(ValueError, match="a cache tensor has dtype torch.float64"):
+        c.view_of(cache)
+
+
+def test_view_of_a_transformers_456_layer_takes_keys_none_as_uninitialized():
+    class Layer456:  # transformers 4.56: no is_initialized, lazy on keys is None
+        def __init__(self, keys, values):
+            self.keys, self.values = keys, values
+
+    class Cache456:
+        def __init__(self, layers):
+            self.layers = layers
+
+    k = torch.zeros(1, 2, 1, 4)
+    view = c.view_of(Cache456([Layer456(None, None), Layer456(k, k)]))
+    assert [layer.initialized for layer in view.layers] == [False, True]
+
+
+# ---- expected results of the operations --------------------------------------------------------
+
+
+def test_logical_slot_prefers_modern_then_legacy_named_and_needs_initialization():
+    content = c.expand(c.parse_cache_spec("modern/f32/1:[kvKV2 KV3 kv~4]"))
+    assert c.logical_slot(content, 0, c.KEYS) == content.layers[0].slots[c.KEYS]
+    assert c.logical_slot(content, 1, c.KEYS) == content.layers[1].slots[c.KEY_CACHE]
+    assert not c.logical_slot(content, 2, c.KEYS).present
+    assert not c.logical_slot(content, 3, c.KEYS).present
+    assert c.content_seq_length(content, 1) == 3
+    assert c.content_holds_tokens(content)
+    assert not c.content_holds_tokens(c.expand(c.parse_cache_spec("modern/f32/1:[kv~4 -0]")))
+
+
+def test_expected_concat_joins_segments_in_order_and_initializes():
+    a = c.expand(c.parse_cache_spec("modern/bf16/1:[kv2 kv~2]"))
+    b = c.expand(c.parse_cache_spec("legacy/bf16/2:[kv3 kv3 kv3]"))
+    merged = c.expected_concat([a, b])
+    assert merged.layout == "modern" and merged.dtype == "bf16"
+    assert [layer.initialized for layer in merged.layers] == [True, True, True]
+    assert merged.layers[0].slots[c.KEYS].segments == a.layers[0].slots[c.KEYS].segments + b.layers[0].slots[c.KEYS].segments
+    assert merged.layers[1].slots[c.KEYS].segments == b.layers[1].slots[c.KEYS].segments
+    assert c.expected_concat([a, c.expand(c.parse_cache_spec("modern/f16/1:[kv1]"))]).dtype == "f32"
+
+
+def test_expected_conversions():
+    content = c.expand(c.parse_cache_spec("modern/f16/4:[KV2 k~1 kv3]"))
+    legacy = c.expected_to_legacy(content)
+    assert legacy.layout == "legacy"
+    assert legacy.layers[0].slots[c.KEYS].segments == content.layers[0].slots[c.KEY_CACHE].segments
+    assert legacy.layers[1].slots[c.KEYS].present and not legacy.layers[1].slots[c.KEYS].segments
+    modern = c.expected_from_legacy(legacy)
+    assert modern.layout == "modern" and all(layer.initialized for layer in modern.layers)
+    assert c.expected_to_legacy(c.expand(c.parse_cache_spec("modern/bf16/1:[-0]"))).dtype == "f32"
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_digest_of_a_cache_is_the_digest_of_its_view(text):
+    cache = kv.materialize(c.expand(c.parse_cache_spec(text)))
+    assert c.digest_of(cache) == c.view_digest(c.view_of(cache))

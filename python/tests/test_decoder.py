@@ -1,0 +1,180 @@
+"""decoder.py: the model's own contract (its equality with the C++ decoder
+is test_agreement's): generation equivalence, sensitivity to every cached
+token, how it drives a cache, and its errors. The equivalence and
+sensitivity checks are run on planted models too."""
+
+import numpy as np
+import pytest
+import torch
+
+from kvcheck_adapter import cache as kv
+from kvcheck_adapter import decoder as d
+
+MODEL = d.Decoder()
+MEMORY = [5, 9, 2, 17, 3, 3]
+PROMPTS = [[7, 3], [1], [30, 30, 30, 4]]
+
+
+def check_generation_equivalent(model, layout):
+    """generate(memory cache + prompt) == generate_without_cache(memory + prompt)."""
+    memory = d.memory_cache(model, MEMORY, layout)
+    for prompt in PROMPTS:
+        cached = d.generate(model, prompt, kv.clone(memory), 8)
+        assert cached == d.generate_without_cache(model, MEMORY + prompt, 8), prompt
+
+
+@pytest.mark.parametrize("layout", ["modern", "legacy"])
+def test_generation_with_a_memory_equals_recomputation(layout):
+    check_generation_equivalent(MODEL, layout)
+
+
+class _ForgetfulDecoder(d.Decoder):
+    """Planted: positions restart at 0 on every forward (the past's length unread)."""
+
+    def _embed_rows(self, tokens, first_position):
+        return super()._embed_rows(tokens, 0)
+
+
+class _ShortSightedDecoder(d.Decoder):
+    """Planted: attends only over the new tokens, not the cache."""
+
+    def _attend(self, qkv, keys, values, count):
+        return super()._attend(qkv, keys[:, -count:], values[:, -count:], count)
+
+
+@pytest.mark.parametrize("planted", [_ForgetfulDecoder, _ShortSightedDecoder])
+def test_equivalence_check_catches_planted_models(planted):
+    with pytest.raises(AssertionError):
+        check_generation_equivalent(planted(), "modern")
+
+
+def _drop_token(cache, at):
+    for layer in cache.layers:
+        keep = [i for i in range(layer.keys.shape[2]) if i != at]
+        layer.keys, layer.values = layer.keys[:, :, keep].clone(), layer.values[:, :, keep].clone()
+
+
+def _double_token(cache, at):
+    for layer in cache.layers:
+        order = list(range(layer.keys.shape[2]))
+        order.insert(at, at)
+        layer.keys, layer.values = layer.keys[:, :, order].clone(), layer.values[:, :, order].clone()
+
+
+def test_every_cached_token_changes_the_generated_tokens():
+    memory = d.memory_cache(MODEL, MEMORY, "modern")
+    base = d.generate(MODEL, [7, 3], kv.clone(memory), 8)
+    for at in range(len(MEMORY)):
+        for change in (_drop_token, _double_token):
+            changed = kv.clone(memory)
+            change(changed, at)
+            assert d.generate(MODEL, [7, 3], changed, 8) != base, (change.__name__, at)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_memory_keeps_its_dtype_while_the_model_decodes(dtype):
+    memory = d.memory_cache(MODEL, MEMORY, "legacy", dtype)
+    working = kv.clone(memory)
+    d.generate(MODEL, [7, 3], working, 4)
+    assert all(t.dtype == dtype for t in working.key_cache + working.value_cache)
+    assert working.get_seq_length() == len(MEMORY) + 2 + 3
+
+
+def test_generation_stops_at_eos_and_at_the_limit():
+    tokens = d.generate(MODEL, [7, 3], kv.DynamicCache(), 200)
+    assert len(tokens) < 200 and tokens[-1] == MODEL.eos_token
+    assert MODEL.eos_token not in tokens[:-1]
+    assert d.generate(MODEL, [7, 3], kv.DynamicCache(), 0) == []
+    never = d.Decoder(d.DecoderConfig(eos_token=-1))
+    assert len(d.generate(never, [7, 3], kv.DynamicCache(), 40)) == 40
+    streamed = list(d.generate_stream(MODEL, [7, 3], kv.DynamicCache(), 200))
+    assert streamed == tokens
+
+
+def test_the_model_drives_any_cache_through_get_seq_length_and_update():
+    class Recording:
+        """A cache of its own kind: a dict of layers, no kvcheck class."""
+
+        def __init__(self):
+            self.calls, self.held = [], {}
+
+        def get_seq_length(self, layer_idx=0):
+            self.calls.append(("get_seq_length", layer_idx))
+            return self.held[layer_idx][0].shape[2] if layer_idx in self.held else 0
+
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            self.calls.append(("update", layer_idx, tuple(k.shape), tuple(cache_kwargs["cache_position"].tolist())))
+            old = self.held.get(layer_idx)
+            self.held[layer_idx] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+            return self.held[layer_idx]
+
+    cache = Recording()
+    first = MODEL.forward([7, 3, 1], cache)
+    MODEL.forward([first], cache)
+    assert cache.calls == [
+        ("get_seq_length", 0), ("update", 0, (1, 2, 3, 4), (0, 1, 2)), ("update", 1, (1, 2, 3, 4), (0, 1, 2)),
+        ("get_seq_length", 0), ("update", 0, (1, 2, 1, 4), (3,)), ("update", 1, (1, 2, 1, 4), (3,)),
+    ]
+    reference = kv.DynamicCache()
+    assert MODEL.forward([7, 3, 1], reference) == first
+
+
+def test_the_model_attends_over_what_update_returns():
+    class Doubling(kv.DynamicCache):
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            keys, values = super().update(k, v, layer_idx, cache_kwargs)
+            return torch.cat([keys, keys], 2), torch.cat([values, values], 2)
+
+    assert MODEL.forward([7, 3, 1, 4], kv.DynamicCache()) != MODEL.forward([7, 3, 1, 4], Doubling())
+
+
+def test_bad_input_is_refused_with_the_c_plus_plus_messages():
+    with pytest.raises(ValueError, match=r"Decoder: forward needs at least one token"):
+        MODEL.forward([], kv.DynamicCache())
+    with pytest.raises(ValueError, match=r"Decoder: token 32 outside \[0, 32\)"):
+        MODEL.forward([32], kv.DynamicCache())
+    with pytest.raises(ValueError, match="the K/V dtype must be floating"):
+        MODEL.forward_as([1], kv.DynamicCache(), torch.int32)
+    with pytest.raises(ValueError, match="eos_token must be -1 or in"):
+        d.Decoder(d.DecoderConfig(eos_token=32))
+    with pytest.raises(ValueError, match="generate: the prompt is empty"):
+        d.generate(MODEL, [], kv.DynamicCache(), 3)
+
+    class Odd(kv.DynamicCache):  # holds K/V of three heads
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            super().update(k, v, layer_idx, cache_kwargs)
+            return torch.zeros(1, 3, 3, 4), None
+
+    with pytest.raises(ValueError, match=r"Decoder: layer 0 keys of shape \[1, 3, 3, 4\], expected \[1, 2, >= 1, 4\]"):
+        MODEL.forward([1], Odd())
+    with pytest.raises(ValueError, match=r"Decoder: layer 0 holds 4 keys but 1 values"):
+        one_sided = kv.DynamicCache()
+        one_sided.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+        one_sided.layers[0].values = None
+        MODEL.forward([1], one_sided)
+
+
+@pytest.mark.parametrize("name, numpy_function", [("_EXPF", np.exp), ("_SINF", np.sin)])
+def test_exp_and_sin_are_the_c_librarys_float_functions(name, numpy_function, monkeypatch):
+    """The decoder's float32 exp and sin are glibc's expf and sinf, as C++'s
+    std::exp(float) and std::sin(float); a float64 computation rounded to
+    float32 differs from them at some inputs, found here. (The agreement
+    corpus cannot see such a last-bit difference in the tokens.)"""
+    function = getattr(d, name)
+    assert function is not None, "the C library's function was not found"
+    x = (-np.random.default_rng(1).random(200000) * 40).astype(np.float32)
+    libm = np.array([function(float(v)) for v in x], dtype=np.float32)
+    rounded = numpy_function(x.astype(np.float64)).astype(np.float32)
+    differing = x[libm != rounded]
+    assert differing.size > 0
+    assert np.array_equal(d._float32_map(function, numpy_function, differing), libm[libm != rounded])
+    monkeypatch.setattr(d, name, None)  # planted: the float64 fallback
+    assert not np.array_equal(d._float32_map(None, numpy_function, differing), libm[libm != rounded])
+
+
+def test_weights_are_the_seeded_stream():
+    a, b = d.Decoder(d.DecoderConfig(seed=5)), d.Decoder(d.DecoderConfig(seed=6))
+    assert (a._embedding == d.Decoder(d.DecoderConfig(seed=5))._embedding).all()
+    assert not (a._embedding == b._embedding).all()
+    assert a._embedding.min() >= -1 and a._embedding.max() < 1
+    assert (a._embedding * 2**23 == (a._embedding * 2**23).round()).all()
