@@ -1,9 +1,42 @@
-// A failure in the one format used everywhere (kvcheck/executor.h).
+// A failure in the one format used everywhere, and the names of the shapes
+// a run counts (kvcheck/executor.h).
 #include "kvcheck/executor.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace kvcheck {
+
+namespace {
+
+struct ShapeInfo {
+    const char* id;
+    const char* summary;
+};
+
+constexpr ShapeInfo shape_table[] = {
+#define KVCHECK_SHAPE_INFO(name, text) {#name, text},
+    KVCHECK_SHAPE_LIST(KVCHECK_SHAPE_INFO)
+#undef KVCHECK_SHAPE_INFO
+};
+
+}  // namespace
+
+const char* shape_id(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].id; }
+const char* shape_summary(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].summary; }
+
+void Coverage::add(const Coverage& other) {
+    for (std::size_t i = 0; i < ops_run.size(); ++i) ops_run[i] += other.ops_run[i];
+    for (std::size_t i = 0; i < shapes.size(); ++i) shapes[i] += other.shapes[i];
+    ops_skipped += other.ops_skipped;
+    modern_caches += other.modern_caches;
+    legacy_caches += other.legacy_caches;
+    generations_owned += other.generations_owned;
+    merges += other.merges;
+    mixed_merges += other.mixed_merges;
+    refused_merges += other.refused_merges;
+    store_size_max = std::max(store_size_max, other.store_size_max);
+}
 
 std::string format_failure(const Failure& failure, const Trace& trace, const std::string& reproduce) {
     std::ostringstream out;

@@ -284,6 +284,15 @@ struct Drawing {
 
 // One draw per operation type, chosen by overload: an operation added to
 // the variant without one does not compile (draw_kind below).
+// A modern layer not initialized yet that holds tokens.
+bool holds_uninitialized_tokens(const CacheSpec& spec) {
+    if (spec.layout != Layout::modern) return false;
+    for (const LayerSpec& layer : spec.layers) {
+        if (!layer.initialized && layer.slots != 0 && layer.tokens > 0) return true;
+    }
+    return false;
+}
+
 // The metadata an added item carries: none half the time.
 MetaSeed draw_meta(Drawing& d) {
     if (!d.options.capabilities.metadata || d.choose.one_in(2)) return {};
@@ -315,6 +324,9 @@ op::Add draw(Drawing& d, op::Add*) {
     if (merge_next) {
         const Ids ids = {other, add.id};
         d.follow_up = op::GetCache{new_handle(d.draft, merged_layout(d.draft, ids)), ids};
+    } else if (holds_uninitialized_tokens(add.cache) && d.choose.one_in(2)) {
+        // A copy of what an uninitialized layer holds is where copies lose it.
+        d.follow_up = op::GetCache{new_handle(d.draft, add.cache.layout), {add.id}};
     }
     return add;
 }
@@ -393,7 +405,11 @@ op::Corrupt draw(Drawing& d, op::Corrupt*) {
 
 op::Make draw(Drawing& d, op::Make*) {
     CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
-    return {new_handle(d.draft, spec.layout), spec};
+    const HandleName made = new_handle(d.draft, spec.layout);
+    if (holds_uninitialized_tokens(spec) && d.choose.one_in(2)) {
+        d.follow_up = op::Clone{new_handle(d.draft, spec.layout), made};
+    }
+    return {made, spec};
 }
 
 op::Clone draw(Drawing& d, op::Clone*) {

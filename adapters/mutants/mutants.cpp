@@ -167,13 +167,15 @@ class M12 final : public ReferenceEngine {
     }
 };
 
-// M17 (ours): release gives the buffers of what it releases back for
-// reuse, zeroing them, even when the handle only borrowed a stored item
-// (get): the store's own tensors are wiped.
+// M17 (ours): releasing what get handed out frees it as if it were owned:
+// the buffers go back for reuse, zeroed, and they are the stored item's.
 class M17 final : public ReferenceEngine {
   public:
     void release(Handle h) override {
-        if (const ConstCachePtr cache = handle(h)) wipe(*std::const_pointer_cast<Cache>(cache));
+        const ConstCachePtr cache = handle(h);
+        bool stored = false;
+        for (const kv::ItemPtr& item : store_.get_all()) stored = stored || item->cache == cache;
+        if (cache && stored) wipe(*std::const_pointer_cast<Cache>(cache));
         ReferenceEngine::release(h);
     }
 
@@ -557,7 +559,7 @@ std::vector<Adapter> mutant_adapters() {
                    {P::layout_roundtrip, P::clone_independent, P::generation_equivalent, P::stored_immutable,
                     P::owned_marker}),
         mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer",
-                   {P::clone_independent, P::layout_roundtrip, P::stored_immutable, P::owned_marker}),
+                   {P::clone_independent, P::layout_roundtrip, P::stored_immutable, P::owned_marker, P::single_copy}),
         mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
         mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),
         mutant<M9>("M9", "clone copies layer objects but shares their tensors",
@@ -571,8 +573,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M15>("M15", "clone shares slots of 256 tokens or more with its source instead of copying them",
                     {P::clone_independent, P::stored_immutable, P::owned_marker}),
         mutant<M16>("M16", "get_cache refuses items of different dtypes, after casting them in place", {P::stored_immutable}),
-        mutant<M17>("M17", "release zeroes what it releases, even a borrowed stored item",
-                    {P::stored_immutable, P::layout_roundtrip}),
+        mutant<M17>("M17", "releasing what get handed out zeroes the stored item (a borrow freed as owned)",
+                    {P::stored_immutable}),
         mutant<M18>("M18", "a re-added id takes back its old place in the insertion order", {P::store_contract}),
         mutant<M19>("M19", "dump leaves out the items' metadata", {P::dump_safe}),
         mutant<M20>("M20", "from_legacy aliases the legacy tensors instead of copying them",

@@ -118,7 +118,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"adapter", true, "bundled name (see kvcheck list), plugin path, Python script (x.py ARGS) or exec:COMMAND;\n"
                           "                             repeatable. Default: all bundled adapters"},
         {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
-        {"seed", true, "seed of the first trace (default 20261202); trace i uses seed+i"},
+        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses seed + p*2^32 + i"},
         {"cases", true, "traces per property (default 200)"},
         {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
         {"seconds", true, "time per property instead of a case count"},
@@ -127,6 +127,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
         {"jobs", true, "engine processes at once (default: the number of cores)"},
         {"quiet", false, "no progress lines on standard error"},
+        {"stats", false, "also print how often each shape of interest occurred in the traces run"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
     return specs;
@@ -308,6 +309,10 @@ int command_run(const Args& args) {
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "\n";
     const std::vector<AdapterResult> results = check_adapters(adapters, conformance);
     write_output(render_report(results, format, conformance.seed), options.get("out", ""));
+    std::size_t traces = 0;
+    for (const AdapterResult& result : results) traces += result.traces;
+    std::cerr << "kvcheck run: " << traces << " distinct traces run (each property searches its own)\n";
+    if (options.has("stats")) std::cerr << render_stats(results);
     if (bundled) {
         const bool ok = bundled_as_expected(results, std::cerr);
         std::cerr << (ok ? "as expected: the reference passes and every mutant is caught\n"

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 namespace kvcheck::cli {
@@ -82,6 +83,12 @@ FoundFailure decode(const std::string& payload) {
 
 // ---- the child's work -------------------------------------------------------------
 
+// Each property searches traces of its own: property i of the run's list
+// takes seeds seed + i * 2^32, seed + i * 2^32 + 1, ...
+std::uint64_t first_seed_of(std::uint64_t seed, std::size_t property_index) {
+    return seed + (static_cast<std::uint64_t>(property_index) << 32);
+}
+
 // Runs traces of `adapter` checking `properties`, each announced to the
 // parent first ("begin"): when the child dies, the parent knows which
 // trace killed it.
@@ -97,8 +104,35 @@ void send_finding(const Finding& finding, std::size_t cases, Channel& out) {
     out.send("fail", encode({cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)}));
 }
 
-// Searches seeded traces for a violation of one property.
-void search_property(const Adapter& adapter, Property property, const ConformanceOptions& options, Channel& out) {
+std::string encode_stats(std::size_t cases, const Coverage& coverage) {
+    std::ostringstream out;
+    out << "cases " << cases << "\n";
+    for (std::size_t i = 0; i < shape_count; ++i) out << shape_id(static_cast<Shape>(i)) << " " << coverage.shapes[i] << "\n";
+    return out.str();
+}
+
+void decode_stats(const std::string& payload, std::size_t* cases, Coverage* coverage) {
+    std::istringstream in(payload);
+    std::string key;
+    std::uint64_t value = 0;
+    while (in >> key >> value) {
+        if (key == "cases") *cases += value;
+        for (std::size_t i = 0; i < shape_count; ++i) {
+            if (key == shape_id(static_cast<Shape>(i))) coverage->shapes[i] += static_cast<std::uint32_t>(value);
+        }
+    }
+}
+
+// Searches seeded traces for a violation of one property: the property's
+// own traces (first_seed_of), with every property the engine can be judged
+// on checked on each, so that a trace is blamed on what it breaks first.
+// Another property found broken is reported as such ("other"), and the
+// search goes on for this one, passing over the traces that break a
+// property already found broken first (what follows such a break proves
+// nothing); an engine error ends it ("blocked": the property could not be
+// judged past it).
+void search_property(const Adapter& adapter, Property property, std::size_t index, const ConformanceOptions& options,
+                     Channel& out) {
     const std::shared_ptr<Engine> probe = adapter.make();
     const Capabilities capabilities = probe->capabilities();
     if (!checkable(capabilities).has(property)) {
@@ -107,13 +141,47 @@ void search_property(const Adapter& adapter, Property property, const Conformanc
     }
     WorkloadOptions workload = options.workload;
     workload.capabilities = capabilities;
-    const Runner runner = runner_for(adapter, PropertySet::only(property), out);
-    const SearchResult result = search(runner, {options.seed, options.cases, options.seconds}, workload);
-    if (result.finding) {
-        send_finding(*result.finding, result.cases, out);
-        return;
+    const PropertySet checked = checkable(capabilities);
+    std::vector<std::string> known;  // the properties found broken so far
+    const double start = monotonic_seconds();
+    std::size_t cases = 0;
+    Coverage coverage;
+    const auto finish = [&](const std::string& kind, const std::string& payload) {
+        out.send("stats", encode_stats(cases, coverage));
+        out.send(kind, payload);
+    };
+    for (;;) {
+        Budget budget{first_seed_of(options.seed, index) + cases, options.cases > cases ? options.cases - cases : 0, 0};
+        if (options.seconds > 0) {
+            budget.seconds = options.seconds - (monotonic_seconds() - start);
+            if (budget.seconds <= 0) break;
+        } else if (budget.cases == 0) {
+            break;
+        }
+        Runner runner = runner_for(adapter, checked, out);
+        runner.passes_over = [&known](const Failure& failure) {
+            return std::find(known.begin(), known.end(), failure.property) != known.end();
+        };
+        const SearchResult result = search(runner, budget, workload);
+        cases += result.cases;
+        coverage.add(result.coverage);
+        if (!result.finding) break;
+        const Finding& finding = *result.finding;
+        const FoundFailure found{cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)};
+        const std::optional<Property> broken = parse_property(finding.reported.property);
+        if (broken == property) {
+            finish("fail", encode(found));
+            return;
+        }
+        out.send("other", encode(found));
+        if (!broken) {
+            finish("blocked", "the engine errors (see engine-error) at trace " + std::to_string(cases) +
+                                  " of the search; this property was not judged past it");
+            return;
+        }
+        known.push_back(finding.reported.property);
     }
-    out.send("pass", std::to_string(result.cases));
+    finish("pass", std::to_string(cases));
 }
 
 // ---- the parent's side -------------------------------------------------------------
@@ -181,12 +249,16 @@ class Scheduler {
         properties_ = options.properties;
         if (properties_.empty()) properties_.assign(all_properties().begin(), all_properties().end());
         for (const Adapter& adapter : adapters) {
-            AdapterResult result{adapter, {}};
+            AdapterResult result;
+            result.adapter = adapter;
             for (Property p : properties_) {
                 PropertyResult property;
                 property.id = property_id(p);
                 result.properties.push_back(std::move(property));
             }
+            PropertyResult errors;
+            errors.id = engine_error_id;
+            result.properties.push_back(std::move(errors));
             results_.push_back(std::move(result));
         }
         for (std::size_t a = 0; a < adapters.size(); ++a) {
@@ -223,10 +295,43 @@ class Scheduler {
                 ++it;
             }
         }
+        settle_elsewhere();
         return results_;
     }
 
   private:
+    // A failure of another property (or an engine error) found while
+    // searching this one: the first found is kept for that property.
+    void note_elsewhere(const Task& task, const FoundFailure& found) {
+        const auto key = std::make_pair(task.adapter, found.failure.property);
+        if (elsewhere_.count(key) != 0) return;
+        PropertyResult result;
+        result.id = found.failure.property;
+        result.verdict = "fail";
+        result.cases = found.cases;
+        result.found_length = found.found_length;
+        result.message = "found while searching " + std::string(property_id(properties_[task.property])) + ": " +
+                         found.failure.message;
+        result.also = found.failure.also;
+        result.trace = found.trace;
+        elsewhere_.emplace(key, std::move(result));
+    }
+
+    // A property whose own search passed, or was cut short, but that another
+    // search found broken, fails with what that search found.
+    void settle_elsewhere() {
+        for (auto& [key, found] : elsewhere_) {
+            AdapterResult& adapter = results_[key.first];
+            for (PropertyResult& row : adapter.properties) {
+                if (row.id != key.second || row.verdict == "fail") continue;
+                const double seconds = row.seconds;
+                row = found;
+                row.seconds = seconds;
+                write_trace_file(adapter.adapter, row, options_);
+            }
+        }
+    }
+
     static std::size_t count_begins(const Job& job) {
         return static_cast<std::size_t>(std::count_if(job.messages.begin(), job.messages.end(),
                                                       [](const Message& m) { return m.kind == "begin"; }));
@@ -236,7 +341,10 @@ class Scheduler {
         const Adapter& adapter = adapters_[task.adapter];
         const Property property = properties_[task.property];
         const ConformanceOptions& options = options_;
-        auto body = [&adapter, property, &options](Channel& out) { search_property(adapter, property, options, out); };
+        const std::size_t index = task.property;
+        auto body = [&adapter, property, index, &options](Channel& out) {
+            search_property(adapter, property, index, options, out);
+        };
         task.started = task.last_progress = monotonic_seconds();
         if (options_.isolate) {
             task.job = sandbox_.start(body, [](const Message&) {});
@@ -277,6 +385,13 @@ class Scheduler {
                                      : found.failure.property + ": " + found.failure.message;
                 result.also = found.failure.also;
                 result.trace = found.trace;
+            } else if (message.kind == "blocked") {
+                result.verdict = "blocked";
+                result.message = message.payload;
+            } else if (message.kind == "other") {
+                note_elsewhere(task, decode(message.payload));
+            } else if (message.kind == "stats") {
+                decode_stats(message.payload, &results_[task.adapter].traces, &results_[task.adapter].coverage);
             } else if (message.kind == "error") {
                 result.verdict = "fail";
                 result.fault = "error: " + one_line(message.payload);
@@ -310,6 +425,7 @@ class Scheduler {
     std::vector<AdapterResult> results_;
     std::size_t total_ = 0;
     std::size_t finished_ = 0;
+    std::map<std::pair<std::size_t, std::string>, PropertyResult> elsewhere_;  // (adapter, property id)
 };
 
 }  // namespace

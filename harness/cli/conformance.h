@@ -30,7 +30,9 @@ struct ConformanceOptions {
 
 struct PropertyResult {
     std::string id;
-    std::string verdict = "pass";  // "pass", "fail", "skipped"
+    // "pass", "fail", "skipped", or "blocked": the search was cut short by
+    // an engine error (reported under engine-error)
+    std::string verdict = "pass";
     std::size_t cases = 0;
     double seconds = 0;
     std::string message;           // the failure, fault or skip reason
@@ -45,7 +47,11 @@ struct PropertyResult {
 
 struct AdapterResult {
     Adapter adapter;
+    // A row per property, then engine-error: the adapter errors where it
+    // should not (found while searching any property).
     std::vector<PropertyResult> properties;
+    std::size_t traces = 0;  // distinct traces run, over every property's search
+    Coverage coverage;       // the shapes of interest they met (Coverage::shapes)
     bool all_pass() const;
     bool fails(const std::string& property) const;
 };

@@ -55,13 +55,18 @@ std::string cell(const PropertyResult& result) {
     if (!result.fault.empty()) return "FAULT";
     if (result.verdict == "fail") return "FAIL";
     if (result.verdict == "skipped") return "skip";
+    if (result.verdict == "blocked") return "blocked";
     return "pass";
 }
 
 std::string json_adapter(const AdapterResult& result, std::uint64_t seed, const std::string& indent) {
     std::ostringstream out;
     out << indent << "{\"adapter\": " << json_string(result.adapter.name) << ", \"source\": " << json_string(result.adapter.source)
-        << ", \"seed\": " << seed << ", \"properties\": [";
+        << ", \"seed\": " << seed << ", \"traces\": " << result.traces << ", \"shapes\": {";
+    for (std::size_t i = 0; i < shape_count; ++i) {
+        out << (i ? ", " : "") << json_string(shape_id(static_cast<Shape>(i))) << ": " << result.coverage.shapes[i];
+    }
+    out << "}, \"properties\": [";
     for (std::size_t i = 0; i < result.properties.size(); ++i) {
         const PropertyResult& p = result.properties[i];
         out << (i ? "," : "") << "\n" << indent << "  {\"id\": " << json_string(p.id) << ", \"verdict\": " << json_string(p.verdict)
@@ -179,6 +184,24 @@ ReportFormat parse_report_format(const std::string& name) {
     throw UsageError("unknown report format '" + name + "': table, json, junit or markdown");
 }
 
+std::string render_stats(const std::vector<AdapterResult>& results) {
+    std::ostringstream out;
+    Coverage total;
+    std::size_t traces = 0;
+    for (const AdapterResult& result : results) {
+        total.add(result.coverage);
+        traces += result.traces;
+    }
+    out << "shapes of interest in " << traces << " traces (all adapters):\n";
+    for (std::size_t i = 0; i < shape_count; ++i) {
+        const Shape shape = static_cast<Shape>(i);
+        char line[160];
+        std::snprintf(line, sizeof line, "  %-22s %8u  %s\n", shape_id(shape), total.count_of(shape), shape_summary(shape));
+        out << line;
+    }
+    return out.str();
+}
+
 std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed) {
     if (results.empty()) return "";
     switch (format) {
@@ -191,7 +214,9 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
     std::ostringstream out;
     out << "kvcheck conformance, seed " << seed << "\n\n" << matrix(results, false);
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung or\n"
-           "leaked; skip: the adapter lacks a capability the property needs.\n";
+           "leaked; skip: the adapter lacks a capability the property needs; blocked: an engine error cut the search\n"
+           "short. Each property searches traces of its own, with every property checked on each: a trace is\n"
+           "counted against the property it breaks first.\n";
     out << details(results, false);
     return out.str();
 }

@@ -1,6 +1,7 @@
 #include "run/readings.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace kvcheck {
 namespace {
@@ -39,7 +40,18 @@ EntryReading& Readings::entry(const std::string& id, const std::uint64_t* known_
 }
 
 std::vector<Readings::ReadEntry> Readings::read_all(bool content, bool marker, bool index) {
-    const std::vector<std::string>& ids = audit_.order();
+    // The expected entries the engine lists: one it lacks is a difference of
+    // the ids (reported on the listing), not an entry to ask about.
+    std::vector<std::string> ids;
+    ids.reserve(audit_.order().size());
+    if (listed() == audit_.order()) {
+        ids = audit_.order();
+    } else {
+        const std::unordered_set<std::string> held(listed().begin(), listed().end());
+        for (const std::string& id : audit_.order()) {
+            if (held.count(id) != 0) ids.push_back(id);
+        }
+    }
     std::vector<std::uint64_t> versions;
     if (trust_versions_) {
         versions = engine_.entry_versions(ids);

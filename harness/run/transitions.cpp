@@ -51,6 +51,8 @@ void Transitions::expect_copies(std::string what, std::size_t count, const Cache
 }
 
 void Transitions::count_merge(bool mixed, bool refused) {
+    if (!refused) coverage_.count(Shape::merge);
+    if (mixed) coverage_.count(Shape::mixed_merge);
     ++coverage_.merges;
     coverage_.mixed_merges += mixed ? 1 : 0;
     coverage_.refused_merges += refused ? 1 : 0;
@@ -67,6 +69,32 @@ void Transitions::refused_copies(std::string what) {
 
 void Transitions::count_layout(Layout layout) {
     (layout == Layout::modern ? coverage_.modern_caches : coverage_.legacy_caches) += 1;
+}
+
+void Transitions::count_content(const CacheContent& content) {
+    count_layout(content.layout);
+    std::int64_t longest = 0;
+    for (const LayerContent& layer : content.layers) {
+        for (const SlotContent& slot : layer.slots) longest = std::max(longest, slot.tokens());
+    }
+    if (longest >= 64) coverage_.count(Shape::slot_64_tokens);
+    if (longest >= 256) coverage_.count(Shape::slot_256_tokens);
+    if (content.heads != cache_heads || content.head_dim != cache_head_dim) coverage_.count(Shape::other_geometry);
+}
+
+// A copy of a modern cache with a layer that is not initialized yet holds
+// tokens: what a copy does with it is where layer bugs hide.
+void Transitions::count_copy_of(const CacheContent& content) {
+    if (content.layout != Layout::modern) return;
+    for (const LayerContent& layer : content.layers) {
+        if (layer.initialized) continue;
+        for (const SlotContent& slot : layer.slots) {
+            if (slot.present && slot.tokens() > 0) {
+                coverage_.count(Shape::copy_of_uninitialized);
+                return;
+            }
+        }
+    }
 }
 
 std::optional<ObjectId> Transitions::known_source(std::int64_t handle, bool* holds_none) const {
@@ -90,7 +118,16 @@ std::optional<ObjectId> Transitions::known_source(std::int64_t handle, bool* hol
 template <>
 std::optional<Fact> Transitions::apply(const op::Add& op) {
     CacheContent content = expand(op.cache);
-    count_layout(content.layout);
+    count_content(content);
+    if (deleted_ids_.count(op.id) != 0 && !audit_.entry(op.id)) coverage_.count(Shape::re_add_after_delete);
+    for (const auto& [id, spec] : added_specs_) {
+        if (id != op.id && spec == op.cache) {
+            coverage_.count(Shape::same_content_twice);
+            break;
+        }
+    }
+    added_specs_[op.id] = op.cache;
+    if (op.meta.value != 0) coverage_.count(Shape::metadata_item);
     Metadata metadata = item_metadata(op.meta);
     engine_.add(op.id, content, metadata);
     audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false), std::move(metadata));
@@ -104,6 +141,7 @@ std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
     // Storing a conversion's view of another cache is outside the contract.
     if (!object || audit_.object(*object).alias_parent != 0) return std::nullopt;
     engine_.add_handle(op.id, op.handle.value);
+    added_specs_.erase(op.id);
     audit_.store(op.id, *object);
     audit_.object(*object).origin = Origin::stored_item;
     checkers::Made fact = made(MadeBy::stored_back, op.handle.value, object);
@@ -158,6 +196,7 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         count_merge(mixed, false);
         fact.object = audit_.new_object(expected_concat(contents), Origin::get_cache, true, 0, 2, audit_.copy_lineage(parts));
     } else {
+        count_copy_of(audit_.object(parts.front()).content);
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
     }
     audit_.bind(op.out.value, fact.object);
@@ -170,6 +209,8 @@ template <>
 std::optional<Fact> Transitions::apply(const op::Delete& op) {
     engine_.remove(op.ids);
     for (const std::string& id : op.ids) {
+        if (audit_.entry(id)) deleted_ids_.insert(id);
+        added_specs_.erase(id);
         audit_.remove(id);
         readings_.drop(id);
     }
@@ -179,6 +220,8 @@ std::optional<Fact> Transitions::apply(const op::Delete& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::DeleteAll&) {
     engine_.remove_all();
+    deleted_ids_.insert(audit_.order().begin(), audit_.order().end());
+    added_specs_.clear();
     audit_.remove_all();
     readings_.drop_all();
     return Fact{};
@@ -198,7 +241,10 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     fact.owned = object && audit_.object(*object).expect_owned;
     fact.prompt = prompt;
     fact.max = max;
-    if (fact.owned) ++coverage_.generations_owned;
+    if (fact.owned) {
+        ++coverage_.generations_owned;
+        coverage_.count(Shape::generation_from_owned);
+    }
     // The sets alive while the model runs: the input's copy chain, plus the
     // boundary's copy when it must make one; of the chain, the trace still
     // holds at least the input itself and the levels it references.
@@ -234,6 +280,7 @@ std::optional<Fact> Transitions::apply(const op::Dump& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::DumpCrash& op) {
     engine_.dump_interrupted(slots_.dir(op.slot), op.bytes);
+    coverage_.count(Shape::interrupted_dump);
     DumpSlot& slot = audit_.slots()[op.slot];
     if (slot.candidates.empty()) slot.may_be_absent = true;
     slot.candidates.push_back(audit_.snapshot());
@@ -243,6 +290,7 @@ std::optional<Fact> Transitions::apply(const op::DumpCrash& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::Corrupt& op) {
     if (!slots_.corrupt(op.slot, op.offset, op.truncate != 0)) return std::nullopt;
+    coverage_.count(Shape::corrupted_dump);
     audit_.slots()[op.slot].corrupted = true;
     return Fact{};
 }
@@ -253,6 +301,8 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
     checkers::Loaded fact;
     fact.slot = op.slot;
     fact.result = engine_.load(slots_.dir(op.slot));
+    if (!fact.result.ok) coverage_.count(Shape::failed_load);
+    added_specs_.clear();  // what the store holds now is a dump's
     readings_.drop_all();  // the store may hold other entries now
     readings_.begin_round();
     const auto found = audit_.slots().find(op.slot);
@@ -278,7 +328,7 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::Make& op) {
     CacheContent content = expand(op.cache);
-    count_layout(content.layout);
+    count_content(content);
     engine_.make(content, op.out.value);
     const ObjectId object = audit_.new_object(std::move(content), Origin::make, false);
     audit_.bind(op.out.value, object);
@@ -290,6 +340,7 @@ std::optional<Fact> Transitions::apply(const op::Clone& op) {
     bool none = false;
     const std::optional<ObjectId> source = known_source(op.source.value, &none);
     if (!source) return std::nullopt;  // cloning nothing is not an operation of the API
+    count_copy_of(audit_.object(*source).content);
     engine_.clone(op.source.value, op.out.value);
     checkers::Made fact = made(MadeBy::clone, op.out.value, std::nullopt);
     expect_copies("clone " + checkers::handle_text(op.source.value) + " -> " + checkers::handle_text(op.out.value), 1,
@@ -342,6 +393,7 @@ std::optional<Fact> Transitions::convert(std::int64_t source_handle, std::int64_
     if (!source || audit_.object(*source).content.layout != from) return std::nullopt;
     const CacheContent& content = audit_.object(*source).content;
     const bool to_legacy = from == Layout::modern;
+    if (audit_.object(*source).expect_owned) coverage_.count(Shape::conversion_of_owned);
     if (to_legacy) {
         engine_.to_legacy(source_handle, out);
     } else {
@@ -373,6 +425,11 @@ std::optional<Fact> Transitions::apply(const op::FromLegacy& op) { return conver
 template <>
 std::optional<Fact> Transitions::apply(const op::Release& op) {
     if (!audit_.handle_created(op.handle.value)) return std::nullopt;
+    if (const std::optional<ObjectId> object = audit_.handle(op.handle.value)) {
+        const Object& released = audit_.object(*object);
+        if (released.origin == Origin::stored_item) coverage_.count(Shape::release_borrowed);
+        if (released.expect_owned) coverage_.count(Shape::release_owned);
+    }
     engine_.release(op.handle.value);
     audit_.release(op.handle.value);
     return Fact{};

@@ -16,7 +16,9 @@
 #include "run/dump_slots.h"
 #include "run/readings.h"
 
+#include <map>
 #include <optional>
+#include <set>
 #include <variant>
 
 namespace kvcheck {
@@ -49,6 +51,8 @@ class Transitions {
     void expect_copies(std::string what, std::size_t count, const CacheContent& content);
     void refused_copies(std::string what);
     void count_layout(Layout layout);
+    void count_content(const CacheContent& content);
+    void count_copy_of(const CacheContent& content);
     void count_merge(bool mixed, bool refused);
 
     Engine& engine_;
@@ -57,6 +61,10 @@ class Transitions {
     DumpSlots& slots_;
     Coverage& coverage_;
     checkers::Copies copies_;
+    // For the shape counts: ids deleted so far, and the spec each id added
+    // from a spec holds.
+    std::set<std::string> deleted_ids_;
+    std::map<std::string, CacheSpec> added_specs_;
 };
 
 }  // namespace kvcheck

@@ -29,7 +29,8 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
         const std::uint64_t seed = budget.first_seed + result.cases;
         const Trace trace = trace_for_seed(seed, workload);
         const RunResult run = runner.run(trace);
-        if (!run.failure) continue;
+        result.coverage.add(run.coverage);
+        if (!run.failure || (runner.passes_over && runner.passes_over(*run.failure))) continue;
         ++result.cases;
         const double find_seconds = seconds_since(start);
         Finding finding = shrink_failure(runner, trace, *run.failure);

@@ -31,6 +31,38 @@ struct Failure {
     std::vector<std::string> also;
 };
 
+// Shapes of interest a run met: the rare situations ownership bugs hide in
+// (kvcheck run --stats counts them; a test keeps floors on them so the
+// workload cannot drift away from them unseen).
+#define KVCHECK_SHAPE_LIST(X)                                                                      \
+    X(re_add_after_delete, "an id deleted, then added again")                                      \
+    X(same_content_twice, "the same content stored under two ids")                                 \
+    X(metadata_item, "an item added with metadata")                                                \
+    X(release_borrowed, "a release of what get handed out")                                        \
+    X(release_owned, "a release of an owned copy or merge")                                        \
+    X(copy_of_uninitialized, "a copy of a cache holding an uninitialized layer with tokens")      \
+    X(conversion_of_owned, "a conversion of an owned copy")                                        \
+    X(generation_from_owned, "a generation from an owned copy")                                    \
+    X(merge, "a merge of several parts")                                                           \
+    X(mixed_merge, "a merge of parts of different dtypes")                                         \
+    X(slot_64_tokens, "a cache with a slot of 64 tokens or more")                                  \
+    X(slot_256_tokens, "a cache with a slot of 256 tokens or more")                                \
+    X(other_geometry, "a cache of other heads or head_dim than 2 x 4")                             \
+    X(interrupted_dump, "a dump interrupted part way")                                             \
+    X(corrupted_dump, "a dump file corrupted or truncated")                                        \
+    X(failed_load, "a load the engine refused")
+
+enum class Shape : std::uint8_t {
+#define KVCHECK_SHAPE_ENUM(name, text) name,
+    KVCHECK_SHAPE_LIST(KVCHECK_SHAPE_ENUM)
+#undef KVCHECK_SHAPE_ENUM
+};
+#define KVCHECK_SHAPE_COUNT(name, text) +1
+inline constexpr std::size_t shape_count = 0 KVCHECK_SHAPE_LIST(KVCHECK_SHAPE_COUNT);
+#undef KVCHECK_SHAPE_COUNT
+const char* shape_id(Shape shape);       // "re_add_after_delete"
+const char* shape_summary(Shape shape);  // one line
+
 // What a run covered, for distribution reports and fuzzer feedback.
 struct Coverage {
     std::array<std::uint32_t, op_kind_count> ops_run{};
@@ -42,6 +74,11 @@ struct Coverage {
     std::uint32_t mixed_merges = 0;       // of them, of parts of different dtypes
     std::uint32_t refused_merges = 0;     // of those, refused by the engine
     std::uint32_t store_size_max = 0;
+    std::array<std::uint32_t, shape_count> shapes{};
+    void count(Shape shape) { ++shapes[static_cast<std::size_t>(shape)]; }
+    std::uint32_t count_of(Shape shape) const { return shapes[static_cast<std::size_t>(shape)]; }
+    // Adds another run's counts (states are left out).
+    void add(const Coverage& other);
     // A small set of (op kind x layout x store size bucket x owned) states
     // seen, as indices; the fuzzer feeds them back as coverage.
     std::vector<std::uint16_t> states;

@@ -34,6 +34,9 @@ struct Runner {
     // The traces the shrinker may try (a fuzz target keeps to those it can
     // replay as text); unset: all.
     std::function<bool(const Trace&)> shrink_accepts;
+    // Failures a search passes over, to the next seed (unshrunk): a search
+    // for one property past another already known to be broken.
+    std::function<bool(const Failure&)> passes_over;
     // How a trace is checked; unset: kvcheck::execute on one fresh engine
     // from `make`. A fuzz target adds checks of its own.
     std::function<RunResult(const Trace&, const RunOptions&)> check;
@@ -62,6 +65,7 @@ struct Finding {
 
 struct SearchResult {
     std::size_t cases = 0;  // traces run
+    Coverage coverage;      // what they covered, summed
     std::optional<Finding> finding;
 };
 
