@@ -1,5 +1,6 @@
 // Dump and load: bit-exact round trips, rejection of bad files with the
 // store unchanged, survival of crashes during a dump, and Python readability.
+#include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "test_util.h"
 
@@ -234,6 +235,23 @@ TEST(Dump, FuzzerFoundDumpsAreRejectedBeforeTorchReadsThem) {
         ++checked;
     }
     EXPECT_GE(checked, 4);
+}
+
+// torch frees an unpickled value recursively, one stack frame per level of
+// nesting: a pickle of a few hundred thousand nested one-element tuples got
+// through the zip and pickle checks and torch's unpickler, and the loader
+// overflowed the stack dropping it (corpus/regressions/dump_load/
+// nested-tuples-200000.pt). The pickle check bounds the nesting.
+TEST(Dump, DeeplyNestedTuplesAreRejectedBeforeTorchReadsThem) {
+    auto nested = [](std::size_t depth) {  // (), ((),), (((),),), ...: `depth` tuples deep
+        return std::string("\x80\x02") + ")" + std::string(depth - 1, '\x85') + ".";
+    };
+    EXPECT_EQ(kv::pickle_problem(nested(32), {}), "");
+    EXPECT_EQ(kv::pickle_problem(nested(33), {}), "tuples nested more than 32 deep at byte 34");
+    EXPECT_NE(kv::pickle_problem(nested(200000), {}).find("nested more than 32 deep"), std::string::npos);
+    const std::string dir = fresh_dir("nested");
+    std::filesystem::copy_file(KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt", dump_path(dir));
+    expect_rejected(dir, "malformed pickle: tuples nested more than 32 deep");
 }
 
 TEST(Dump, LoadLimitsAreEnforced) {
