@@ -415,9 +415,40 @@ TEST(Dump, ADumpKilledAtRandomPointsNeverLosesThePreviousOne) {
     EXPECT_LT(completed, trials) << "no kill landed inside a dump: the test proves nothing";
 }
 
+const std::string python = "/usr/bin/python3";
+
+bool python_has_torch() { return std::system((python + " -c 'import torch' 2>/dev/null").c_str()) == 0; }
+
+// tests/read_dump.py is what users are shown: it must read with torch's
+// restricted unpickler. A crafted dump whose pickle calls os.system is
+// refused and its command never runs; the same file does run it through a
+// plain torch.load, so the file is a real payload and the check can fail.
+TEST(Dump, PythonReadsDumpsWithoutRunningTheirCode) {
+    if (!python_has_torch()) GTEST_SKIP() << "Debian's python3-torch is not installed for " << python;
+    const std::string dir = fresh_dir("python-payload");
+    const std::string file = dump_path(dir);
+    const std::string marker = dir + "/payload-ran";
+    const std::string make = python + " -c '" R"(
+import os, pickle, sys, zipfile
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch " + sys.argv[2],))
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
+    z.writestr("archive/data.pkl", pickle.dumps(Payload(), protocol=2))
+    z.writestr("archive/version", b"3\n")
+)" "' " + file + " " + marker;
+    ASSERT_EQ(std::system(make.c_str()), 0) << make;
+    const std::string safe = python + " " KVCHECK_SOURCE_DIR "/tests/read_dump.py " + file + " > /dev/null 2>&1";
+    EXPECT_NE(std::system(safe.c_str()), 0) << "read_dump.py accepted a dump that names os.system";
+    EXPECT_FALSE(std::filesystem::exists(marker)) << "read_dump.py ran the dump's payload";
+    const std::string unsafe = python + " -c 'import sys, torch; torch.load(sys.argv[1])' " + file + " > /dev/null 2>&1";
+    (void)std::system(unsafe.c_str());
+    EXPECT_TRUE(std::filesystem::exists(marker)) << "the crafted dump is no payload: this test proves nothing";
+    std::filesystem::remove_all(dir);
+}
+
 TEST(Dump, PythonTorchLoadReadsTheDump) {
-    const std::string python = "/usr/bin/python3";
-    if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    if (!python_has_torch()) {
         GTEST_SKIP() << "Debian's python3-torch is not installed for " << python
                      << " (scripts/bootstrap installs it); the Python readability check is skipped";
     }

@@ -131,7 +131,8 @@ class Store {
 };
 
 // The dump format, for tools and adapters that write dumps their own way:
-// a torch pickle (readable by Python's torch.load) of
+// a torch pickle (readable by Python's torch.load(path, weights_only=True);
+// plain torch.load runs any code a crafted file names) of
 //   ("kvcheck.store", version, ((id, ((key, value), ...), cache), ...))
 // where a cache is ("modern", ((initialized, keys, values, key_cache,
 // value_cache), ...)) with None for an absent slot, or
