@@ -32,6 +32,7 @@
 #define KVCHECK_FAULT_EXIT 8
 #define KVCHECK_FAULT_NOISY 9
 #define KVCHECK_FAULT_NAME_ESCAPE 10
+#define KVCHECK_FAULT_RESERVE 11
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -65,6 +66,9 @@
 // directory it is joined to.
 #define KVCHECK_FAULT_NAME "../../kvcheck-fault-escape"
 #define KVCHECK_FAULT_WHAT "has a name with slashes and dots, and throws"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RESERVE
+#define KVCHECK_FAULT_NAME "kvcheck-fault-reserve"
+#define KVCHECK_FAULT_WHAT "allocates 8 GiB per call and never touches it"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
@@ -76,6 +80,8 @@ namespace {
 // third, so that their shrunk trace shows an engine failing in mid-trace.
 constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
 [[maybe_unused]] constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
+// Never touched, so never resident: only an address-space limit sees it.
+[[maybe_unused]] constexpr std::size_t reserve_bytes_per_call = std::size_t{8} << 30;
 
 // Held so that the leak stays reachable (LeakSanitizer stays quiet) yet is
 // never freed: the process only grows.
@@ -128,6 +134,8 @@ void inject_fault() {
     throw std::runtime_error(std::string(KVCHECK_FAULT_NAME ": ") + hostile_text);
 #elif KVCHECK_FAULT == KVCHECK_FAULT_NAME_ESCAPE
     throw std::runtime_error(KVCHECK_FAULT_NAME ": injected failure in add");
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RESERVE
+    leaked().push_back(new char[reserve_bytes_per_call]);
 #elif KVCHECK_FAULT == KVCHECK_FAULT_LOAD_EXIT
     // Never reached: the entry point exits first.
 #endif

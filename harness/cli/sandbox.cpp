@@ -44,11 +44,13 @@ constexpr bool address_space_limit_works = false;
 constexpr bool address_space_limit_works = true;
 #endif
 
-// Address space a child may take beyond its start and the memory limit:
-// thread stacks and malloc arenas reserve address space they never touch.
-// The polls enforce the memory limit itself; this bounds what a leak can
-// reach between two polls.
+// Address space a child may take beyond its start: twice the memory limit
+// and a GiB. Thread stacks, malloc arenas and allocators reserve address
+// space they never touch, which the memory limit (on resident memory) does
+// not count; the polls enforce that limit, and this bounds what a leak can
+// reach between two polls, or while kvcheck is busy.
 constexpr std::int64_t address_space_slack_bytes = std::int64_t{1} << 30;
+constexpr std::int64_t address_space_per_memory_byte = 2;
 
 // The parent's ends of every job's pipes: a child closes those of the
 // other jobs, which are none of its business.
@@ -118,7 +120,7 @@ void limit_child(std::int64_t memory_bytes) {
     rlimit limit{};
     ::getrlimit(RLIMIT_AS, &limit);
     const std::int64_t now = status_bytes("self", "VmSize:");
-    auto wanted = static_cast<rlim_t>(now + memory_bytes + address_space_slack_bytes);
+    auto wanted = static_cast<rlim_t>(now + address_space_per_memory_byte * memory_bytes + address_space_slack_bytes);
     if (limit.rlim_max != RLIM_INFINITY) wanted = std::min(wanted, limit.rlim_max);
     if (limit.rlim_cur != RLIM_INFINITY) wanted = std::min(wanted, limit.rlim_cur);
     limit.rlim_cur = wanted;
@@ -356,7 +358,7 @@ void Sandbox::finish(Job& job) {
     const bool said_memory = std::any_of(job.messages.begin(), job.messages.end(),
                                          [](const Message& m) { return m.kind == "memory"; });
     if (said_memory && WIFEXITED(status) && WEXITSTATUS(status) == memory_exit_status) {
-        job.fault = Fault{"memory", "an allocation failed at the address-space limit set for the memory limit of " +
+        job.fault = Fault{"memory", "an allocation failed at the address-space limit that backs the memory limit of " +
                                         mebibytes(job.limits.memory_bytes)};
         return;
     }
