@@ -147,6 +147,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
         {"jobs", true, "engine processes at once (default: the number of cores)"},
         {"quiet", false, "no progress lines on standard error"},
+        {"progress-seconds", true, "seconds between progress lines of a task (default 5; 0: at every step of progress)"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
     return specs;
@@ -157,6 +158,7 @@ const std::vector<OptionSpec> replay_options = [] {
         {"adapter", true, "bundled name or plugin path (required)"},
         {"property", true, "check only these properties; repeatable. Default: all"},
         {"quiet", false, "no progress lines on standard error"},
+        {"progress-seconds", true, "seconds between progress lines (default 5; 0: at every step of progress)"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
     return specs;
@@ -222,6 +224,7 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.isolate = !options.has("no-isolate");
     conformance.trace_dir = options.get("trace-dir", conformance.trace_dir);
     conformance.progress = !options.has("quiet");
+    conformance.progress_seconds = options.real("progress-seconds", conformance.progress_seconds, 0, false, seconds_max);
     conformance.jobs = options.number("jobs", std::clamp<std::uint64_t>(std::thread::hardware_concurrency(), 1, jobs_max), 1, jobs_max);
     return conformance;
 }

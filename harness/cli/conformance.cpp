@@ -224,12 +224,15 @@ std::shared_ptr<Job> run_in(Sandbox& sandbox, const std::function<void(Channel&)
 struct ShrunkFault {
     std::string trace;
     std::optional<std::size_t> step;  // where the fault struck in it
+    bool recurred = true;             // false: the trace alone, in a fresh process, did not fault
 };
 
 // Shrinks a trace that made a child die, each candidate in a child of its
 // own, in the run's own sandbox; hangs and time-outs are only cut after the
 // step they struck at (each try would cost the full time limit), and leaks
-// shrunk only a little.
+// shrunk only a little. The trace runs alone first: a fault that built up
+// over the traces its process ran before (a leak across traces) does not
+// recur, no shorter trace would show it, and the trace is kept whole.
 ShrunkFault shrink_fault(const Adapter& adapter, const std::string& trace_text, const Fault& fault,
                          std::optional<std::size_t> step, PropertySet properties, const ConformanceOptions& options,
                          Sandbox& sandbox) {
@@ -246,17 +249,29 @@ ShrunkFault shrink_fault(const Adapter& adapter, const std::string& trace_text, 
         if (step && *step + 1 < trace.size()) trace.resize(*step + 1);
         return {format_trace(trace), step};
     }
-    const Failure as_failure{"fault:" + fault.kind, std::min(step.value_or(trace.size() - 1), trace.size() - 1),
-                             fault.detail, {}};
+    if (interrupted_by() != 0) return as_found;
+    std::size_t tried = 0;
+    std::size_t shortest = trace.size();
+    double noted = monotonic_seconds();
     const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
         const auto job = run_in(sandbox, [&](Channel& out) { run_once(adapter, candidate, properties, out); }, options.limits);
-        if (!job || !job->fault || job->fault->kind != fault.kind) return std::nullopt;
+        ++tried;
+        const bool same = job && job->fault && job->fault->kind == fault.kind;
+        if (same) shortest = std::min(shortest, candidate.size());
+        if (options.progress && monotonic_seconds() - noted >= options.progress_seconds) {
+            noted = monotonic_seconds();
+            std::cerr << "kvcheck: shrinking the fault (" << fault.kind << ") of " << printable(adapter.name, 40) << ": " << tried
+                      << " candidate traces run, the shortest failing one " << shortest << " operations\n";
+        }
+        if (!same) return std::nullopt;
         return Failure{"fault:" + fault.kind, job->last_step.value_or(candidate.size() - 1), job->fault->detail, {}};
     };
+    const std::optional<Failure> alone = oracle(trace);
+    if (!alone) return {trace_text, step, interrupted_by() != 0};
     ShrinkOptions limits;
     limits.runs_max = fault.kind == "memory" ? 20 : 100;  // each leaking try fills the memory limit
-    const ShrinkResult shrunk = shrink(trace, as_failure, oracle, limits);
-    return {format_trace(shrunk.trace), shrunk.failure.step};
+    const ShrinkResult shrunk = shrink(trace, *alone, oracle, limits);
+    return {format_trace(shrunk.trace), shrunk.failure.step, true};
 }
 
 std::string fault_message(const Fault& fault, const std::string& where) {
@@ -361,7 +376,7 @@ class Scheduler {
                     it = running_.erase(it);
                     continue;
                 }
-                if (options_.progress && now - it->last_progress >= 5) {
+                if (options_.progress && now - it->last_progress >= options_.progress_seconds) {
                     it->last_progress = now;
                     std::cerr << "         " << printable(adapters_[it->adapter].name, 40) << " / "
                               << property_id(properties_[it->property]) << ": " << it->job->begins << " traces so far\n";
@@ -435,6 +450,10 @@ class Scheduler {
         result.trace = shrunk.trace;
         result.found_length = static_cast<std::size_t>(std::count(job.last_begin.begin(), job.last_begin.end(), '\n'));
         result.message = fault_message(fault, step_text(shrunk.trace, shrunk.step));
+        if (!shrunk.recurred) {
+            result.message += " (it did not recur when this trace ran alone in a fresh engine process: it built up over the " +
+                              std::to_string(job.begins - 1) + " traces that process ran before)";
+        }
         if (fault.kind != "hang") return;
         if (job.limits.silence_seconds < options_.limits.silence_seconds) {
             result.message += " (the limit was cut from " + seconds_text(options_.limits.silence_seconds) + " s to " +
@@ -563,7 +582,7 @@ ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySe
             sandbox.poll(0.2);
             if (interrupted_by() != 0) sandbox.stop_all("interrupted by " + signal_name(interrupted_by()));
             const double now = monotonic_seconds();
-            if (options.progress && !job->done && now - noted >= 5) {
+            if (options.progress && !job->done && now - noted >= options.progress_seconds) {
                 noted = now;
                 note_progress(*job, shrink_it, trace.size(), shortest, now - started);
             }

@@ -25,7 +25,8 @@ struct ConformanceOptions {
     std::size_t jobs = 2;     // child processes at once
     bool isolate = true;
     std::string trace_dir = "kvcheck-traces";  // must exist and be writable (the commands check it first)
-    bool progress = true;     // progress lines on stderr
+    bool progress = true;     // progress lines on stderr,
+    double progress_seconds = 5;  // at most one per this many seconds per task (0: at every step of progress)
     WorkloadOptions workload;
 };
 
@@ -65,7 +66,7 @@ ConformanceRun check_adapters(const std::vector<Adapter>& adapters, const Confor
 
 // One trace against one adapter (replay / shrink): the failure if any, shrunk
 // when `shrink_it`. Isolated like a conformance run, with progress lines on
-// stderr every few seconds when options.progress.
+// stderr every options.progress_seconds when options.progress.
 struct ReplayResult {
     bool failed = false;
     Failure failure;
