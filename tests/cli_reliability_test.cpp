@@ -355,6 +355,11 @@ TEST_F(Cli, OutputPathsAreCheckedBeforeTheRun) {
     EXPECT_EQ(not_dir.status, 2) << not_dir.out;
     const Outcome shrink_out = kvcheck("shrink " + file + " --adapter M3 --out /nonexistent/short.trace");
     EXPECT_EQ(shrink_out.status, 2) << shrink_out.out;
+    // Made to be checked, and removed again when nothing failed.
+    const Outcome passes = kvcheck("run --adapter reference --property store-contract --cases 2 --quiet --trace-dir " +
+                                   scratch("made/for/traces"));
+    EXPECT_EQ(passes.status, 0) << passes.out;
+    EXPECT_FALSE(fs::exists(scratch("made"))) << "an empty trace directory was left behind";
 }
 
 // An adapter named "../../kvcheck-fault-escape" writes its trace inside the

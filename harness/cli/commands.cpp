@@ -400,7 +400,7 @@ int command_run(const Args& args) {
         for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name));
     }
     // Where the results go is checked before anything runs.
-    prepare_trace_dir(conformance.trace_dir);
+    const TraceDir traces(conformance.trace_dir);
     OutputFile report(options.get("out", ""));
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) : std::to_string(conformance.cases) + " traces")

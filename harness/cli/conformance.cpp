@@ -182,6 +182,8 @@ void write_trace_file(const Adapter& adapter, const std::string& stem, PropertyR
                       const ConformanceOptions& options) {
     const std::string file = options.trace_dir + "/" + stem + "-" + result.id + ".trace";
     const std::string reproduce = reproduce_for(adapter, file, result.id);
+    std::error_code error;
+    fs::create_directories(options.trace_dir, error);  // made by TraceDir, unless removed since
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     out << "# kvcheck: " << (result.fault.empty() ? result.id + " fails" : "fault (" + printable(result.fault, 200) + ")")
         << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(result.message, 2000) << "\n# seed "

@@ -60,9 +60,15 @@ bool OutputFile::write(const std::string& text) {
     return false;
 }
 
-void prepare_trace_dir(const std::string& dir) {
+TraceDir::TraceDir(std::string path) : dir_(std::move(path)) {
+    const std::string& dir = dir_;
     if (dir.empty()) throw UsageError("--trace-dir must not be empty");
     std::error_code error;
+    for (std::filesystem::path p = std::filesystem::absolute(dir, error); !error && !p.empty() && !std::filesystem::exists(p, error);
+         p = p.parent_path()) {
+        made_ = p.string();
+        if (p == p.parent_path()) break;
+    }
     std::filesystem::create_directories(dir, error);
     if (error) throw UsageError("cannot create --trace-dir " + dir + ": " + error.message() + " (checked before the run)");
     if (!std::filesystem::is_directory(dir, error)) throw UsageError("--trace-dir " + dir + " is not a directory");
@@ -73,6 +79,16 @@ void prepare_trace_dir(const std::string& dir) {
     }
     ::close(fd);
     ::unlink(probe.c_str());
+}
+
+TraceDir::~TraceDir() {
+    if (made_.empty()) return;
+    // Innermost first: each removal succeeds only on an empty directory.
+    std::error_code ignored;
+    for (std::filesystem::path p = std::filesystem::absolute(dir_, ignored); !p.empty(); p = p.parent_path()) {
+        if (!std::filesystem::remove(p, ignored)) break;  // not empty (or gone): stop
+        if (p.string() == made_ || p == p.parent_path()) break;
+    }
 }
 
 }  // namespace kvcheck::cli

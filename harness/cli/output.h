@@ -2,7 +2,7 @@
 // end in "cannot write" and lose what it found.
 //
 //   OutputFile report(options.get("out", ""));  // throws UsageError now, not after the run
-//   prepare_trace_dir("kvcheck-traces");        // the same for the trace directory
+//   TraceDir traces("kvcheck-traces");          // the same for the trace directory
 //   ... the run ...
 //   report.write(text);                          // standard output when no path was given
 #pragma once
@@ -33,8 +33,20 @@ class OutputFile {
     int fd_ = -1;
 };
 
-// Creates `dir` if need be and checks that a file can be written in it;
-// throws UsageError naming the directory and the reason otherwise.
-void prepare_trace_dir(const std::string& dir);
+// The directory failing traces go to: created if need be and checked, by
+// writing a file in it, when constructed (UsageError naming the directory
+// and the reason otherwise); removed again at the end if this made it and
+// nothing was written in it, so a run that finds nothing leaves nothing.
+class TraceDir {
+  public:
+    explicit TraceDir(std::string dir);
+    ~TraceDir();
+    TraceDir(const TraceDir&) = delete;
+    TraceDir& operator=(const TraceDir&) = delete;
+
+  private:
+    std::string dir_;
+    std::string made_;  // the outermost directory this made, if any
+};
 
 }  // namespace kvcheck::cli
