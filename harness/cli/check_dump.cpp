@@ -94,10 +94,9 @@ void print_table(const std::string& file, std::uint64_t bytes, const std::vector
     std::cout << printable(file, 400) << ": a valid kvcheck dump (format version " << kv::dump_format_version << "), "
               << items.size() << " item" << (items.size() == 1 ? "" : "s") << ", " << bytes << " bytes\n";
     if (items.empty()) return;
-    std::size_t id_width = 2;
-    for (const ItemSummary& item : items) id_width = std::max(id_width, printable(item.id, 60).size());
-    std::cout << "\n" << pad("id", id_width + 2) << pad("layout", 8) << pad("dtypes", 18) << pad("layers", 8)
-              << "tokens per layer   metadata\n";
+    // One row of cells per item, under a header; each column as wide as
+    // its widest cell.
+    std::vector<std::vector<std::string>> rows = {{"id", "layout", "dtypes", "layers", "tokens per layer", "metadata"}};
     for (const ItemSummary& item : items) {
         std::string metadata;
         for (const auto& [key, value] : item.metadata) {
@@ -105,8 +104,17 @@ void print_table(const std::string& file, std::uint64_t bytes, const std::vector
         }
         std::string tokens = joined(item.tokens);
         if (item.uninitialized > 0) tokens += " (" + std::to_string(item.uninitialized) + " uninitialized)";
-        std::cout << pad(printable(item.id, 60), id_width + 2) << pad(item.layout, 8) << pad(joined(item.dtypes), 18)
-                  << pad(std::to_string(item.layers), 8) << pad(tokens, 19) << metadata << "\n";
+        rows.push_back({printable(item.id, 60), item.layout, joined(item.dtypes), std::to_string(item.layers), tokens, metadata});
+    }
+    std::vector<std::size_t> widths(rows.front().size(), 0);
+    for (const auto& row : rows) {
+        for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+    }
+    std::cout << "\n";
+    for (const auto& row : rows) {
+        std::string line;
+        for (std::size_t i = 0; i < row.size(); ++i) line += i + 1 < row.size() ? pad(row[i], widths[i] + 2) : row[i];
+        std::cout << line.substr(0, line.find_last_not_of(' ') + 1) << "\n";
     }
 }
 
@@ -172,8 +180,8 @@ int command_check_dump(const Args& args) {
                          "(" + std::string(kv::dump_file_name) + "). Nothing in the file is executed.\n\n"
                          "exit codes: 0 valid, 1 invalid (the first fault is named), 2 unreadable or a usage error.\n\n"
                          "options:\n"
-                         "  --json                     a machine-readable summary on standard output\n"
-                         "  --help                     this text\n";
+                         "  --json                   a machine-readable summary on standard output\n"
+                         "  --help                   this text\n";
             return 0;
         }
         if (arg == "--json") {

@@ -124,7 +124,7 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
         if (left.size() < 26) left.append(26 - left.size(), ' ');
         out << left << " " << spec.help << "\n";
     }
-    out << "  --help                     this text\n";
+    out << "  --help                   this text\n";
     return out.str();
 }
 

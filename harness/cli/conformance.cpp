@@ -93,8 +93,8 @@ std::optional<Failure> run_once(const Adapter& adapter, const Trace& trace, Prop
 }
 
 // Failures within this many operations are pinned by one run reading every
-// entry after every step, whose cost grows with the square of the length
-// (a 10,000-operation replay took minutes); later ones by bisection.
+// entry after every step, whose cost grows with the square of the length;
+// later ones by bisection, whose cost grows with n log n.
 constexpr std::size_t pin_every_step_ops_max = 64;
 
 // The failure `found` (by the default schedule, possibly at a later full
