@@ -96,6 +96,16 @@ class MemoryFileSystem final : public kv::FileSystem {
     }
     void remove(const std::string& path) override { files_.erase(path); }
     void make_dirs(const std::string&) override {}
+    std::vector<std::string> list(const std::string& dir) override {
+        std::vector<std::string> names;
+        const std::string prefix = dir + "/";
+        for (const auto& [path, bytes] : files_) {
+            if (path.rfind(prefix, 0) == 0 && path.find('/', prefix.size()) == std::string::npos) {
+                names.push_back(path.substr(prefix.size()));
+            }
+        }
+        return names;
+    }
 
   private:
     std::map<std::string, std::vector<char>> files_;

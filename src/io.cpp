@@ -88,6 +88,16 @@ class PosixFileSystem final : public FileSystem {
         std::filesystem::create_directories(path, error);
         if (error) throw IoError("cannot create directory " + path + ": " + error.message());
     }
+
+    std::vector<std::string> list(const std::string& dir) override {
+        std::vector<std::string> names;
+        std::error_code error;
+        for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+            names.push_back(it->path().filename().string());
+        }
+        if (error) throw IoError("cannot list directory " + dir + ": " + error.message());
+        return names;
+    }
 };
 
 }  // namespace

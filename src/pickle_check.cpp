@@ -1,5 +1,6 @@
 #include "kv/pickle_check.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -22,9 +23,15 @@ struct Item {
     std::string text;         // text (at most text_bytes_max), global "module.name"
     std::int64_t number = 0;  // integer
     std::vector<Item> elements;  // tuple: kept when flat and short
+    std::size_t depth = 0;       // tuple: 1 + the depth of its deepest element
 };
 constexpr std::size_t text_bytes_max = 64;
 constexpr std::size_t tuple_elements_max = 8;
+// How deeply tuples may nest. torch frees a value by recursion, one stack
+// frame per level: a few hundred thousand nested one-element tuples (a
+// 200 KB stream) overflow the stack when the loader drops the rejected
+// value. A dump nests six deep (dump, items, item, cache, layers, layer).
+constexpr std::size_t tuple_depth_max = 32;
 
 class Scan {
   public:
@@ -74,7 +81,15 @@ class Scan {
         Item tuple;
         tuple.kind = Item::Kind::tuple;
         bool flat = n <= tuple_elements_max;
-        for (std::size_t i = stack_.size() - n; i < stack_.size(); ++i) flat = flat && stack_[i].kind != Item::Kind::tuple;
+        std::size_t deepest = 0;
+        for (std::size_t i = stack_.size() - n; i < stack_.size(); ++i) {
+            flat = flat && stack_[i].kind != Item::Kind::tuple;
+            deepest = std::max(deepest, stack_[i].depth);
+        }
+        tuple.depth = deepest + 1;
+        if (tuple.depth > tuple_depth_max) {
+            return fail("tuples nested more than " + std::to_string(tuple_depth_max) + " deep");
+        }
         if (flat) tuple.elements.assign(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
         stack_.resize(stack_.size() - n);
         return push(std::move(tuple));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
+#include <csignal>
 #include <unistd.h>
 
 namespace kv {
@@ -86,9 +88,42 @@ void Store::remove_all() {
     order_.clear();
 }
 
+namespace {
+
+// Does the temporary-file suffix `pid_text` name this process or one that
+// no longer runs? (A process of another user answers EPERM: it runs.)
+bool orphaned_by(const std::string& pid_text) {
+    if (pid_text.empty() || pid_text.size() > 9) return false;
+    if (!std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+    const auto pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid <= 0) return false;
+    return pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+void remove_orphaned_temporaries(const std::string& dir, FileSystem& fs) {
+    const std::string prefix = std::string(dump_file_name) + ".tmp-";
+    std::vector<std::string> names;
+    try {
+        names = fs.list(dir);
+    } catch (const IoError&) {
+        return;  // no directory yet, or one we may not read: nothing to clean
+    }
+    for (const std::string& name : names) {
+        if (name.rfind(prefix, 0) != 0 || !orphaned_by(name.substr(prefix.size()))) continue;
+        try {
+            fs.remove(dir + "/" + name);
+        } catch (const IoError&) {
+            // A read-only directory keeps its orphans; the load goes on.
+        }
+    }
+}
+
+}  // namespace
+
 void Store::dump(const std::string& dir, FileSystem& fs) const {
     const std::vector<char> bytes = encode_dump(get_all());
     fs.make_dirs(dir);
+    remove_orphaned_temporaries(dir, fs);
     const std::string target = dir + "/" + dump_file_name;
     const std::string temporary = target + ".tmp-" + std::to_string(::getpid());
     fs.write_file(temporary, bytes);
@@ -96,6 +131,7 @@ void Store::dump(const std::string& dir, FileSystem& fs) const {
 }
 
 void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limits) {
+    remove_orphaned_temporaries(dir, fs);
     const std::string path = dir + "/" + dump_file_name;
     std::vector<char> bytes;
     try {

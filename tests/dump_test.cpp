@@ -1,5 +1,6 @@
 // Dump and load: bit-exact round trips, rejection of bad files with the
 // store unchanged, survival of crashes during a dump, and Python readability.
+#include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "test_util.h"
 
@@ -236,6 +237,23 @@ TEST(Dump, FuzzerFoundDumpsAreRejectedBeforeTorchReadsThem) {
     EXPECT_GE(checked, 4);
 }
 
+// torch frees an unpickled value recursively, one stack frame per level of
+// nesting: a pickle of a few hundred thousand nested one-element tuples got
+// through the zip and pickle checks and torch's unpickler, and the loader
+// overflowed the stack dropping it (corpus/regressions/dump_load/
+// nested-tuples-200000.pt). The pickle check bounds the nesting.
+TEST(Dump, DeeplyNestedTuplesAreRejectedBeforeTorchReadsThem) {
+    auto nested = [](std::size_t depth) {  // (), ((),), (((),),), ...: `depth` tuples deep
+        return std::string("\x80\x02") + ")" + std::string(depth - 1, '\x85') + ".";
+    };
+    EXPECT_EQ(kv::pickle_problem(nested(32), {}), "");
+    EXPECT_EQ(kv::pickle_problem(nested(33), {}), "tuples nested more than 32 deep at byte 34");
+    EXPECT_NE(kv::pickle_problem(nested(200000), {}).find("nested more than 32 deep"), std::string::npos);
+    const std::string dir = fresh_dir("nested");
+    std::filesystem::copy_file(KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt", dump_path(dir));
+    expect_rejected(dir, "malformed pickle: tuples nested more than 32 deep");
+}
+
 TEST(Dump, LoadLimitsAreEnforced) {
     const std::string dir = fresh_dir("limits");
     varied_store(6).dump(dir);
@@ -272,6 +290,7 @@ class CrashingFileSystem final : public kv::FileSystem {
     }
     void remove(const std::string& path) override { real().remove(path); }
     void make_dirs(const std::string& path) override { real().make_dirs(path); }
+    std::vector<std::string> list(const std::string& dir) override { return real().list(dir); }
 
   private:
     static kv::FileSystem& real() { return kv::posix_file_system(); }
@@ -300,6 +319,53 @@ TEST(Dump, ACrashAtAnyByteLeavesAReadableDump) {
     kv::Store loaded;
     loaded.load(dir);
     expect_same_store(next, loaded);
+}
+
+// A pid that no process has: a child's, once it has exited and been reaped.
+pid_t dead_pid() {
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ::waitpid(child, nullptr, 0);
+    return child;
+}
+
+bool exists(const std::string& path) { return std::filesystem::exists(path); }
+
+// A dump killed before its rename leaves kvcheck-store.pt.tmp-<pid> behind
+// (a probe found 136 MB of them): the next dump or load removes those of
+// dead processes and of this one, and leaves a running process's alone.
+TEST(Dump, OrphanedTemporaryFilesAreRemovedByTheNextDumpOrLoad) {
+    const std::string dir = fresh_dir("orphans");
+    const kv::Store store = varied_store(12);
+    store.dump(dir);
+    const std::string prefix = dump_path(dir) + ".tmp-";
+    const std::string dead = prefix + std::to_string(dead_pid());
+    const std::string running = prefix + std::to_string(::getppid());  // whoever started this test
+    const std::string others[] = {prefix + "12x", prefix, dir + "/notes.txt"};
+    for (const std::string& path : {dead, running, others[0], others[1], others[2]}) {
+        write_bytes(path, std::vector<char>(4096, 'x'));
+    }
+    kv::Store loaded;
+    loaded.load(dir);
+    expect_same_store(store, loaded);
+    EXPECT_FALSE(exists(dead)) << "the load left a dead process's temporary file";
+    EXPECT_TRUE(exists(running)) << "the load removed a running process's temporary file";
+    for (const std::string& path : others) EXPECT_TRUE(exists(path)) << path << " is not a dump's temporary file";
+
+    write_bytes(dead, std::vector<char>(4096, 'x'));
+    store.dump(dir);
+    EXPECT_FALSE(exists(dead)) << "the dump left a dead process's temporary file";
+    EXPECT_TRUE(exists(running));
+
+    // This process's own dump, cut short: the next load removes its remains.
+    CrashingFileSystem cut(100);
+    EXPECT_THROW(varied_store(13).dump(dir, cut), CrashingFileSystem::Crash);
+    const std::string own = prefix + std::to_string(::getpid());
+    EXPECT_TRUE(exists(own));
+    loaded.load(dir);
+    expect_same_store(store, loaded);
+    EXPECT_FALSE(exists(own)) << "the load left this process's interrupted dump";
+    std::filesystem::remove_all(dir);
 }
 
 TEST(Dump, ADumpKilledAtRandomPointsNeverLosesThePreviousOne) {
@@ -349,9 +415,40 @@ TEST(Dump, ADumpKilledAtRandomPointsNeverLosesThePreviousOne) {
     EXPECT_LT(completed, trials) << "no kill landed inside a dump: the test proves nothing";
 }
 
+const std::string python = "/usr/bin/python3";
+
+bool python_has_torch() { return std::system((python + " -c 'import torch' 2>/dev/null").c_str()) == 0; }
+
+// tests/read_dump.py is what users are shown: it must read with torch's
+// restricted unpickler. A crafted dump whose pickle calls os.system is
+// refused and its command never runs; the same file does run it through a
+// plain torch.load, so the file is a real payload and the check can fail.
+TEST(Dump, PythonReadsDumpsWithoutRunningTheirCode) {
+    if (!python_has_torch()) GTEST_SKIP() << "Debian's python3-torch is not installed for " << python;
+    const std::string dir = fresh_dir("python-payload");
+    const std::string file = dump_path(dir);
+    const std::string marker = dir + "/payload-ran";
+    const std::string make = python + " -c '" R"(
+import os, pickle, sys, zipfile
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch " + sys.argv[2],))
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
+    z.writestr("archive/data.pkl", pickle.dumps(Payload(), protocol=2))
+    z.writestr("archive/version", b"3\n")
+)" "' " + file + " " + marker;
+    ASSERT_EQ(std::system(make.c_str()), 0) << make;
+    const std::string safe = python + " " KVCHECK_SOURCE_DIR "/tests/read_dump.py " + file + " > /dev/null 2>&1";
+    EXPECT_NE(std::system(safe.c_str()), 0) << "read_dump.py accepted a dump that names os.system";
+    EXPECT_FALSE(std::filesystem::exists(marker)) << "read_dump.py ran the dump's payload";
+    const std::string unsafe = python + " -c 'import sys, torch; torch.load(sys.argv[1])' " + file + " > /dev/null 2>&1";
+    (void)std::system(unsafe.c_str());
+    EXPECT_TRUE(std::filesystem::exists(marker)) << "the crafted dump is no payload: this test proves nothing";
+    std::filesystem::remove_all(dir);
+}
+
 TEST(Dump, PythonTorchLoadReadsTheDump) {
-    const std::string python = "/usr/bin/python3";
-    if (std::system((python + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    if (!python_has_torch()) {
         GTEST_SKIP() << "Debian's python3-torch is not installed for " << python
                      << " (scripts/bootstrap installs it); the Python readability check is skipped";
     }

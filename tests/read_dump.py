@@ -1,5 +1,10 @@
 """Reads a kvcheck dump with Python's torch.load and prints a canonical
-summary, which dump_test.cpp compares with the store it dumped."""
+summary, which dump_test.cpp compares with the store it dumped.
+
+weights_only=True: a dump is tensors, tuples, strings, integers and bools,
+which torch's restricted unpickler reads; the default unpickler would run
+whatever code a crafted file names (dump_test.cpp checks that one is
+refused)."""
 import sys
 
 import torch
@@ -16,7 +21,7 @@ def describe(where, t):
 
 
 def main(path):
-    magic, version, items = torch.load(path)
+    magic, version, items = torch.load(path, weights_only=True)
     assert magic == "kvcheck.store" and version == 1, (magic, version)
     for item_id, metadata, cache in items:
         print(f"item {item_id} {cache[0]}")

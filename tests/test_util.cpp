@@ -75,12 +75,35 @@ bool same_cache(const kv::Cache& a, const kv::Cache& b, std::string* why) {
     return true;
 }
 
+namespace {
+
+// The directories fresh_dir made, removed when the test binary exits
+// normally (forked children leave with _exit and remove nothing): a test
+// run leaves nothing in the temp dir.
+class MadeDirs {
+  public:
+    ~MadeDirs() {
+        if (::getpid() != owner_) return;
+        std::error_code ignored;
+        for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+    }
+    void add(const std::filesystem::path& dir) { dirs_.push_back(dir); }
+
+  private:
+    pid_t owner_ = ::getpid();
+    std::vector<std::filesystem::path> dirs_;
+};
+
+}  // namespace
+
 std::string fresh_dir(const std::string& tag) {
     static int counter = 0;
+    static MadeDirs made;
     const auto dir = std::filesystem::temp_directory_path() /
                      ("kvcheck-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
+    made.add(dir);
     return dir.string();
 }
 

@@ -24,7 +24,8 @@ kv::CachePtr make_cache(kv::Layout layout, std::int64_t layers, std::int64_t seq
 // On a difference, `why` says where.
 bool same_cache(const kv::Cache& a, const kv::Cache& b, std::string* why = nullptr);
 
-// A fresh empty directory under the system temp dir.
+// A fresh empty directory under the system temp dir, removed (with what
+// it holds) when the test binary exits.
 std::string fresh_dir(const std::string& tag);
 
 }  // namespace kvtest

@@ -1,11 +1,14 @@
 // The fault plugins: the vector engine (adapters/examples) with one fault
 // injected, to prove that kvcheck survives an adapter that crashes, aborts,
-// throws, leaks or hangs, and reports it against the property and trace
-// that triggered it. KVCHECK_FAULT (set per plugin by CMakeLists.txt)
-// selects the fault. It strikes on the third call of `add` on one engine
-// (the leak: on the first, and on every frequent call after it): kvcheck
-// makes one engine per trace, so any trace with three adds triggers it, and
-// the shrunk trace is three adds.
+// throws, leaks, hangs, exits, prints or names itself with hostile text, and
+// reports it against the property and trace that triggered it.
+// KVCHECK_FAULT (set per plugin by CMakeLists.txt) selects the fault. It
+// strikes on the third call of `add` on one engine (the leak: on the first,
+// and on every frequent call after it): kvcheck makes one engine per trace,
+// so any trace with three adds triggers it, and the shrunk trace is three
+// adds. Two faults strike before any engine exists: load-segv crashes in a
+// static constructor (while the library is loaded), load-exit exits from
+// the plugin's entry point.
 #include "adapter.h"
 
 #include <kvcheck/plugin.h>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -23,6 +27,12 @@
 #define KVCHECK_FAULT_THROW 3
 #define KVCHECK_FAULT_LEAK 4
 #define KVCHECK_FAULT_HANG 5
+#define KVCHECK_FAULT_LOAD_SEGV 6
+#define KVCHECK_FAULT_LOAD_EXIT 7
+#define KVCHECK_FAULT_EXIT 8
+#define KVCHECK_FAULT_NOISY 9
+#define KVCHECK_FAULT_NAME_ESCAPE 10
+#define KVCHECK_FAULT_RESERVE 11
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -39,6 +49,26 @@
 #elif KVCHECK_FAULT == KVCHECK_FAULT_HANG
 #define KVCHECK_FAULT_NAME "kvcheck-fault-hang"
 #define KVCHECK_FAULT_WHAT "sleeps forever"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_LOAD_SEGV
+#define KVCHECK_FAULT_NAME "kvcheck-fault-load-segv"
+#define KVCHECK_FAULT_WHAT "writes through a null pointer in a static constructor"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_LOAD_EXIT
+#define KVCHECK_FAULT_NAME "kvcheck-fault-load-exit"
+#define KVCHECK_FAULT_WHAT "calls exit(0) in its plugin entry point"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_EXIT
+#define KVCHECK_FAULT_NAME "kvcheck-fault-exit"
+#define KVCHECK_FAULT_WHAT "calls exit(0)"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_NOISY
+#define KVCHECK_FAULT_NAME "kvcheck-fault-noisy"
+#define KVCHECK_FAULT_WHAT "prints to stdout and stderr, then throws text with control bytes and invalid UTF-8"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_NAME_ESCAPE
+// A name no file name may be made of as it is: it climbs out of any
+// directory it is joined to.
+#define KVCHECK_FAULT_NAME "../../kvcheck-fault-escape"
+#define KVCHECK_FAULT_WHAT "has a name with slashes and dots, and throws"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RESERVE
+#define KVCHECK_FAULT_NAME "kvcheck-fault-reserve"
+#define KVCHECK_FAULT_WHAT "allocates 8 GiB per call and never touches it"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
@@ -50,6 +80,8 @@ namespace {
 // third, so that their shrunk trace shows an engine failing in mid-trace.
 constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
 [[maybe_unused]] constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
+// Never touched, so never resident: only an address-space limit sees it.
+[[maybe_unused]] constexpr std::size_t reserve_bytes_per_call = std::size_t{8} << 30;
 
 // Held so that the leak stays reachable (LeakSanitizer stays quiet) yet is
 // never freed: the process only grows.
@@ -70,8 +102,21 @@ constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
     *target = 1;
 }
 
+#if KVCHECK_FAULT == KVCHECK_FAULT_LOAD_SEGV
+// Runs when the library is loaded, before kvcheck can call anything.
+struct CrashOnLoad {
+    CrashOnLoad() { write_through_null(); }
+} crash_on_load;
+#endif
+
+// What a noisy engine prints and throws: everything a report must survive
+// (quotes, markup, a NUL-free run of control bytes, an ANSI escape, bytes
+// that are not UTF-8, a lone continuation byte, an encoded surrogate).
+[[maybe_unused]] const char hostile_text[] =
+    "\"quoted\" <tag attr='x'> & \\ \x01\x02\x07\x08\x0b\x0c\x1b[31mred\x1b[0m \x7f \xff\xfe \x80 \xed\xa0\x80 end";
+
 void inject_fault() {
-#if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
+#if KVCHECK_FAULT == KVCHECK_FAULT_SEGV || KVCHECK_FAULT == KVCHECK_FAULT_LOAD_SEGV
     write_through_null();
 #elif KVCHECK_FAULT == KVCHECK_FAULT_ABORT
     std::abort();
@@ -83,6 +128,26 @@ void inject_fault() {
     leaked().push_back(block);
 #elif KVCHECK_FAULT == KVCHECK_FAULT_HANG
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+#elif KVCHECK_FAULT == KVCHECK_FAULT_EXIT
+    std::exit(0);
+#elif KVCHECK_FAULT == KVCHECK_FAULT_NOISY
+    throw std::runtime_error(std::string(KVCHECK_FAULT_NAME ": ") + hostile_text);
+#elif KVCHECK_FAULT == KVCHECK_FAULT_NAME_ESCAPE
+    throw std::runtime_error(KVCHECK_FAULT_NAME ": injected failure in add");
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RESERVE
+    leaked().push_back(new char[reserve_bytes_per_call]);
+#elif KVCHECK_FAULT == KVCHECK_FAULT_LOAD_EXIT
+    // Never reached: the entry point exits first.
+#endif
+}
+
+// The noisy engine writes to both standard streams on every add, as a
+// chatty library would, and with the same hostile text it throws.
+void chatter() {
+#if KVCHECK_FAULT == KVCHECK_FAULT_NOISY
+    std::printf("{\"noise\": \"stdout\"} ]} %s\n", hostile_text);
+    std::fflush(stdout);
+    std::fprintf(stderr, "noise on stderr: %s\n", hostile_text);
 #endif
 }
 
@@ -98,6 +163,7 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
     void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
         armed_ = armed_ || ++adds_ >= fault_call;
+        chatter();
         strike();
         VectorEngine::add(id, content, metadata);
     }
@@ -126,4 +192,11 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
 }  // namespace
 
+#if KVCHECK_FAULT == KVCHECK_FAULT_LOAD_EXIT
+// The entry point KVCHECK_PLUGIN would define, exiting before it returns.
+extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* kvcheck_plugin_v5() {
+    std::exit(0);
+}
+#else
 KVCHECK_PLUGIN(FaultyEngine, KVCHECK_FAULT_NAME, "vector engine that " KVCHECK_FAULT_WHAT " (see adapters/faulty)")
+#endif

@@ -35,4 +35,6 @@ void CrashingFileSystem::remove(const std::string& path) {
 
 void CrashingFileSystem::make_dirs(const std::string& path) { kv::posix_file_system().make_dirs(path); }
 
+std::vector<std::string> CrashingFileSystem::list(const std::string& dir) { return kv::posix_file_system().list(dir); }
+
 }  // namespace kvcheck::adapters

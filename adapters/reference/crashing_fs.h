@@ -24,6 +24,7 @@ class CrashingFileSystem final : public kv::FileSystem {
     std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) override;
     void remove(const std::string& path) override;
     void make_dirs(const std::string& path) override;
+    std::vector<std::string> list(const std::string& dir) override;
 
   private:
     std::int64_t budget_;

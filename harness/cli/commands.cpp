@@ -2,15 +2,28 @@
 
 #include "adapters.h"
 #include "conformance.h"
+#include "interrupt.h"
+#include "kv/store.h"
+#include "kvcheck/plugin.h"
+#include "output.h"
 #include "report.h"
+#include "text.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
+
+#include <unistd.h>
 
 namespace kvcheck::cli {
 namespace {
@@ -62,29 +75,38 @@ class Options {
     std::string get(const std::string& name, const std::string& fallback) const {
         return has(name) ? values_.at(name).back() : fallback;
     }
-    std::uint64_t number(const std::string& name, std::uint64_t fallback) const {
+    // A whole number of decimal digits only (no sign, no spaces: stoull
+    // reads " -1" as 2^64 - 1), within [low, high].
+    std::uint64_t number(const std::string& name, std::uint64_t fallback, std::uint64_t low, std::uint64_t high) const {
         if (!has(name)) return fallback;
         const std::string text = values_.at(name).back();
-        try {
-            std::size_t used = 0;
-            const unsigned long long value = std::stoull(text, &used);
-            if (used != text.size() || text[0] == '-') throw std::invalid_argument(text);
-            return value;
-        } catch (const std::exception&) {
-            throw UsageError("--" + name + " takes a whole number, not '" + text + "'");
+        const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
+        errno = 0;
+        const unsigned long long value = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+        if (!digits || errno == ERANGE) throw UsageError("--" + name + " takes a whole number, not '" + printable(text, 40) + "'");
+        if (value < low || value > high) {
+            throw UsageError("--" + name + " must be between " + std::to_string(low) + " and " + std::to_string(high) +
+                             ", not " + text);
         }
+        return value;
     }
-    double real(const std::string& name, double fallback) const {
+    // A finite decimal number within [low, high] (`low` excluded when
+    // `low_excluded`): no "nan", "inf", hex or leading spaces.
+    double real(const std::string& name, double fallback, double low, bool low_excluded, double high) const {
         if (!has(name)) return fallback;
         const std::string text = values_.at(name).back();
-        try {
-            std::size_t used = 0;
-            const double value = std::stod(text, &used);
-            if (used != text.size() || value < 0) throw std::invalid_argument(text);
-            return value;
-        } catch (const std::exception&) {
-            throw UsageError("--" + name + " takes a number of seconds, not '" + text + "'");
+        const bool plain = !text.empty() && text.size() <= 32 && text.find_first_not_of("0123456789.eE+-") == std::string::npos;
+        char* end = nullptr;
+        const double value = plain ? std::strtod(text.c_str(), &end) : 0;
+        if (!plain || end != text.c_str() + text.size() || !std::isfinite(value)) {
+            throw UsageError("--" + name + " takes a number of seconds, not '" + printable(text, 40) + "'");
         }
+        if (value < low || (low_excluded && value == low) || value > high) {
+            char range[96];
+            std::snprintf(range, sizeof range, "%s %g and at most %g", low_excluded ? "more than" : "at least", low, high);
+            throw UsageError("--" + name + " must be " + range + ", not " + text);
+        }
+        return value;
     }
     const std::vector<std::string>& positional() const { return positional_; }
 
@@ -102,13 +124,14 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
         if (left.size() < 26) left.append(26 - left.size(), ' ');
         out << left << " " << spec.help << "\n";
     }
-    out << "  --help                     this text\n";
+    out << "  --help                   this text\n";
     return out.str();
 }
 
 const std::vector<OptionSpec> isolation_options = {
     {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
-    {"timeout", true, "seconds a single trace may run before the engine counts as hung (default 30)"},
+    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30)"},
+    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit (default 3600; run --seconds adds its budget)"},
     {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
     {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
 };
@@ -128,6 +151,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"jobs", true, "engine processes at once (default: the number of cores)"},
         {"quiet", false, "no progress lines on standard error"},
         {"stats", false, "also print how often each shape of interest occurred in the traces run"},
+        {"progress-seconds", true, "seconds between progress lines of a task (default 5; 0: at every step of progress)"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
     return specs;
@@ -137,6 +161,8 @@ const std::vector<OptionSpec> replay_options = [] {
     std::vector<OptionSpec> specs = {
         {"adapter", true, "bundled name, plugin path, Python script or exec:COMMAND (required)"},
         {"property", true, "check only these properties; repeatable. Default: all"},
+        {"quiet", false, "no progress lines on standard error"},
+        {"progress-seconds", true, "seconds between progress lines (default 5; 0: at every step of progress)"},
     };
     specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
     return specs;
@@ -144,7 +170,7 @@ const std::vector<OptionSpec> replay_options = [] {
 
 const std::vector<OptionSpec> shrink_options = [] {
     std::vector<OptionSpec> specs = replay_options;
-    specs.push_back({"out", true, "write the shrunk trace to this file (default: standard output)"});
+    specs.push_back({"out", true, "write the shrunk trace to this file (default: standard output, the report then on stderr)"});
     return specs;
 }();
 
@@ -162,25 +188,53 @@ std::vector<Property> chosen_properties(const Options& options) {
     return properties;
 }
 
+// The bounds of the numeric options: wide enough for any real use, narrow
+// enough that no value overflows or disables a limit.
+constexpr std::uint64_t cases_max = 1'000'000'000;
+constexpr std::uint64_t jobs_max = 256;
+constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
+constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
+constexpr std::uint64_t memory_mb_max = std::uint64_t{1} << 24;  // 16 TiB: the shift to bytes cannot overflow
+// Head room over kvcheck's own resident size that --memory-mb must leave:
+// an engine process starts as a copy of kvcheck.
+constexpr std::uint64_t memory_mb_headroom = 64;
+
+std::uint64_t own_resident_mb() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) return (std::strtoull(line.c_str() + 6, nullptr, 10) + 1023) / 1024;
+    }
+    return 0;
+}
+
 ConformanceOptions conformance_options(const Options& options) {
     ConformanceOptions conformance;
-    conformance.seed = options.number("seed", conformance.seed);
-    conformance.cases = options.number("cases", conformance.cases);
-    conformance.seconds = options.real("seconds", 0);
+    conformance.seed = options.number("seed", conformance.seed, 0, UINT64_MAX);
+    conformance.cases = options.number("cases", conformance.cases, 1, cases_max);
+    conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
+    if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
     conformance.properties = chosen_properties(options);
-    conformance.limits.silence_seconds = options.real("timeout", conformance.limits.silence_seconds);
-    conformance.limits.memory_bytes = static_cast<std::int64_t>(options.number("memory-mb", 4096)) << 20;
+    conformance.limits.silence_seconds = options.real("timeout", conformance.limits.silence_seconds, 0, true, operation_seconds_max);
+    conformance.limits.total_seconds = options.real("total-timeout", conformance.limits.total_seconds, 0, false, seconds_max);
+    const std::uint64_t memory_mb_min = own_resident_mb() + memory_mb_headroom;
+    const std::uint64_t memory_mb = options.number("memory-mb", 4096, 1, memory_mb_max);
+    if (memory_mb < memory_mb_min) {
+        throw UsageError("--memory-mb " + std::to_string(memory_mb) + " is too small: an engine process starts as a copy of "
+                         "kvcheck, which holds " + std::to_string(memory_mb_min - memory_mb_headroom) +
+                         " MiB; give at least " + std::to_string(memory_mb_min));
+    }
+    conformance.limits.memory_bytes = static_cast<std::int64_t>(memory_mb) << 20;
     conformance.isolate = !options.has("no-isolate");
     conformance.trace_dir = options.get("trace-dir", conformance.trace_dir);
     conformance.progress = !options.has("quiet");
-    conformance.jobs = options.number("jobs", std::max(1u, std::thread::hardware_concurrency()));
+    conformance.progress_seconds = options.real("progress-seconds", conformance.progress_seconds, 0, false, seconds_max);
+    conformance.jobs = options.number("jobs", std::clamp<std::uint64_t>(std::thread::hardware_concurrency(), 1, jobs_max), 1, jobs_max);
     try {
         conformance.workload.scope = scope_named(options.get("scope", "default"));
     } catch (const std::invalid_argument& error) {
         throw UsageError(std::string("--scope: ") + error.what());
     }
-    if (conformance.cases == 0 && conformance.seconds == 0) throw UsageError("--cases must be at least 1");
-    if (conformance.jobs == 0) throw UsageError("--jobs must be at least 1");
     return conformance;
 }
 
@@ -190,16 +244,43 @@ AdapterOptions adapter_options(const Options& options) {
     return adapter;
 }
 
-void write_output(const std::string& text, const std::string& path) {
-    if (path.empty()) {
-        std::cout << text;
-        return;
-    }
-    std::ofstream out(path);
-    out << text;
-    if (!out) throw UsageError("cannot write " + path);
-    std::cerr << "report written to " << path << "\n";
+std::string seconds_text(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", seconds);
+    return text;
 }
+
+std::string limits_text(const Limits& limits) {
+    return "limits per engine process: " + seconds_text(limits.silence_seconds) + " per operation without progress, " +
+           (limits.total_seconds > 0 ? seconds_text(limits.total_seconds) : std::string("no limit")) + " in all, " +
+           std::to_string(limits.memory_bytes >> 20) + " MiB resident";
+}
+
+// With --no-isolate the engines run in kvcheck's own process: what they
+// print to standard output goes to standard error meanwhile, so that a
+// report on standard output stays valid.
+class EngineStdoutToStderr {
+  public:
+    explicit EngineStdoutToStderr(bool active) {
+        if (!active) return;
+        std::fflush(stdout);
+        std::cout.flush();
+        saved_ = ::dup(STDOUT_FILENO);
+        if (saved_ >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
+    }
+    ~EngineStdoutToStderr() {
+        if (saved_ < 0) return;
+        std::fflush(stdout);
+        std::cout.flush();
+        ::dup2(saved_, STDOUT_FILENO);
+        ::close(saved_);
+    }
+    EngineStdoutToStderr(const EngineStdoutToStderr&) = delete;
+    EngineStdoutToStderr& operator=(const EngineStdoutToStderr&) = delete;
+
+  private:
+    int saved_ = -1;
+};
 
 PropertySet property_set(const std::vector<Property>& properties) {
     if (properties.empty()) return PropertySet::all();
@@ -208,15 +289,37 @@ PropertySet property_set(const std::vector<Property>& properties) {
     return set;
 }
 
+// A trace file is text of one line per operation; a 10,000-operation trace
+// is half a megabyte.
+constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
+
 Trace read_trace(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw UsageError("cannot read trace file " + path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) throw UsageError(path + " is a directory, not a trace file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
+    // Read with a bound (/dev/zero never ends), and without the stream
+    // iterators that throw on a read error.
+    std::string text(trace_bytes_max + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    if (in.bad()) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    if (text.size() > trace_bytes_max) {
+        throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
+    }
     try {
         return parse_trace(text);
     } catch (const TraceParseError& error) {
-        throw UsageError(path + ": " + error.what());
+        throw UsageError(path + ": " + printable(error.what(), 300));
     }
+}
+
+// The message and notes of a failure, fit for a terminal: an engine's
+// exception text may hold anything.
+Failure printable_failure(Failure failure) {
+    failure.message = printable(failure.message, 2000);
+    for (std::string& other : failure.also) other = printable(other, 2000);
+    return failure;
 }
 
 // The bundled self-check passes when the reference holds every property and
@@ -252,8 +355,18 @@ int command_help(const Args&) {
                  "                             the reference and every mutant (the property x adapter table)\n"
                  "  replay TRACE --adapter A   run one trace file and report what it violates\n"
                  "  shrink TRACE --adapter A   shrink a failing trace file to a short one\n"
-                 "\nexit codes: 0 all properties hold, 1 a property fails, 2 usage or adapter load error.\n"
+                 "  check-dump FILE|DIR        validate a dump file and say what it holds\n"
+                 "  --version                  this kvcheck's version and formats\n"
+                 "\nexit codes: 0 all properties hold, 1 a property fails, 2 usage or adapter load error,\n"
+                 "128+N interrupted by signal N (the report so far is written, marked incomplete).\n"
                  "kvcheck <command> --help describes each command's options.\n";
+    return 0;
+}
+
+int command_version(const Args&) {
+    std::cout << "kvcheck " KVCHECK_VERSION "\n"
+              << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
+              << ", dump format " << kv::dump_format_version << "\n";
     return 0;
 }
 
@@ -293,7 +406,7 @@ int command_run(const Args& args) {
                               run_options);
         return 0;
     }
-    if (!options.positional().empty()) throw UsageError("unexpected argument '" + options.positional().front() + "'");
+    if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
     const ConformanceOptions conformance = conformance_options(options);
     const ReportFormat format = parse_report_format(options.get("report", "table"));
     const bool bundled = !options.has("adapter");
@@ -303,54 +416,111 @@ int command_run(const Args& args) {
     } else {
         for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name, adapter_options(options)));
     }
+    // Where the results go is checked before anything runs.
+    const TraceDir traces(conformance.trace_dir);
+    OutputFile report(options.get("out", ""));
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
-              << (conformance.seconds > 0 ? std::to_string(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
+              << (conformance.seconds > 0 ? seconds_text(conformance.seconds) : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
-              << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "\n";
-    const std::vector<AdapterResult> results = check_adapters(adapters, conformance);
-    write_output(render_report(results, format, conformance.seed), options.get("out", ""));
-    std::size_t traces = 0;
-    for (const AdapterResult& result : results) traces += result.traces;
-    std::cerr << "kvcheck run: " << traces << " distinct traces run (each property searches its own)\n";
-    if (options.has("stats")) std::cerr << render_stats(results);
+              << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
+              << limits_text(conformance.limits) << "\n";
+    if (conformance.isolate) install_interrupt_handlers();
+    ConformanceRun run;
+    {
+        const EngineStdoutToStderr guard(!conformance.isolate);
+        run = check_adapters(adapters, conformance);
+    }
+    const bool written = report.write(render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    std::size_t distinct = 0;
+    for (const AdapterResult& result : run.adapters) distinct += result.traces;
+    std::cerr << "kvcheck run: " << distinct << " distinct traces run (each property searches its own)\n";
+    if (options.has("stats")) std::cerr << render_stats(run.adapters);
+    if (run.interrupted_by != 0) {
+        std::cerr << "kvcheck: interrupted by " << signal_name(run.interrupted_by)
+                  << ": the report holds the results so far, marked incomplete\n";
+        return 128 + run.interrupted_by;
+    }
+    if (!written) return 2;
     if (bundled) {
-        const bool ok = bundled_as_expected(results, std::cerr);
+        const bool ok = bundled_as_expected(run.adapters, std::cerr);
         std::cerr << (ok ? "as expected: the reference passes and every mutant is caught\n"
                          : "NOT as expected: see above\n");
         return ok ? 0 : 1;
     }
-    const bool all_pass = std::all_of(results.begin(), results.end(), [](const AdapterResult& r) { return r.all_pass(); });
+    const bool all_pass = std::all_of(run.adapters.begin(), run.adapters.end(), [](const AdapterResult& r) { return r.all_pass(); });
     return all_pass ? 0 : 1;
 }
 
 namespace {
+
+// The engine's own words, when a failure is reported: the last lines it
+// wrote to stderr (its stdout is in the JSON report of a run).
+void note_engine_stderr(const std::array<CapturedOutput, 2>& output) {
+    const CapturedOutput& err = output[1];
+    if (err.bytes == 0) return;
+    const std::string text = last_lines(err.tail, 20);
+    std::cerr << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
+              << (text.empty() || text.back() == '\n' ? "" : "\n");
+}
 
 int replay_or_shrink(const Args& args, bool shrink_it) {
     const std::string command = shrink_it ? "shrink" : "replay";
     const Options options(args, shrink_it ? shrink_options : replay_options, command);
     if (options.help()) {
         std::cout << usage_of("kvcheck " + command + " TRACE --adapter NAME|PATH [--property ID ...]",
-                              shrink_it ? "Shrinks a failing trace file to a short trace that fails the same way."
-                                        : "Runs the trace in the file against the adapter, every property checked after every\n"
-                                          "step, and reports the first violation (or a crash or hang of the engine).",
+                              shrink_it ? "Shrinks a failing trace file to a short trace that fails the same way. The trace goes to\n"
+                                          "--out or standard output; the report to standard output or, when the trace is\n"
+                                          "there, standard error."
+                                        : "Runs the trace in the file against the adapter and reports the first violation (or a\n"
+                                          "crash or hang of the engine), pinned to the step it happened.",
                               shrink_it ? shrink_options : replay_options);
         return 0;
     }
     if (options.positional().size() != 1) throw UsageError(command + " takes one trace file (see kvcheck " + command + " --help)");
     if (!options.has("adapter")) throw UsageError(command + " needs --adapter");
-    const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
-    const Trace trace = read_trace(options.positional().front());
     const ConformanceOptions conformance = conformance_options(options);
-    const ReplayResult result = replay_trace(adapter, trace, property_set(conformance.properties), shrink_it, conformance);
-    const std::string reproduce = replay_command(adapter, options.positional().front());
+    const std::string path = options.positional().front();
+    const Trace trace = read_trace(path);
+    const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
+    std::optional<OutputFile> shrunk_out;
+    if (shrink_it) shrunk_out.emplace(options.get("out", ""));
+    if (conformance.isolate) install_interrupt_handlers();
+    ReplayResult result;
+    {
+        const EngineStdoutToStderr guard(!conformance.isolate);
+        result = replay_trace(adapter, trace, property_set(conformance.properties), shrink_it, conformance);
+    }
+    if (result.interrupted_by != 0) {
+        std::cerr << "kvcheck " << command << ": interrupted by " << signal_name(result.interrupted_by) << "\n";
+        return 128 + result.interrupted_by;
+    }
+    const std::string reproduce = replay_command(adapter, path);
     if (!result.failed) {
-        std::cout << "kvcheck: " << trace.size() << " operations, every property holds on " << adapter.name << "\n";
+        if (trace.empty()) {
+            std::cerr << "kvcheck: warning: " << path << " holds no operations: nothing was checked\n";
+        } else if (result.steps_run > 0 && result.ops_skipped == result.steps_run) {
+            std::cerr << "kvcheck: warning: every one of the " << result.steps_run
+                      << " operations was skipped (each names a handle no earlier operation made, or cannot apply): "
+                         "nothing was checked\n";
+        }
+        std::cout << "kvcheck: " << trace.size() << " operations, every property holds on " << printable(adapter.name, 80) << "\n";
         return 0;
     }
-    std::cout << format_failure(result.failure, result.trace, reproduce);
-    if (!result.output.empty()) std::cout << "the engine's output ended with:\n" << result.output << "\n";
-    if (shrink_it) write_output(format_trace(result.trace), options.get("out", ""));
-    return 1;
+    const std::string report = format_failure(printable_failure(result.failure), result.trace, reproduce);
+    note_engine_stderr(result.engine_output);
+    if (!result.output.empty()) std::cerr << "the engine's output ended with:\n" << result.output << "\n";
+    if (!shrink_it) {
+        std::cout << report;
+        return 1;
+    }
+    // The trace alone where it goes, so that the file replays; the report
+    // elsewhere.
+    const bool to_stdout = shrunk_out->path().empty();
+    (to_stdout ? std::cerr : std::cout) << report << std::flush;
+    const std::string header = "# kvcheck shrink: " + result.failure.property + " on " + printable(adapter.name, 80) + ": " +
+                               printable(result.failure.message, 300) + "\n# shrunk from " + std::to_string(trace.size()) +
+                               " operations (" + printable(path, 200) + ")\n";
+    return shrunk_out->write(header + format_trace(result.trace)) ? 1 : 2;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "kvcheck/workload.h"
 #include "sandbox.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,25 +24,29 @@ struct ConformanceOptions {
     Limits limits;
     std::size_t jobs = 2;     // child processes at once
     bool isolate = true;
-    std::string trace_dir = "kvcheck-traces";
-    bool progress = true;     // progress lines on stderr
+    std::string trace_dir = "kvcheck-traces";  // must exist and be writable (the commands check it first)
+    bool progress = true;     // progress lines on stderr,
+    double progress_seconds = 5;  // at most one per this many seconds per task (0: at every step of progress)
     WorkloadOptions workload;
 };
 
 struct PropertyResult {
     std::string id;
-    // "pass", "fail", "skipped", or "blocked": the search was cut short by
-    // an engine error (reported under engine-error)
+    // "pass", "fail", "skipped", "blocked" (the search was cut short by an
+    // engine error, reported under engine-error) or "not-run" (the run was
+    // interrupted before this property finished).
     std::string verdict = "pass";
     std::size_t cases = 0;
     double seconds = 0;
     std::string message;           // the failure, fault or skip reason
     std::vector<std::string> also; // other properties violated at the failing step
-    std::string fault;             // "", or "crash: SIGSEGV", "hang: ...", "memory: ...", "exit: ..."
+    std::string fault;             // "", or "crash: SIGSEGV", "hang: ...", "memory: ...", "exit: ...", "time: ..."
     std::string trace;             // the shrunk failing trace, as text
     std::size_t found_length = 0;  // operations before shrinking
     std::string trace_file;        // where the trace was written
+    std::string trace_file_error;  // why it could not be (then there is no reproduce command)
     std::string reproduce;         // the command that replays it
+    std::array<CapturedOutput, 2> engine_output;  // what the engine printed (stdout, stderr): the last bytes
     std::string output;            // an out-of-process engine's last output (Adapter::take_output)
 };
 
@@ -56,15 +61,27 @@ struct AdapterResult {
     bool fails(const std::string& property) const;
 };
 
-std::vector<AdapterResult> check_adapters(const std::vector<Adapter>& adapters, const ConformanceOptions& options);
+struct ConformanceRun {
+    std::vector<AdapterResult> adapters;
+    int interrupted_by = 0;  // the signal that stopped the run early; 0: complete
+};
+
+// Every chosen property of every adapter. A Ctrl-C (interrupt.h) stops the
+// children and returns what was finished, the rest "not-run".
+ConformanceRun check_adapters(const std::vector<Adapter>& adapters, const ConformanceOptions& options);
 
 // One trace against one adapter (replay / shrink): the failure if any, shrunk
-// when `shrink_it`. Isolated like a conformance run.
+// when `shrink_it`. Isolated like a conformance run, with progress lines on
+// stderr every options.progress_seconds when options.progress.
 struct ReplayResult {
     bool failed = false;
     Failure failure;
     std::string fault;
-    Trace trace;  // shrunk when asked and failing, else the input
+    Trace trace;  // shrunk when asked and failing, else the input (or the prefix a fault struck in)
+    std::size_t steps_run = 0;    // a passing replay: the operations run,
+    std::size_t ops_skipped = 0;  // and how many of them were skipped
+    int interrupted_by = 0;       // the signal that stopped it; then nothing else is set
+    std::array<CapturedOutput, 2> engine_output;
     std::string output;  // an out-of-process engine's last output (Adapter::take_output)
 };
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,

@@ -3,6 +3,9 @@
 
 #include "commands.h"
 
+#include "text.h"
+
+#include <exception>
 #include <iostream>
 #include <map>
 
@@ -12,18 +15,24 @@ int main(int argc, char** argv, std::vector<Adapter> bundled) {
     set_bundled_adapters(std::move(bundled));
     const Args args(argv + 1, argv + argc);
     const std::map<std::string, int (*)(const Args&)> commands = {
-        {"list", command_list}, {"run", command_run}, {"replay", command_replay},
-        {"shrink", command_shrink}, {"help", command_help}, {"--help", command_help}, {"-h", command_help}};
+        {"list", command_list},   {"run", command_run},   {"replay", command_replay},
+        {"shrink", command_shrink}, {"check-dump", command_check_dump}, {"help", command_help},
+        {"--help", command_help}, {"-h", command_help}, {"--version", command_version}, {"version", command_version}};
     if (args.empty()) return command_help(args);
     const auto command = commands.find(args.front());
     if (command == commands.end()) {
-        std::cerr << "kvcheck: unknown command '" << args.front() << "' (try: kvcheck --help)\n";
+        std::cerr << "kvcheck: unknown command '" << printable(args.front(), 80) << "' (try: kvcheck --help)\n";
         return 2;
     }
     try {
         return command->second(Args(args.begin() + 1, args.end()));
     } catch (const UsageError& error) {
         std::cerr << "kvcheck: " << error.what() << "\n";
+        return 2;
+    } catch (const std::exception& error) {
+        // What kvcheck itself could not do (a pipe, a fork, a directory):
+        // said as an error, not an abort.
+        std::cerr << "kvcheck: error: " << printable(error.what(), 2000) << "\n";
         return 2;
     }
 }

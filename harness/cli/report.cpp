@@ -1,5 +1,8 @@
 #include "report.h"
 
+#include "interrupt.h"
+#include "text.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -7,43 +10,11 @@
 namespace kvcheck::cli {
 namespace {
 
-std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\t': out += "\\t"; break;
-            case '\r': out += "\\r"; break;
-            default:
-                if (static_cast<unsigned char>(c) < 0x20) {
-                    char escaped[8];
-                    std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-                    out += escaped;
-                } else {
-                    out += c;
-                }
-        }
-    }
-    return out + "\"";
-}
+// Lines of an engine's stderr a table or Markdown report shows (JSON and
+// JUnit carry the last CapturedOutput::tail_bytes_max bytes).
+constexpr std::size_t engine_lines_max = 8;
 
 std::string json_or_null(const std::string& text) { return text.empty() ? "null" : json_string(text); }
-
-std::string xml_escape(const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-        switch (c) {
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '&': out += "&amp;"; break;
-            case '"': out += "&quot;"; break;
-            default: out += c;
-        }
-    }
-    return out;
-}
 
 std::string seconds_text(double seconds) {
     char text[32];
@@ -51,66 +22,127 @@ std::string seconds_text(double seconds) {
     return text;
 }
 
+bool is_fault(const PropertyResult& result) { return result.verdict == "fail" && !result.fault.empty(); }
+
 std::string cell(const PropertyResult& result) {
-    if (!result.fault.empty()) return "FAULT";
+    if (is_fault(result)) return "FAULT";
     if (result.verdict == "fail") return "FAIL";
     if (result.verdict == "skipped") return "skip";
+    if (result.verdict == "not-run") return "-";
     if (result.verdict == "blocked") return "blocked";
     return "pass";
 }
 
-std::string json_adapter(const AdapterResult& result, std::uint64_t seed, const std::string& indent) {
+struct Counts {
+    std::size_t pass = 0, fail = 0, fault = 0, skipped = 0, not_run = 0, blocked = 0, properties = 0;
+    void add(const PropertyResult& p) {
+        ++properties;
+        if (is_fault(p)) {
+            ++fault;
+        } else if (p.verdict == "fail") {
+            ++fail;
+        } else if (p.verdict == "skipped") {
+            ++skipped;
+        } else if (p.verdict == "not-run") {
+            ++not_run;
+        } else if (p.verdict == "blocked") {
+            ++blocked;
+        } else {
+            ++pass;
+        }
+    }
+    std::string json() const {
+        return "\"properties\": " + std::to_string(properties) + ", \"pass\": " + std::to_string(pass) +
+               ", \"fail\": " + std::to_string(fail) + ", \"fault\": " + std::to_string(fault) +
+               ", \"skipped\": " + std::to_string(skipped) + ", \"not_run\": " + std::to_string(not_run) +
+               ", \"blocked\": " + std::to_string(blocked) + ", \"all_pass\": " + (fail + fault == 0 ? "true" : "false");
+    }
+};
+
+Counts counts_of(const AdapterResult& result) {
+    Counts counts;
+    for (const PropertyResult& p : result.properties) counts.add(p);
+    return counts;
+}
+
+std::string json_output(const std::array<CapturedOutput, 2>& output) {
+    if (output[0].bytes == 0 && output[1].bytes == 0) return "null";
+    return "{\"stdout\": " + json_string(output[0].tail) + ", \"stdout_bytes\": " + std::to_string(output[0].bytes) +
+           ", \"stderr\": " + json_string(output[1].tail) + ", \"stderr_bytes\": " + std::to_string(output[1].bytes) + "}";
+}
+
+std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
     std::ostringstream out;
-    out << indent << "{\"adapter\": " << json_string(result.adapter.name) << ", \"source\": " << json_string(result.adapter.source)
-        << ", \"seed\": " << seed << ", \"traces\": " << result.traces << ", \"shapes\": {";
+    out << "    {\"adapter\": " << json_string(result.adapter.name) << ", \"source\": " << json_string(result.adapter.source)
+        << ", \"seed\": " << seed << ", \"summary\": {" << counts_of(result).json() << "}, \"traces\": " << result.traces
+        << ", \"shapes\": {";
     for (std::size_t i = 0; i < shape_count; ++i) {
         out << (i ? ", " : "") << json_string(shape_id(static_cast<Shape>(i))) << ": " << result.coverage.shapes[i];
     }
     out << "}, \"properties\": [";
     for (std::size_t i = 0; i < result.properties.size(); ++i) {
         const PropertyResult& p = result.properties[i];
-        out << (i ? "," : "") << "\n" << indent << "  {\"id\": " << json_string(p.id) << ", \"verdict\": " << json_string(p.verdict)
+        std::string also;
+        for (const std::string& other : p.also) also += (also.empty() ? "" : ", ") + json_string(other);
+        out << (i ? "," : "") << "\n      {\"id\": " << json_string(p.id) << ", \"verdict\": " << json_string(p.verdict)
             << ", \"cases\": " << p.cases << ", \"seconds\": " << seconds_text(p.seconds)
-            << ", \"trace\": " << json_or_null(p.trace) << ", \"message\": " << json_or_null(p.message)
-            << ", \"fault\": " << json_or_null(p.fault) << ", \"reproduce\": " << json_or_null(p.reproduce)
-            << ", \"output\": " << json_or_null(p.output) << "}";
+            << ", \"trace\": " << json_or_null(p.trace) << ", \"found_length\": " << p.found_length
+            << ", \"message\": " << json_or_null(p.message) << ", \"also\": [" << also << "]"
+            << ", \"fault\": " << json_or_null(p.fault) << ", \"trace_file\": " << json_or_null(p.trace_file)
+            << ", \"trace_file_error\": " << json_or_null(p.trace_file_error)
+            << ", \"reproduce\": " << json_or_null(p.reproduce) << ", \"engine_output\": " << json_output(p.engine_output)
+            << ", \"output\": " << json_or_null(p.output)
+            << "}";
     }
-    out << "\n" << indent << "]}";
+    out << "\n    ]}";
     return out.str();
 }
 
-std::string render_json(const std::vector<AdapterResult>& results, std::uint64_t seed) {
-    if (results.size() == 1) return json_adapter(results.front(), seed, "") + "\n";
-    std::string out = "[\n";
-    for (std::size_t i = 0; i < results.size(); ++i) out += (i ? ",\n" : "") + json_adapter(results[i], seed, "  ");
-    return out + "\n]\n";
+std::string render_json(const std::vector<AdapterResult>& results, std::uint64_t seed, int interrupted_by) {
+    Counts total;
+    for (const AdapterResult& result : results) {
+        for (const PropertyResult& p : result.properties) total.add(p);
+    }
+    std::ostringstream out;
+    out << "{\"format\": \"kvcheck-report\", \"format_version\": " << report_format_version
+        << ", \"kvcheck_version\": " << json_string(KVCHECK_VERSION) << ",\n \"seed\": " << seed
+        << ", \"complete\": " << (interrupted_by == 0 ? "true" : "false")
+        << ", \"interrupted_by\": " << (interrupted_by == 0 ? "null" : json_string(signal_name(interrupted_by)))
+        << ",\n \"summary\": {\"adapters\": " << results.size() << ", " << total.json() << "},\n \"adapters\": [";
+    for (std::size_t i = 0; i < results.size(); ++i) out << (i ? "," : "") << "\n" << json_adapter(results[i], seed);
+    out << "\n ]}\n";
+    return out.str();
 }
 
-std::string render_junit(const std::vector<AdapterResult>& results) {
+std::string render_junit(const std::vector<AdapterResult>& results, int interrupted_by) {
     std::ostringstream out;
     out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvcheck\">\n";
     for (const AdapterResult& result : results) {
-        std::size_t failures = 0;
-        std::size_t skipped = 0;
+        const Counts counts = counts_of(result);
         double time = 0;
-        for (const auto& p : result.properties) {
-            failures += p.verdict == "fail";
-            skipped += p.verdict == "skipped";
-            time += p.seconds;
+        for (const auto& p : result.properties) time += p.seconds;
+        // JUnit has no "not run": those count as skipped, with a message.
+        out << "  <testsuite name=\"" << xml_text(result.adapter.name, true) << "\" tests=\"" << result.properties.size()
+            << "\" failures=\"" << counts.fail + counts.fault << "\" skipped=\"" << counts.skipped + counts.not_run
+            << "\" time=\"" << seconds_text(time) << "\">\n";
+        if (interrupted_by != 0) {
+            out << "    <properties><property name=\"kvcheck.complete\" value=\"false\"/><property name=\"kvcheck.interrupted_by\" "
+                   "value=\"" << signal_name(interrupted_by) << "\"/></properties>\n";
         }
-        out << "  <testsuite name=\"" << xml_escape(result.adapter.name) << "\" tests=\"" << result.properties.size()
-            << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\" time=\"" << seconds_text(time) << "\">\n";
         for (const auto& p : result.properties) {
-            out << "    <testcase classname=\"kvcheck." << xml_escape(result.adapter.name) << "\" name=\"" << xml_escape(p.id)
+            out << "    <testcase classname=\"kvcheck." << xml_text(result.adapter.name, true) << "\" name=\"" << xml_text(p.id, true)
                 << "\" time=\"" << seconds_text(p.seconds) << "\">";
             if (p.verdict == "fail") {
-                out << "\n      <failure message=\"" << xml_escape(p.message) << "\" type=\""
-                    << (p.fault.empty() ? "property" : "fault") << "\">" << xml_escape(p.trace)
-                    << (p.reproduce.empty() ? "" : "reproduce: " + xml_escape(p.reproduce)) << "</failure>\n    ";
-            } else if (p.verdict == "skipped") {
-                out << "\n      <skipped message=\"" << xml_escape(p.message) << "\"/>\n    ";
+                out << "\n      <failure message=\"" << xml_text(p.message, true) << "\" type=\""
+                    << (p.fault.empty() ? "property" : "fault") << "\">" << xml_text(p.trace)
+                    << (p.reproduce.empty() ? "" : "reproduce: " + xml_text(p.reproduce)) << "</failure>";
+            } else if (p.verdict == "skipped" || p.verdict == "not-run") {
+                out << "\n      <skipped message=\"" << xml_text(p.message, true) << "\"/>";
             }
-            out << "</testcase>\n";
+            if (p.engine_output[0].bytes > 0) out << "\n      <system-out>" << xml_text(p.engine_output[0].tail) << "</system-out>";
+            if (p.engine_output[1].bytes > 0) out << "\n      <system-err>" << xml_text(p.engine_output[1].tail) << "</system-err>";
+            out << (p.verdict == "pass" && p.engine_output[0].bytes + p.engine_output[1].bytes == 0 ? "" : "\n    ")
+                << "</testcase>\n";
         }
         out << "  </testsuite>\n";
     }
@@ -118,60 +150,127 @@ std::string render_junit(const std::vector<AdapterResult>& results) {
     return out.str();
 }
 
-// Rows: properties; columns: adapters.
+// Markdown punctuation that would format a name or message, escaped.
+std::string markdown_text(const std::string& text) {
+    std::string out;
+    for (const char c : printable(text, 2000)) {
+        if (std::string("\\`*_[]<>|#").find(c) != std::string::npos) out += '\\';
+        out += c;
+    }
+    return out;
+}
+
+// A fence longer than any run of backticks in `text`.
+std::string fence_for(const std::string& text) {
+    std::size_t longest = 0;
+    std::size_t run = 0;
+    for (const char c : text) {
+        run = c == '`' ? run + 1 : 0;
+        longest = std::max(longest, run);
+    }
+    return std::string(std::max<std::size_t>(3, longest + 1), '`');
+}
+
+std::string pad(std::string text, std::size_t width) {
+    if (text.size() < width) text.append(width - text.size(), ' ');
+    return text;
+}
+
+// Rows: properties; columns: adapters, each as wide as its name.
 std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
     std::ostringstream out;
-    const std::size_t first = 24;
-    std::size_t width = 10;
-    for (const auto& r : results) width = std::max(width, r.adapter.name.size() + 2);
-    auto pad = [](std::string text, std::size_t n) {
-        if (text.size() < n) text.append(n - text.size(), ' ');
-        return text;
-    };
+    std::size_t first = std::string("property").size();
+    for (const auto& p : results.front().properties) first = std::max(first, p.id.size());
+    first += 2;
+    std::vector<std::size_t> widths;
+    for (const auto& r : results) widths.push_back(std::max<std::size_t>(printable(r.adapter.name, 40).size(), 5) + 2);
     if (markdown) {
         out << "| property |";
-        for (const auto& r : results) out << " " << r.adapter.name << " |";
+        for (const auto& r : results) out << " " << markdown_text(printable(r.adapter.name, 40)) << " |";
         out << "\n|---|";
         for (std::size_t i = 0; i < results.size(); ++i) out << "---|";
         out << "\n";
     } else {
         out << pad("property", first);
-        for (const auto& r : results) out << pad(r.adapter.name, width);
+        for (std::size_t i = 0; i < results.size(); ++i) out << pad(printable(results[i].adapter.name, 40), widths[i]);
         out << "\n";
     }
     for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
         const std::string id = results.front().properties[row].id;
         out << (markdown ? "| " + id + " |" : pad(id, first));
-        for (const auto& r : results) {
-            const std::string text = cell(r.properties[row]);
-            out << (markdown ? " " + text + " |" : pad(text, width));
+        for (std::size_t i = 0; i < results.size(); ++i) {
+            const std::string text = cell(results[i].properties[row]);
+            out << (markdown ? " " + text + " |" : pad(text, widths[i]));
         }
         out << "\n";
     }
     return out.str();
 }
 
-std::string details(const std::vector<AdapterResult>& results, bool markdown) {
+std::size_t operations_in(const std::string& trace) {
+    return static_cast<std::size_t>(std::count(trace.begin(), trace.end(), '\n'));
+}
+
+std::string details_text(const AdapterResult& result, const PropertyResult& p) {
     std::ostringstream out;
-    for (const AdapterResult& result : results) {
-        for (const PropertyResult& p : result.properties) {
-            if (p.verdict != "fail") continue;
-            out << (markdown ? "\n### " : "\n== ") << result.adapter.name << " / " << p.id << "\n";
-            out << (markdown ? "" : "") << "ERROR: " << p.id << ": " << p.message << "\n";
-            for (const std::string& other : p.also) out << "also: " << other << "\n";
-            if (!p.trace.empty()) {
-                out << (markdown ? "```\n" : "") << p.trace << (markdown ? "```\n" : "");
-                out << "shrunk from " << p.found_length << " to "
-                    << std::count(p.trace.begin(), p.trace.end(), '\n') << " operations, found after " << p.cases << " traces\n";
-            }
-            if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
-            if (!p.output.empty()) {
-                out << "the engine's output ended with:\n" << (markdown ? "```\n" : "") << p.output << "\n"
-                    << (markdown ? "```\n" : "");
-            }
-        }
+    out << "\n== " << printable(result.adapter.name, 200) << " / " << p.id << "\n";
+    out << "ERROR: " << p.id << ": " << printable(p.message, 2000) << "\n";
+    for (const std::string& other : p.also) out << "also: " << printable(other, 2000) << "\n";
+    if (!p.trace.empty()) {
+        out << p.trace;
+        out << "shrunk from " << p.found_length << " to " << operations_in(p.trace) << " operations, found after "
+            << p.cases << " traces\n";
+    }
+    if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
+    if (!p.trace_file_error.empty()) out << "the trace was not written: " << printable(p.trace_file_error, 400) << "\n";
+    const CapturedOutput& err = p.engine_output[1];
+    if (err.bytes > 0) {
+        const std::string text = last_lines(err.tail, engine_lines_max);
+        out << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
+            << (text.empty() || text.back() == '\n' ? "" : "\n");
+    }
+    if (!p.output.empty()) {
+        const std::string text = last_lines(printable(p.output, 20000), engine_lines_max);
+        out << "the engine's output ended with:\n" << text << (text.empty() || text.back() == '\n' ? "" : "\n");
     }
     return out.str();
+}
+
+std::string details_markdown(const AdapterResult& result, const PropertyResult& p) {
+    std::ostringstream out;
+    out << "\n### " << markdown_text(result.adapter.name) << " / " << p.id << "\n\n";
+    out << "- **ERROR**: " << p.id << ": " << markdown_text(p.message) << "\n";
+    for (const std::string& other : p.also) out << "- also: " << markdown_text(other) << "\n";
+    if (!p.trace.empty()) {
+        out << "- shrunk from " << p.found_length << " to " << operations_in(p.trace) << " operations, found after "
+            << p.cases << " traces\n";
+    }
+    if (!p.reproduce.empty()) out << "- reproduce: `" << p.reproduce << "`\n";
+    if (!p.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(p.trace_file_error) << "\n";
+    if (!p.trace.empty()) out << "\n```\n" << p.trace << "```\n";
+    const CapturedOutput& err = p.engine_output[1];
+    if (err.bytes > 0) {
+        const std::string text = last_lines(err.tail, engine_lines_max);
+        const std::string fence = fence_for(text);
+        out << "\nengine stderr (" << err.bytes << " bytes; the last lines):\n\n" << fence << "\n" << text << (text.empty() || text.back() == '\n' ? "" : "\n") << fence << "\n";
+    }
+    return out.str();
+}
+
+std::string details(const std::vector<AdapterResult>& results, bool markdown) {
+    std::string out;
+    for (const AdapterResult& result : results) {
+        for (const PropertyResult& p : result.properties) {
+            if (p.verdict == "fail") out += markdown ? details_markdown(result, p) : details_text(result, p);
+        }
+    }
+    return out;
+}
+
+std::string incomplete_note(int interrupted_by) {
+    if (interrupted_by == 0) return "";
+    return "INCOMPLETE: interrupted by " + signal_name(interrupted_by) +
+           "; the properties marked - did not finish (the others did)\n\n";
 }
 
 }  // namespace
@@ -181,7 +280,7 @@ ReportFormat parse_report_format(const std::string& name) {
     if (name == "json") return ReportFormat::json;
     if (name == "junit") return ReportFormat::junit;
     if (name == "markdown") return ReportFormat::markdown;
-    throw UsageError("unknown report format '" + name + "': table, json, junit or markdown");
+    throw UsageError("unknown report format '" + printable(name, 40) + "': table, json, junit or markdown");
 }
 
 std::string render_stats(const std::vector<AdapterResult>& results) {
@@ -202,21 +301,22 @@ std::string render_stats(const std::vector<AdapterResult>& results) {
     return out.str();
 }
 
-std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed) {
-    if (results.empty()) return "";
-    switch (format) {
-        case ReportFormat::json: return render_json(results, seed);
-        case ReportFormat::junit: return render_junit(results);
-        case ReportFormat::markdown:
-            return "## kvcheck conformance (seed " + std::to_string(seed) + ")\n\n" + matrix(results, true) + details(results, true);
-        case ReportFormat::table: break;
+std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed,
+                          int interrupted_by) {
+    if (format == ReportFormat::json) return render_json(results, seed, interrupted_by);
+    if (format == ReportFormat::junit) return render_junit(results, interrupted_by);
+    if (results.empty()) return incomplete_note(interrupted_by);
+    if (format == ReportFormat::markdown) {
+        return "## kvcheck conformance (seed " + std::to_string(seed) + ")\n\n" + incomplete_note(interrupted_by) +
+               matrix(results, true) + details(results, true);
     }
     std::ostringstream out;
-    out << "kvcheck conformance, seed " << seed << "\n\n" << matrix(results, false);
-    out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung or\n"
-           "leaked; skip: the adapter lacks a capability the property needs; blocked: an engine error cut the search\n"
-           "short. Each property searches traces of its own, with every property checked on each: a trace is\n"
-           "counted against the property it breaks first.\n";
+    out << "kvcheck conformance, seed " << seed << "\n\n" << incomplete_note(interrupted_by) << matrix(results, false);
+    out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
+           "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs"
+        << (interrupted_by != 0 ? "; -: not finished" : "")
+        << ";\nblocked: an engine error cut the search short. Each property searches traces of its own, with every\n"
+           "property checked on each: a trace is counted against the property it breaks first.\n";
     out << details(results, false);
     return out.str();
 }

@@ -1,5 +1,18 @@
 // Reports of a conformance run: a human table (property x adapter), JSON,
-// JUnit XML (so CI systems show it natively) and Markdown.
+// JUnit XML (so CI systems show it natively) and Markdown. Each is valid
+// whatever the engines said or printed (text.h escapes it for the format),
+// and says when the run was interrupted before it finished.
+//
+// The JSON report is one object of one shape for any number of adapters:
+//   {"format": "kvcheck-report", "format_version": 2, "kvcheck_version": "0.1.0",
+//    "seed": 20261202, "complete": true, "interrupted_by": null,
+//    "summary": {"adapters": 1, "properties": 9, "pass": 8, "fail": 1, "fault": 0,
+//                "skipped": 0, "not_run": 0, "all_pass": false},
+//    "adapters": [{"adapter": "M3", "source": "bundled", "seed": 20261202,
+//                  "summary": {...}, "properties": [{"id": "single-copy", "verdict": "fail", ...}]}]}
+// A property's verdict is "pass", "fail" (a violation, or a fault: then
+// "fault" says which), "skipped" or "not-run"; summary "fail" counts the
+// violations and "fault" the faults.
 #pragma once
 
 #include "conformance.h"
@@ -11,6 +24,10 @@ namespace kvcheck::cli {
 
 enum class ReportFormat { table, json, junit, markdown };
 
+// The version of the JSON report's shape: 1 was an object for one adapter
+// and an array for several, with no summary.
+inline constexpr int report_format_version = 2;
+
 // Throws UsageError for an unknown name.
 ReportFormat parse_report_format(const std::string& name);
 
@@ -18,6 +35,9 @@ ReportFormat parse_report_format(const std::string& name);
 // and in all (kvcheck run --stats).
 std::string render_stats(const std::vector<AdapterResult>& results);
 
-std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed);
+// `interrupted_by`: the signal that stopped the run early, 0 when it ran to
+// its end.
+std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed,
+                          int interrupted_by = 0);
 
 }  // namespace kvcheck::cli

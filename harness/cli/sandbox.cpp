@@ -1,21 +1,75 @@
 #include "sandbox.h"
 
+#include "interrupt.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <poll.h>
+#include <new>
 #include <stdexcept>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define KVCHECK_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVCHECK_ASAN 1
+#endif
+#endif
+
 namespace kvcheck::cli {
 namespace {
+
+namespace fs = std::filesystem;
+
+// ASan reserves terabytes of address space for its shadow memory: an
+// address-space limit would fail its start-up. Under ASan the polls alone
+// bound memory.
+#ifdef KVCHECK_ASAN
+constexpr bool address_space_limit_works = false;
+#else
+constexpr bool address_space_limit_works = true;
+#endif
+
+// Address space a child may take beyond its start: twice the memory limit
+// and a GiB. Thread stacks, malloc arenas and allocators reserve address
+// space they never touch, which the memory limit (on resident memory) does
+// not count; the polls enforce that limit, and this bounds what a leak can
+// reach between two polls, or while kvcheck is busy.
+constexpr std::int64_t address_space_slack_bytes = std::int64_t{1} << 30;
+constexpr std::int64_t address_space_per_memory_byte = 2;
+
+// The parent's ends of every job's pipes: a child closes those of the
+// other jobs, which are none of its business.
+std::vector<int>& parent_fds() {
+    static std::vector<int> fds;
+    return fds;
+}
+
+void forget_fd(int fd) {
+    auto& fds = parent_fds();
+    fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
+}
+
+void close_fd(int& fd) {
+    if (fd < 0) return;
+    forget_fd(fd);
+    ::close(fd);
+    fd = -1;
+}
 
 void write_all(int fd, const std::string& bytes) {
     std::size_t done = 0;
@@ -27,21 +81,13 @@ void write_all(int fd, const std::string& bytes) {
     }
 }
 
-// The exit status of a child that reported a fault (exit_with_fault).
-constexpr int fault_exit_status = 4;
-// The pipe to the parent, in a sandboxed child; -1 elsewhere.
-int child_fd = -1;
-
-std::string frame(const std::string& kind, const std::string& payload) {
-    // Frame: "<kind> <size>\n<payload>". Sizes make any payload safe.
-    return kind + " " + std::to_string(payload.size()) + "\n" + payload;
-}
-
-std::int64_t own_resident_bytes(int pid) {
-    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+// A "kB" field of /proc/<pid>/status, in bytes; 0 when absent.
+std::int64_t status_bytes(const std::string& pid, const char* field) {
+    std::ifstream status("/proc/" + pid + "/status");
     std::string line;
+    const std::size_t length = std::strlen(field);
     while (std::getline(status, line)) {
-        if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+        if (line.compare(0, length, field) == 0) return std::atoll(line.c_str() + length) * 1024;
     }
     return 0;
 }
@@ -50,28 +96,98 @@ std::int64_t own_resident_bytes(int pid) {
 // engine running out of process is part of the engine). Children are
 // found through /proc/<pid>/task/<tid>/children; the depth is bounded so
 // that a process tree that changes while it is read cannot loop.
-std::int64_t resident_bytes(int pid, int depth = 0) {
-    std::int64_t total = own_resident_bytes(pid);
+std::int64_t tree_resident_bytes(int pid, int depth = 0) {
+    std::int64_t total = status_bytes(std::to_string(pid), "VmRSS:");
     if (depth >= 8) return total;
     std::error_code error;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
         std::ifstream children(task.path() / "children");
         int child = 0;
-        while (children >> child) total += resident_bytes(child, depth + 1);
+        while (children >> child) total += tree_resident_bytes(child, depth + 1);
     }
     return total;
 }
 
-std::string signal_name(int signal) {
-    switch (signal) {
-        case SIGSEGV: return "SIGSEGV";
-        case SIGABRT: return "SIGABRT";
-        case SIGBUS: return "SIGBUS";
-        case SIGFPE: return "SIGFPE";
-        case SIGILL: return "SIGILL";
-        case SIGKILL: return "SIGKILL";
-        default: return "signal " + std::to_string(signal);
+// The exit status of a child that reported a fault (exit_with_fault).
+constexpr int fault_exit_status = 4;
+
+std::string mebibytes(std::int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+std::string seconds_text(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", seconds);
+    return text;
+}
+
+// The child's end of its channel, for the allocation-failure handler.
+int child_channel_fd = -1;
+
+// operator new failed (the address-space limit): say so, and end the
+// process before anything else needs memory.
+void on_allocation_failure() {
+    static const char frame[] = "memory 0\n";
+    if (::write(child_channel_fd, frame, sizeof frame - 1) < 0) {
+        // Nothing more can be said: the exit status tells the parent.
     }
+    ::_exit(memory_exit_status);
+}
+
+void limit_child(std::int64_t memory_bytes) {
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    if (!address_space_limit_works) return;
+    rlimit limit{};
+    ::getrlimit(RLIMIT_AS, &limit);
+    const std::int64_t now = status_bytes("self", "VmSize:");
+    auto wanted = static_cast<rlim_t>(now + address_space_per_memory_byte * memory_bytes + address_space_slack_bytes);
+    if (limit.rlim_max != RLIM_INFINITY) wanted = std::min(wanted, limit.rlim_max);
+    if (limit.rlim_cur != RLIM_INFINITY) wanted = std::min(wanted, limit.rlim_cur);
+    limit.rlim_cur = wanted;
+    ::setrlimit(RLIMIT_AS, &limit);
+}
+
+// In the child, right after fork: its own process group (the terminal's
+// Ctrl-C is for kvcheck), death with its parent, default signal actions,
+// none of the parent's other pipes.
+void detach_child(pid_t parent) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(70);  // the parent died before the line above
+    for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) std::signal(signal, SIG_DFL);
+    for (const int fd : parent_fds()) ::close(fd);
+    parent_fds().clear();
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+std::string job_dir_prefix() { return "kvcheck-job-" + std::to_string(::getpid()) + "-"; }
+
+// The directories of jobs whose kvcheck was killed outright (kill -9, a
+// second Ctrl-C) before it could remove them: kvcheck-job-<pid>-* of pids
+// that no longer run.
+void remove_stale_job_dirs() {
+    std::error_code error;
+    for (fs::directory_iterator it(fs::temp_directory_path(error), error), end; !error && it != end; it.increment(error)) {
+        const std::string name = it->path().filename().string();
+        if (name.rfind("kvcheck-job-", 0) != 0) continue;
+        const std::size_t dash = name.find('-', 12);
+        if (dash == std::string::npos || dash == 12 || dash - 12 > 9) continue;
+        const std::string pid_text = name.substr(12, dash - 12);
+        if (pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+        const auto pid = static_cast<pid_t>(std::stol(pid_text));
+        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        std::error_code ignored;
+        fs::remove_all(it->path(), ignored);
+    }
+}
+
+std::string make_job_dir() {
+    std::string pattern = (fs::temp_directory_path() / (job_dir_prefix() + "XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+        throw std::runtime_error("cannot create a directory for an engine process under " +
+                                 fs::temp_directory_path().string() + ": " + std::strerror(errno));
+    }
+    return pattern;
 }
 
 }  // namespace
@@ -80,27 +196,73 @@ double monotonic_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+void Channel::send(const std::string& kind, const std::string& payload) {
+    if (progress_ != nullptr && kind == "begin") {
+        progress_->position.store(++traces_ << 32);
+        progress_->ticks.fetch_add(1);
+    }
+    sink_(kind, payload);
+}
+
+void Channel::step(std::size_t index) {
+    if (progress_ == nullptr) return;
+    progress_->position.store((traces_ << 32) | std::min<std::uint64_t>(index, 0xffffffffu));
+    progress_->ticks.fetch_add(1);
+}
+
+void CapturedOutput::append(const char* data, std::size_t size) {
+    bytes += size;
+    tail.append(data, size);
+    if (tail.size() > tail_bytes_max) tail.erase(0, tail.size() - tail_bytes_max);
+}
+
+Sandbox::Sandbox(Limits limits) : limits_(limits) {
+    static const bool swept = (remove_stale_job_dirs(), true);
+    (void)swept;
+}
+
 Sandbox::~Sandbox() {
     for (const auto& job : jobs_) {
-        if (job->done) continue;
-        ::kill(job->pid, SIGKILL);
-        ::waitpid(job->pid, nullptr, 0);
-        ::close(job->fd);
+        if (!job->done) kill_with(*job, Fault{"stopped", "kvcheck stopped it"});
     }
 }
 
 std::shared_ptr<Job> Sandbox::start(const std::function<void(Channel&)>& body,
-                                    std::function<void(const Message&)> on_message) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+                                    std::function<void(const Message&)> on_message, std::optional<Limits> limits) {
+    auto job = std::make_shared<Job>();
+    job->limits = limits.value_or(limits_);
+    int frames[2];
+    int out[2];
+    int err[2];
+    if (::pipe2(frames, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+        throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    }
+    void* page = ::mmap(nullptr, sizeof(Progress), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) throw std::runtime_error(std::string("mmap: ") + std::strerror(errno));
+    job->progress = new (page) Progress();
+    job->work_dir = make_job_dir();
     std::fflush(nullptr);
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-        ::close(fds[0]);
-        const int fd = fds[1];
-        child_fd = fd;
-        Channel channel([fd](const std::string& kind, const std::string& payload) { write_all(fd, frame(kind, payload)); });
+        detach_child(parent);
+        ::close(frames[0]);
+        ::close(out[0]);
+        ::close(err[0]);
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(err[1], STDERR_FILENO);
+        ::close(out[1]);
+        ::close(err[1]);
+        limit_child(job->limits.memory_bytes);
+        const int fd = frames[1];
+        child_channel_fd = fd;
+        parent_fds().push_back(fd);  // a job this child starts in turn must not keep it
+        std::set_new_handler(on_allocation_failure);
+        // Frame: "<kind> <size>\n<payload>". Sizes make any payload safe.
+        Channel channel([fd](const std::string& kind, const std::string& payload) {
+            write_all(fd, kind + " " + std::to_string(payload.size()) + "\n" + payload);
+        }, job->progress, job->work_dir);
         int status = 0;
         try {
             body(channel);
@@ -108,14 +270,22 @@ std::shared_ptr<Job> Sandbox::start(const std::function<void(Channel&)>& body,
             channel.send("error", error.what());
             status = 3;
         }
+        channel.send("end", "");
         std::fflush(nullptr);
         ::_exit(status);  // no atexit handlers, no destructors of the parent's objects
     }
-    ::close(fds[1]);
-    auto job = std::make_shared<Job>();
+    ::setpgid(pid, pid);  // also here: the child may not have run its own call yet when we signal the group
+    ::close(frames[1]);
+    ::close(out[1]);
+    ::close(err[1]);
     job->pid = pid;
-    job->fd = fds[0];
-    job->last_heard = monotonic_seconds();
+    job->fd = frames[0];
+    job->output_fds = {out[0], err[0]};
+    for (const int fd : {frames[0], out[0], err[0]}) {
+        set_nonblocking(fd);
+        parent_fds().push_back(fd);
+    }
+    job->started = job->last_heard = monotonic_seconds();
     job->on_message = std::move(on_message);
     jobs_.push_back(job);
     return job;
@@ -129,44 +299,83 @@ std::size_t Sandbox::running() const {
 
 void Sandbox::read_from(Job& job) {
     char chunk[65536];
-    const ssize_t n = ::read(job.fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) return;
-    if (n <= 0) {
-        finish(job);
-        return;
-    }
-    job.last_heard = monotonic_seconds();
-    job.buffer.append(chunk, static_cast<std::size_t>(n));
     for (;;) {
-        const std::size_t newline = job.buffer.find('\n');
-        if (newline == std::string::npos) return;
-        const std::string header = job.buffer.substr(0, newline);
-        const std::size_t space = header.rfind(' ');
-        const std::size_t size = std::stoul(header.substr(space + 1));
-        if (job.buffer.size() < newline + 1 + size) return;
-        Message message{header.substr(0, space), job.buffer.substr(newline + 1, size)};
-        job.buffer.erase(0, newline + 1 + size);
-        if (message.kind == "begin") job.last_begin = message.payload;
-        if (job.on_message) job.on_message(message);
-        job.messages.push_back(std::move(message));
+        const ssize_t n = ::read(job.fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return;  // EAGAIN: all there is for now
+        if (n == 0) {
+            close_fd(job.fd);  // the child is ending; wait4 will tell how
+            return;
+        }
+        job.last_heard = monotonic_seconds();
+        job.buffer.append(chunk, static_cast<std::size_t>(n));
+        for (;;) {
+            const std::size_t newline = job.buffer.find('\n');
+            if (newline == std::string::npos) break;
+            const std::string header = job.buffer.substr(0, newline);
+            const std::size_t space = header.rfind(' ');
+            const std::string size_text = space == std::string::npos ? "" : header.substr(space + 1);
+            if (size_text.empty() || size_text.size() > 12 || size_text.find_first_not_of("0123456789") != std::string::npos) {
+                job.buffer.clear();
+                close_fd(job.fd);
+                kill_with(job, Fault{"crash", "its messages to kvcheck were garbled (did the engine write to a file "
+                                              "descriptor it does not own?)"});
+                return;
+            }
+            const std::size_t size = std::stoul(size_text);
+            if (job.buffer.size() < newline + 1 + size) break;
+            Message message{header.substr(0, space), job.buffer.substr(newline + 1, size)};
+            job.buffer.erase(0, newline + 1 + size);
+            if (job.on_message) job.on_message(message);
+            if (message.kind == "begin") {
+                job.last_begin = std::move(message.payload);
+                ++job.begins;
+            } else if (message.kind == "end") {
+                job.ended = true;
+            } else {
+                job.messages.push_back(std::move(message));
+            }
+        }
+    }
+}
+
+void Sandbox::read_output(Job& job, std::size_t stream) {
+    char chunk[65536];
+    for (;;) {
+        const ssize_t n = ::read(job.output_fds[stream], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return;
+        if (n == 0) {
+            close_fd(job.output_fds[stream]);
+            return;
+        }
+        job.output[stream].append(chunk, static_cast<std::size_t>(n));
     }
 }
 
 void Sandbox::finish(Job& job) {
     int status = 0;
     struct rusage usage {};
-    ::wait4(job.pid, &status, 0, &usage);
-    ::close(job.fd);
+    while (::wait4(job.pid, &status, 0, &usage) < 0 && errno == EINTR) {
+    }
+    // Whatever the child wrote before it ended is in the pipes.
+    if (job.fd >= 0) read_from(job);
+    for (std::size_t stream = 0; stream < 2; ++stream) {
+        if (job.output_fds[stream] >= 0) read_output(job, stream);
+        close_fd(job.output_fds[stream]);
+    }
+    close_fd(job.fd);
+    // The step is known only for the trace whose "begin" the parent read.
+    const std::uint64_t position = job.progress->position.load();
+    if (job.begins > 0 && Progress::trace_of(position) == job.begins) job.last_step = Progress::step_of(position);
+    ::munmap(job.progress, sizeof(Progress));
+    job.progress = nullptr;
+    std::error_code ignored;
+    fs::remove_all(job.work_dir, ignored);
     job.done = true;
     if (job.fault) return;  // killed by us: the fault says why
-    // The peak, not only what the polls saw: a child may cross the limit
-    // and finish between two polls (or while the parent shrinks a fault).
-    const std::int64_t peak = static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
-    if (peak > limits_.memory_bytes) {
-        job.fault = Fault{"memory", "peak resident memory " + std::to_string(peak >> 20) + " MiB over the limit of " +
-                                        std::to_string(limits_.memory_bytes >> 20) + " MiB"};
-        return;
-    }
+    const bool said_memory = std::any_of(job.messages.begin(), job.messages.end(),
+                                         [](const Message& m) { return m.kind == "memory"; });
     if (WIFEXITED(status) && WEXITSTATUS(status) == fault_exit_status) {
         const auto reported = std::find_if(job.messages.rbegin(), job.messages.rend(),
                                            [](const Message& m) { return m.kind == "fault"; });
@@ -177,61 +386,120 @@ void Sandbox::finish(Job& job) {
             return;
         }
     }
+    if (said_memory && WIFEXITED(status) && WEXITSTATUS(status) == memory_exit_status) {
+        job.fault = Fault{"memory", "an allocation failed at the address-space limit that backs the memory limit of " +
+                                        mebibytes(job.limits.memory_bytes)};
+        return;
+    }
+    // The peak, not only what the polls saw: a child may cross the limit
+    // and finish between two polls.
+    const std::int64_t peak = static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+    if (peak > job.limits.memory_bytes) {
+        job.fault = Fault{"memory", "peak resident memory " + mebibytes(peak) + " over the limit of " +
+                                        mebibytes(job.limits.memory_bytes)};
+        return;
+    }
     if (WIFSIGNALED(status)) {
         job.fault = Fault{"crash", signal_name(WTERMSIG(status))};
     } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) {
         job.fault = Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status))};
+    } else if (!job.ended) {
+        job.fault = Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status)) + " before its work was done"};
     }
 }
 
 void Sandbox::kill_with(Job& job, Fault fault) {
     job.fault = std::move(fault);
+    ::kill(-job.pid, SIGKILL);  // the group: whatever the engine started dies too
     ::kill(job.pid, SIGKILL);
     finish(job);
+}
+
+void Sandbox::check_limits(Job& job, double now) {
+    const std::uint64_t ticks = job.progress->ticks.load();
+    if (ticks != job.ticks_seen) {
+        job.ticks_seen = ticks;
+        job.last_heard = now;
+    }
+    // Memory first: a leaking engine is slow too, and would read as hung.
+    const std::int64_t resident = tree_resident_bytes(job.pid);
+    if (resident > job.limits.memory_bytes) {
+        kill_with(job, Fault{"memory", "resident memory " + mebibytes(resident) + " over the limit of " +
+                                           mebibytes(job.limits.memory_bytes)});
+        return;
+    }
+    if (now - job.last_heard > job.limits.silence_seconds) {
+        kill_with(job, Fault{"hang", "no progress for " + seconds_text(job.limits.silence_seconds) + " s"});
+        return;
+    }
+    if (job.limits.total_seconds > 0 && now - job.started > job.limits.total_seconds) {
+        kill_with(job, Fault{"time", "still running after " + seconds_text(job.limits.total_seconds) +
+                                         " s, the limit for one job in all (--total-timeout)"});
+    }
 }
 
 bool Sandbox::poll(double seconds) {
     jobs_.erase(std::remove_if(jobs_.begin(), jobs_.end(), [](const auto& job) { return job->done; }), jobs_.end());
     std::vector<pollfd> fds;
-    std::vector<Job*> polled;
+    std::vector<std::pair<Job*, int>> polled;  // the job, and -1 (messages) or the output stream
     for (const auto& job : jobs_) {
-        if (job->done) continue;
-        fds.push_back({job->fd, POLLIN, 0});
-        polled.push_back(job.get());
+        if (job->fd >= 0) {
+            fds.push_back({job->fd, POLLIN, 0});
+            polled.emplace_back(job.get(), -1);
+        }
+        for (int stream = 0; stream < 2; ++stream) {
+            if (job->output_fds[stream] < 0) continue;
+            fds.push_back({job->output_fds[stream], POLLIN, 0});
+            polled.emplace_back(job.get(), stream);
+        }
     }
-    if (fds.empty()) return false;
+    if (jobs_.empty()) return false;
     const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(seconds * 1000));
     if (ready < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
     for (std::size_t i = 0; i < fds.size() && ready > 0; ++i) {
-        if (fds[i].revents != 0) read_from(*polled[i]);
+        auto [job, stream] = polled[i];
+        if (fds[i].revents == 0 || job->done) continue;
+        if (stream < 0) {
+            if (job->fd >= 0) read_from(*job);
+        } else if (job->output_fds[stream] >= 0) {
+            read_output(*job, static_cast<std::size_t>(stream));
+        }
     }
     const double now = monotonic_seconds();
-    for (Job* job : polled) {
+    for (const auto& job : jobs_) {
         if (job->done) continue;
-        // Memory first: a leaking engine is slow too, and would read as hung.
-        const std::int64_t resident = resident_bytes(job->pid);
-        if (resident > limits_.memory_bytes) {
-            kill_with(*job, Fault{"memory", "resident memory " + std::to_string(resident >> 20) + " MiB over the limit of " +
-                                                std::to_string(limits_.memory_bytes >> 20) + " MiB"});
+        // Reaped here, not at the end of its pipe: a process the engine
+        // started may hold the pipe open after the child is gone.
+        siginfo_t info{};
+        if (::waitid(P_PID, static_cast<id_t>(job->pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == job->pid) {
+            finish(*job);
             continue;
         }
-        if (now - job->last_heard > limits_.silence_seconds) {
-            kill_with(*job, Fault{"hang", "no progress for " + std::to_string(static_cast<int>(limits_.silence_seconds)) + " s"});
-        }
+        check_limits(*job, now);
     }
     return running() > 0;
 }
 
 void exit_with_fault(const std::string& kind, const std::string& detail) {
-    if (child_fd < 0) return;
-    write_all(child_fd, frame("fault", kind + "\n" + detail));
+    if (child_channel_fd < 0) return;
+    const std::string payload = kind + "\n" + detail;
+    write_all(child_channel_fd, "fault " + std::to_string(payload.size()) + "\n" + payload);
     std::fflush(nullptr);
     ::_exit(fault_exit_status);
 }
 
+void Sandbox::stop_all(const std::string& why) {
+    for (const auto& job : jobs_) {
+        if (!job->done) kill_with(*job, Fault{"stopped", why});
+    }
+}
+
 std::shared_ptr<Job> Sandbox::run(const std::function<void(Channel&)>& body) {
     auto job = start(body);
-    while (!job->done) poll(0.1);
+    while (!job->done) {
+        poll(0.1);
+        if (interrupted_by() != 0 && !job->done) stop_all("interrupted by " + signal_name(interrupted_by()));
+    }
     return job;
 }
 

@@ -1,5 +1,6 @@
 #include "kvcheck/search.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace kvcheck {
@@ -43,20 +44,49 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
     return result;
 }
 
+// Failures within this many operations are pinned by one run reading every
+// entry after every step, whose cost grows with the square of the length.
+constexpr std::size_t pin_every_step_ops_max = 64;
+
+Failure pin_failure(const Runner& runner, const Trace& trace, const Failure& found) {
+    const std::size_t length = std::min(found.step + 1, trace.size());
+    const auto prefix = [&trace](std::size_t n) { return Trace(trace.begin(), trace.begin() + static_cast<std::ptrdiff_t>(n)); };
+    if (length <= pin_every_step_ops_max) {
+        const std::optional<Failure> exact = runner.run(prefix(length), true).failure;
+        return exact ? *exact : found;
+    }
+    std::size_t passes = 0;  // the empty prefix passes
+    std::size_t fails = length;
+    Failure failure = found;
+    while (fails - passes > 1) {
+        const std::size_t middle = passes + (fails - passes) / 2;
+        if (const std::optional<Failure> earlier = runner.run(prefix(middle)).failure) {
+            fails = middle;
+            failure = *earlier;
+        } else {
+            passes = middle;
+        }
+    }
+    return failure;
+}
+
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure, const ShrinkOptions& options) {
     const auto start = std::chrono::steady_clock::now();
     Finding finding;
     finding.found = trace;
     finding.found_failure = failure;
-    const Oracle oracle = [&runner](const Trace& candidate) -> std::optional<Failure> {
+    std::size_t shortest = trace.size();
+    const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
         if (runner.shrink_accepts && !runner.shrink_accepts(candidate)) return std::nullopt;
-        return runner.run(candidate).failure;
+        std::optional<Failure> found = runner.run(candidate).failure;
+        if (found && found->property == failure.property && candidate.size() < shortest) {
+            shortest = candidate.size();
+            if (runner.on_shorter) runner.on_shorter(shortest);
+        }
+        return found;
     };
     finding.shrunk = shrink(trace, failure, oracle, options);
-    // Both schedules find the same failures; should the exact one pass, the
-    // failure is reported as the shrinker found it.
-    const std::optional<Failure> exact = runner.run(finding.shrunk.trace, true).failure;
-    finding.reported = exact ? *exact : finding.shrunk.failure;
+    finding.reported = pin_failure(runner, finding.shrunk.trace, finding.shrunk.failure);
     finding.shrink_seconds = seconds_since(start);
     return finding;
 }

@@ -28,6 +28,9 @@ class FileSystem {
     virtual std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) = 0;
     virtual void remove(const std::string& path) = 0;  // missing files are ignored
     virtual void make_dirs(const std::string& path) = 0;
+    // The names (not paths) of the entries of directory `dir`, in no
+    // particular order; throws IoError when it cannot be read.
+    virtual std::vector<std::string> list(const std::string& dir) = 0;
 };
 
 FileSystem& posix_file_system();

@@ -10,8 +10,10 @@
 // strings, small ints, tuples, None/bools, the tensor-rebuild globals,
 // persistent ids, memo puts and gets) with a stack of small items: every
 // operand must lie inside the stream, every pop must find its items above
-// the last mark, every memo get must name a put, only the globals a dump
-// needs may be named, every persistent id must be ('storage', type, key,
+// the last mark, every memo get must name a put, tuples may nest at most 32
+// deep (torch frees a value recursively: deeper nesting overflows the stack
+// when a rejected value is dropped), only the globals a dump needs may be
+// named, every persistent id must be ('storage', type, key,
 // location, numel) with a record data/<key> of exactly numel elements, and
 // the stream must end with STOP leaving one item.
 #pragma once

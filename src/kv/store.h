@@ -106,8 +106,15 @@ class Store {
     std::uint64_t changes() const { return changes_; }
 
     // Writes the whole store to `dir`/kvcheck-store.pt: to a temporary file
-    // first, then renamed over the previous dump, so a crash at any point
-    // leaves the previous dump readable.
+    // (kvcheck-store.pt.tmp-<pid>) first, then renamed over the previous
+    // dump, so a crash at any point leaves the previous dump readable.
+    //
+    // Both dump and load first remove the temporary files of dumps that
+    // died before their rename: those of processes that no longer run, and
+    // this process's own. So one directory takes the dumps of one store of
+    // a process at a time (another process's dump in progress is left
+    // alone). Removal is best effort: a directory that cannot be written
+    // still loads.
     void dump(const std::string& dir, FileSystem& fs = posix_file_system()) const;
     // Replaces the store with the dump in `dir`. On any error (DumpError,
     // IoError) the store is unchanged.
@@ -124,7 +131,8 @@ class Store {
 };
 
 // The dump format, for tools and adapters that write dumps their own way:
-// a torch pickle (readable by Python's torch.load) of
+// a torch pickle (readable by Python's torch.load(path, weights_only=True);
+// plain torch.load runs any code a crafted file names) of
 //   ("kvcheck.store", version, ((id, ((key, value), ...), cache), ...))
 // where a cache is ("modern", ((initialized, keys, values, key_cache,
 // value_cache), ...)) with None for an absent slot, or

@@ -37,6 +37,9 @@ struct Runner {
     // Failures a search passes over, to the next seed (unshrunk): a search
     // for one property past another already known to be broken.
     std::function<bool(const Failure&)> passes_over;
+    // Told of each shorter trace the shrinker found failing the same way
+    // (progress lines of a long shrink).
+    std::function<void(std::size_t operations)> on_shorter;
     // How a trace is checked; unset: kvcheck::execute on one fresh engine
     // from `make`. A fuzz target adds checks of its own.
     std::function<RunResult(const Trace&, const RunOptions&)> check;
@@ -70,6 +73,16 @@ struct SearchResult {
 };
 
 SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOptions& workload);
+
+// The failure `found` (by the default schedule, possibly at a full read
+// later than the step that broke something) pinned to the step it
+// happened: a short trace is run again reading every entry after every
+// step; a long one is bisected on its prefixes (each run ends reading every
+// entry, so the shortest failing prefix ends with the step that did it),
+// whose cost grows with n log n, not n squared. `found` stands when nothing
+// better is found (which it should not: both schedules find the same
+// failures).
+Failure pin_failure(const Runner& runner, const Trace& trace, const Failure& found);
 
 // Shrinks a failing trace and pins the failure to its step.
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure,

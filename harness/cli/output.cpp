@@ -1,0 +1,94 @@
+#include "output.h"
+
+#include "adapters.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace kvcheck::cli {
+namespace {
+
+bool write_all(int fd, const std::string& text) {
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return false;
+        done += static_cast<std::size_t>(n);
+    }
+    return true;
+}
+
+}  // namespace
+
+OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
+    struct stat info {};
+    if (::fstat(fd_, &info) == 0 && S_ISDIR(info.st_mode)) throw UsageError("--out " + path_ + " is a directory");
+}
+
+OutputFile::~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+bool OutputFile::write(const std::string& text) {
+    if (fd_ < 0) {
+        std::cout << text << std::flush;
+        return true;
+    }
+    struct stat info {};
+    const bool regular = ::fstat(fd_, &info) == 0 && S_ISREG(info.st_mode);
+    bool ok = !regular || ::ftruncate(fd_, 0) == 0;
+    ok = ok && (!regular || ::lseek(fd_, 0, SEEK_SET) == 0);
+    ok = ok && write_all(fd_, text);
+    ok = ok && (!regular || ::fsync(fd_) == 0);
+    if (ok) {
+        std::cerr << "report written to " << path_ << "\n";
+        return true;
+    }
+    std::cerr << "kvcheck: cannot write the report to " << path_ << ": " << std::strerror(errno)
+              << "; it follows on standard output\n";
+    std::cout << text << std::flush;
+    return false;
+}
+
+TraceDir::TraceDir(std::string path) : dir_(std::move(path)) {
+    const std::string& dir = dir_;
+    if (dir.empty()) throw UsageError("--trace-dir must not be empty");
+    std::error_code error;
+    for (std::filesystem::path p = std::filesystem::absolute(dir, error); !error && !p.empty() && !std::filesystem::exists(p, error);
+         p = p.parent_path()) {
+        made_ = p.string();
+        if (p == p.parent_path()) break;
+    }
+    std::filesystem::create_directories(dir, error);
+    if (error) throw UsageError("cannot create --trace-dir " + dir + ": " + error.message() + " (checked before the run)");
+    if (!std::filesystem::is_directory(dir, error)) throw UsageError("--trace-dir " + dir + " is not a directory");
+    const std::string probe = dir + "/.kvcheck-write-check-" + std::to_string(::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        throw UsageError("cannot write in --trace-dir " + dir + ": " + std::strerror(errno) + " (checked before the run)");
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+}
+
+TraceDir::~TraceDir() {
+    if (made_.empty()) return;
+    // Innermost first: each removal succeeds only on an empty directory.
+    std::error_code ignored;
+    for (std::filesystem::path p = std::filesystem::absolute(dir_, ignored); !p.empty(); p = p.parent_path()) {
+        if (!std::filesystem::remove(p, ignored)) break;  // not empty (or gone): stop
+        if (p.string() == made_ || p == p.parent_path()) break;
+    }
+}
+
+}  // namespace kvcheck::cli

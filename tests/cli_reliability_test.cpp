@@ -1,0 +1,485 @@
+// The kvcheck command line on hostile input (issue 17): plugins that crash,
+// exit or print while loading or running; engine text that no report format
+// can carry raw; traces that are long, empty, not files or garbage; limits
+// that make no sense; output paths that cannot be written; a Ctrl-C in the
+// middle of a run; and dumps to check. Each test but one fails (or hangs)
+// on the kvcheck before the fix it covers (the probes of the issue);
+// AFailureInALongTraceIsPinnedToItsStep guards the bisection that replaced
+// the quadratic replay.
+#include "cli_util.h"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+using namespace kvtest::cli;
+namespace fs = std::filesystem;
+
+std::string adds(std::size_t count, std::size_t first = 0) {
+    std::string trace;
+    for (std::size_t i = first; i < first + count; ++i) {
+        trace += "add a" + std::to_string(i) + " modern/f32/" + std::to_string(i) + ":[kv1]\n";
+    }
+    return trace;
+}
+
+// Is `text` valid by `checker` (a command reading the file named last)?
+// Skipped (true) when the checker is not installed.
+bool valid_by(const std::string& checker, const std::string& text, std::string* why) {
+    const std::string file = scratch("to-validate");
+    write_file(file, text);
+    const std::string errors = scratch("validator-errors");
+    const int status = std::system((checker + " " + file + " > /dev/null 2> " + errors).c_str());
+    *why = read_file(errors);
+    fs::remove(file);
+    fs::remove(errors);
+    return status == 0;
+}
+
+bool have(const std::string& program) { return std::system(("command -v " + program + " > /dev/null 2>&1").c_str()) == 0; }
+
+// ---- plugins that misbehave -------------------------------------------------------
+
+// A plugin's static constructor or entry point runs in a child first: a
+// crash or an exit there is exit 2 and a message, never kvcheck's death by
+// SIGSEGV (139) nor a silent exit 0 (a false pass in CI).
+TEST_F(Cli, APluginThatCrashesOrExitsWhileLoadingIsAnError) {
+    const Outcome segv = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_LOAD_SEGV + " --cases 5");
+    EXPECT_EQ(segv.status, 2) << segv.out;
+    EXPECT_TRUE(contains(segv.stderr_text, "crashed (SIGSEGV) while being loaded")) << segv.out;
+    const Outcome exits = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_LOAD_EXIT + " --cases 5");
+    EXPECT_EQ(exits.status, 2) << exits.out;
+    EXPECT_TRUE(contains(exits.stderr_text, "exited (exit status 0 before its work was done) while being loaded")) << exits.out;
+    const std::string trace = scratch("three-adds.trace");
+    write_file(trace, adds(3));
+    const Outcome replay = kvcheck("replay " + trace + " --adapter " + KVCHECK_FAULT_LOAD_EXIT);
+    EXPECT_EQ(replay.status, 2) << replay.out;
+    EXPECT_TRUE(contains(replay.stderr_text, "while being loaded")) << replay.out;
+}
+
+// An engine that calls exit(0) in mid-run is a fault, not a pass.
+TEST_F(Cli, AnEngineThatExitsIsAFaultAtItsStep) {
+    const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_EXIT +
+                                " --property store-contract --cases 10 --quiet --trace-dir " + scratch("exit-traces"));
+    EXPECT_EQ(run.status, 1) << run.out;
+    EXPECT_TRUE(contains(run.stdout_text, "store-contract  FAULT")) << run.out;
+    EXPECT_TRUE(contains(run.stdout_text, "the engine exited (exit status 0 before its work was done) at step 3 (add)"))
+        << run.out;
+}
+
+// The memory limit is also a hard address-space limit: what the polls of
+// resident memory cannot see (an allocation never touched; a leak faster
+// than a poll) still stops at it, as a memory fault.
+TEST_F(Cli, TheAddressSpaceLimitBacksTheMemoryLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "ASan reserves terabytes of address space: kvcheck sets no address-space limit under it";
+#endif
+    const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_RESERVE +
+                                " --property store-contract --cases 10 --memory-mb 1536 --quiet --trace-dir " + scratch("reserve-traces"));
+    EXPECT_EQ(run.status, 1) << run.out;
+    EXPECT_TRUE(contains(run.stdout_text, "memory limit (an allocation failed at the address-space limit that backs the memory "
+                                          "limit of 1536 MiB) at step 3 (add)"))
+        << run.out;
+}
+
+// While one fault is shrunk (its candidates run one by one), the other
+// children are still polled: a leaking one is stopped at the limit, not
+// left to grow (10 GiB under a 4 GiB limit, an OOM kill on a small CI
+// runner). Here the leak of one property is shrunk (each candidate fills
+// the limit in a process of its own) while the next property's child leaks.
+// The peak resident size of the whole process tree stays within the
+// address-space bound of the limit (sandbox.cpp: twice the limit and a GiB
+// beyond the start); under ASan, with no address-space limit, the polls
+// alone keep it far lower.
+TEST_F(Cli, MemoryStaysBoundedWhileAFaultIsShrunk) {
+    const std::string peak_file = scratch("peak");
+    const pid_t child = ::fork();
+    if (child == 0) {
+        // A process of its own, so that RUSAGE_CHILDREN covers this run
+        // only: kvcheck, its children and their shrink candidates.
+        const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_LEAK +
+                                    " --property stored-immutable --property store-contract --property owned-marker --jobs 2 "
+                                    "--cases 200 --memory-mb 512 --quiet --report json --trace-dir " + scratch("peak-traces"));
+        struct rusage usage {};
+        ::getrusage(RUSAGE_CHILDREN, &usage);
+        write_file(peak_file, std::to_string(usage.ru_maxrss / 1024) + " " + std::to_string(run.status) + "\n" + run.out);
+        ::_exit(0);
+    }
+    ::waitpid(child, nullptr, 0);
+    const std::string result = read_file(peak_file);
+    long long peak_mib = 0;
+    int status = -1;
+    std::sscanf(result.c_str(), "%lld %d", &peak_mib, &status);
+    EXPECT_EQ(status, 1) << result;
+    EXPECT_TRUE(contains(result, "\"summary\": {\"adapters\": 1, \"properties\": 4, \"pass\": 1, \"fail\": 0, \"fault\": 3"))
+        << "every property: a memory fault (engine-error, the fourth row, passes)\n" << result;
+    EXPECT_LE(peak_mib, 2 * 512 + 1024 + 512) << "MiB at the peak\n" << result;
+}
+
+// ---- reports --------------------------------------------------------------------
+
+// An engine that prints to both streams and throws text with control bytes,
+// an ANSI escape and invalid UTF-8: the JSON on standard output parses, the
+// JUnit file is well-formed XML, the table holds no raw control byte, and
+// the engine's output is in the report, apart from kvcheck's.
+TEST_F(Cli, ReportsStayValidWhateverTheEnginePrintsOrSays) {
+    const std::string base = std::string("run --adapter ") + KVCHECK_FAULT_NOISY + " --property store-contract --cases 5 " +
+                             "--quiet --trace-dir " + scratch("noisy-traces");
+    const Outcome json = kvcheck(base + " --report json");
+    EXPECT_EQ(json.status, 1) << json.out;
+    EXPECT_EQ(json.stdout_text.rfind("{\"format\": \"kvcheck-report\", \"format_version\": 2", 0), 0u) << json.stdout_text;
+    EXPECT_FALSE(contains(json.stdout_text, "{\"noise\"")) << "the engine's stdout went into the report";
+    EXPECT_TRUE(contains(json.stdout_text, "\"engine_output\": {\"stdout\": \"")) << json.stdout_text;
+    EXPECT_TRUE(contains(json.stdout_text, "{\\\"noise\\\": \\\"stdout\\\"} ]}")) << json.stdout_text;
+    EXPECT_TRUE(contains(json.stdout_text, "\\u0001\\u0002\\u0007\\u0008\\u000b\\u000c\\u001b[31mred")) << json.stdout_text;
+    EXPECT_TRUE(contains(json.stdout_text, "\\\\xff\\\\xfe \\\\x80 \\\\xed\\\\xa0\\\\x80 end")) << json.stdout_text;
+    std::string why;
+    if (have("/usr/bin/python3")) {
+        EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
+    }
+    const Outcome junit = kvcheck(base + " --report junit");
+    EXPECT_TRUE(contains(junit.stdout_text, "<system-err>")) << junit.stdout_text;
+    EXPECT_TRUE(contains(junit.stdout_text, "noise on stderr: &quot;quoted&quot; &lt;tag")) << junit.stdout_text;
+    if (have("xmllint")) {
+        EXPECT_TRUE(valid_by("xmllint --noout", junit.stdout_text, &why)) << why << junit.stdout_text;
+    }
+    for (const std::string format : {"table", "markdown"}) {
+        const Outcome text = kvcheck(base + " --report " + format);
+        EXPECT_EQ(text.out.find('\x1b'), std::string::npos) << format << ": a raw escape reached the terminal";
+        EXPECT_EQ(text.out.find('\x01'), std::string::npos) << format;
+        EXPECT_TRUE(contains(text.stdout_text, "x1b")) << format << ": the escape is shown as text\n" << text.stdout_text;
+    }
+}
+
+// One JSON shape for one adapter or several, with a version and a summary.
+TEST_F(Cli, TheJsonReportHasOneShapeWithAVersionAndASummary) {
+    const std::string traces = " --quiet --report json --trace-dir " + scratch("shape-traces");
+    const Outcome one = kvcheck("run --adapter reference --property store-contract --cases 3" + traces);
+    const Outcome two = kvcheck("run --adapter reference --adapter M3 --property single-copy --cases 30" + traces);
+    for (const Outcome* run : {&one, &two}) {
+        EXPECT_EQ(run->stdout_text.rfind("{\"format\": \"kvcheck-report\", \"format_version\": 2, \"kvcheck_version\": ", 0), 0u)
+            << run->stdout_text;
+        EXPECT_TRUE(contains(run->stdout_text, "\"complete\": true, \"interrupted_by\": null")) << run->stdout_text;
+        EXPECT_TRUE(contains(run->stdout_text, "\"adapters\": [\n")) << run->stdout_text;
+    }
+    EXPECT_TRUE(contains(one.stdout_text, "\"summary\": {\"adapters\": 1, \"properties\": 2, \"pass\": 2, \"fail\": 0")) << one.stdout_text;
+    EXPECT_TRUE(contains(two.stdout_text, "\"summary\": {\"adapters\": 2, \"properties\": 4, \"pass\": 3, \"fail\": 1")) << two.stdout_text;
+}
+
+// Columns as wide as the adapters' names; seconds printed plainly; Markdown
+// details as list items, not one run-on paragraph.
+TEST_F(Cli, TablesAlignAndMarkdownKeepsItsLines) {
+    const Outcome run = kvcheck(std::string("run --adapter reference --adapter ") + KVCHECK_FAULT_THROW +
+                                " --property store-contract --seconds 1 --trace-dir " + scratch("align-traces"));
+    const std::string& table = run.stdout_text;
+    const std::size_t header = table.find("property ");
+    ASSERT_NE(header, std::string::npos) << table;
+    const std::string header_line = table.substr(header, table.find('\n', header) - header);
+    // The throwing engine's failure counts under engine-error.
+    const std::size_t row = table.find("engine-error ");
+    const std::string row_line = table.substr(row, table.find('\n', row) - row);
+    EXPECT_EQ(header_line.find("kvcheck-fault-throw"), row_line.find("FAIL")) << header_line << "\n" << row_line;
+    EXPECT_EQ(header_line.find("reference"), row_line.find("pass")) << header_line << "\n" << row_line;
+    EXPECT_TRUE(contains(run.stderr_text, "seed 20261202, 1 s per property")) << run.stderr_text;
+    const Outcome markdown = kvcheck("run --adapter M3 --property single-copy --cases 30 --quiet --report markdown --trace-dir " +
+                                     scratch("md-traces"));
+    EXPECT_TRUE(contains(markdown.stdout_text, "\n\n- **ERROR**: single-copy: ")) << markdown.stdout_text;
+    EXPECT_TRUE(contains(markdown.stdout_text, "\n- reproduce: `kvcheck replay ")) << markdown.stdout_text;
+}
+
+// ---- traces ---------------------------------------------------------------------
+
+// `shrink T --adapter A > short.trace`: the trace alone on stdout (it
+// replays), the report on stderr.
+TEST_F(Cli, AShrunkTraceOnStandardOutputReplays) {
+    const std::string path = scratch("m3-long.trace");
+    write_file(path, "add a modern/f32/1:[kv3 kv2]\nadd b legacy/f32/2:[kv1]\nget_all\nh1 = get a\n"
+                     "h2 = get_cache a\ndelete c\nh3 = make modern/f32/3:[kv2]\ngenerate h2 prompt=4,5 max=3\n");
+    const Outcome shrink = kvcheck("shrink " + path + " --adapter M3");
+    EXPECT_EQ(shrink.status, 1) << shrink.out;
+    EXPECT_TRUE(contains(shrink.stderr_text, "ERROR: single-copy:")) << shrink.stderr_text;
+    EXPECT_FALSE(contains(shrink.stdout_text, "ERROR")) << shrink.stdout_text;
+    const std::string short_trace = scratch("m3-short.trace");
+    write_file(short_trace, shrink.stdout_text);
+    const Outcome replay = kvcheck("replay " + short_trace + " --adapter M3");
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "ERROR: single-copy:")) << replay.out;
+}
+
+// The silence limit is per operation, and a replay reads everything only to
+// pin a failure: 10,000 valid adds are no hang (they were "hung at step
+// 10000" with the whole replay under one 30 s limit, reading every entry
+// after every step).
+TEST_F(Cli, ALongValidReplayIsNoHang) {
+    const std::string path = scratch("adds.trace");
+    write_file(path, adds(10000));
+    const Outcome replay = kvcheck("replay " + path + " --adapter reference --timeout 20");
+    EXPECT_EQ(replay.status, 0) << replay.out.substr(0, 2000);
+    EXPECT_TRUE(contains(replay.stdout_text, "10000 operations, every property holds on reference")) << replay.out.substr(0, 2000);
+}
+
+// A failure deep in a long trace is pinned to its step (by bisection: the
+// trace is too long to read everything after every step).
+TEST_F(Cli, AFailureInALongTraceIsPinnedToItsStep) {
+    const std::string path = scratch("deep.trace");
+    write_file(path, adds(1000) + "h1 = get_cache a7\ngenerate h1 prompt=1 max=1\n" + adds(500, 1000));
+    const Outcome replay = kvcheck("replay " + path + " --adapter M3");
+    EXPECT_EQ(replay.status, 1) << replay.out.substr(0, 2000);
+    EXPECT_TRUE(contains(replay.stdout_text, "ERROR: single-copy: generate from h1 made 1 copies of the K/V, expected 0 at step 1002 (generate)"))
+        << replay.stdout_text.substr(0, 2000);
+}
+
+// A crash is pinned on the operation that crashed (the third add), in a
+// replay and in the shrunk trace, not on the trace's last operation.
+TEST_F(Cli, ACrashIsPinnedToTheOperationThatCrashed) {
+    const std::string path = scratch("five-adds.trace");
+    write_file(path, adds(5));
+    const Outcome replay = kvcheck(std::string("replay ") + path + " --adapter " + KVCHECK_FAULT_SEGV);
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, " at step 3 (add)\n")) << replay.out;
+    const Outcome shrink = kvcheck(std::string("shrink ") + path + " --adapter " + KVCHECK_FAULT_SEGV + " --out " +
+                                   scratch("s.trace") + " --progress-seconds 0");
+    EXPECT_EQ(shrink.status, 1) << shrink.out;
+    EXPECT_TRUE(contains(shrink.stdout_text, " at step 3 (add)\n")) << shrink.out;
+    EXPECT_FALSE(contains(shrink.stdout_text, "(?)")) << shrink.out;
+    EXPECT_TRUE(contains(shrink.stderr_text, "kvcheck: shrinking the fault (crash) of kvcheck-fault-segv: 2 candidate traces run, "
+                                             "the shortest failing one "))
+        << shrink.stderr_text;
+}
+
+// A hang during a replay: progress lines while it lasts, the step it hung at.
+TEST_F(Cli, ALongReplayShowsProgressAndAHangItsStep) {
+    const std::string path = scratch("hang.trace");
+    write_file(path, adds(5));
+    const Outcome replay = kvcheck(std::string("replay ") + path + " --adapter " + KVCHECK_FAULT_HANG + " --timeout 12");
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "ERROR: fault:hang: no progress for 12 s at step 3 (add)")) << replay.out;
+    EXPECT_TRUE(contains(replay.stderr_text, "kvcheck replay: ")) << replay.stderr_text;
+    EXPECT_TRUE(contains(replay.stderr_text, " s: step 3 of 5\n")) << replay.stderr_text;
+}
+
+TEST_F(Cli, AnEmptyOrAllSkippedTraceWarnsThatNothingWasChecked) {
+    const std::string empty = scratch("empty.trace");
+    write_file(empty, "# nothing but a comment\n");
+    const Outcome none = kvcheck("replay " + empty + " --adapter reference");
+    EXPECT_EQ(none.status, 0) << none.out;
+    EXPECT_TRUE(contains(none.stderr_text, "warning: " + empty + " holds no operations: nothing was checked")) << none.out;
+    const std::string dangling = scratch("dangling.trace");
+    write_file(dangling, "generate h7 prompt=1 max=1\nh2 = clone h9\n");
+    const Outcome skipped = kvcheck("replay " + dangling + " --adapter reference");
+    EXPECT_EQ(skipped.status, 0) << skipped.out;
+    EXPECT_TRUE(contains(skipped.stderr_text, "warning: every one of the 2 operations was skipped")) << skipped.out;
+    const std::string real = scratch("real.trace");
+    write_file(real, adds(2));
+    const Outcome checked = kvcheck("replay " + real + " --adapter reference");
+    EXPECT_FALSE(contains(checked.stderr_text, "warning")) << checked.out;
+}
+
+TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
+    const Outcome directory = kvcheck("replay " + kvcheck_tmp() + " --adapter reference");
+    EXPECT_EQ(directory.status, 2) << directory.out;
+    EXPECT_TRUE(contains(directory.stderr_text, "is a directory, not a trace file")) << directory.out;
+    const Outcome zeros = kvcheck("shrink /dev/zero --adapter reference");
+    EXPECT_EQ(zeros.status, 2) << zeros.out;
+    EXPECT_TRUE(contains(zeros.stderr_text, "holds more than the 64 MiB a trace file may hold")) << zeros.out;
+    // Garbage, on a line of 3 MB: named, escaped and cut short.
+    const std::string garbage = scratch("garbage.trace");
+    write_file(garbage, "add a modern/f32/1:[kv1]\n\x1b[2J\x1b[31mgarbage\x07\xff\xfe" + std::string(3000000, 'x') + "\n");
+    const Outcome bad = kvcheck("replay " + garbage + " --adapter reference");
+    EXPECT_EQ(bad.status, 2) << bad.out.substr(0, 500);
+    EXPECT_LT(bad.out.size(), 1000u) << "the whole line was echoed";
+    EXPECT_EQ(bad.out.find('\x1b'), std::string::npos) << bad.out.substr(0, 500);
+    EXPECT_TRUE(contains(bad.stderr_text, "line 2: unknown operation '\\x1b[2J\\x1b[31mgarbage\\x07\\xff\\xfexxx")) << bad.out.substr(0, 500);
+}
+
+// ---- options ---------------------------------------------------------------------
+
+TEST_F(Cli, LimitsThatMakeNoSenseAreRefused) {
+    const std::string run = "run --adapter reference --property store-contract --cases 3 --quiet ";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--timeout 0", "--timeout must be more than 0"},
+        {"--timeout nan", "--timeout takes a number of seconds, not 'nan'"},
+        {"--timeout inf", "--timeout takes a number of seconds, not 'inf'"},
+        {"--timeout 1e9", "--timeout must be more than 0 and at most 604800"},
+        {"--total-timeout -1", "--total-timeout must be at least 0"},
+        {"--memory-mb 0", "--memory-mb must be between 1 and 16777216, not 0"},
+        {"--memory-mb 1", "--memory-mb 1 is too small: an engine process starts as a copy of kvcheck"},
+        {"--memory-mb 17592186044416", "--memory-mb must be between 1 and 16777216"},
+        {"--cases ' -1'", "--cases takes a whole number, not ' -1'"},
+        {"--cases 0", "--cases must be between 1 and 1000000000, not 0"},
+        {"--cases 99999999999999999999999", "--cases takes a whole number"},
+        {"--seconds 0", "--seconds must be more than 0"},
+        {"--jobs 0", "--jobs must be between 1 and 256"},
+        {"--cases 5 --seconds 5", "give --cases or --seconds, not both"},
+    };
+    for (const auto& [option, message] : cases) {
+        const Outcome refused = kvcheck(run + option);
+        EXPECT_EQ(refused.status, 2) << option << ": " << refused.out;
+        EXPECT_TRUE(contains(refused.stderr_text, message)) << option << ": " << refused.out;
+    }
+}
+
+TEST_F(Cli, VersionSaysWhichFormatsThisKvcheckSpeaks) {
+    const Outcome version = kvcheck("--version");
+    EXPECT_EQ(version.status, 0);
+    EXPECT_EQ(version.stdout_text.rfind("kvcheck 0.", 0), 0u) << version.out;
+    EXPECT_TRUE(contains(version.stdout_text, "report format 2, plugin ABI 5, dump format 1")) << version.out;
+}
+
+// ---- output paths -------------------------------------------------------------------
+
+// Checked before the run: an hour's results are not lost to a typo.
+TEST_F(Cli, OutputPathsAreCheckedBeforeTheRun) {
+    const Outcome out = kvcheck("run --adapter reference --cases 100000 --quiet --out /nonexistent/dir/report.json --trace-dir " +
+                                scratch("t"));
+    EXPECT_EQ(out.status, 2) << out.out;
+    EXPECT_TRUE(contains(out.stderr_text, "cannot write --out /nonexistent/dir/report.json")) << out.out;
+    EXPECT_FALSE(contains(out.stderr_text, "[  1/")) << "it ran first";
+    const Outcome dir = kvcheck("run --adapter reference --cases 100000 --quiet --trace-dir /proc/kvcheck-traces");
+    EXPECT_EQ(dir.status, 2) << dir.out;
+    EXPECT_TRUE(contains(dir.stderr_text, "cannot create --trace-dir /proc/kvcheck-traces")) << dir.out;
+    const std::string file = scratch("a-file");
+    write_file(file, "");
+    const Outcome not_dir = kvcheck("run --adapter reference --cases 3 --quiet --trace-dir " + file);
+    EXPECT_EQ(not_dir.status, 2) << not_dir.out;
+    const Outcome shrink_out = kvcheck("shrink " + file + " --adapter M3 --out /nonexistent/short.trace");
+    EXPECT_EQ(shrink_out.status, 2) << shrink_out.out;
+    // Made to be checked, and removed again when nothing failed.
+    const Outcome passes = kvcheck("run --adapter reference --property store-contract --cases 2 --quiet --trace-dir " +
+                                   scratch("made/for/traces"));
+    EXPECT_EQ(passes.status, 0) << passes.out;
+    EXPECT_FALSE(fs::exists(scratch("made"))) << "an empty trace directory was left behind";
+}
+
+// An adapter named "../../kvcheck-fault-escape" writes its trace inside the
+// trace directory, under a name made safe.
+TEST_F(Cli, AdapterNamesAreMadeSafeFileNames) {
+    const std::string root = scratch("names");
+    const std::string traces = root + "/a/b/traces";
+    const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_NAME_ESCAPE +
+                                " --property store-contract --cases 5 --quiet --trace-dir " + traces);
+    EXPECT_EQ(run.status, 1) << run.out;
+    std::vector<std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(root)) {
+        if (entry.is_regular_file()) files.push_back(fs::relative(entry.path(), root).string());
+    }
+    ASSERT_EQ(files.size(), 1u) << run.out;
+    // Its failure (it throws) counts under engine-error.
+    EXPECT_EQ(files.front(), "a/b/traces/_._.._kvcheck-fault-escape-engine-error.trace");
+    EXPECT_TRUE(contains(run.stdout_text, "reproduce: kvcheck replay " + traces + "/_._.._kvcheck-fault-escape-engine-error.trace"))
+        << run.out;
+}
+
+// ---- interruption and temporary files -----------------------------------------------
+
+// Ctrl-C (SIGINT to the terminal's process group): the children stop, the
+// report holds what finished, marked incomplete, the exit status is 130,
+// and no job directory is left behind (the fixture checks the TMPDIR).
+TEST_F(Cli, CtrlCWritesTheResultsSoFarMarkedIncomplete) {
+    const std::string report = scratch("interrupted.json");
+    const std::string err = scratch("interrupted.err");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::setpgid(0, 0);  // a process group of its own, as a shell gives a foreground job
+        ::setenv("TMPDIR", kvcheck_tmp().c_str(), 1);
+        const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        ::dup2(fd, STDERR_FILENO);
+        const std::string traces = scratch("interrupted-traces");
+        ::execl(KVCHECK_BINARY, KVCHECK_BINARY, "run", "--adapter", "reference", "--property", "store-contract",
+                "--property", "dump-safe", "--cases", "1000000000", "--jobs", "2", "--report", "json", "--out",
+                report.c_str(), "--trace-dir", traces.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    // Wait until both children run (their first progress lines); the limit
+    // is only there to end the test if kvcheck never gets that far.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (!contains(read_file(err), "dump-safe: ") || !contains(read_file(err), "store-contract: ")) {
+        ASSERT_LT(std::chrono::steady_clock::now(), give_up) << read_file(err);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ::kill(-pid, SIGINT);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 130) << read_file(err);
+    const std::string json = read_file(report);
+    EXPECT_TRUE(contains(json, "\"complete\": false, \"interrupted_by\": \"SIGINT\"")) << json;
+    EXPECT_TRUE(contains(json, "\"id\": \"dump-safe\", \"verdict\": \"not-run\"")) << json;
+    EXPECT_TRUE(contains(json, "\"message\": \"not finished: interrupted by SIGINT (after ")) << json;
+    EXPECT_TRUE(contains(read_file(err), "interrupted by SIGINT: the report holds the results so far, marked incomplete"))
+        << read_file(err);
+}
+
+// The job directory of a kvcheck killed outright (kill -9) is removed by the
+// next kvcheck; that of a running one is not.
+TEST_F(Cli, JobDirectoriesOfDeadRunsAreRemoved) {
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ::waitpid(child, nullptr, 0);
+    const std::string dead = kvcheck_tmp() + "/kvcheck-job-" + std::to_string(child) + "-AbC123";
+    const std::string alive = kvcheck_tmp() + "/kvcheck-job-" + std::to_string(::getpid()) + "-AbC123";
+    for (const std::string& dir : {dead, alive}) {
+        fs::create_directories(dir + "/run/slot-0");
+        write_file(dir + "/run/slot-0/kvcheck-store.pt", "x");
+    }
+    const Outcome run = kvcheck("run --adapter reference --property store-contract --cases 2 --quiet --trace-dir " + scratch("t"));
+    EXPECT_EQ(run.status, 0) << run.out;
+    EXPECT_FALSE(fs::exists(dead));
+    EXPECT_TRUE(fs::exists(alive));
+    fs::remove_all(alive);
+}
+
+// ---- check-dump ------------------------------------------------------------------
+
+TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
+    const std::string corpus = KVCHECK_SOURCE_DIR "/corpus/dump_load/";
+    const Outcome valid = kvcheck("check-dump " + corpus + "mixed-three-items.pt");
+    EXPECT_EQ(valid.status, 0) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "a valid kvcheck dump (format version 1), 3 items")) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "kind=memory")) << valid.out;
+    const Outcome json = kvcheck("check-dump --json " + corpus + "mixed-three-items.pt");
+    EXPECT_EQ(json.status, 0) << json.out;
+    EXPECT_TRUE(contains(json.stdout_text, "\"valid\": true, \"format_version\": 1")) << json.out;
+    EXPECT_TRUE(contains(json.stdout_text, "{\"id\": \"a\", \"layout\": \"modern\", \"dtypes\": [\"float32\"]")) << json.out;
+    std::string why;
+    if (have("/usr/bin/python3")) {
+        EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
+    }
+
+    const std::string dir = scratch("dump-dir");
+    fs::create_directories(dir);
+    fs::copy_file(corpus + "one-legacy-f32.pt", dir + "/kvcheck-store.pt");
+    EXPECT_EQ(kvcheck("check-dump " + dir).status, 0);
+
+    const Outcome nested = kvcheck("check-dump " KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt");
+    EXPECT_EQ(nested.status, 1) << nested.out;
+    EXPECT_TRUE(contains(nested.stdout_text, "INVALID: corrupt dump")) << nested.out;
+    EXPECT_TRUE(contains(nested.stdout_text, "tuples nested more than 32 deep")) << nested.out;
+    const std::string truncated = scratch("truncated.pt");
+    const std::string bytes = read_file(corpus + "one-modern-f32.pt");
+    write_file(truncated, bytes.substr(0, bytes.size() / 2));
+    const Outcome cut = kvcheck("check-dump --json " + truncated);
+    EXPECT_EQ(cut.status, 1) << cut.out;
+    EXPECT_TRUE(contains(cut.stdout_text, "\"valid\": false, \"error\": \"corrupt dump ")) << cut.out;
+
+    EXPECT_EQ(kvcheck("check-dump " + scratch("no-such.pt")).status, 2);
+    EXPECT_EQ(kvcheck("check-dump " + kvcheck_tmp()).status, 2) << "a directory without a dump";
+    EXPECT_EQ(kvcheck("check-dump /dev/zero").status, 2);
+    EXPECT_EQ(kvcheck("check-dump").status, 2);
+    EXPECT_EQ(kvcheck("check-dump --frobnicate x").status, 2);
+}
+
+}  // namespace

@@ -1,0 +1,92 @@
+#include "cli_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvtest::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The scratch root, removed when the process that made it exits normally
+// (not by forked children: they leave with _exit).
+class ScratchRoot {
+  public:
+    ScratchRoot()
+        : owner_(::getpid()), path_(fs::temp_directory_path() / ("kvcheck-cli-" + std::to_string(::getpid()))) {
+        fs::remove_all(path_);
+        fs::create_directories(path_ / "tmp");
+    }
+    ~ScratchRoot() {
+        if (::getpid() != owner_) return;
+        std::error_code ignored;
+        fs::remove_all(path_, ignored);
+    }
+    const fs::path& path() const { return path_; }
+
+  private:
+    pid_t owner_;
+    fs::path path_;
+};
+
+const ScratchRoot& root() {
+    static const ScratchRoot instance;
+    return instance;
+}
+
+}  // namespace
+
+std::string scratch(const std::string& name) { return (root().path() / name).string(); }
+
+std::string kvcheck_tmp() { return (root().path() / "tmp").string(); }
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+    std::vector<std::string> names;
+    std::error_code error;
+    for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+        names.push_back(it->path().filename().string());
+    }
+    return names;
+}
+
+Outcome kvcheck(const std::string& arguments) {
+    static int count = 0;
+    const std::string out = scratch("stdout-" + std::to_string(count));
+    const std::string err = scratch("stderr-" + std::to_string(count++));
+    const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " + out + " 2> " + err;
+    Outcome outcome;
+    const int status = std::system(command.c_str());
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    outcome.stdout_text = read_file(out);
+    outcome.stderr_text = read_file(err);
+    outcome.out = outcome.stdout_text + outcome.stderr_text;
+    fs::remove(out);
+    fs::remove(err);
+    return outcome;
+}
+
+void Cli::SetUp() { fs::create_directories(kvcheck_tmp()); }
+
+void Cli::TearDown() {
+    std::string left;
+    for (const std::string& name : entries(kvcheck_tmp())) left += " " + name;
+    EXPECT_TRUE(left.empty()) << "kvcheck left in its TMPDIR:" << left;
+    std::error_code ignored;
+    for (const std::string& name : entries(kvcheck_tmp())) fs::remove_all(fs::path(kvcheck_tmp()) / name, ignored);
+}
+
+}  // namespace kvtest::cli

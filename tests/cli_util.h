@@ -1,0 +1,42 @@
+// Running the kvcheck binary as a user does, for the command-line tests.
+// Every run gets TMPDIR = kvcheck_tmp(), a directory of this test binary's
+// own: the fixture `Cli` checks after each test that kvcheck left nothing
+// in it (no job directories, no dumps, no temporary files). Scratch files
+// live under one directory, removed when the test binary exits.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace kvtest::cli {
+
+struct Outcome {
+    int status = -1;          // the exit status; 128 + N when killed by signal N
+    std::string out;          // standard output and standard error, in that order
+    std::string stdout_text;  // standard output alone
+    std::string stderr_text;  // standard error alone
+};
+
+// `arguments` is a shell fragment after the binary's path.
+Outcome kvcheck(const std::string& arguments);
+
+// A path under this test binary's scratch directory.
+std::string scratch(const std::string& name);
+// The TMPDIR every kvcheck run gets.
+std::string kvcheck_tmp();
+
+bool contains(const std::string& text, const std::string& part);
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& text);
+std::vector<std::string> entries(const std::string& dir);
+
+// The fixture of the command-line tests: kvcheck_tmp() is empty after each.
+class Cli : public ::testing::Test {
+  protected:
+    void SetUp() override;
+    void TearDown() override;
+};
+
+}  // namespace kvtest::cli
