@@ -96,6 +96,15 @@ class MemoryFileSystem final : public kv::FileSystem {
     }
     void remove(const std::string& path) override { files_.erase(path); }
     void make_dirs(const std::string&) override {}
+    std::vector<std::string> list(const std::string& dir) override {
+        std::vector<std::string> names;
+        for (const auto& [path, bytes] : files_) {
+            if (path.rfind(dir + "/", 0) == 0 && path.find('/', dir.size() + 1) == std::string::npos) {
+                names.push_back(path.substr(dir.size() + 1));
+            }
+        }
+        return names;
+    }
 
   private:
     std::map<std::string, std::vector<char>> files_;

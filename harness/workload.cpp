@@ -2,6 +2,7 @@
 
 #include "kvcheck/splitmix.h"
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -112,6 +113,7 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.weights.fill(2);
     swarm.legacy = options.capabilities.legacy_layout;
     swarm.weights[kind<op::Add>()] = 6;  // a store needs content to be interesting
+    swarm.weights[kind<op::DumpKill>()] = 1;  // three processes each: a few per trace find what they find
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
     // An operation the engine cannot run is never generated.
@@ -130,6 +132,10 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     }
     // A trace without caches in the store exercises nothing.
     swarm.weights[kind<op::Add>()] = static_cast<std::uint8_t>(choose.between(3, 8));
+    // Three processes each (a complete dump, a killed one, the loads): the
+    // bug classes it finds show at any kill point, so one a trace is plenty.
+    std::uint8_t& kill = swarm.weights[kind<op::DumpKill>()];
+    kill = std::min<std::uint8_t>(kill, 1);
     const Capabilities& c = options.capabilities;
     switch (choose.below(c.half_dtypes ? 4 : 1)) {
         case 0: case 1: swarm.dtype = Dtype::f32; break;
@@ -263,6 +269,14 @@ op::DumpCrash draw(Drawing& d, op::DumpCrash*) {
 }
 
 op::Load draw(Drawing& d, op::Load*) { return {d.slot()}; }
+
+op::DumpKill draw(Drawing& d, op::DumpKill*) {
+    // The point is taken modulo the dump's counted calls: any value reaches each.
+    op::DumpKill kill{d.slot(), static_cast<std::int64_t>(d.choose.below(1 << 16))};
+    // What the kill left is loaded in a fresh process; a load here reads it in this one.
+    if (d.enabled(kind<op::Load>()) && d.choose.one_in(2)) d.follow_up = op::Load{kill.slot};
+    return kill;
+}
 
 op::Corrupt draw(Drawing& d, op::Corrupt*) {
     const std::int64_t at = d.slot();

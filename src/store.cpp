@@ -86,16 +86,34 @@ void Store::remove_all() {
     order_.clear();
 }
 
+namespace {
+
+// Removes what crashed dumps left in `dir`: names of the temporary form.
+void remove_temporaries(const std::string& dir, FileSystem& fs) {
+    const std::string prefix = std::string(dump_file_name) + dump_temporary_suffix;
+    for (const std::string& name : fs.list(dir)) {
+        if (name.compare(0, prefix.size(), prefix) == 0) fs.remove(dir + "/" + name);
+    }
+}
+
+}  // namespace
+
 void Store::dump(const std::string& dir, FileSystem& fs) const {
     const std::vector<char> bytes = encode_dump(get_all());
     fs.make_dirs(dir);
+    remove_temporaries(dir, fs);
     const std::string target = dir + "/" + dump_file_name;
-    const std::string temporary = target + ".tmp-" + std::to_string(::getpid());
+    const std::string temporary = target + dump_temporary_suffix + std::to_string(::getpid());
     fs.write_file(temporary, bytes);
     fs.rename(temporary, target);
 }
 
 void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limits) {
+    try {
+        remove_temporaries(dir, fs);
+    } catch (const IoError&) {
+        // A directory we may not change still holds a dump we can read.
+    }
     const std::string path = dir + "/" + dump_file_name;
     std::vector<char> bytes;
     try {

@@ -272,6 +272,7 @@ class CrashingFileSystem final : public kv::FileSystem {
     }
     void remove(const std::string& path) override { real().remove(path); }
     void make_dirs(const std::string& path) override { real().make_dirs(path); }
+    std::vector<std::string> list(const std::string& dir) override { return real().list(dir); }
 
   private:
     static kv::FileSystem& real() { return kv::posix_file_system(); }

@@ -11,6 +11,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <unistd.h>
 
 namespace kvcheck::adapters {
 namespace {
@@ -116,6 +117,51 @@ class M10 final : public ReferenceEngine {
     void store_dump(const std::string& dir, kv::FileSystem& fs) override {
         fs.make_dirs(dir);
         fs.write_file(dir + "/" + kv::dump_file_name, kv::encode_dump(store_.get_all()));
+    }
+};
+
+// The dump's file system with one of its two flushes skipped.
+class UnflushedFiles final : public kv::PosixFileSystem {
+  protected:
+    void flush_file(int, const std::string&) override {}
+};
+
+class UnflushedDirectory final : public kv::PosixFileSystem {
+  protected:
+    void flush_directory(const std::string&) override {}
+};
+
+// M13 (ours): the dump never fsyncs its file: the rename can reach the
+// disk before the bytes it names, and a power cut leaves an empty dump.
+class M13 final : public ReferenceEngine {
+  protected:
+    kv::FileSystem& file_system() override { return files_; }
+
+  private:
+    UnflushedFiles files_;
+};
+
+// M14 (ours): the dump never fsyncs the directory after its rename: dump
+// returns, and a power cut can still undo the rename.
+class M14 final : public ReferenceEngine {
+  protected:
+    kv::FileSystem& file_system() override { return files_; }
+
+  private:
+    UnflushedDirectory files_;
+};
+
+// M15 (ours): the dump's temporary has a name the clean-up of crashed
+// dumps does not look for (".partial-<pid>" where it looks for ".tmp-"):
+// each killed dump leaves its temporary for ever.
+class M15 final : public ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        fs.make_dirs(dir);
+        const std::string target = dir + "/" + kv::dump_file_name;
+        const std::string temporary = target + ".partial-" + std::to_string(::getpid());
+        fs.write_file(temporary, kv::encode_dump(store_.get_all()));
+        fs.rename(temporary, target);
     }
 };
 
@@ -271,10 +317,12 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M2>("M2", "get_cache with one id returns the stored object",
                    {P::stored_immutable, P::owned_marker, P::single_copy}),
         mutant<M3>("M3", "generate clones even an owned copy (double copy)", {P::single_copy}),
-        mutant<M4>("M4", "clone of an empty modern cache shares the layer list", {P::clone_independent, P::stored_immutable}),
+        mutant<M4>("M4", "clone of an empty modern cache shares the layer list",
+                   {P::clone_independent, P::stored_immutable, P::generation_equivalent}),
         mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
                    {P::layout_roundtrip, P::clone_independent, P::generation_equivalent}),
-        mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer", {P::clone_independent, P::layout_roundtrip}),
+        mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer",
+                   {P::clone_independent, P::layout_roundtrip, P::generation_equivalent}),
         mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
         mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),
         mutant<M9>("M9", "clone copies layer objects but shares their tensors",
@@ -282,6 +330,9 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
+        mutant<M13>("M13", "dump never fsyncs its file before the rename", {P::dump_safe}),
+        mutant<M14>("M14", "dump never fsyncs the directory after the rename", {P::dump_safe}),
+        mutant<M15>("M15", "a killed dump's temporary file is never removed", {P::dump_safe}),
     };
 }
 

@@ -81,6 +81,8 @@ class ReferenceEngine : public Engine {
     virtual kv::CachePtr store_get_cache(const std::vector<std::string>& ids);
     virtual void store_add(const std::string& id, const kv::CachePtr& cache);
     virtual void store_dump(const std::string& dir, kv::FileSystem& fs);
+    // The file system dumps and loads go through.
+    virtual kv::FileSystem& file_system() { return kv::posix_file_system(); }
     virtual std::vector<std::int64_t> run_generation(const kv::ConstCachePtr& past,
                                                      const std::vector<std::int64_t>& prompt,
                                                      std::int64_t max_new_tokens, bool stream,

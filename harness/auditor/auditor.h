@@ -89,6 +89,9 @@ class Auditor {
     void consumed(ObjectId object);
 
     std::map<std::int64_t, DumpSlot>& slots() { return slots_; }
+    // Per slot, the temporary files killed dumps left there (dump_kill):
+    // a later complete dump must not leave them.
+    std::map<std::int64_t, std::vector<std::string>>& temporaries() { return temporaries_; }
 
   private:
     // Looked up by every check of every step: hashed, not ordered.
@@ -99,6 +102,7 @@ class Auditor {
     IdMap<ObjectId> entries_;  // in no order: order_ has it
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
+    std::map<std::int64_t, std::vector<std::string>> temporaries_;
 };
 
 }  // namespace kvcheck

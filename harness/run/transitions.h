@@ -14,22 +14,26 @@
 #include "run/dump_slots.h"
 #include "run/readings.h"
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <variant>
 
 namespace kvcheck {
 
 using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
-                          checkers::GotAll>;
+                          checkers::GotAll, checkers::DumpKilled>;
 
 class Transitions {
   public:
     // `read_copies`: drain the engine's copy log around the operations that
     // copy, and report the count (some checker reads it).
+    // `fresh_engine`: makes the fresh engines dump_kill loads with (unset:
+    // dump_kill is skipped).
     Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage,
-                bool read_copies)
+                bool read_copies, std::function<std::shared_ptr<Engine>()> fresh_engine = nullptr)
         : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage),
-          read_copies_(read_copies) {}
+          read_copies_(read_copies), fresh_engine_(std::move(fresh_engine)) {}
 
     std::optional<Fact> apply(const Op& operation);
 
@@ -54,6 +58,7 @@ class Transitions {
     DumpSlots& slots_;
     Coverage& coverage_;
     bool read_copies_;
+    std::function<std::shared_ptr<Engine>()> fresh_engine_;
 };
 
 }  // namespace kvcheck
