@@ -6,6 +6,8 @@
 #include "reference/reference_engine.h"
 #include "run_util.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -83,6 +85,19 @@ class CrashingLoadEngine final : public adapters::ReferenceEngine {
     }
 };
 
+// A reduction large enough that libtorch splits it over its threads.
+float parallel_sum() { return at::ones({2048, 2048}).sum().item<float>(); }
+
+// An engine whose dump runs parallel work, after the harness's process ran
+// some with two threads.
+class ParallelDumpEngine final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        if (parallel_sum() != 2048.0f * 2048.0f) throw std::runtime_error("the sum is wrong");
+        ReferenceEngine::store_dump(dir, fs);
+    }
+};
+
 template <typename E>
 RunResult run_fresh(const Trace& trace) {
     E engine;
@@ -103,6 +118,15 @@ TEST(DumpKill, AFreshEngineCrashingOnALoadIsAnEngineError) {
     ASSERT_TRUE(result.failure);
     EXPECT_EQ(result.failure->property, engine_error_id);
     EXPECT_NE(result.failure->message.find("SIGSEGV"), std::string::npos) << result.failure->message;
+}
+
+TEST(DumpKill, AChildRunsParallelRegionsAfterTheParentRanThem) {
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    ASSERT_EQ(parallel_sum(), 2048.0f * 2048.0f);  // OpenMP's worker threads now exist
+    const RunResult result = run_fresh<ParallelDumpEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 3}});
+    at::set_num_threads(threads);
+    EXPECT_FALSE(result.failure) << result.failure->message;
 }
 
 }  // namespace

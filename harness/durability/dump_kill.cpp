@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <cstdio>
 #include <cstring>
@@ -89,6 +90,18 @@ std::string signal_text(int signal) {
     return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
 }
 
+// OpenMP's worker threads do not survive a fork, and its next parallel
+// region in the child waits for them for ever (libtorch's intra-op
+// parallelism is OpenMP). The child runs OpenMP with one thread, when the
+// process has it, without linking it.
+void one_openmp_thread() {
+    void* symbol = ::dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (symbol == nullptr) return;
+    void (*set_threads)(int) = nullptr;
+    std::memcpy(&set_threads, &symbol, sizeof symbol);
+    set_threads(1);
+}
+
 // Runs `body` in a forked child, which reports through `out`, and waits for
 // it to end. The child dies with this process (PR_SET_PDEATHSIG), ends with
 // _exit (no atexit handler, no destructor of the parent's objects), and is
@@ -102,6 +115,7 @@ ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max)
     if (pid == 0) {
         ::close(pipe_fds[0]);
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        one_openmp_thread();
         int status = 0;
         try {
             body(pipe_fds[1]);
