@@ -422,7 +422,6 @@ KillOutcome run_kill_test(const KillTest& test) {
     const PowerCutModel returned = power_cut_states(before, complete.events, complete.after, model_options);
     const std::int64_t calls = counted_calls(complete.events);
     const std::vector<std::string> complete_names = complete.after.names();
-    const std::set<std::string> final_names(complete_names.begin(), complete_names.end());
     fact.unfollowed = returned.unfollowed;
     std::set<std::string> temporaries(test.temporaries.begin(), test.temporaries.end());
     for (const std::string& name : returned.created) temporaries.insert(name);
