@@ -526,7 +526,9 @@ PowerCutModel python_dump(const TempDir& dir, bool flush) {
     std::fflush(nullptr);
     const pid_t child = ::fork();
     if (child == 0) {
-        ::setenv("LD_PRELOAD", KVCHECK_DUMPSHIM_PATH, 1);
+        const std::string runtime = KVCHECK_PRELOAD_RUNTIME;
+        ::setenv("LD_PRELOAD", (runtime.empty() ? "" : runtime + " ").append(KVCHECK_DUMPSHIM_PATH).c_str(), 1);
+        if (!runtime.empty()) ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
         ::setenv("KVCHECK_DUMPSHIM_DIR", dir.path().c_str(), 1);
         ::setenv("KVCHECK_DUMPSHIM_LOG_FD", std::to_string(log).c_str(), 1);
         ::setenv("DUMP_DIR", dir.path().c_str(), 1);

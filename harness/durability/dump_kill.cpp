@@ -473,7 +473,8 @@ KillOutcome run_kill_test(const KillTest& test) {
         if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
             throw std::runtime_error("a fresh engine threw loading " + state + ": " + Reader(end.output).text());
         }
-        throw std::runtime_error("a fresh engine's process ended early loading " + state);
+        throw std::runtime_error("a fresh engine's process ended early (exit status " + std::to_string(WEXITSTATUS(end.status)) +
+                                 ") loading " + state);
     }
 
     const Digests now = digests_of(test.store);
