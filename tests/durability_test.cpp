@@ -215,6 +215,13 @@ TEST(DumpShim, FollowsStdioDuplicatesAndDescriptorsOpenedBeforeArming) {
         std::fflush(file);
         ASSERT_EQ(::fsync(::fileno(file)), 0);
         ASSERT_EQ(std::fclose(file), 0);
+        {
+            std::ofstream stream(dir / "o", std::ios::binary);  // libstdc++: fopen64, write, fclose
+            stream << "ofstream";
+        }
+        const int reopened = ::open((dir / "o").c_str(), O_RDONLY);
+        ASSERT_EQ(::fsync(reopened), 0);
+        ::close(reopened);
         ASSERT_EQ(::write(early, "e", 1), 1);
         const int copy = ::dup(early);
         ASSERT_EQ(::fsync(copy), 0);
@@ -230,6 +237,11 @@ TEST(DumpShim, FollowsStdioDuplicatesAndDescriptorsOpenedBeforeArming) {
     ASSERT_NE(find(Call::fsync, "s"), events.end()) << kinds(events);
     EXPECT_EQ(find(Call::fsync, "s")->data, "stdio");
     EXPECT_NE(find(Call::close, "s"), events.end()) << kinds(events);
+    ASSERT_NE(find(Call::open, "o"), events.end()) << "std::ofstream: " << kinds(events);
+    EXPECT_TRUE(find(Call::open, "o")->has(KVCHECK_SHIM_CREATED));
+    EXPECT_NE(find(Call::write, "o"), events.end()) << kinds(events);
+    ASSERT_NE(find(Call::fsync, "o"), events.end()) << kinds(events);
+    EXPECT_EQ(find(Call::fsync, "o")->data, "ofstream");
     EXPECT_NE(find(Call::write, "early"), events.end()) << kinds(events);
     ASSERT_NE(find(Call::fsync, "early"), events.end()) << "an fsync through a duplicate: " << kinds(events);
     EXPECT_EQ(find(Call::fsync, "early")->data, "e");

@@ -30,7 +30,11 @@
  * call returns, so a kill leaves whole records of every call that ran.
  * With a record of an fsync or fdatasync of a file goes the file's whole
  * content right after it (what that call made durable); with a rename over
- * a file, or an unlink, the content of the file whose name goes.
+ * a file, or an unlink, the content of the file whose name goes. While
+ * armed, flushes (fsync, fdatasync, sync, syncfs) of what is under the
+ * directory are recorded and succeed without reaching the disk: nobody cuts
+ * the power of a watched process, the model decides what a flush made
+ * durable, and a real flush costs milliseconds.
  *
  * Counted calls (the kill points): those that change or flush something:
  * an open that may create, truncate or write, every write, truncate and
