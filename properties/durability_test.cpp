@@ -96,6 +96,18 @@ class ParallelDumpEngine final : public adapters::ReferenceEngine {
     }
 };
 
+// An engine whose load throws (a rejected operation, by the contract).
+class ThrowingLoadEngine final : public adapters::ReferenceEngine {
+  public:
+    LoadResult load(const std::string&) override { throw std::runtime_error("no loading today"); }
+};
+
+// An engine whose dump throws.
+class ThrowingDumpEngine final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string&, kv::FileSystem&) override { throw std::runtime_error("disk full"); }
+};
+
 template <typename E>
 RunResult run_fresh(const Trace& trace) {
     E engine;
@@ -125,6 +137,21 @@ TEST(DumpKill, AChildRunsParallelRegionsAfterTheParentRanThem) {
     const RunResult result = run_fresh<ParallelDumpEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 3}});
     at::set_num_threads(threads);
     EXPECT_FALSE(result.failure) << result.failure->message;
+}
+
+TEST(DumpKill, AFreshEngineThrowingOnALoadIsAnEngineErrorNamingTheThrow) {
+    const RunResult result = run_fresh<ThrowingLoadEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 2}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("threw loading"), std::string::npos) << result.failure->message;
+    EXPECT_NE(result.failure->message.find("no loading today"), std::string::npos) << result.failure->message;
+}
+
+TEST(DumpKill, ADumpThatThrowsInItsChildIsAnEngineErrorNamingTheThrow) {
+    const RunResult result = run_fresh<ThrowingDumpEngine>({op::DumpKill{0, 0}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("the dump threw: disk full"), std::string::npos) << result.failure->message;
 }
 
 }  // namespace

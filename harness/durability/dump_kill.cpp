@@ -25,7 +25,9 @@
 namespace kvcheck::durability {
 namespace {
 
-// ---- messages from a child: a size, then the bytes ---------------------------
+// ---- messages from a child: a kind, then a size and the bytes -----------------
+
+enum Message : std::uint64_t { loaded_message = 1, error_message = 2 };
 
 class Writer {
   public:
@@ -121,6 +123,7 @@ ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max)
             body(pipe_fds[1]);
         } catch (const std::exception& error) {
             Writer report;
+            report.number(error_message);
             report.text(error.what());
             write_all(pipe_fds[1], report.bytes());
             status = 3;
@@ -148,6 +151,21 @@ ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max)
     while (::waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {
     }
     return end;
+}
+
+// The exception a child reported, if any (the messages before it are skipped).
+std::string child_error(const std::string& output) {
+    Reader messages(output);
+    try {
+        while (!messages.done()) {
+            const std::uint64_t kind = messages.number();
+            const std::string text = messages.text();
+            if (kind == error_message) return text;
+        }
+    } catch (const std::runtime_error&) {
+        // Cut short by the child's death: no error was reported whole.
+    }
+    return "(no message)";
 }
 
 // An anonymous file the shim records into: nothing is left on disk.
@@ -207,10 +225,7 @@ DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
         return run;
     }
     if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + signal_text(WTERMSIG(end.status)) + ")");
-    if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
-        Reader report(end.output);
-        throw std::runtime_error(what + " threw: " + report.text());
-    }
+    if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + child_error(end.output));
     if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
         throw std::runtime_error(what + " ended its child process with status " + std::to_string(WEXITSTATUS(end.status)));
     }
@@ -322,16 +337,24 @@ void load_states(int out, const std::function<std::shared_ptr<Engine>()>& fresh,
             write_store(report, *loaded);
         }
         Writer framed;
+        framed.number(loaded_message);
         framed.text(report.bytes());
         write_all(out, framed.bytes());
     }
 }
 
+// The loads the child reported whole, up to its error or its death.
 std::vector<StateLoad> read_loads(const std::string& output, std::size_t states) {
     std::vector<StateLoad> loads;
     Reader frames(output);
     while (!frames.done() && loads.size() < states) {
-        const std::string frame = frames.text();
+        std::string frame;
+        try {
+            if (frames.number() != loaded_message) break;
+            frame = frames.text();
+        } catch (const std::runtime_error&) {
+            break;  // cut short by the child's death
+        }
         Reader in(frame);
         StateLoad load;
         load.result = read_load(in);
@@ -471,7 +494,7 @@ KillOutcome run_kill_test(const KillTest& test) {
         if (end.hung) throw std::runtime_error("a fresh engine made no progress loading " + state);
         if (WIFSIGNALED(end.status)) throw std::runtime_error("a fresh engine crashed (" + signal_text(WTERMSIG(end.status)) + ") loading " + state);
         if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
-            throw std::runtime_error("a fresh engine threw loading " + state + ": " + Reader(end.output).text());
+            throw std::runtime_error("a fresh engine threw loading " + state + ": " + child_error(end.output));
         }
         throw std::runtime_error("a fresh engine's process ended early (exit status " + std::to_string(WEXITSTATUS(end.status)) +
                                  ") loading " + state);
