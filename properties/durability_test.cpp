@@ -39,7 +39,7 @@ TEST(DumpKill, TheReferencePassesAtEveryKillPoint) {
 }
 
 TEST(DumpKill, EachFlushAndCleanUpMutantIsCaughtInOneStep) {
-    for (const std::string name : {"M10", "M13", "M14", "M15"}) {
+    for (const std::string name : {"M10", "M25", "M26", "M27"}) {
         std::size_t caught = 0;
         for (std::int64_t point = 0; point < points_max; ++point) {
             const Trace trace{op::DumpKill{0, point}};
@@ -61,7 +61,7 @@ TEST(DumpKill, IsSkippedWithoutAFactoryForFreshEngines) {
 }
 
 TEST(DumpKill, IsSkippedWhenDumpSafeIsNotChecked) {
-    const RunResult result = run_on(bundled("M13"), {op::DumpKill{0, 1}}, PropertySet::only(Property::stored_immutable));
+    const RunResult result = run_on(bundled("M25"), {op::DumpKill{0, 1}}, PropertySet::only(Property::stored_immutable));
     EXPECT_FALSE(result.failure);
     EXPECT_EQ(result.coverage.ops_skipped, 1u);
 }

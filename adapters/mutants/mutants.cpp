@@ -131,9 +131,9 @@ class UnflushedDirectory final : public kv::PosixFileSystem {
     void flush_directory(const std::string&) override {}
 };
 
-// M13 (ours): the dump never fsyncs its file: the rename can reach the
+// M25 (ours): the dump never fsyncs its file: the rename can reach the
 // disk before the bytes it names, and a power cut leaves an empty dump.
-class M13 final : public ReferenceEngine {
+class M25 final : public ReferenceEngine {
   protected:
     kv::FileSystem& file_system() override { return files_; }
 
@@ -141,9 +141,9 @@ class M13 final : public ReferenceEngine {
     UnflushedFiles files_;
 };
 
-// M14 (ours): the dump never fsyncs the directory after its rename: dump
+// M26 (ours): the dump never fsyncs the directory after its rename: dump
 // returns, and a power cut can still undo the rename.
-class M14 final : public ReferenceEngine {
+class M26 final : public ReferenceEngine {
   protected:
     kv::FileSystem& file_system() override { return files_; }
 
@@ -151,10 +151,10 @@ class M14 final : public ReferenceEngine {
     UnflushedDirectory files_;
 };
 
-// M15 (ours): the dump's temporary has a name the clean-up of crashed
+// M27 (ours): the dump's temporary has a name the clean-up of crashed
 // dumps does not look for (".partial-<pid>" where it looks for ".tmp-"):
 // each killed dump leaves its temporary for ever.
-class M15 final : public ReferenceEngine {
+class M27 final : public ReferenceEngine {
   protected:
     void store_dump(const std::string& dir, kv::FileSystem& fs) override {
         fs.make_dirs(dir);
@@ -330,9 +330,9 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
-        mutant<M13>("M13", "dump never fsyncs its file before the rename", {P::dump_safe}),
-        mutant<M14>("M14", "dump never fsyncs the directory after the rename", {P::dump_safe}),
-        mutant<M15>("M15", "a killed dump's temporary file is never removed", {P::dump_safe}),
+        mutant<M25>("M25", "dump never fsyncs its file before the rename", {P::dump_safe}),
+        mutant<M26>("M26", "dump never fsyncs the directory after the rename", {P::dump_safe}),
+        mutant<M27>("M27", "a killed dump's temporary file is never removed", {P::dump_safe}),
     };
 }
 
