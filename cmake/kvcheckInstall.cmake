@@ -26,13 +26,21 @@ set_target_properties(kvcheck_harness PROPERTIES EXPORT_NAME harness)
 # exported with it (a consumer gets its flags only by linking it).
 set_target_properties(kvcheck_warnings PROPERTIES EXPORT_NAME warnings)
 
-install(TARGETS kvcheck_harness kvcheck_warnings
+# The dump shim is a shared library the harness links (harness/CMakeLists.txt):
+# it is installed next to it, and an engine run as a program of its own can
+# be started with LD_PRELOAD=P/lib/libkvcheck_dumpshim.so.
+set_target_properties(kvcheck_dumpshim PROPERTIES EXPORT_NAME dumpshim)
+
+install(TARGETS kvcheck_harness kvcheck_warnings kvcheck_dumpshim
   EXPORT kvcheckTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 if(TARGET kvcheck)
   # Installed, kvcheck still finds libtorch (and any library linked from
   # outside the system directories) where it was linked from.
-  set_target_properties(kvcheck PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  # The dump shim it links is installed in the package's own lib/.
+  set_target_properties(kvcheck PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON
+    INSTALL_RPATH "\$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
   install(TARGETS kvcheck EXPORT kvcheckTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/harness/include/kvcheck/

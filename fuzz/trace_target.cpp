@@ -287,6 +287,7 @@ void init_target(int* argc, char*** argv, TraceTarget target) {
     // trace replays through it.
     s.runner.make = s.adapter->make;
     s.runner.options.work_dir = s.work_dir;
+    s.runner.options.fresh_engine = s.adapter->make;  // dump_kill runs when fuzzing as when shrinking
     s.runner.before_run = [](const Trace&) { empty_work_dir(); };
     s.runner.shrink_accepts = [](const Trace& candidate) { return over_limits(candidate, settings().limits).empty(); };
     s.runner.check = [](const Trace& candidate, const RunOptions& options) {

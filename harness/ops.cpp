@@ -163,6 +163,7 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     if ((needs & needs_dump_crash) && !capabilities.dump_crash) return false;
     if ((needs & needs_stream) && !capabilities.generate_stream) return false;
     if ((needs & needs_conversions) && !(capabilities.conversions && capabilities.legacy_layout)) return false;
+    if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
     return true;
 }
 

@@ -189,6 +189,7 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.weights.fill(2);
     swarm.legacy = options.capabilities.legacy_layout;
     swarm.weights[kind<op::Add>()] = 6;  // a store needs content to be interesting
+    swarm.weights[kind<op::DumpKill>()] = options.dump_kill ? 1 : 0;  // three processes each: a few per trace find what they find
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
     // An operation the engine cannot run is never generated.
@@ -207,6 +208,11 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     }
     // A trace without caches in the store exercises nothing.
     swarm.weights[kind<op::Add>()] = static_cast<std::uint8_t>(choose.between(3, 8));
+    // Three processes each (a complete dump, a killed one, the loads), and
+    // the bugs it finds show at most kill points: a quarter of the swarms
+    // draw it, at the lowest weight (no extra choice: the draw above decides).
+    std::uint8_t& kill = swarm.weights[kind<op::DumpKill>()];
+    kill = (kill == 1 || kill == 2) ? 1 : 0;
     const Capabilities& c = options.capabilities;
     switch (choose.below(c.half_dtypes ? 4 : 1)) {
         case 0: case 1: swarm.dtype = Dtype::f32; break;
@@ -394,6 +400,14 @@ op::DumpCrash draw(Drawing& d, op::DumpCrash*) {
 }
 
 op::Load draw(Drawing& d, op::Load*) { return {d.slot()}; }
+
+op::DumpKill draw(Drawing& d, op::DumpKill*) {
+    // The point is taken modulo the dump's counted calls: any value reaches each.
+    op::DumpKill kill{d.slot(), static_cast<std::int64_t>(d.choose.below(1 << 16))};
+    // What the kill left is loaded in a fresh process; a load here reads it in this one.
+    if (d.enabled(kind<op::Load>()) && d.choose.one_in(2)) d.follow_up = op::Load{kill.slot};
+    return kill;
+}
 
 op::Corrupt draw(Drawing& d, op::Corrupt*) {
     const std::int64_t at = d.slot();

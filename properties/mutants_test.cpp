@@ -105,6 +105,7 @@ TEST(Schedule, FindsWhatReadingEverythingEveryStepFinds) {
                 const Trace trace = trace_for_seed(seed, workload);
                 const RunResult focused = run_on(adapter, trace);
                 const std::shared_ptr<Engine> engine = adapter.make();
+                strict.fresh_engine = adapter.make;  // as the Runner of run_on sets it: dump_kill runs in both
                 const RunResult exact = execute(trace, *engine, strict);
                 const std::string where = adapter.name + ", seed " + std::to_string(seed) + ", " + std::to_string(ops) +
                                           " ops max:\n" + format_trace(trace);

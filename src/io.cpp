@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
 #include <filesystem>
 #include <sys/stat.h>
@@ -28,79 +29,84 @@ class FileDescriptor {
     int fd_;
 };
 
-void sync_directory_of(const std::string& path) {
-    std::string dir = std::filesystem::path(path).parent_path().string();
-    if (dir.empty()) dir = ".";
+}  // namespace
+
+void PosixFileSystem::flush_file(int fd, const std::string& path) {
+    if (::fsync(fd) != 0) fail("cannot flush", path);
+}
+
+void PosixFileSystem::flush_directory(const std::string& dir) {
     FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (fd.get() < 0) fail("cannot open directory", dir);
     if (::fsync(fd.get()) != 0) fail("cannot flush directory", dir);
 }
 
-class PosixFileSystem final : public FileSystem {
-  public:
-    void write_file(const std::string& path, const std::vector<char>& bytes) override {
-        FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-        if (fd.get() < 0) fail("cannot create", path);
-        std::size_t done = 0;
-        while (done < bytes.size()) {
-            const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) fail("cannot write", path);
-            done += static_cast<std::size_t>(n);
-        }
-        if (::fsync(fd.get()) != 0) fail("cannot flush", path);
+void PosixFileSystem::write_file(const std::string& path, const std::vector<char>& bytes) {
+    FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) fail("cannot create", path);
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("cannot write", path);
+        done += static_cast<std::size_t>(n);
     }
+    flush_file(fd.get(), path);
+}
 
-    void rename(const std::string& from, const std::string& to) override {
-        if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from + " to", to);
-        sync_directory_of(to);
+void PosixFileSystem::rename(const std::string& from, const std::string& to) {
+    if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from + " to", to);
+    std::string dir = std::filesystem::path(to).parent_path().string();
+    flush_directory(dir.empty() ? "." : dir);
+}
+
+std::vector<char> PosixFileSystem::read_file(const std::string& path, std::int64_t bytes_max) {
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) fail("cannot open", path);
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0) fail("cannot stat", path);
+    if (!S_ISREG(info.st_mode)) throw IoError("not a regular file: " + path);
+    if (info.st_size > bytes_max) {
+        throw IoError("file too large: " + path + " holds " + std::to_string(info.st_size) +
+                      " bytes, the limit is " + std::to_string(bytes_max));
     }
-
-    std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) override {
-        FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd.get() < 0) fail("cannot open", path);
-        struct stat info {};
-        if (::fstat(fd.get(), &info) != 0) fail("cannot stat", path);
-        if (!S_ISREG(info.st_mode)) throw IoError("not a regular file: " + path);
-        if (info.st_size > bytes_max) {
-            throw IoError("file too large: " + path + " holds " + std::to_string(info.st_size) +
-                          " bytes, the limit is " + std::to_string(bytes_max));
-        }
-        std::vector<char> bytes(static_cast<std::size_t>(info.st_size));
-        std::size_t done = 0;
-        while (done < bytes.size()) {
-            const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) fail("cannot read", path);
-            if (n == 0) break;  // the file shrank under us: what we have is what there is
-            done += static_cast<std::size_t>(n);
-        }
-        bytes.resize(done);
-        return bytes;
+    std::vector<char> bytes(static_cast<std::size_t>(info.st_size));
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("cannot read", path);
+        if (n == 0) break;  // the file shrank under us: what we have is what there is
+        done += static_cast<std::size_t>(n);
     }
+    bytes.resize(done);
+    return bytes;
+}
 
-    void remove(const std::string& path) override {
-        if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail("cannot remove", path);
+void PosixFileSystem::remove(const std::string& path) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail("cannot remove", path);
+}
+
+void PosixFileSystem::make_dirs(const std::string& path) {
+    std::error_code error;
+    std::filesystem::create_directories(path, error);
+    if (error) throw IoError("cannot create directory " + path + ": " + error.message());
+}
+
+std::vector<std::string> PosixFileSystem::list(const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* listing = ::opendir(dir.c_str());
+    if (listing == nullptr) {
+        if (errno == ENOENT) return names;
+        fail("cannot list", dir);
     }
-
-    void make_dirs(const std::string& path) override {
-        std::error_code error;
-        std::filesystem::create_directories(path, error);
-        if (error) throw IoError("cannot create directory " + path + ": " + error.message());
+    while (const dirent* entry = ::readdir(listing)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") names.push_back(name);
     }
-
-    std::vector<std::string> list(const std::string& dir) override {
-        std::vector<std::string> names;
-        std::error_code error;
-        for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-            names.push_back(it->path().filename().string());
-        }
-        if (error) throw IoError("cannot list directory " + dir + ": " + error.message());
-        return names;
-    }
-};
-
-}  // namespace
+    ::closedir(listing);
+    return names;
+}
 
 FileSystem& posix_file_system() {
     static PosixFileSystem fs;

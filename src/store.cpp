@@ -125,7 +125,7 @@ void Store::dump(const std::string& dir, FileSystem& fs) const {
     fs.make_dirs(dir);
     remove_orphaned_temporaries(dir, fs);
     const std::string target = dir + "/" + dump_file_name;
-    const std::string temporary = target + ".tmp-" + std::to_string(::getpid());
+    const std::string temporary = target + dump_temporary_suffix + std::to_string(::getpid());
     fs.write_file(temporary, bytes);
     fs.rename(temporary, target);
 }

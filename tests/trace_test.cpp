@@ -62,6 +62,7 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::ToLegacy{HandleName{7}, HandleName{6}}, "h7 = to_legacy h6"},
         {op::FromLegacy{HandleName{8}, HandleName{7}}, "h8 = from_legacy h7"},
         {op::Release{HandleName{8}}, "release h8"},
+        {op::DumpKill{1, 4}, "dump_kill slot=1 point=4"},
     };
 }
 

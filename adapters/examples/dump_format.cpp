@@ -276,6 +276,8 @@ void Disk::make_dirs(const std::string& path) {
     if (error) throw DumpError("cannot create " + path + ": " + error.message());
 }
 
+void Disk::remove(const std::string& path) { ::unlink(path.c_str()); }
+
 std::vector<char> Disk::read_file(const std::string& path, std::int64_t bytes_max) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw DumpError(system_error("cannot open dump", path));

@@ -69,6 +69,7 @@ class Disk {
     virtual void write_file(const std::string& path, const std::vector<char>& bytes);  // created or truncated
     virtual void rename(const std::string& from, const std::string& to);
     void make_dirs(const std::string& path);
+    void remove(const std::string& path);  // a missing file is fine; so is one that cannot be removed
     std::vector<char> read_file(const std::string& path, std::int64_t bytes_max);  // throws DumpError
 };
 

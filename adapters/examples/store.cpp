@@ -90,6 +90,8 @@ void Store::dump(const std::string& dir, Disk& disk) const {
 
 void Store::load(const std::string& dir, Disk& disk) {
     const std::string path = dir + "/" + dump_file_name;
+    // What a crashed dump left: the next dump would overwrite it, a load removes it.
+    disk.remove(path + ".partial");
     const DumpLimits limits;
     std::vector<Item> loaded = decode_dump(disk.read_file(path, limits.file_bytes_max), path, limits);
     // Nothing below throws: the store changes all at once or not at all.

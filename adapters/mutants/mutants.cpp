@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unistd.h>
 
 namespace kvcheck::adapters {
 namespace {
@@ -119,6 +120,51 @@ class M10 final : public ReferenceEngine {
     void store_dump(const std::string& dir, kv::FileSystem& fs) override {
         fs.make_dirs(dir);
         fs.write_file(dir + "/" + kv::dump_file_name, kv::encode_dump(store_.get_all()));
+    }
+};
+
+// The dump's file system with one of its two flushes skipped.
+class UnflushedFiles final : public kv::PosixFileSystem {
+  protected:
+    void flush_file(int, const std::string&) override {}
+};
+
+class UnflushedDirectory final : public kv::PosixFileSystem {
+  protected:
+    void flush_directory(const std::string&) override {}
+};
+
+// M25 (ours): the dump never fsyncs its file: the rename can reach the
+// disk before the bytes it names, and a power cut leaves an empty dump.
+class M25 final : public ReferenceEngine {
+  protected:
+    kv::FileSystem& file_system() override { return files_; }
+
+  private:
+    UnflushedFiles files_;
+};
+
+// M26 (ours): the dump never fsyncs the directory after its rename: dump
+// returns, and a power cut can still undo the rename.
+class M26 final : public ReferenceEngine {
+  protected:
+    kv::FileSystem& file_system() override { return files_; }
+
+  private:
+    UnflushedDirectory files_;
+};
+
+// M27 (ours): the dump's temporary has a name the clean-up of crashed
+// dumps does not look for (".partial-<pid>" where it looks for ".tmp-"):
+// each killed dump leaves its temporary for ever.
+class M27 final : public ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        fs.make_dirs(dir);
+        const std::string target = dir + "/" + kv::dump_file_name;
+        const std::string temporary = target + ".partial-" + std::to_string(::getpid());
+        fs.write_file(temporary, kv::encode_dump(store_.get_all()));
+        fs.rename(temporary, target);
     }
 };
 
@@ -554,12 +600,13 @@ std::vector<Adapter> mutant_adapters() {
                    {P::stored_immutable, P::owned_marker, P::single_copy}),
         mutant<M3>("M3", "generate clones even an owned copy (double copy)", {P::single_copy}),
         mutant<M4>("M4", "clone of an empty modern cache shares the layer list",
-                   {P::clone_independent, P::stored_immutable, P::single_copy, P::owned_marker}),
+                   {P::clone_independent, P::stored_immutable, P::single_copy, P::owned_marker, P::generation_equivalent}),
         mutant<M5>("M5", "clone prefers the legacy slots when the modern ones exist",
                    {P::layout_roundtrip, P::clone_independent, P::generation_equivalent, P::stored_immutable,
                     P::owned_marker}),
         mutant<M6>("M6", "clone copies K and V as a pair and drops a one-sided layer",
-                   {P::clone_independent, P::layout_roundtrip, P::stored_immutable, P::owned_marker, P::single_copy}),
+                   {P::clone_independent, P::layout_roundtrip, P::stored_immutable, P::owned_marker, P::single_copy,
+                    P::generation_equivalent}),
         mutant<M7>("M7", "merged layers are not marked initialized", {P::merge_correct, P::generation_equivalent}),
         mutant<M8>("M8", "storing an owned copy keeps its marker", {P::owned_marker, P::stored_immutable}),
         mutant<M9>("M9", "clone copies layer objects but shares their tensors",
@@ -583,6 +630,9 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M22>("M22", "the store stores an equal cache as the one it holds (dedup)", {P::stored_immutable}),
         mutant<M23>("M23", "clone copies twice", {P::single_copy}),
         mutant<M24>("M24", "generation reports only the working K/V set alive", {P::single_copy}),
+        mutant<M25>("M25", "dump never fsyncs its file before the rename", {P::dump_safe}),
+        mutant<M26>("M26", "dump never fsyncs the directory after the rename", {P::dump_safe}),
+        mutant<M27>("M27", "a killed dump's temporary file is never removed", {P::dump_safe}),
     };
 }
 

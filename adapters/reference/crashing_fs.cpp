@@ -7,10 +7,10 @@ void CrashingFileSystem::write_file(const std::string& path, const std::vector<c
     const auto size = static_cast<std::int64_t>(bytes.size());
     if (size <= budget_) {
         budget_ -= size;
-        kv::posix_file_system().write_file(path, bytes);
+        inner_.write_file(path, bytes);
         return;
     }
-    kv::posix_file_system().write_file(path, std::vector<char>(bytes.begin(), bytes.begin() + budget_));
+    inner_.write_file(path, std::vector<char>(bytes.begin(), bytes.begin() + budget_));
     budget_ = -1;
     throw PowerCut{};
 }
@@ -21,20 +21,21 @@ void CrashingFileSystem::rename(const std::string& from, const std::string& to) 
         throw PowerCut{};
     }
     budget_ -= 1;  // a rename costs one unit of budget, so a crash can land just before it
-    kv::posix_file_system().rename(from, to);
+    inner_.rename(from, to);
 }
 
 std::vector<char> CrashingFileSystem::read_file(const std::string& path, std::int64_t bytes_max) {
-    return kv::posix_file_system().read_file(path, bytes_max);
+    return inner_.read_file(path, bytes_max);
 }
 
 void CrashingFileSystem::remove(const std::string& path) {
     if (budget_ < 0) throw PowerCut{};
-    kv::posix_file_system().remove(path);
+    inner_.remove(path);
 }
 
-void CrashingFileSystem::make_dirs(const std::string& path) { kv::posix_file_system().make_dirs(path); }
+void CrashingFileSystem::make_dirs(const std::string& path) { inner_.make_dirs(path); }
 
-std::vector<std::string> CrashingFileSystem::list(const std::string& dir) { return kv::posix_file_system().list(dir); }
+std::vector<std::string> CrashingFileSystem::list(const std::string& dir) { return inner_.list(dir); }
+
 
 }  // namespace kvcheck::adapters

@@ -109,10 +109,10 @@ void ReferenceEngine::remove_all() {
     versions_.clear();
 }
 
-void ReferenceEngine::dump(const std::string& dir) { store_dump(dir, kv::posix_file_system()); }
+void ReferenceEngine::dump(const std::string& dir) { store_dump(dir, file_system()); }
 
 void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t bytes_budget) {
-    CrashingFileSystem fs(bytes_budget);
+    CrashingFileSystem fs(bytes_budget, file_system());
     try {
         store_dump(dir, fs);
     } catch (const CrashingFileSystem::PowerCut&) {
@@ -123,7 +123,7 @@ void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t byte
 LoadResult ReferenceEngine::load(const std::string& dir) {
     versions_.clear();
     try {
-        store_.load(dir);
+        store_.load(dir, file_system());
         return {true, {}};
     } catch (const kv::DumpError& error) {
         return {false, error.what()};

@@ -84,6 +84,8 @@ class ReferenceEngine : public Engine {
     virtual void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata);
     virtual void store_dump(const std::string& dir, kv::FileSystem& fs);
     virtual kv::CachePtr convert_from_legacy(const kv::Cache& cache);
+    // The file system dumps and loads go through.
+    virtual kv::FileSystem& file_system() { return kv::posix_file_system(); }
     virtual std::vector<std::int64_t> run_generation(const kv::ConstCachePtr& past,
                                                      const std::vector<std::int64_t>& prompt,
                                                      std::int64_t max_new_tokens, bool stream,

@@ -104,13 +104,23 @@ Snapshot Auditor::snapshot() const {
     snapshot.order = order_;
     entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
     snapshot.metadata = metadata_;
+    entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.objects[id] = object; });
     return snapshot;
 }
 
 void Auditor::restore(const Snapshot& snapshot) {
     remove_all();
+    std::map<ObjectId, ObjectId> made;  // the snapshot's objects -> the new ones
     for (const std::string& id : snapshot.order) {
-        store(id, new_object(snapshot.entries.at(id), Origin::stored_item, false), snapshot.metadata.at(id));
+        const auto original = snapshot.objects.find(id);
+        ObjectId object = 0;
+        if (original != snapshot.objects.end() && made.count(original->second) != 0) {
+            object = made.at(original->second);
+        } else {
+            object = new_object(snapshot.entries.at(id), Origin::stored_item, false);
+            if (original != snapshot.objects.end()) made[original->second] = object;
+        }
+        store(id, object, snapshot.metadata.at(id));
     }
 }
 

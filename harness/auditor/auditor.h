@@ -53,6 +53,9 @@ struct Snapshot {
     std::vector<std::string> order;
     std::map<std::string, CacheContent> entries;
     std::map<std::string, Metadata> metadata;
+    // Ids that held one cache object: a load gives them one object again
+    // (a dump writes a shared object once).
+    std::map<std::string, ObjectId> objects;
 };
 
 // What a dump slot may hold: after a crash during a dump, either the
@@ -109,6 +112,9 @@ class Auditor {
     void consumed(ObjectId object);
 
     std::map<std::int64_t, DumpSlot>& slots() { return slots_; }
+    // Per slot, the temporary files killed dumps left there (dump_kill):
+    // a later complete dump must not leave them.
+    std::map<std::int64_t, std::vector<std::string>>& temporaries() { return temporaries_; }
 
   private:
     // Looked up by every check of every step: hashed, not ordered.
@@ -120,6 +126,7 @@ class Auditor {
     std::map<std::string, Metadata> metadata_;  // of the stored ids
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
+    std::map<std::int64_t, std::vector<std::string>> temporaries_;
 };
 
 }  // namespace kvcheck

@@ -10,6 +10,9 @@
 //               (add_handle), right after the operation;
 //   Generated   a generation ran (generate, generate_stream);
 //   Loaded      a load ran (its outcome and what the slot may hold);
+//   DumpKilled  a dump ran in a child process, to its end and killed at a
+//               point; each state a crash may leave was loaded by a fresh
+//               engine in a fresh process (harness/durability/);
 //   GotByIds,
 //   GotAll      the store answered a listing request;
 //   Copies      the copies an operation logged (after every operation, when
@@ -101,6 +104,27 @@ struct Loaded {
     DumpSlot expected;         // what the slot could hold when the load ran
     bool matched = false;      // a successful load gave one of the stores the slot may hold
     std::string difference;    // otherwise: how the loaded store differs from the last of them
+};
+
+// One directory a crash during or after a dump may leave, loaded by a fresh
+// engine in a fresh process.
+struct CrashLoad {
+    std::string state;          // what the directory is and how a crash left it
+    bool after_return = false;  // the crash came after dump returned: only the new store may load
+    LoadResult result;          // the fresh engine's load
+    bool matched = false;       // a successful load gave a store the state may hold
+    std::string difference;     // otherwise: how it differs from the new store
+    std::vector<std::string> leftovers;  // temporaries of a dump still there after the load
+    std::string changed_by_failure;      // the failed load, repeated on a loaded store, changed it: how
+};
+
+struct DumpKilled {
+    std::int64_t slot = 0;
+    std::string kill;    // "killed before call 3 of 7, after fsync ..."; empty: the dump made no counted call
+    DumpSlot expected;   // what the slot could hold before the dump
+    std::vector<CrashLoad> loads;
+    std::vector<std::string> stale;  // temporaries of an earlier killed dump that a complete dump left
+    std::string unfollowed;          // the power-cut model cannot follow this dump: why (nothing was loaded)
 };
 
 struct GotByIds {
@@ -199,6 +223,7 @@ class Checker {
     virtual void made(const Made&, Probe&) {}
     virtual void generated(const Generated&, Probe&) {}
     virtual void loaded(const Loaded&, Probe&) {}
+    virtual void dump_killed(const DumpKilled&, Probe&) {}
     virtual void got_by_ids(const GotByIds&, Probe&) {}
     virtual void got_all(const GotAll&, Probe&) {}
     virtual void copies(const Copies&, Probe&) {}

@@ -1,14 +1,19 @@
 // dump-safe: a load gives back a store that was dumped; a load may fail
 // only when no complete dump is in its slot (never written, corrupted, or
 // a dump crashed before one was complete), and a failed load leaves the
-// store in memory as it was.
+// store in memory as it was. A dump survives a power cut once it returned;
+// a crash during one leaves the previous dump or the new one; a temporary
+// file of a dump is gone once the next dump or load has run.
 //
 // Checked: every load's outcome against what its slot may hold (the
 // auditor keeps, per slot, the stores a dump or an interrupted dump may
 // have left), and after a failed load, the whole store against the one
-// before it.
-// Not checked here: durability against a real power cut (the engine's own
-// dump_interrupted simulates the crash), file names or formats.
+// before it. For dump_kill, the same of every directory a real kill and
+// the power-cut model (docs/durability.md) leave, each loaded by a fresh
+// engine in a fresh process, and the temporaries left after those loads
+// and after a complete dump.
+// Not checked here: file names or formats; durability of what the model
+// does not follow (a dump it cannot follow is an engine error, not a pass).
 #include "checkers/checker.h"
 
 namespace kvcheck::checkers {
@@ -35,6 +40,37 @@ class DumpSafe final : public Checker {
             return;
         }
         if (!load.matched) fail(probe, slot + " gave a store unlike any dump: " + load.difference);
+    }
+
+    void dump_killed(const DumpKilled& killed, Probe& probe) override {
+        if (!killed.unfollowed.empty()) {
+            probe.engine_error("dump_kill cannot model this engine's dump: " + killed.unfollowed);
+            return;
+        }
+        const std::string dump = "dump to slot " + std::to_string(killed.slot);
+        for (const std::string& name : killed.stale) {
+            fail(probe, "a complete " + dump + " left \"" + name + "\", a temporary file of an earlier killed dump");
+        }
+        const DumpSlot& expected = killed.expected;
+        const bool previous_may_fail = expected.candidates.empty() || expected.corrupted || expected.may_be_absent;
+        for (const CrashLoad& load : killed.loads) {
+            const std::string where = dump + ", " + (load.after_return ? "" : killed.kill + "; ") + load.state + ": ";
+            if (!load.result.ok) {
+                const bool may_fail = !load.after_return && previous_may_fail;
+                expect(probe, may_fail, [&] {
+                    return where + "a fresh engine's load failed although " +
+                           (load.after_return ? "the dump had returned" : "the previous dump was complete") + ": " + load.result.error;
+                });
+                expect(probe, load.changed_by_failure.empty(), [&] { return where + "the failed load changed the store it was made on: " + load.changed_by_failure; });
+            } else {
+                expect(probe, load.matched, [&] {
+                    return where + "a fresh engine loaded a store unlike " + (load.after_return ? "the dump" : "either dump") + ": " + load.difference;
+                });
+            }
+            for (const std::string& name : load.leftovers) {
+                fail(probe, where + "the temporary file \"" + name + "\" is still there after a load");
+            }
+        }
     }
 };
 

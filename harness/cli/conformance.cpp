@@ -163,6 +163,7 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     }
     WorkloadOptions workload = options.workload;
     workload.capabilities = capabilities;
+    workload.dump_kill = property == Property::dump_safe;
     const PropertySet checked = checkable(capabilities);
     std::vector<std::string> known;  // the properties found broken so far
     const double start = monotonic_seconds();

@@ -197,6 +197,8 @@ Metadata read_metadata(const Json& object) {
 
 Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
+    // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
+    capabilities.dump_kill = false;
     const std::array<std::pair<const char*, bool*>, 14> known{{
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},

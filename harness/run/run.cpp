@@ -107,7 +107,9 @@ Run::Run(Engine& engine, const RunOptions& options)
       verdicts_(checked_in(options, capabilities_)), checkers_(checkers_of(verdicts_.checked())),
       checker_reads_(reads_each(checkers_)), reads_(reads_of(checker_reads_)), readings_(engine, capabilities_, audit_, verdicts_),
       slots_(options.work_dir),
-      transitions_(engine, audit_, readings_, slots_, result_.coverage) {
+      transitions_(engine, audit_, readings_, slots_, result_.coverage,
+                   // dump_kill judges dump-safe only, and costs three processes: not run without it.
+                   verdicts_.checked().has(Property::dump_safe) ? options.fresh_engine : nullptr) {
     every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
     reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
 }
@@ -180,6 +182,7 @@ void Run::deliver(const Fact& fact) {
                 if constexpr (std::is_same_v<F, checkers::Made>) checker->made(f, *this);
                 if constexpr (std::is_same_v<F, checkers::Generated>) checker->generated(f, *this);
                 if constexpr (std::is_same_v<F, checkers::Loaded>) checker->loaded(f, *this);
+                if constexpr (std::is_same_v<F, checkers::DumpKilled>) checker->dump_killed(f, *this);
                 if constexpr (std::is_same_v<F, checkers::GotByIds>) checker->got_by_ids(f, *this);
                 if constexpr (std::is_same_v<F, checkers::GotAll>) checker->got_all(f, *this);
             }

@@ -1,5 +1,7 @@
 #include "run/transitions.h"
 
+#include "durability/dump_kill.h"
+
 #include <algorithm>
 
 namespace kvcheck {
@@ -321,6 +323,28 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
     }
     audit_.restore(before);
     return fact;
+}
+
+template <>
+std::optional<Fact> Transitions::apply(const op::DumpKill& op) {
+    if (!fresh_engine_) return std::nullopt;  // nothing to load the crash states with
+    DumpSlot& slot = audit_.slots()[op.slot];
+    std::vector<std::string>& temporaries = audit_.temporaries()[op.slot];
+    const Snapshot store = audit_.snapshot();
+    durability::KillOutcome outcome =
+        durability::run_kill_test({engine_, fresh_engine_, slots_.dir(op.slot), op.point, slot, temporaries, store});
+    outcome.fact.slot = op.slot;
+    // The slot holds what the kill left: the previous dump or this one.
+    if (outcome.killed) {
+        if (slot.candidates.empty()) slot.may_be_absent = true;
+        slot.candidates.push_back(store);
+    } else {
+        slot.candidates = {store};
+        slot.corrupted = false;
+        slot.may_be_absent = false;
+    }
+    temporaries = std::move(outcome.temporaries);
+    return std::move(outcome.fact);
 }
 
 // ---- cache-level --------------------------------------------------------------------

@@ -16,7 +16,9 @@
 #include "run/dump_slots.h"
 #include "run/readings.h"
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <variant>
@@ -24,12 +26,16 @@
 namespace kvcheck {
 
 using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
-                          checkers::GotAll>;
+                          checkers::GotAll, checkers::DumpKilled>;
 
 class Transitions {
   public:
-    Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage)
-        : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage) {}
+    // `fresh_engine`: makes the fresh engines dump_kill loads with (unset:
+    // dump_kill is skipped).
+    Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage,
+                std::function<std::shared_ptr<Engine>()> fresh_engine = nullptr)
+        : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage),
+          fresh_engine_(std::move(fresh_engine)) {}
 
     std::optional<Fact> apply(const Op& operation);
     // The copies the operation just applied makes, by its semantics (the
@@ -65,6 +71,7 @@ class Transitions {
     // from a spec holds.
     std::set<std::string> deleted_ids_;
     std::map<std::string, CacheSpec> added_specs_;
+    std::function<std::shared_ptr<Engine>()> fresh_engine_;
 };
 
 }  // namespace kvcheck

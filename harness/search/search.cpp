@@ -16,6 +16,7 @@ RunResult Runner::run(const Trace& trace, bool every_entry_every_step) const {
     if (before_run) before_run(trace);
     RunOptions run_options = options;
     run_options.every_entry_every_step = options.every_entry_every_step || every_entry_every_step;
+    if (!run_options.fresh_engine) run_options.fresh_engine = make;
     if (check) return check(trace, run_options);
     const std::shared_ptr<Engine> engine = make();
     return execute(trace, *engine, run_options);

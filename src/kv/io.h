@@ -33,6 +33,23 @@ class FileSystem {
     virtual std::vector<std::string> list(const std::string& dir) = 0;
 };
 
-FileSystem& posix_file_system();
+// The real one. Its two flushes are what a dump's durability rests on
+// (docs/durability.md): a file's bytes reach the disk by flush_file, a
+// rename by flush_directory of the directory holding the new name.
+class PosixFileSystem : public FileSystem {
+  public:
+    void write_file(const std::string& path, const std::vector<char>& bytes) override;
+    void rename(const std::string& from, const std::string& to) override;
+    std::vector<char> read_file(const std::string& path, std::int64_t bytes_max) override;
+    void remove(const std::string& path) override;
+    void make_dirs(const std::string& path) override;
+    std::vector<std::string> list(const std::string& dir) override;
+
+  protected:
+    virtual void flush_file(int fd, const std::string& path);
+    virtual void flush_directory(const std::string& dir);
+};
+
+FileSystem& posix_file_system();  // a PosixFileSystem
 
 }  // namespace kv

@@ -66,6 +66,9 @@ struct LoadLimits {
 
 // The name of the dump file inside a dump directory.
 inline constexpr const char* dump_file_name = "kvcheck-store.pt";
+// A dump is written to dump_file_name + this + the writer's process id,
+// then renamed; a name with this prefix is a crashed dump's leftover.
+inline constexpr const char* dump_temporary_suffix = ".tmp-";
 inline constexpr std::int64_t dump_format_version = 1;
 
 // Does the cache hold any K or V element a model would see?
@@ -106,8 +109,10 @@ class Store {
     std::uint64_t changes() const { return changes_; }
 
     // Writes the whole store to `dir`/kvcheck-store.pt: to a temporary file
-    // (kvcheck-store.pt.tmp-<pid>) first, then renamed over the previous
-    // dump, so a crash at any point leaves the previous dump readable.
+    // (kvcheck-store.pt.tmp-<pid>) first (flushed), then renamed over the
+    // previous dump (the directory flushed), so a crash at any point leaves
+    // the previous dump readable and a power cut after it returns leaves
+    // this one.
     //
     // Both dump and load first remove the temporary files of dumps that
     // died before their rename: those of processes that no longer run, and
@@ -117,7 +122,8 @@ class Store {
     // still loads.
     void dump(const std::string& dir, FileSystem& fs = posix_file_system()) const;
     // Replaces the store with the dump in `dir`. On any error (DumpError,
-    // IoError) the store is unchanged.
+    // IoError) the store is unchanged. Temporaries a crashed dump left are
+    // removed first (as far as they can be: a load does not fail for them).
     void load(const std::string& dir, FileSystem& fs = posix_file_system(),
               const LoadLimits& limits = LoadLimits{});
 

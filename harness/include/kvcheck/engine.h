@@ -63,6 +63,9 @@ struct Capabilities {
     bool copy_log = true;              // take_copies and live sets
     bool entry_versions = false;       // entry_version (off unless an engine claims it)
     bool metadata = false;             // entry_metadata and handle_metadata report item metadata
+    // dump_kill: the engine's dump may run in a fork of kvcheck's process
+    // (an engine loaded in process; not one behind a process boundary).
+    bool dump_kill = true;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,6 +99,10 @@ struct RunOptions {
     // store. Both find the same failures on the same traces
     // (properties/mutants_test.cpp, Schedule).
     bool every_entry_every_step = false;
+    // Makes a fresh engine of the one under test: dump_kill loads what a
+    // crash left with one, in a fresh process. Unset, dump_kill is skipped;
+    // kvcheck::Runner sets it to its factory.
+    std::function<std::shared_ptr<Engine>()> fresh_engine;
     // Called before each step with its index (progress reports, benchmarks
     // timing part of a trace). Must not touch the engine.
     std::function<void(std::size_t step)> on_step;

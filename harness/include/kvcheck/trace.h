@@ -78,6 +78,7 @@ enum Needs : std::uint8_t {
     needs_dump_crash = 1 << 1,   // Capabilities::dump_crash
     needs_stream = 1 << 2,       // Capabilities::generate_stream
     needs_conversions = 1 << 3,  // Capabilities::conversions and legacy_layout
+    needs_dump_kill = 1 << 4,    // Capabilities::dump_kill
 };
 
 namespace op {
@@ -298,6 +299,23 @@ struct FromLegacy {
     HandleName source;
     bool well_formed() const { return out.value != 0 && !(out == source); }
 };
+// The dump tested from outside the engine (harness/durability/dump_kill.h):
+// run in a child process to its end, then again killed (SIGKILL) just
+// before its counted file call number `point` modulo their count; every
+// directory state the kill and a power cut may leave is loaded by a fresh
+// engine in a fresh process. Run in kvcheck's process only (the children
+// are forks of it); the slot then holds what the kill left.
+struct DumpKill {
+    static constexpr const char* name = "dump_kill";
+    static constexpr std::array<const char*, 2> fields{"slot", "point"};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_dump | needs_dump_kill;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t slot = 0;
+    std::int64_t point = 0;
+    bool well_formed() const { return true; }
+};
 
 // Ends a handle (docs/semantics.md#handles-and-release).
 struct Release {
@@ -316,7 +334,7 @@ struct Release {
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
                         op::Generate, op::GenerateStream, op::Delete, op::DeleteAll, op::Dump,
                         op::DumpCrash, op::Load, op::Corrupt, op::Make, op::Clone, op::Concat,
-                        op::ToLegacy, op::FromLegacy, op::Release>;
+                        op::ToLegacy, op::FromLegacy, op::Release, op::DumpKill>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;

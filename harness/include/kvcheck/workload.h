@@ -81,6 +81,9 @@ struct WorkloadOptions {
     std::int64_t dump_slots = 2;
     Scope scope;
     Capabilities capabilities;   // what the engine supports: nothing else is generated
+    // Draw dump_kill (three processes a step): kvcheck run draws it in
+    // dump-safe's own search only, the one property it judges.
+    bool dump_kill = true;
 };
 
 struct Swarm {

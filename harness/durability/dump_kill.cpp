@@ -1,0 +1,543 @@
+#include "durability/dump_kill.h"
+
+#include "durability/dir_image.h"
+#include "durability/dumpshim.h"
+#include "durability/power_cut.h"
+#include "durability/shim_log.h"
+
+#include "kvcheck/splitmix.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <poll.h>
+#include <set>
+#include <stdexcept>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvcheck::durability {
+namespace {
+
+// ---- messages from a child: a kind, then a size and the bytes -----------------
+
+enum Message : std::uint64_t { loaded_message = 1, error_message = 2 };
+
+class Writer {
+  public:
+    void number(std::uint64_t value) { bytes_.append(reinterpret_cast<const char*>(&value), sizeof value); }
+    void text(const std::string& value) {
+        number(value.size());
+        bytes_ += value;
+    }
+    const std::string& bytes() const { return bytes_; }
+
+  private:
+    std::string bytes_;
+};
+
+class Reader {
+  public:
+    explicit Reader(const std::string& bytes) : bytes_(bytes) {}
+    bool done() const { return at_ >= bytes_.size(); }
+    std::uint64_t number() {
+        std::uint64_t value = 0;
+        need(sizeof value);
+        std::memcpy(&value, bytes_.data() + at_, sizeof value);
+        at_ += sizeof value;
+        return value;
+    }
+    std::string text() {
+        const std::uint64_t size = number();
+        need(size);
+        std::string value = bytes_.substr(at_, size);
+        at_ += size;
+        return value;
+    }
+
+  private:
+    void need(std::uint64_t size) const {
+        if (bytes_.size() - at_ < size) throw std::runtime_error("a child's report is cut short");
+    }
+    const std::string& bytes_;
+    std::size_t at_ = 0;
+};
+
+void write_all(int fd, const std::string& bytes) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) ::_exit(70);  // the parent is gone
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+// ---- child processes ----------------------------------------------------------
+
+struct ChildEnd {
+    int status = 0;
+    std::string output;
+    bool hung = false;
+};
+
+std::string signal_text(int signal) {
+    const char* name = sigabbrev_np(signal);
+    return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
+}
+
+// OpenMP's worker threads do not survive a fork, and its next parallel
+// region in the child waits for them for ever (libtorch's intra-op
+// parallelism is OpenMP). The child runs OpenMP with one thread, when the
+// process has it, without linking it.
+void one_openmp_thread() {
+    void* symbol = ::dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (symbol == nullptr) return;
+    void (*set_threads)(int) = nullptr;
+    std::memcpy(&set_threads, &symbol, sizeof symbol);
+    set_threads(1);
+}
+
+// Runs `body` in a forked child, which reports through `out`, and waits for
+// it to end. The child dies with this process (PR_SET_PDEATHSIG), ends with
+// _exit (no atexit handler, no destructor of the parent's objects), and is
+// killed when silent for `seconds_max`.
+ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+        ::close(pipe_fds[0]);
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        one_openmp_thread();
+        int status = 0;
+        try {
+            body(pipe_fds[1]);
+        } catch (const std::exception& error) {
+            Writer report;
+            report.number(error_message);
+            report.text(error.what());
+            write_all(pipe_fds[1], report.bytes());
+            status = 3;
+        }
+        ::_exit(status);
+    }
+    ::close(pipe_fds[1]);
+    ChildEnd end;
+    char chunk[65536];
+    for (;;) {
+        pollfd ready{pipe_fds[0], POLLIN, 0};
+        const int polled = ::poll(&ready, 1, static_cast<int>(seconds_max * 1000));
+        if (polled < 0 && errno == EINTR) continue;
+        if (polled == 0) {
+            end.hung = true;
+            ::kill(pid, SIGKILL);
+            break;
+        }
+        const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        end.output.append(chunk, static_cast<std::size_t>(n));
+    }
+    ::close(pipe_fds[0]);
+    while (::waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {
+    }
+    return end;
+}
+
+// The exception a child reported, if any (the messages before it are skipped).
+std::string child_error(const std::string& output) {
+    Reader messages(output);
+    try {
+        while (!messages.done()) {
+            const std::uint64_t kind = messages.number();
+            const std::string text = messages.text();
+            if (kind == error_message) return text;
+        }
+    } catch (const std::runtime_error&) {
+        // Cut short by the child's death: no error was reported whole.
+    }
+    return "(no message)";
+}
+
+// An anonymous file the shim records into: nothing is left on disk.
+class ShimLog {
+  public:
+    ShimLog() : fd_(::memfd_create("kvcheck-dump-log", MFD_CLOEXEC)) {
+        if (fd_ < 0) throw std::runtime_error(std::string("memfd_create: ") + std::strerror(errno));
+    }
+    ~ShimLog() { ::close(fd_); }
+    ShimLog(const ShimLog&) = delete;
+    ShimLog& operator=(const ShimLog&) = delete;
+    int fd() const { return fd_; }
+    std::vector<ShimEvent> events() const {
+        std::string bytes;
+        char chunk[65536];
+        for (off_t at = 0;;) {
+            const ssize_t n = ::pread(fd_, chunk, sizeof chunk, at);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            bytes.append(chunk, static_cast<std::size_t>(n));
+            at += n;
+        }
+        return read_shim_log(bytes);
+    }
+
+  private:
+    int fd_;
+};
+
+// ---- one dump in a child ---------------------------------------------------------
+
+struct DumpRun {
+    std::vector<ShimEvent> events;
+    DirImage after;
+    bool killed = false;  // by the shim, at its kill point
+};
+
+DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
+    ShimLog log;
+    const ChildEnd end = run_child(
+        [&](int) {
+            if (kvcheck_dumpshim_arm(test.dir.c_str(), log.fd(), kill_at) != 0) {
+                throw std::runtime_error("cannot arm the dump shim on " + test.dir);
+            }
+            test.engine.dump(test.dir);
+            kvcheck_dumpshim_disarm();
+        },
+        test.options.child_seconds_max);
+    DumpRun run;
+    run.events = log.events();
+    run.after = read_image(test.dir);
+    const bool shim_kill = !run.events.empty() && run.events.back().kind == Call::kill;
+    const std::string what = kill_at < 0 ? "the dump" : "the dump to be killed at call " + std::to_string(kill_at);
+    if (end.hung) throw std::runtime_error(what + " made no progress for " + std::to_string(static_cast<int>(test.options.child_seconds_max)) + " s");
+    if (WIFSIGNALED(end.status) && WTERMSIG(end.status) == SIGKILL && shim_kill) {
+        run.killed = true;
+        return run;
+    }
+    if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + signal_text(WTERMSIG(end.status)) + ")");
+    if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + child_error(end.output));
+    if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
+        throw std::runtime_error(what + " ended its child process with status " + std::to_string(WEXITSTATUS(end.status)));
+    }
+    return run;
+}
+
+// ---- the stores a load gave ----------------------------------------------------------
+
+struct StoreReading {
+    std::vector<std::string> ids;
+    std::vector<std::uint64_t> digests;
+};
+
+// An entry's metadata folded into its digest, so that a dump that loses
+// metadata loads unlike the dump (with Capabilities::metadata).
+std::uint64_t with_metadata(std::uint64_t digest, const Metadata& metadata) {
+    for (const auto& [key, value] : metadata) {
+        for (const char c : key + '\0' + value + '\0') digest = splitmix64(digest ^ static_cast<unsigned char>(c));
+    }
+    return digest;
+}
+
+void write_store(Writer& out, Engine& engine) {
+    const bool metadata = engine.capabilities().metadata;
+    const std::vector<std::string> ids = engine.stored_ids();
+    out.number(ids.size());
+    for (const std::string& id : ids) {
+        out.text(id);
+        const std::uint64_t digest = engine.entry_digest(id);
+        out.number(metadata ? with_metadata(digest, engine.entry_metadata(id)) : digest);
+    }
+}
+
+StoreReading read_store(Reader& in) {
+    StoreReading store;
+    const std::uint64_t count = in.number();
+    for (std::uint64_t i = 0; i < count; ++i) {
+        store.ids.push_back(in.text());
+        store.digests.push_back(in.number());
+    }
+    return store;
+}
+
+// A snapshot's entries as the digests an engine reports for them.
+using Digests = std::map<std::string, std::uint64_t>;
+
+Digests digests_of(const Snapshot& snapshot, bool metadata) {
+    Digests digests;
+    for (const auto& [id, content] : snapshot.entries) {
+        const std::uint64_t digest = expected_digest(content);
+        digests[id] = metadata ? with_metadata(digest, snapshot.metadata.at(id)) : digest;
+    }
+    return digests;
+}
+
+std::string id_list(const std::vector<std::string>& ids) {
+    std::string text;
+    for (const std::string& id : ids) text += (text.empty() ? "" : " ") + ("\"" + id + "\"");
+    return "[" + text + "]";
+}
+
+// How `store` differs from `expected` (ids in any order, then content); empty when it does not.
+std::string difference(const StoreReading& store, const Digests& expected) {
+    std::vector<std::string> have = store.ids;
+    std::sort(have.begin(), have.end());
+    std::vector<std::string> want;
+    for (const auto& [id, digest] : expected) want.push_back(id);
+    if (have != want) return "it holds " + id_list(have) + ", the dump " + id_list(want);
+    for (std::size_t i = 0; i < store.ids.size(); ++i) {
+        if (store.digests[i] != expected.at(store.ids[i])) return "entry \"" + store.ids[i] + "\" holds other content than the dump";
+    }
+    return {};
+}
+
+// ---- loading the states in a fresh process ---------------------------------------------
+
+struct State {
+    std::string description;
+    DirImage image;
+    bool after_return = false;
+};
+
+struct StateLoad {
+    LoadResult result;
+    StoreReading store;
+    std::vector<std::string> names_after;  // what the directory holds after the load
+    bool checked_failure = false;  // the failed load was repeated on a store loaded from the complete dump
+    LoadResult complete;           // that store's load
+    StoreReading after_failure;    // and the store after the repeated load
+};
+
+void write_load(Writer& out, const LoadResult& result) {
+    out.number(result.ok ? 1 : 0);
+    out.text(result.error);
+}
+
+LoadResult read_load(Reader& in) {
+    LoadResult result;
+    result.ok = in.number() != 0;
+    result.error = in.text();
+    return result;
+}
+
+// In the loading child: each state by a fresh engine.
+void load_states(int out, const std::function<std::shared_ptr<Engine>()>& fresh, const std::vector<State>& states,
+                 const std::vector<std::string>& dirs, const std::string& complete_dir) {
+    for (std::size_t i = 0; i < states.size(); ++i) {
+        Writer report;
+        const std::shared_ptr<Engine> engine = fresh();
+        const LoadResult result = engine->load(dirs[i]);
+        write_load(report, result);
+        if (result.ok) write_store(report, *engine);
+        const std::vector<std::string> names = read_image(dirs[i]).names();
+        report.number(names.size());
+        for (const std::string& name : names) report.text(name);
+        report.number(result.ok ? 0 : 1);
+        if (!result.ok) {
+            // Once more, from the state as it was, on a store that holds the complete dump.
+            write_image(dirs[i], states[i].image);
+            const std::shared_ptr<Engine> loaded = fresh();
+            write_load(report, loaded->load(complete_dir));
+            loaded->load(dirs[i]);
+            write_store(report, *loaded);
+        }
+        Writer framed;
+        framed.number(loaded_message);
+        framed.text(report.bytes());
+        write_all(out, framed.bytes());
+    }
+}
+
+// The loads the child reported whole, up to its error or its death.
+std::vector<StateLoad> read_loads(const std::string& output, std::size_t states) {
+    std::vector<StateLoad> loads;
+    Reader frames(output);
+    while (!frames.done() && loads.size() < states) {
+        std::string frame;
+        try {
+            if (frames.number() != loaded_message) break;
+            frame = frames.text();
+        } catch (const std::runtime_error&) {
+            break;  // cut short by the child's death
+        }
+        Reader in(frame);
+        StateLoad load;
+        load.result = read_load(in);
+        if (load.result.ok) load.store = read_store(in);
+        const std::uint64_t names = in.number();
+        for (std::uint64_t i = 0; i < names; ++i) load.names_after.push_back(in.text());
+        load.checked_failure = in.number() != 0;
+        if (load.checked_failure) {
+            load.complete = read_load(in);
+            load.after_failure = read_store(in);
+        }
+        loads.push_back(std::move(load));
+    }
+    return loads;
+}
+
+std::vector<std::string> names_in(const std::vector<std::string>& names, const std::set<std::string>& wanted) {
+    std::vector<std::string> found;
+    for (const std::string& name : names) {
+        if (wanted.count(name) != 0) found.push_back(name);
+    }
+    return found;
+}
+
+std::string kill_text(const DumpRun& run, std::int64_t point, std::int64_t calls) {
+    std::string text = "killed before call " + std::to_string(point) + " of " + std::to_string(calls);
+    for (auto it = run.events.rbegin(); it != run.events.rend(); ++it) {
+        if (it->kind != Call::kill && it->call >= 0) return text + ", after " + describe(*it);
+    }
+    return text + ", before any";
+}
+
+// Scratch directories next to the dump directory, removed when done.
+class Scratch {
+  public:
+    explicit Scratch(std::string base) : base_(std::move(base)) {}
+    ~Scratch() {
+        for (const std::string& dir : dirs_) {
+            std::error_code ignored;
+            std::filesystem::remove_all(dir, ignored);
+        }
+    }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    std::string make(const std::string& name, const DirImage& image) {
+        dirs_.push_back(base_ + "." + name);
+        write_image(dirs_.back(), image);
+        return dirs_.back();
+    }
+
+  private:
+    std::string base_;
+    std::vector<std::string> dirs_;
+};
+
+}  // namespace
+
+bool shim_interposes() {
+    static const bool interposes = [] {
+        std::string dir = (std::filesystem::temp_directory_path() / "kvcheck-shim-probe-XXXXXX").string();
+        if (::mkdtemp(dir.data()) == nullptr) return false;
+        long long calls = 0;
+        if (kvcheck_dumpshim_arm(dir.c_str(), -1, -1) == 0) {
+            ::unlink((dir + "/probe").c_str());  // no such file: a counted call that changes nothing
+            calls = kvcheck_dumpshim_calls();
+            kvcheck_dumpshim_disarm();
+        }
+        ::rmdir(dir.c_str());
+        return calls == 1;
+    }();
+    return interposes;
+}
+
+KillOutcome run_kill_test(const KillTest& test) {
+    if (!shim_interposes()) {
+        throw std::runtime_error("the dump shim does not see this process's calls (libkvcheck_dumpshim.so must come before libc)");
+    }
+    std::filesystem::create_directories(test.dir);
+    const DirImage before = read_image(test.dir);
+    const PowerCutOptions model_options{test.options.prefixes_max};
+
+    KillOutcome outcome;
+    checkers::DumpKilled& fact = outcome.fact;
+    fact.expected = test.slot;
+
+    // 1. The dump to its end, and the power cuts right after it returned.
+    const DumpRun complete = run_dump(test, -1);
+    const PowerCutModel returned = power_cut_states(before, complete.events, complete.after, model_options);
+    const std::int64_t calls = counted_calls(complete.events);
+    const std::vector<std::string> complete_names = complete.after.names();
+    fact.unfollowed = returned.unfollowed;
+    std::set<std::string> temporaries(test.temporaries.begin(), test.temporaries.end());
+    for (const std::string& name : returned.created) temporaries.insert(name);
+    fact.stale = names_in(complete_names, std::set<std::string>(test.temporaries.begin(), test.temporaries.end()));
+
+    std::vector<State> states;
+    for (const CrashState& state : returned.states) {
+        states.push_back({"a power cut right after the dump returned (" + state.description + ")", state.image, true});
+    }
+
+    // 2. The dump again from the same directory, killed at its point.
+    DirImage left = complete.after;
+    if (calls > 0) {
+        write_image(test.dir, before);
+        const std::int64_t point = ((test.point % calls) + calls) % calls;
+        const DumpRun killed = run_dump(test, point);
+        if (!killed.killed) {
+            fact.unfollowed = "the dump made fewer calls the second time than the first (" + std::to_string(counted_calls(killed.events)) +
+                              " of " + std::to_string(calls) + "): its kill points are not reproducible";
+        }
+        const PowerCutModel cut = power_cut_states(before, killed.events, killed.after, model_options);
+        if (fact.unfollowed.empty()) fact.unfollowed = cut.unfollowed;
+        for (const std::string& name : cut.created) temporaries.insert(name);
+        fact.kill = kill_text(killed, point, calls);
+        states.push_back({"the directory as the kill left it", killed.after, false});
+        for (const CrashState& state : cut.states) {
+            if (state.image == killed.after) continue;  // the same directory, loaded already
+            states.push_back({"a power cut at the kill (" + state.description + ")", state.image, false});
+        }
+        left = killed.after;
+        outcome.killed = killed.killed;
+    }
+    for (const std::string& name : complete_names) temporaries.erase(name);
+    outcome.temporaries = names_in(left.names(), temporaries);
+    if (!fact.unfollowed.empty()) return outcome;  // nothing may be concluded from the states
+
+    // 3. Each state loaded by a fresh engine in a fresh process.
+    Scratch scratch(test.dir);
+    const std::string complete_dir = scratch.make("complete", complete.after);
+    std::vector<std::string> dirs;
+    for (std::size_t i = 0; i < states.size(); ++i) dirs.push_back(scratch.make("state-" + std::to_string(i), states[i].image));
+    const ChildEnd end = run_child([&](int out) { load_states(out, test.fresh, states, dirs, complete_dir); },
+                                   test.options.child_seconds_max);
+    const std::vector<StateLoad> loads = read_loads(end.output, states.size());
+    if (loads.size() < states.size()) {
+        const std::string state = states[loads.size()].description;
+        if (end.hung) throw std::runtime_error("a fresh engine made no progress loading " + state);
+        if (WIFSIGNALED(end.status)) throw std::runtime_error("a fresh engine crashed (" + signal_text(WTERMSIG(end.status)) + ") loading " + state);
+        if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
+            throw std::runtime_error("a fresh engine threw loading " + state + ": " + child_error(end.output));
+        }
+        throw std::runtime_error("a fresh engine's process ended early (exit status " + std::to_string(WEXITSTATUS(end.status)) +
+                                 ") loading " + state);
+    }
+
+    const bool metadata = test.engine.capabilities().metadata;
+    const Digests now = digests_of(test.store, metadata);
+    std::vector<Digests> previous;
+    for (const Snapshot& snapshot : test.slot.candidates) previous.push_back(digests_of(snapshot, metadata));
+    for (std::size_t i = 0; i < states.size(); ++i) {
+        const StateLoad& load = loads[i];
+        checkers::CrashLoad judged;
+        judged.state = states[i].description;
+        judged.after_return = states[i].after_return;
+        judged.result = load.result;
+        if (load.result.ok) {
+            judged.difference = difference(load.store, now);
+            judged.matched = judged.difference.empty();
+            for (std::size_t k = 0; !judged.matched && !judged.after_return && k < previous.size(); ++k) {
+                judged.matched = difference(load.store, previous[k]).empty();
+            }
+        }
+        judged.leftovers = names_in(load.names_after, temporaries);
+        if (load.checked_failure && load.complete.ok) judged.changed_by_failure = difference(load.after_failure, now);
+        fact.loads.push_back(std::move(judged));
+    }
+    return outcome;
+}
+
+}  // namespace kvcheck::durability

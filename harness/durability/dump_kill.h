@@ -1,0 +1,65 @@
+// dump-safe tested from outside the engine. The dump runs in a child
+// process forked from this one, so the child holds the engine exactly as it
+// is, with the dump shim (dumpshim.h) armed on the dump directory:
+//   1. once to its end, recorded: every power cut right after it returned
+//      must leave the new dump (durable when dump returns);
+//   2. once more from the same directory, killed with SIGKILL just before
+//      counted call `point mod N` (N: the counted calls of the first run):
+//      the directory as the kill left it, and every state a power cut at
+//      that moment may leave, must hold the previous dump or the new one.
+// Each state is written to a scratch directory and loaded by a fresh
+// engine (made by the factory) in another child process; a failed load is
+// repeated on a fresh engine that first loaded the complete dump, whose
+// store must then be unchanged; and a temporary file of the dump (a name
+// it created that a complete dump does not leave) must be gone once the
+// load has run. Nothing depends on timing: the kill points are counted
+// calls, and the only clock is a generous limit on a silent child.
+//
+//   KillTest test{engine, fresh_engine, slots.dir(0), 5, slot, temporaries, audit.snapshot()};
+//   KillOutcome outcome = run_kill_test(test);   // outcome.fact goes to dump-safe
+#pragma once
+
+#include "auditor/auditor.h"
+#include "checkers/checker.h"
+#include "kvcheck/engine.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvcheck::durability {
+
+struct KillOptions {
+    double child_seconds_max = 600;  // a child silent this long is killed and reported hung
+    std::size_t prefixes_max = 8;    // prefixes of the pending name changes tried (power_cut.h)
+};
+
+struct KillTest {
+    Engine& engine;  // in this process: the children are forks of it
+    const std::function<std::shared_ptr<Engine>()>& fresh;
+    std::string dir;     // the dump directory (made when missing)
+    std::int64_t point;  // the kill point, taken modulo the counted calls of a complete dump
+    const DumpSlot& slot;  // what the directory may hold before the dump
+    const std::vector<std::string>& temporaries;  // what killed dumps left there before
+    const Snapshot& store; // the store being dumped
+    KillOptions options = {};
+};
+
+struct KillOutcome {
+    checkers::DumpKilled fact;
+    bool killed = false;                     // the directory holds what the kill left (else: the complete dump)
+    std::vector<std::string> temporaries;    // temporaries of the dump still in the directory
+};
+
+// Throws std::runtime_error when the dump threw or crashed in its child,
+// when a fresh engine crashed or hung loading a state, or when the shim
+// does not see this process's calls.
+KillOutcome run_kill_test(const KillTest& test);
+
+// Whether this process's calls reach the dump shim (it must come before
+// libc in the lookup scope: kvcheck_harness links it for that).
+bool shim_interposes();
+
+}  // namespace kvcheck::durability

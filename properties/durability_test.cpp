@@ -1,0 +1,158 @@
+// dump_kill through the harness (harness/durability/dump_kill.h): the
+// reference passes at every kill point, each flush and clean-up mutant is
+// caught at some point of a one-step trace, and what the harness cannot
+// judge (no factory, a dump the model cannot follow, a load that crashes)
+// is skipped or reported as an engine error, never passed.
+#include "reference/reference_engine.h"
+#include "run_util.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/ones.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <unistd.h>
+
+namespace kvcheck::props {
+namespace {
+
+constexpr std::int64_t points_max = 12;  // past the reference dump's counted calls: every point is reached
+
+const Adapter& bundled(const std::string& name) { return *adapters::find_bundled(name); }
+
+CacheSpec spec(std::uint64_t seed) { return parse_cache_spec("modern/f32/" + std::to_string(seed) + ":[kv2 kv3]"); }
+
+// A store dumped, changed, then dumped again killed at `point`, and the
+// slot read back in this process.
+Trace killed_over_a_dump(std::int64_t point) {
+    return {op::Add{"a", spec(1)}, op::Dump{0}, op::Add{"b", spec(2)}, op::DumpKill{0, point}, op::Load{0}};
+}
+
+TEST(DumpKill, TheReferencePassesAtEveryKillPoint) {
+    for (std::int64_t point = 0; point < points_max; ++point) {
+        const Trace trace = killed_over_a_dump(point);
+        const RunResult result = run_on(bundled("reference"), trace);
+        EXPECT_FALSE(result.failure) << format_failure(*result.failure, trace, "");
+        EXPECT_EQ(result.coverage.ops_skipped, 0u) << "point " << point;
+    }
+}
+
+TEST(DumpKill, EachFlushAndCleanUpMutantIsCaughtInOneStep) {
+    for (const std::string name : {"M10", "M25", "M26", "M27"}) {
+        std::size_t caught = 0;
+        for (std::int64_t point = 0; point < points_max; ++point) {
+            const Trace trace{op::DumpKill{0, point}};
+            const RunResult result = run_on(bundled(name), trace, PropertySet::only(Property::dump_safe));
+            if (!result.failure) continue;
+            EXPECT_EQ(result.failure->property, property_id(Property::dump_safe)) << name << ": " << result.failure->message;
+            ++caught;
+        }
+        EXPECT_GT(caught, 0u) << name << " passes dump_kill at every point";
+        std::cout << "[ dump_kill] " << name << ": caught at " << caught << " of " << points_max << " kill points\n";
+    }
+}
+
+TEST(DumpKill, IsSkippedWithoutAFactoryForFreshEngines) {
+    adapters::ReferenceEngine engine;
+    const RunResult result = execute({op::DumpKill{0, 1}}, engine, RunOptions{});
+    EXPECT_FALSE(result.failure);
+    EXPECT_EQ(result.coverage.ops_skipped, 1u);
+}
+
+TEST(DumpKill, IsSkippedWhenDumpSafeIsNotChecked) {
+    const RunResult result = run_on(bundled("M25"), {op::DumpKill{0, 1}}, PropertySet::only(Property::stored_immutable));
+    EXPECT_FALSE(result.failure);
+    EXPECT_EQ(result.coverage.ops_skipped, 1u);
+}
+
+// An engine whose dump also makes a hard link: the model does not follow
+// links, so the harness must say it cannot judge.
+class LinkingEngine final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        ReferenceEngine::store_dump(dir, fs);
+        ::link((dir + "/" + kv::dump_file_name).c_str(), (dir + "/second-name").c_str());
+    }
+};
+
+// An engine that crashes loading anything (abort: the sanitizers catch a
+// SIGSEGV and exit instead).
+class CrashingLoadEngine final : public adapters::ReferenceEngine {
+  public:
+    LoadResult load(const std::string&) override { std::abort(); }
+};
+
+// A reduction large enough that libtorch splits it over its threads.
+float parallel_sum() { return at::ones({2048, 2048}).sum().item<float>(); }
+
+// An engine whose dump runs parallel work, after the harness's process ran
+// some with two threads.
+class ParallelDumpEngine final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        if (parallel_sum() != 2048.0f * 2048.0f) throw std::runtime_error("the sum is wrong");
+        ReferenceEngine::store_dump(dir, fs);
+    }
+};
+
+// An engine whose load throws (a rejected operation, by the contract).
+class ThrowingLoadEngine final : public adapters::ReferenceEngine {
+  public:
+    LoadResult load(const std::string&) override { throw std::runtime_error("no loading today"); }
+};
+
+// An engine whose dump throws.
+class ThrowingDumpEngine final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string&, kv::FileSystem&) override { throw std::runtime_error("disk full"); }
+};
+
+template <typename E>
+RunResult run_fresh(const Trace& trace) {
+    E engine;
+    RunOptions options;
+    options.fresh_engine = [] { return std::shared_ptr<Engine>(std::make_shared<E>()); };
+    return execute(trace, engine, options);
+}
+
+TEST(DumpKill, ADumpTheModelCannotFollowIsAnEngineErrorNotAPass) {
+    const RunResult result = run_fresh<LinkingEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 2}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("hard link"), std::string::npos) << result.failure->message;
+}
+
+TEST(DumpKill, AFreshEngineCrashingOnALoadIsAnEngineError) {
+    const RunResult result = run_fresh<CrashingLoadEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 2}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("crashed (SIGABRT)"), std::string::npos) << result.failure->message;
+}
+
+TEST(DumpKill, AChildRunsParallelRegionsAfterTheParentRanThem) {
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    ASSERT_EQ(parallel_sum(), 2048.0f * 2048.0f);  // OpenMP's worker threads now exist
+    const RunResult result = run_fresh<ParallelDumpEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 3}});
+    at::set_num_threads(threads);
+    EXPECT_FALSE(result.failure) << result.failure->message;
+}
+
+TEST(DumpKill, AFreshEngineThrowingOnALoadIsAnEngineErrorNamingTheThrow) {
+    const RunResult result = run_fresh<ThrowingLoadEngine>({op::Add{"a", spec(1)}, op::DumpKill{0, 2}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("threw loading"), std::string::npos) << result.failure->message;
+    EXPECT_NE(result.failure->message.find("no loading today"), std::string::npos) << result.failure->message;
+}
+
+TEST(DumpKill, ADumpThatThrowsInItsChildIsAnEngineErrorNamingTheThrow) {
+    const RunResult result = run_fresh<ThrowingDumpEngine>({op::DumpKill{0, 0}});
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, engine_error_id);
+    EXPECT_NE(result.failure->message.find("the dump threw: disk full"), std::string::npos) << result.failure->message;
+}
+
+}  // namespace
+}  // namespace kvcheck::props
