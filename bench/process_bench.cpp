@@ -119,7 +119,7 @@ void python_vs_reference(benchmark::State& state, bool generation) {
             python_ops += ops_run(through);
             python_failures += through.failure.has_value();
             start = now_seconds();
-            const std::unique_ptr<Engine> in_process(reference.make());
+            const std::shared_ptr<Engine> in_process = reference.make();
             const RunResult direct = execute(trace, *in_process);
             reference_s += now_seconds() - start;
             reference_ops += ops_run(direct);

@@ -449,6 +449,10 @@ class Scheduler {
                          found.failure.message;
         result.also = found.failure.also;
         result.trace = found.trace;
+        // The engine's output is that of the search that found it (its
+        // tail: the search may have gone on past the failure).
+        result.engine_output = task.job->output;
+        result.output = results_[task.adapter].properties[task.property].output;
         elsewhere_.emplace(key, std::move(result));
     }
 

@@ -257,7 +257,7 @@ TEST_F(ProcessTest, HandshakeNamesTheAdapter) {
 TEST_F(ProcessTest, AnotherVersionIsRefusedNamingBoth) {
     const ProcessFault fault = fault_of(fault_adapter("version"));
     EXPECT_EQ(fault.kind, "version");
-    EXPECT_NE(fault.detail.find("speaks protocol version 99; this kvcheck speaks version 1"), std::string::npos) << fault.detail;
+    EXPECT_NE(fault.detail.find("speaks protocol version 99; this kvcheck speaks version " + std::to_string(protocol_version)), std::string::npos) << fault.detail;
 }
 
 TEST_F(ProcessTest, AProcessThatDiesBeforeTheHandshakeShowsItsOutput) {

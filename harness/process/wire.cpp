@@ -48,9 +48,9 @@ void append_content(std::string& out, const CacheContent& content) {
     out += "\",\"dtype\":\"";
     out += dtype_name(content.dtype);
     out += "\",\"heads\":";
-    json_append_int(out, cache_heads);
+    json_append_int(out, content.heads);
     out += ",\"head_dim\":";
-    json_append_int(out, cache_head_dim);
+    json_append_int(out, content.head_dim);
     out += ",\"layers\":[";
     for (std::size_t i = 0; i < content.layers.size(); ++i) {
         const LayerContent& layer = content.layers[i];
@@ -72,7 +72,9 @@ void append_content(std::string& out, const CacheContent& content) {
                 json_append_uint(out, slot.segments[k].seed);
                 out += ',';
                 json_append_int(out, slot.segments[k].tokens);
-                out += ']';
+                out += ",\"";
+                out += dtype_name(slot.segments[k].precision);
+                out += "\"]";
             }
             out += ']';
         }

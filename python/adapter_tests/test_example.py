@@ -59,10 +59,13 @@ def test_an_exception_is_the_steps_engine_error_with_its_traceback(kvcheck):
     adapter = os.path.join(HERE, "raising_adapter.py")
     run = kvcheck("run", "--adapter", adapter, "--property", "merge-correct", "--cases", "200")
     assert run.status == 1, run.stdout + run.stderr
-    result = run.result("merge-correct")
+    # The search meets the engine error and stops: merge-correct is blocked,
+    # the error is the engine-error row's, with the trace that raises it.
+    assert run.result("merge-correct")["verdict"] == "blocked"
+    result = run.result("engine-error")
     assert result["verdict"] == "fail" and result["fault"] is None
     message = result["message"]
-    assert message.startswith("engine-error: the engine threw: the adapter raised ValueError: planted: a merge of ")
+    assert message.startswith("found while searching merge-correct: the engine threw: the adapter raised ValueError: planted: a merge of "), message
     assert "Traceback (most recent call last):" in message and "raising_adapter.py" in message, message
     assert "get_cache" in result["trace"]
     assert "the planted error's last words" in result["output"]

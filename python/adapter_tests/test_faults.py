@@ -88,7 +88,7 @@ def test_memory_over_the_limit_is_a_fault(kvcheck):
 def test_another_protocol_version_is_refused_with_both_versions(kvcheck):
     run = kvcheck("run", "--adapter", fault_adapter("version"), "--cases", "1")
     assert run.status == 2, run.stdout + run.stderr
-    assert "speaks protocol version 99; this kvcheck speaks version 1" in run.stderr, run.stderr
+    assert "speaks protocol version 99; this kvcheck speaks version 2" in run.stderr, run.stderr
     assert run.report is None
 
 
@@ -137,5 +137,8 @@ def test_an_engine_that_rejects_everything_fails_by_engine_error_not_fault(kvche
     assert run.status == 1
     for prop in PROPERTIES:
         result = run.result(prop)
-        assert result["fault"] is None and "engine-error" in result["message"], result
-        assert "is not supported" in result["message"]
+        assert result["fault"] is None and result["verdict"] == "blocked", result
+        assert "the engine errors (see engine-error)" in result["message"], result
+    errors = run.result("engine-error")
+    assert errors["verdict"] == "fail" and errors["fault"] is None, errors
+    assert "is not supported" in errors["message"], errors

@@ -101,10 +101,16 @@ def test_content_round_trips_through_json(spec):
         ("not an object", "must be an object"),
         ({"layout": "sideways", "dtype": "f32", "layers": []}, "cache.layout"),
         ({"layout": "modern", "dtype": "f64", "layers": []}, "cache.dtype"),
-        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [None]}]}, "4 entries"),
-        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [[[1]], None, None, None]}]}, "seed, tokens"),
-        ({"layout": "modern", "dtype": "f32", "layers": [{"initialized": True, "slots": [[[-1, 2]], None, None, None]}]}, "seed"),
-        ({"layout": "modern", "dtype": "f32", "heads": 0, "layers": []}, "cache.heads"),
+        ({"layout": "modern", "dtype": "f32", "heads": 2, "head_dim": 4, "layers": [{"initialized": True, "slots": [None]}]}, "4 entries"),
+        ({"layout": "modern", "dtype": "f32", "heads": 2, "head_dim": 4,
+          "layers": [{"initialized": True, "slots": [[[1, 2]], None, None, None]}]}, "seed, tokens, precision"),
+        ({"layout": "modern", "dtype": "f32", "heads": 2, "head_dim": 4,
+          "layers": [{"initialized": True, "slots": [[[1, 2, "f64"]], None, None, None]}]}, "precision"),
+        ({"layout": "modern", "dtype": "f32", "heads": 2, "head_dim": 4,
+          "layers": [{"initialized": True, "slots": [[[-1, 2, "f32"]], None, None, None]}]}, "seed"),
+        ({"layout": "modern", "dtype": "f32", "heads": 0, "head_dim": 4, "layers": []}, "cache.heads"),
+        ({"layout": "modern", "dtype": "f32", "heads": 2, "head_dim": 1025, "layers": []}, "cache.head_dim"),
+        ({"layout": "modern", "dtype": "f32", "layers": []}, "cache.heads"),
     ],
 )
 def test_bad_content_is_refused_by_name(bad, words):
@@ -217,6 +223,81 @@ def test_double_copy_shows_two_copies():
     server.handle({"op": "get_cache", "ids": ["a"], "out": 1})
     reply = server.handle({"op": "generate", "handle": 1, "prompt": [1], "max_new_tokens": 1, "stream": False})
     assert len(reply["copies"]) == 1  # the generation's own copy of the owned cache: one too many
+
+
+def _bytes(spec):
+    return content.content_bytes(content.expand(content.parse_cache_spec(spec)))
+
+
+def test_every_operation_reports_the_copies_its_semantics_make_with_their_bytes():
+    server, _ = new_server()
+    modern, legacy = "modern/bf16/3/4x8:[kv5 k~2 KV3]", "legacy/f16/4/4x8:[kv2 kv1]"
+    assert server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json(modern)})["copies"] == []
+    assert server.handle({"op": "make", "out": 1, "cache": cache_json(legacy)})["copies"] == []
+    assert server.handle({"op": "get", "id": "a", "out": 2})["copies"] == []
+    clone = server.handle({"op": "clone", "source": 2, "out": 3})
+    assert clone["copies"] == [{"reason": "clone", "bytes": _bytes(modern)}]
+    assert server.handle({"op": "to_legacy", "source": 2, "out": 4})["copies"] == []  # a view of its source
+    converted = server.handle({"op": "from_legacy", "source": 1, "out": 5})
+    assert converted["copies"] == [{"reason": "from_legacy", "bytes": _bytes(legacy)}]
+    # A merge of bfloat16 and float16: float32 (torch.cat's promotion), each value written once.
+    merged = server.handle({"op": "concat", "parts": [2, 0, 1], "out": 6})
+    parts = [content.expand(content.parse_cache_spec(spec)) for spec in (modern, legacy)]
+    expected = content.expected_concat(parts)
+    assert expected.dtype == "f32"
+    assert merged["copies"] == [{"reason": "concat", "bytes": content.content_bytes(expected)}]
+    assert content.view_digest(wire.view_from_json(handle_facts(merged, 6)["view"])) == content.expected_digest(expected)
+    got = server.handle({"op": "get_cache", "ids": ["a", "x", "a"], "out": 7})
+    twice = content.expected_concat([parts[0], parts[0]])
+    assert got["copies"] == [{"reason": "get_cache", "bytes": content.content_bytes(twice)}]
+    assert server.handle({"op": "release", "handle": 7})["copies"] == []
+
+
+@pytest.mark.parametrize("spec", ["modern/f32/0:[]", "modern/f16/0:[kv0 -~0]", "legacy/bf16/1:[kv0]"])
+def test_a_copy_of_a_cache_holding_no_element_is_a_copy_of_0_bytes(spec):
+    server, _ = new_server()
+    server.handle({"op": "make", "out": 1, "cache": cache_json(spec)})
+    method = "from_legacy" if spec.startswith("legacy") else "clone"
+    assert server.handle({"op": method, "source": 1, "out": 2})["copies"] == [{"reason": method, "bytes": 0}]
+    assert server.handle({"op": "concat", "parts": [1, 1], "out": 3})["copies"] == [{"reason": "concat", "bytes": 0}]
+    # The generation boundary's copy: the model writes into another object;
+    # the K/V sets on its path are that copy and the cache it was made from.
+    reply = server.handle({"op": "generate", "handle": 1, "prompt": [1], "max_new_tokens": 2, "stream": False})
+    assert reply["copies"] == [{"reason": "generate", "bytes": 0}] and reply["peak_live_sets"] == 2
+    # A copy of a copy: its chain counts while the handles hold it.
+    reply = server.handle({"op": "generate", "handle": 2 if method == "clone" else 3, "prompt": [1], "max_new_tokens": 1,
+                           "stream": False})
+    assert reply["peak_live_sets"] == 2
+
+
+def test_the_live_sets_count_the_copy_chain_the_trace_holds():
+    server, _ = new_server()
+    server.handle({"op": "make", "out": 1, "cache": cache_json("modern/f32/1:[kv3 kv3]")})
+    server.handle({"op": "clone", "source": 1, "out": 2})
+    server.handle({"op": "clone", "source": 2, "out": 3})
+    reply = server.handle({"op": "generate", "handle": 3, "prompt": [1], "max_new_tokens": 1, "stream": False})
+    assert reply["copies"] == [] and reply["peak_live_sets"] == 3
+    server.handle({"op": "clone", "source": 1, "out": 4})
+    server.handle({"op": "release", "handle": 1})  # the chain's first level is gone
+    reply = server.handle({"op": "generate", "handle": 4, "prompt": [1], "max_new_tokens": 1, "stream": False})
+    assert reply["peak_live_sets"] == 1
+
+
+def test_metadata_is_what_get_hands_back_and_the_store_holds():
+    server, hello = new_server()
+    assert hello["capabilities"]["metadata"] is True
+    server.handle({"op": "add", "id": "a", "metadata": {"k": "v", "x": ""}, "cache": cache_json("modern/f32/1:[kv1]")})
+    server.handle({"op": "get", "id": "a", "out": 1})
+    assert server.handle({"op": "handle_metadata", "handle": 1})["metadata"] == {"k": "v", "x": ""}
+    assert server.handle({"op": "entry_metadata", "id": "a"})["metadata"] == {"k": "v", "x": ""}
+    server.handle({"op": "make", "out": 2, "cache": cache_json("modern/f32/1:[kv1]")})
+    server.handle({"op": "add_handle", "id": "b", "handle": 2})
+    assert server.handle({"op": "entry_metadata", "id": "b"})["metadata"] == {}
+    server.handle({"op": "release", "handle": 1})
+    assert server.handle({"op": "handle_metadata", "handle": 1})["metadata"] == {}
+    assert server.handle({"op": "entry_metadata", "id": "a"})["metadata"] == {"k": "v", "x": ""}
+    with pytest.raises(KeyError, match="no stored entry 'zz'"):
+        server.handle({"op": "entry_metadata", "id": "zz"})
 
 
 def test_reset_gives_a_fresh_engine_and_forgets_handles():

@@ -38,7 +38,9 @@ Run with the SDK importable (PYTHONPATH=python, from the repository root).
 from __future__ import annotations
 
 import glob
+import hashlib
 import inspect
+import io
 import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
@@ -58,7 +60,14 @@ BUGS = (
 
 DUMP_FILE_NAME = "activation-memory.pt"
 DUMP_TAG = "kvcheck-example.activation-memory"
-DUMP_VERSION = 1
+DUMP_VERSION = 2
+# The file: DUMP_MAGIC, the payload's length (8 bytes, big-endian), its
+# SHA-256, then the payload (a torch.save archive). torch.load does not
+# check the archive's CRCs (torch 1.13), so a flipped byte in tensor data
+# would load as other values: the digest is what refuses it.
+DUMP_MAGIC = b"KVCHECK-EXAMPLE-DUMP-2\n"
+_DIGEST_BYTES = hashlib.sha256().digest_size
+_HEADER_BYTES = len(DUMP_MAGIC) + 8 + _DIGEST_BYTES
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -206,10 +215,13 @@ class ActivationMemory:
         _remove_stale_temporaries(directory)
         target = os.path.join(directory, DUMP_FILE_NAME)
         temporary = f"{target}.tmp-{os.getpid()}"
-        payload = (DUMP_TAG, DUMP_VERSION, tuple(_encode_item(item) for item in self._items.values()))
+        archive = io.BytesIO()
+        torch.save((DUMP_TAG, DUMP_VERSION, tuple(_encode_item(item) for item in self._items.values())), archive)
+        payload = archive.getvalue()
+        header = DUMP_MAGIC + len(payload).to_bytes(8, "big") + hashlib.sha256(payload).digest()
         try:
             with open(temporary, "wb") as file:
-                torch.save(payload, file)
+                file.write(header + payload)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, target)
@@ -228,9 +240,10 @@ class ActivationMemory:
         path = os.path.join(directory, DUMP_FILE_NAME)
         if not os.path.isfile(path):
             raise DumpError(f"cannot load dump: {path} does not exist")
+        with open(path, "rb") as file:
+            archive = _verified_payload(file.read(), path)
         try:
-            with open(path, "rb") as file:
-                payload = torch.load(file, **_safe_load_arguments())
+            payload = torch.load(io.BytesIO(archive), **_safe_load_arguments())
         except Exception as error:  # torch.load raises many kinds for a bad file
             raise DumpError(f"cannot load dump {path}: {type(error).__name__}: {error}") from None
         items = _decode_payload(payload, path)
@@ -242,7 +255,8 @@ class ActivationMemory:
 
 # ---- the dump format -----------------------------------------------------------------
 #
-# A torch.save pickle of tuples only (lists and dicts of one element do not
+# The file is a header (DUMP_MAGIC, the payload's length, its SHA-256) and
+# the payload, a torch.save pickle of tuples only (lists and dicts of one element do not
 # load in C++'s torch::pickle_load, and tuples keep the format one shape):
 #   (DUMP_TAG, DUMP_VERSION, ((id, ((key, value), ...), cache), ...))
 # where a cache is ("modern", ((initialized, keys, values, key_cache,
@@ -336,12 +350,50 @@ def _decode_payload(payload, path: str) -> List[MemoryItem]:
     return items
 
 
+def _verified_payload(data: bytes, path: str) -> bytes:
+    """The payload of a dump file, after checking its header, length and
+    digest; DumpError naming what is wrong."""
+    if not data.startswith(DUMP_MAGIC):
+        shown = data[: len(DUMP_MAGIC)]
+        raise DumpError(f"corrupt dump {path}: it does not start with {DUMP_MAGIC!r} (found {shown!r}): not a dump of this store")
+    _check(len(data) >= _HEADER_BYTES, path, f"truncated: {len(data)} bytes, shorter than the header ({_HEADER_BYTES})")
+    length = int.from_bytes(data[len(DUMP_MAGIC) : len(DUMP_MAGIC) + 8], "big")
+    payload = data[_HEADER_BYTES:]
+    _check(len(payload) >= length, path, f"truncated: {len(payload)} bytes of payload, the header says {length}")
+    _check(len(payload) == length, path, f"{len(payload) - length} bytes after the payload the header announces")
+    expected = data[len(DUMP_MAGIC) + 8 : _HEADER_BYTES]
+    _check(
+        hashlib.sha256(payload).digest() == expected,
+        path,
+        "the payload's SHA-256 differs from the one written with it (the file changed after it was written)",
+    )
+    return payload
+
+
 def _remove_stale_temporaries(directory: str) -> None:
+    """Removes the temporary files of dumps that will never finish: those
+    of this process (an interrupted dump) and of processes that are gone.
+    A temporary file of another running process is its dump in progress."""
     for stale in glob.glob(os.path.join(glob.escape(directory), DUMP_FILE_NAME + ".tmp-*")):
+        if _writer_alive(stale.rsplit(".tmp-", 1)[1]):
+            continue
         try:
             os.remove(stale)
         except FileNotFoundError:
             pass
+
+
+def _writer_alive(pid_text: str) -> bool:
+    """Is the process that named a temporary file another one still running?"""
+    if not pid_text.isdigit() or int(pid_text) == os.getpid() or int(pid_text) <= 0:
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user's
+    return True
 
 
 def _fsync_directory(directory: str) -> None:

@@ -25,7 +25,7 @@ sys.path.insert(1, os.path.dirname(_HERE))  # the SDK, when run from the source 
 import activation_memory  # noqa: E402
 from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
-from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
+from kvcheck_adapter.adapter import Adapter, Item, serve  # noqa: E402
 from kvcheck_adapter.crash import power_cut  # noqa: E402
 
 
@@ -44,7 +44,7 @@ class ActivationMemoryAdapter(Adapter):
 
     def get(self, id):
         item = self.store.get(id)
-        return None if item is None else item.cache
+        return None if item is None else Item(item.cache, item.metadata)
 
     def get_by_ids(self, ids):
         return [None if item is None else item.id for item in self.store.get_by_ids(ids)]
@@ -66,6 +66,12 @@ class ActivationMemoryAdapter(Adapter):
         if item is None:
             raise KeyError(id)
         return item.cache
+
+    def entry_metadata(self, id):
+        item = self.store.get(id)
+        if item is None:
+            raise KeyError(id)
+        return item.metadata
 
     def dump(self, directory):
         self.store.dump(directory)

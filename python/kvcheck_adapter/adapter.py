@@ -13,12 +13,19 @@ cache objects. The SDK does the rest:
     observe.storage_of's: tensor storages, layer objects, lists), the owned
     marker (`owned`);
   - copy accounting: each operation runs under a copies.CopyTracker, a
-    torch dispatch mode that sees the K/V copies the engine makes and the
-    K/V sets alive while its model runs (the model marks its forwards with
-    copies.model_forward, as decoder.Decoder does; a model that does not
-    reports no live sets, and single-copy then checks the copies only). An
-    engine that logs its copies itself overrides take_copies instead, and
-    returns (tokens, peak_live_sets) from generate;
+    torch dispatch mode that sees the K/V copies the engine makes, with
+    their bytes, and the K/V sets alive while its model runs (the model
+    marks its forwards with copies.model_forward, as decoder.Decoder does;
+    a model that does not reports no live sets). A copy of a cache that
+    holds no K/V element moves no byte and no operator shows it: the SDK
+    reports it from the objects the operation hands back (a clone, merge or
+    from_legacy that hands back a new cache object, a boundary whose model
+    ran on another object than the one it was given). An engine that logs
+    its copies itself overrides take_copies instead, and returns (tokens,
+    peak_live_sets) from generate;
+  - metadata: an engine that keeps item metadata implements
+    entry_metadata, and its get returns an Item (the cache and the
+    metadata it hands back);
   - errors: an exception in an operation is that step's engine error, and
     its Python traceback is in kvcheck's report.
 
@@ -49,6 +56,17 @@ from . import wire as _wire
 Cache = Any
 
 
+class Item:
+    """What get hands out when the engine keeps metadata: the cache and the
+    item's metadata (a string map), as the store handed them back."""
+
+    __slots__ = ("cache", "metadata")
+
+    def __init__(self, cache: Cache, metadata: Dict[str, str]):
+        self.cache = cache
+        self.metadata = metadata
+
+
 class Adapter:
     """An engine as kvcheck drives it. Subclass it and implement the store's
     operations; the ones marked optional switch a capability off while they
@@ -71,8 +89,9 @@ class Adapter:
         (make_cache) or got it from the engine earlier (a handle)."""
         raise NotImplementedError(f"{type(self).__name__}.add")
 
-    def get(self, id: str) -> Optional[Cache]:
-        """What the store hands out for `id` (None when missing)."""
+    def get(self, id: str) -> Optional[Any]:
+        """What the store hands out for `id`: its cache, or an Item (cache
+        and metadata) for an engine that keeps metadata; None when missing."""
         raise NotImplementedError(f"{type(self).__name__}.get")
 
     def get_by_ids(self, ids: Sequence[str]) -> List[Optional[str]]:
@@ -105,6 +124,14 @@ class Adapter:
         """The ids the store holds, in insertion order (by default
         get_all_ids)."""
         return list(self.get_all_ids())
+
+    # optional: metadata (capability "metadata")
+
+    def entry_metadata(self, id: str) -> Dict[str, str]:
+        """The metadata the store holds for `id` (KeyError when missing).
+        With it, get must return Items: kvcheck checks that get hands back
+        what add stored, and that dump/load keep it."""
+        raise NotImplementedError(f"{type(self).__name__}.entry_metadata")
 
     # optional: dump / load (capability "dump"), dump_interrupted ("dump_crash")
 
@@ -197,6 +224,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "dump": _overrides(engine, "dump") and _overrides(engine, "load"),
         "dump_crash": _overrides(engine, "dump_interrupted"),
         "generate_stream": _overrides(engine, "generate_stream"),
+        "metadata": _overrides(engine, "entry_metadata"),
         "storage_identity": True,
         "copy_log": True,
         "entry_versions": False,
@@ -227,14 +255,20 @@ class _Tracker(_copies.CopyTracker):
 
     A copy of a cache that holds no K/V element moves no byte, so no copy
     operator shows it; what shows it is the model writing into another
-    cache object than the one the boundary was given."""
+    cache object than the one the boundary was given. That object is then
+    the boundary's copy of it (note_copy), so that the K/V sets on its path
+    count the input as C++'s lineage does."""
 
     def __init__(self) -> None:
         super().__init__()
         self.model_caches: List[int] = []
+        self.generation_input: Optional[Cache] = None
 
     def _sample(self, cache) -> None:
         if self._recording is not None:
+            given = self.generation_input
+            if given is not None and cache is not given and id(cache) not in self.model_caches:
+                self.note_copy(cache, [given], zero_bytes=_cache.footprint(given)[1] == 0)
             self.model_caches.append(id(cache))
         super()._sample(cache)
 
@@ -246,6 +280,8 @@ class _Session:
     def __init__(self, engine: Adapter):
         self.engine = engine
         self.handles: Dict[int, Optional[Cache]] = {}
+        # The metadata get handed out with each handle's item.
+        self.handle_metadata: Dict[int, Dict[str, str]] = {}
         self.engine_logs_copies = _overrides(engine, "take_copies")
         self.tracker = None if self.engine_logs_copies else _Tracker()
         self.pending_copies: List[Dict[str, Any]] = []
@@ -326,7 +362,13 @@ class Server:
         id, out = _field(request, "id", str), _field(request, "out", int)
 
         def run():
-            s.handles[out] = s.engine.get(id)
+            got = s.engine.get(id)
+            if isinstance(got, Item):
+                s.handles[out] = got.cache
+                s.handle_metadata[out] = {str(k): str(v) for k, v in dict(got.metadata).items()}
+            else:
+                s.handles[out] = got
+                s.handle_metadata.pop(out, None)
 
         return self._operation(run, handles=[out], ids=[id])
 
@@ -354,7 +396,11 @@ class Server:
         def run():
             s.handles[out] = s.engine.get_cache(list(ids))
 
-        return self._operation(run, handles=[out], ids=ids)
+        def sources():
+            stored = set(s.engine.stored_ids())
+            return [s.engine.stored_cache(id) for id in dict.fromkeys(ids) if id in stored]
+
+        return self._operation(run, handles=[out], ids=ids, copy_of=(out, sources))
 
     def _op_remove(self, request):
         s = self._session
@@ -413,7 +459,13 @@ class Server:
                 return {"tokens": [int(t) for t in tokens], "peak_live_sets": int(peak)}
             return {"tokens": [int(t) for t in result], "peak_live_sets": None}
 
-        reply = self._operation(run, handles=[handle] if handle != 0 else [], recording_box=recording_box)
+        if s.tracker is not None:
+            s.tracker.generation_input = cache
+        try:
+            reply = self._operation(run, handles=[handle] if handle != 0 else [], recording_box=recording_box)
+        finally:
+            if s.tracker is not None:
+                s.tracker.generation_input = None
         if reply["peak_live_sets"] is None:
             reply["peak_live_sets"] = recording_box[0].peak_sets_on_path if recording_box else 0
         if cache is not None and s.tracker is not None and not reply["copies"] and _cache.footprint(cache)[1] == 0:
@@ -443,7 +495,7 @@ class Server:
         s.handles[out] = made
         if s.tracker is not None:
             s.tracker.track(made)  # K/V of its own: a copy of it is a copy
-        return self._reply({}, handles=[out])
+        return self._reply({"copies": []}, handles=[out])
 
     def _cache_op(self, request, method: str):
         s = self._session
@@ -453,7 +505,9 @@ class Server:
         def run():
             s.handles[out] = getattr(s.engine, method)(cache) if cache is not None else None
 
-        return self._operation(run, handles=[out, source])
+        copies = method != "to_legacy"  # to_legacy may alias its source (transformers does)
+        copy_of = (out, lambda: [cache]) if copies and cache is not None else None
+        return self._operation(run, handles=[out, source], copy_of=copy_of)
 
     def _op_clone(self, request):
         return self._cache_op(request, "clone")
@@ -473,12 +527,15 @@ class Server:
         def run():
             s.handles[out] = s.engine.concat(present) if present else None
 
-        return self._operation(run, handles=[out] + [p for p in parts if p != 0])
+        copy_of = (out, lambda: present) if present else None
+        return self._operation(run, handles=[out] + [p for p in parts if p != 0], copy_of=copy_of)
 
     def _op_release(self, request):
         s = self._session
-        s.handles.pop(_field(request, "handle", int), None)
-        return self._reply({})
+        handle = _field(request, "handle", int)
+        s.handles.pop(handle, None)
+        s.handle_metadata.pop(handle, None)
+        return self._reply({"copies": []})
 
     # ---- observations ----------------------------------------------------------------
 
@@ -534,6 +591,16 @@ class Server:
         seen: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
         return {"ok": True, "entries": [self._entry_facts(id, seen, with_storage) for id in ids]}
 
+    def _op_entry_metadata(self, request):
+        id = _field(request, "id", str)
+        self._stored(id)  # KeyError naming a missing entry
+        metadata = self._session.engine.entry_metadata(id)
+        return {"ok": True, "metadata": {str(k): str(v) for k, v in dict(metadata).items()}}
+
+    def _op_handle_metadata(self, request):
+        handle = _field(request, "handle", int)
+        return {"ok": True, "metadata": self._session.handle_metadata.get(handle, {})}
+
     def _op_take_copies(self, request):
         s = self._session
         taken, s.pending_copies = s.pending_copies, []
@@ -554,10 +621,16 @@ class Server:
         ids: Sequence[str] = (),
         stored: Sequence[str] = (),
         recording_box: Optional[List[Any]] = None,
+        copy_of: Optional[Tuple[int, Callable[[], List[Cache]]]] = None,
     ) -> Dict[str, Any]:
         """Runs an engine operation under the copy tracker, then replies
         with its result, the copies it made and the facts of what it named.
-        `stored`: ids whose caches become originals (the store holds them)."""
+        `stored`: ids whose caches become originals (the store holds them).
+        `copy_of`: (out, sources) for an operation whose semantics copy:
+        the cache `out` points at afterwards is a copy of the caches
+        sources() gives (the lineage of its K/V sets; a copy of caches
+        holding no K/V element (no tensor bytes), which no operator shows,
+        is reported as a copy of 0 bytes)."""
         s = self._session
         if s.tracker is None:
             result = run()
@@ -567,6 +640,8 @@ class Server:
             with s.tracker.record() as recording:
                 result = run()
             made = [{"reason": self._op, "bytes": copy.bytes} for copy in recording.copies]
+            if copy_of is not None:
+                made += self._note_copy(copy_of, bool(recording.copies))
             if recording_box is not None:
                 recording_box.append(recording)
             for id in stored:
@@ -574,6 +649,21 @@ class Server:
         reply = self._reply(result or {}, handles, ids)
         reply["copies"] = made
         return reply
+
+    def _note_copy(self, copy_of: Tuple[int, Callable[[], List[Cache]]], copied: bool) -> List[Dict[str, Any]]:
+        """The lineage of a copying operation's result, and its copy of 0
+        bytes when no operator could show one (see _operation)."""
+        s = self._session
+        out, sources_of = copy_of
+        result = s.handles.get(out)
+        sources = sources_of()
+        if result is None or any(result is source for source in sources):
+            return []
+        # A copy's size is its result's, as C++ Copier logs it: a merge of
+        # parts whose only tensors sit in uninitialized layers holds nothing.
+        zero_bytes = not copied and _cache.footprint(result)[1] == 0
+        s.tracker.note_copy(result, sources, zero_bytes)
+        return [{"reason": self._op, "bytes": 0}] if zero_bytes else []
 
     def _reply(self, result: Dict[str, Any], handles: Sequence[int] = (), ids: Sequence[str] = ()):
         self._session.last_named = (tuple(handles), tuple(ids))
@@ -663,4 +753,4 @@ def serve(factory: Callable[[], Adapter]) -> None:
     _protocol.serve_loop(connection, Server(factory).handle)
 
 
-__all__ = ["Adapter", "Server", "RequestError", "capabilities_of", "serve"]
+__all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "serve"]

@@ -353,9 +353,21 @@ def clone(source) -> Any:
     return copy
 
 
-def _cat_present(pieces: Sequence[Optional[Tensor]]) -> Optional[Tensor]:
+def _cat_present(pieces: Sequence[Optional[Tensor]], dtype: torch.dtype) -> Optional[Tensor]:
+    """The pieces that hold elements concatenated along seq, in `dtype`, in
+    one copy (torch.cat promotes mixed pieces; pieces of one other dtype
+    are written into a tensor of `dtype`): a merge copies each value once."""
     present = [t for t in pieces if _holds_elements(t)]
-    return torch.cat(present, dim=-2) if present else None
+    if not present:
+        return None
+    promoted = present[0].dtype
+    for t in present[1:]:
+        promoted = torch.promote_types(promoted, t.dtype)
+    if promoted == dtype:
+        return torch.cat(present, dim=-2)
+    shape = list(present[0].shape)
+    shape[-2] = sum(t.shape[-2] for t in present)
+    return torch.cat(present, dim=-2, out=torch.zeros(shape, dtype=dtype, device=present[0].device))
 
 
 def concat(parts: Sequence[Any]) -> Any:
@@ -379,12 +391,8 @@ def concat(parts: Sequence[Any]) -> Any:
     merged_values: List[Tensor] = []
     for i in range(layers):
         for side, into in ((logical_keys, merged_keys), (logical_values, merged_values)):
-            merged = _cat_present([side(part, i) for part in parts])
-            if merged is None:
-                merged = empty_slot(dtype)
-            elif merged.dtype != dtype:
-                merged = merged.to(dtype)
-            into.append(merged)
+            merged = _cat_present([side(part, i) for part in parts], dtype)
+            into.append(empty_slot(dtype) if merged is None else merged)
     if all_legacy:
         result: Any = LegacyDynamicCache()
         result.key_cache = merged_keys

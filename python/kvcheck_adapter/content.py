@@ -8,7 +8,7 @@ and harness/content.cpp: the same spec text, the same values, the same
 content hash, view, digest and difference texts, so that a Python engine's
 report and kvcheck's expectation agree bit for bit.
 
-    spec = parse_cache_spec("modern/bf16/7:[kv3 k~2 KV4 -0]")
+    spec = parse_cache_spec("modern/bf16/7/4x16:[kv3 k~2 KV4 -0]")
     content = expand(spec)                 # per-slot segments
     expected = expected_view(content)      # what a correct engine reports
     view_digest(expected) == view_digest(view_of(cache_holding_content))
@@ -17,9 +17,13 @@ Integers that C++ keeps in std::uint64_t are Python ints reduced modulo
 2**64 here (or numpy uint64 arrays, which wrap on their own); every such
 value this module returns is in [0, 2**64).
 
-Geometry: a slot tensor is [1, heads, tokens, head_dim]. The C++ side fixes
-heads 2 and head_dim 4 (the decoder's); CacheContent carries them as fields
-so that content of another geometry can be described the same way.
+The model, in short (docs/semantics.md#content-geometry-values-and-hashes
+spells it out): a slot tensor is [1, heads, tokens, head_dim], heads and
+head_dim a cache's own (2 and 4 unless its spec says "/<heads>x<head_dim>");
+a segment's element (h, t, d) is round_to(precision, slot_value(seed, h, t,
+d)), a float32 with a full mantissa rounded to the segment's dtype; an
+engine's slot holds those values in the cache's dtype, and reports the
+content_hash of them read as float32.
 """
 
 from __future__ import annotations
@@ -45,8 +49,13 @@ KEYS, VALUES, KEY_CACHE, VALUE_CACHE = range(4)
 SLOT_COUNT = 4
 
 CACHE_BATCH = 1
+# The default geometry: a spec or content that names none has it.
 CACHE_HEADS = 2
 CACHE_HEAD_DIM = 4
+# The largest heads and head_dim a spec may carry (C++ cache_heads_max,
+# cache_head_dim_max).
+CACHE_HEADS_MAX = 256
+CACHE_HEAD_DIM_MAX = 1024
 
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -111,16 +120,22 @@ class LayerSpec:
 
 @dataclass
 class CacheSpec:
-    """The text "<layout>/<dtype>/<seed>:[<layer> ...]" as fields."""
+    """The text "<layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]"
+    as fields; the geometry is 2x4 when the text gives none."""
 
     layout: str = "modern"
     dtype: str = "f32"
     seed: int = 0
     layers: List[LayerSpec] = field(default_factory=list)
+    heads: int = CACHE_HEADS
+    head_dim: int = CACHE_HEAD_DIM
 
 
 def _fail(text: str, fault: str):
     raise ValueError(f"cache spec '{text}': {fault}")
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 def _parse_count(spec: str, word: str, what: str, where: str, maximum: int) -> int:
@@ -164,8 +179,22 @@ def _parse_layer(spec: str, word: str) -> LayerSpec:
     count = word[at:]
     if count and count[0].isalpha():
         _fail(spec, f"bad slot letter '{count[0]}'{where} (expected k, v, K, V or '-' for none)")
-    layer.tokens = _parse_count(spec, count, "token count", where, (1 << 63) - 1)
+    layer.tokens = _parse_count(spec, count, "token count", where, _INT64_MAX)
     return layer
+
+
+def _parse_geometry(spec: str, word: str) -> tuple:
+    """"<heads>x<head_dim>", each at least 1 and at most its maximum."""
+    x = word.find("x")
+    if x < 0:
+        _fail(spec, f"bad geometry '{word}' (expected <heads>x<head_dim>)")
+    heads = _parse_count(spec, word[:x], "heads", " in the geometry", _INT64_MAX)
+    head_dim = _parse_count(spec, word[x + 1 :], "head_dim", " in the geometry", _INT64_MAX)
+    if not 1 <= heads <= CACHE_HEADS_MAX:
+        _fail(spec, f"heads {heads} outside [1, {CACHE_HEADS_MAX}]")
+    if not 1 <= head_dim <= CACHE_HEAD_DIM_MAX:
+        _fail(spec, f"head_dim {head_dim} outside [1, {CACHE_HEAD_DIM_MAX}]")
+    return heads, head_dim
 
 
 def parse_cache_spec(text: str) -> CacheSpec:
@@ -173,10 +202,11 @@ def parse_cache_spec(text: str) -> CacheSpec:
     slash_1 = text.find("/")
     slash_2 = -1 if slash_1 < 0 else text.find("/", slash_1 + 1)
     if slash_2 < 0:
-        _fail(text, "expected <layout>/<dtype>/<seed>:[<layer> ...]")
+        _fail(text, "expected <layout>/<dtype>/<seed>[/<heads>x<head_dim>]:[<layer> ...]")
     colon = text.find(":", slash_2 + 1)
     if colon < 0:
         _fail(text, "missing ':' after the seed")
+    slash_3 = text.find("/", slash_2 + 1, colon)
     if colon + 1 >= len(text) or text[colon + 1] != "[":
         _fail(text, "missing '[' after ':'")
     close = text.find("]", colon + 2)
@@ -190,17 +220,24 @@ def parse_cache_spec(text: str) -> CacheSpec:
     dtype = text[slash_1 + 1 : slash_2]
     if dtype not in DTYPES:
         _fail(text, f"bad dtype '{dtype}' (expected f32, f16 or bf16)")
-    seed = _parse_count(text, text[slash_2 + 1 : colon], "seed", "", _MASK64)
+    seed_end = colon if slash_3 < 0 else slash_3
+    seed = _parse_count(text, text[slash_2 + 1 : seed_end], "seed", "", _MASK64)
+    heads, head_dim = CACHE_HEADS, CACHE_HEAD_DIM
+    if slash_3 >= 0:
+        heads, head_dim = _parse_geometry(text, text[slash_3 + 1 : colon])
     layers = [_parse_layer(text, word) for word in text[colon + 2 : close].replace("\t", " ").split(" ") if word]
-    return CacheSpec(layout, dtype, seed, layers)
+    return CacheSpec(layout, dtype, seed, layers, heads, head_dim)
 
 
 def format_cache_spec(spec: CacheSpec) -> str:
-    """The text form of a spec; parse_cache_spec(format_cache_spec(s)) == s."""
+    """The text form of a spec; parse_cache_spec(format_cache_spec(s)) == s.
+    The geometry is written only when it is not the default (2x4)."""
     if spec.layout not in LAYOUTS:
         raise ValueError("cache spec has an invalid layout")
     if spec.dtype not in DTYPES:
         raise ValueError("cache spec has an invalid dtype")
+    if not (1 <= spec.heads <= CACHE_HEADS_MAX and 1 <= spec.head_dim <= CACHE_HEAD_DIM_MAX):
+        raise ValueError(f"cache spec has an invalid geometry {spec.heads}x{spec.head_dim}")
     words = []
     for layer in spec.layers:
         if layer.slots & ~0b1111:
@@ -209,7 +246,8 @@ def format_cache_spec(spec: CacheSpec) -> str:
             raise ValueError(f"cache spec layer has negative tokens {layer.tokens}")
         letters = "".join(letter for bit, letter in enumerate(_SLOT_LETTERS) if layer.slots & (1 << bit))
         words.append((letters or "-") + ("" if layer.initialized else "~") + str(layer.tokens))
-    return f"{spec.layout}/{spec.dtype}/{spec.seed}:[{' '.join(words)}]"
+    geometry = "" if (spec.heads, spec.head_dim) == (CACHE_HEADS, CACHE_HEAD_DIM) else f"/{spec.heads}x{spec.head_dim}"
+    return f"{spec.layout}/{spec.dtype}/{spec.seed}{geometry}:[{' '.join(words)}]"
 
 
 # ---- the expanded content ------------------------------------------------------
@@ -217,10 +255,12 @@ def format_cache_spec(spec: CacheSpec) -> str:
 
 @dataclass(frozen=True)
 class Segment:
-    """`tokens` tokens whose values come from `seed` (slot_value)."""
+    """`tokens` tokens whose values come from `seed` (slot_value), rounded
+    to `precision` (a dtype name)."""
 
     seed: int
     tokens: int
+    precision: str = "f32"
 
 
 @dataclass
@@ -258,8 +298,10 @@ class CacheContent:
 
 
 def expand(spec: CacheSpec) -> CacheContent:
-    """The content a spec describes (C++ kvcheck::expand)."""
-    content = CacheContent(layout=spec.layout, dtype=spec.dtype)
+    """The content a spec describes (C++ kvcheck::expand): each present slot
+    of layer i with t > 0 tokens holds one segment {slot_seed(seed, i, s),
+    t, spec.dtype}."""
+    content = CacheContent(layout=spec.layout, dtype=spec.dtype, heads=spec.heads, head_dim=spec.head_dim)
     legacy = spec.layout == "legacy"
     for i, layer_spec in enumerate(spec.layers):
         layer = LayerContent(initialized=legacy or layer_spec.initialized)
@@ -270,7 +312,7 @@ def expand(spec: CacheSpec) -> CacheContent:
             slot = layer.slots[s]
             slot.present = True
             if layer_spec.tokens > 0:
-                slot.segments.append(Segment(slot_seed(spec.seed, i, s), layer_spec.tokens))
+                slot.segments.append(Segment(slot_seed(spec.seed, i, s), layer_spec.tokens, spec.dtype))
         content.layers.append(layer)
     return content
 
@@ -289,28 +331,111 @@ def copy_content(content: CacheContent) -> CacheContent:
 # ---- values ---------------------------------------------------------------------
 
 
+def _float_of(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _bits_of(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
 def slot_value(seed: int, head: int, token: int, dim: int) -> float:
-    """Element (head, token, dim) of a segment (C++ kvcheck::slot_value)."""
-    index = ((head * 1000003 + token) * 64 + dim) & _MASK64
-    mixed = splitmix64(seed ^ splitmix64(index))
-    return float(np.float32((mixed % 64) - 32) / np.float32(8.0))
+    """Element (head, token, dim) of a segment before rounding (C++
+    kvcheck::slot_value): a float32 whose sign and 23-bit mantissa come from
+    x = splitmix64(seed ^ splitmix64((head << 40) ^ (token << 16) ^ dim)),
+    its exponent from bits 32-39 of x (mostly [1/8, 4), one in sixteen
+    [2^8, 2^12), one in sixteen [2^-26, 2^-14))."""
+    index = ((head << 40) ^ (token << 16) ^ dim) & _MASK64
+    x = splitmix64(seed ^ splitmix64(index))
+    r = (x >> 32) & 0xFF
+    exponent = r % 5 - 3 if r < 224 else 8 + r % 4 if r < 240 else -26 + r % 12
+    return _float_of((x >> 63) << 31 | (exponent + 127) << 23 | (x & 0x7FFFFF))
 
 
-def _segment_values(seed: int, tokens: int, heads: int, head_dim: int) -> np.ndarray:
-    """[heads, tokens, head_dim] float32 values of one segment."""
-    head = np.arange(heads, dtype=np.uint64)[:, None, None]
-    token = np.arange(tokens, dtype=np.uint64)[None, :, None]
+def round_to(dtype: str, value: float) -> float:
+    """`value` (a float32) rounded to the nearest `dtype` value, ties to
+    even, as a float32 (C++ kvcheck::round_to; torch's `.to(dtype)`)."""
+    return float(round_to_array(dtype, np.array([value], dtype=np.float32))[0])
+
+
+_U32 = np.uint32
+
+
+def _round_to_f16(bits: np.ndarray) -> np.ndarray:
+    """float16 rounding on float32 bit patterns (C++ round_to_f16): 10
+    mantissa bits, subnormals in steps of 2^-24, infinity from 65520 up."""
+    sign = bits & _U32(0x80000000)
+    magnitude = bits & _U32(0x7FFFFFFF)
+    exponent = (magnitude >> _U32(23)).astype(np.int32) - 127
+    # Normal in float16: drop 13 mantissa bits, ties to even (a carry into
+    # the exponent is the right result).
+    normal = (magnitude + _U32(0xFFF) + ((magnitude >> _U32(13)) & _U32(1))) & _U32(0xFFFFE000)
+    # Subnormal in float16: a whole number of 2^-24 units, the significand
+    # shifted right by -1 - exponent (14 to 24 places), ties to even.
+    shift = np.clip(-1 - exponent, 1, 31).astype(np.uint32)
+    significand = (magnitude & _U32(0x7FFFFF)) | _U32(0x800000)
+    units = significand >> shift
+    rest = significand & ((_U32(1) << shift) - _U32(1))
+    half = _U32(1) << (shift - _U32(1))
+    units = units + ((rest > half) | ((rest == half) & (units & _U32(1)).astype(bool))).astype(np.uint32)
+    subnormal = (units.astype(np.float32) * np.float32(2.0**-24)).view(np.uint32)
+    result = np.where(exponent >= -14, normal, np.where(exponent < -25, _U32(0), subnormal))
+    result = np.where(magnitude >= _U32(0x477FF000), _U32(0x7F800000), result)
+    result = np.where(magnitude > _U32(0x7F800000), _U32(0x7FC00000), result)
+    return sign | result
+
+
+def _round_to_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 rounding on float32 bit patterns (C++ round_to_bf16): the top
+    16 bits after adding 0x7FFF plus the lowest kept bit; NaN 0x7FC00000."""
+    rounded = (bits + _U32(0x7FFF) + ((bits >> _U32(16)) & _U32(1))) & _U32(0xFFFF0000)
+    return np.where((bits & _U32(0x7FFFFFFF)) > _U32(0x7F800000), _U32(0x7FC00000), rounded)
+
+
+def round_to_array(dtype: str, values: np.ndarray) -> np.ndarray:
+    """round_to of every element of a float32 array (a new array; the same
+    one for f32)."""
+    if dtype == "f32":
+        return values
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    with np.errstate(over="ignore"):
+        rounded = _round_to_f16(bits) if dtype == "f16" else _round_to_bf16(bits)
+    return rounded.astype(np.uint32, copy=False).view(np.float32)
+
+
+def segment_values_raw(seeds: np.ndarray, index_mix: np.ndarray) -> np.ndarray:
+    """slot_value's float32 for each pair of a segment seed and the
+    splitmix64 of an element index (the arrays broadcast), before rounding."""
+    x = splitmix64_array(seeds ^ index_mix)
+    r = ((x >> _U64(32)) & _U64(0xFF)).astype(np.int32)
+    exponent = np.where(r < 224, r % 5 - 3, np.where(r < 240, 8 + r % 4, -26 + r % 12))
+    bits = ((x >> _U64(63)) << _U64(31)).astype(np.uint32) | ((exponent + 127).astype(np.uint32) << _U32(23))
+    bits |= (x & _U64(0x7FFFFF)).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def element_index_mix(heads: int, tokens: int, head_dim: int) -> np.ndarray:
+    """splitmix64 of the element indices (h << 40) ^ (t << 16) ^ d of a
+    [heads, tokens, head_dim] segment, row-major and flat: the half of
+    slot_value that does not depend on the seed."""
+    head = np.arange(heads, dtype=np.uint64)[:, None, None] << _U64(40)
+    token = np.arange(tokens, dtype=np.uint64)[None, :, None] << _U64(16)
     dim = np.arange(head_dim, dtype=np.uint64)[None, None, :]
-    index = (head * _U64(1000003) + token) * _U64(64) + dim
-    mixed = splitmix64_array(_U64(seed) ^ splitmix64_array(index))
-    # (mixed % 64) - 32 is in [-32, 32): exact in float32, and so is /8.
-    return ((mixed % _U64(64)).astype(np.int64) - 32).astype(np.float32) / np.float32(8.0)
+    return splitmix64_array((head ^ token ^ dim).reshape(-1))
+
+
+def _segment_values(segment: Segment, heads: int, head_dim: int) -> np.ndarray:
+    """[heads, tokens, head_dim] float32 values of one segment, rounded to
+    its precision."""
+    raw = segment_values_raw(_U64(segment.seed), element_index_mix(heads, segment.tokens, head_dim))
+    return round_to_array(segment.precision, raw).reshape(heads, segment.tokens, head_dim)
 
 
 def slot_values(slot: SlotContent, heads: int = CACHE_HEADS, head_dim: int = CACHE_HEAD_DIM) -> np.ndarray:
     """A slot's values as a [heads, tokens, head_dim] float32 array: the
-    concatenation of its segments along tokens (C++ kvcheck::fill_slot)."""
-    parts = [_segment_values(s.seed, s.tokens, heads, head_dim) for s in slot.segments if s.tokens > 0]
+    concatenation of its segments along tokens, each rounded to its
+    precision (C++ kvcheck::fill_slot)."""
+    parts = [_segment_values(s, heads, head_dim) for s in slot.segments if s.tokens > 0]
     if not parts:
         return np.zeros((heads, 0, head_dim), dtype=np.float32)
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
@@ -321,14 +446,15 @@ def slot_tensor(
 ) -> Optional[torch.Tensor]:
     """The tensor an engine holds for a slot, as the C++ reference makes it:
     None when absent; an empty tensor of shape [0] when it has no segment;
-    else [1, heads, tokens, head_dim], computed in float32 and then cast.
-    The tensor has a storage of its own."""
+    else [1, heads, tokens, head_dim]: fill_slot's float32 values cast to
+    `dtype` (exact unless a segment is wider than the slot). The tensor has
+    a storage of its own."""
     if not slot.present:
         return None
     torch_dtype = TORCH_DTYPES[dtype]
     if not slot.segments:
         return torch.zeros(0, dtype=torch_dtype)
-    values = slot_values(slot, heads, head_dim)
+    values = np.ascontiguousarray(slot_values(slot, heads, head_dim))
     made = torch.from_numpy(values).reshape(CACHE_BATCH, heads, values.shape[1], head_dim)
     return made if torch_dtype == torch.float32 else made.to(torch_dtype)
 
@@ -530,7 +656,9 @@ def expected_view(content: CacheContent) -> CacheView:
             if not slot.present:
                 continue
             tokens = slot.tokens()
-            values = slot_values(slot, content.heads, content.head_dim)
+            # In the dtype the slot has: a segment wider than its slot is
+            # rounded once more (a merge never makes one).
+            values = round_to_array(dtype, slot_values(slot, content.heads, content.head_dim))
             shape = (0,) if tokens == 0 else (CACHE_BATCH, content.heads, tokens, content.head_dim)
             layer_view.slots[s] = SlotView(True, dtype, shape, content_hash(values))
         view.layers.append(layer_view)
@@ -677,13 +805,33 @@ def logical_slot(content: CacheContent, layer: int, side: int) -> SlotContent:
     return entry.slots[modern] if entry.slots[modern].present else entry.slots[legacy_named]
 
 
+def merged_geometry_ok(parts: Sequence[CacheContent]) -> bool:
+    """Do the parts holding tokens share one geometry, as a merge needs?"""
+    geometries = {(part.heads, part.head_dim) for part in parts if content_holds_tokens(part)}
+    return len(geometries) <= 1
+
+
+def dtypes_mixed(parts: Sequence[CacheContent]) -> bool:
+    """Do the parts that hold a slot (those whose dtype the promotion
+    counts) have different dtypes? An engine may refuse such a merge."""
+    return len({part.dtype for part in parts if _has_any_slot(part)}) > 1
+
+
 def expected_concat(parts: Sequence[CacheContent]) -> CacheContent:
     """The content of concat(parts) (C++ expected_concat): layer i is the
     concatenation of the parts' logical layer i, initialized; legacy when
-    every part is, else modern; dtypes promoted as torch.cat does."""
+    every part is, else modern; the dtype that of the parts holding any
+    slot, promoted as torch.cat does (float16 with bfloat16, or anything
+    with float32: float32; float32 when none holds one); the geometry that
+    of the parts holding tokens, else the first part's. Segments keep the
+    precision of the part they came from."""
     if not parts:
         raise ValueError("concat needs at least one cache")
     merged = CacheContent(heads=parts[0].heads, head_dim=parts[0].head_dim)
+    for part in parts:
+        if content_holds_tokens(part):
+            merged.heads, merged.head_dim = part.heads, part.head_dim
+            break
     dtype = None
     for part in parts:
         if not _has_any_slot(part):
@@ -738,3 +886,11 @@ def content_holds_tokens(content: CacheContent) -> bool:
 
 def content_seq_length(content: CacheContent, layer: int = 0) -> int:
     return logical_slot(content, layer, KEYS).tokens()
+
+
+def content_bytes(content: CacheContent) -> int:
+    """The bytes of K/V a copy of `content` holds: every present slot's
+    elements at the content's dtype (4 bytes for f32, 2 for f16 and bf16)."""
+    element_bytes = 4 if content.dtype == "f32" else 2
+    per_token = CACHE_BATCH * content.heads * content.head_dim * element_bytes
+    return sum(slot.tokens() * per_token for layer in content.layers for slot in layer.slots if slot.present)

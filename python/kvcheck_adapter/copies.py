@@ -19,9 +19,13 @@ of some keys and values. Either
     the same recording depth 2, and so on. Each source storage is copied
     into a set at most once: copying it again at the same depth begins a
     new set (two clones in one operation are two sets).
-The model's appends continue a set: inside a model forward, the cat of a
-tracked tensor with the model's new tokens belongs to the tracked tensor's
-set. A set is alive while any of its storages is alive (a weak reference
+The model's appends continue a set: after a model forward, a slot of the
+cache whose tensor the model replaced (update rebinds a slot to the cat of
+its tensor with the new tokens) belongs to the set its tensor belonged to
+before the forward. The dispatch mode is paused while a model forward runs
+(when it is the innermost mode), so that the model's own operators, a few
+dozen per forward, cost nothing here; the slots are compared at the
+forward's exit instead. A set is alive while any of its storages is alive (a weak reference
 to the storage, so tracking never keeps K/V alive). A copy's lineage is the
 sets it was copied from (level 0), the sets those were copied from (level
 1), and so on: sets_on_path(cache) is 1 (the cache itself) plus the number
@@ -50,7 +54,9 @@ What does not count: views (they share the storage: the same set),
 arithmetic (a computation is not a copy), anything inside a model forward
 (the model's appends, its float32 read-back of a bfloat16 cache, its new
 tokens' K/V: the model writes, it does not copy the store), and copies of
-untracked tensors (what the tracker was never told is K/V).
+untracked tensors (what the tracker was never told is K/V). A copy of a
+cache that holds no K/V element moves no byte, so no operator shows it:
+adapter.py accounts for those from the objects an operation hands back.
 
     tracker = CopyTracker()
     tracker.track(stored_cache)                  # an original
@@ -70,11 +76,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode as _current_dispatch_mode
 
 try:
     from torch.utils.weak import StorageWeakRef
@@ -117,20 +124,30 @@ class SetCopy:
 
 
 class _KvSet:
-    """A K/V set: its storages (weakly) and the sets it was copied from."""
+    """A K/V set: its storages and cache objects (weakly) and the sets it
+    was copied from."""
 
-    __slots__ = ("set_id", "storages", "sources", "__weakref__")
+    __slots__ = ("set_id", "storages", "objects", "sources", "__weakref__")
 
     def __init__(self, set_id: int, sources: Sequence["_KvSet"] = ()):
         self.set_id = set_id
         self.storages: List[StorageWeakRef] = []
+        self.objects: List[weakref.ref] = []
         self.sources: List[_KvSet] = list(sources)
 
     def alive(self) -> bool:
         # Dead storages are dropped on the way: a working set gains two
         # storages per layer per model step, and loses as many.
         self.storages = [storage for storage in self.storages if not storage.expired()]
-        return bool(self.storages)
+        if self.storages:
+            return True
+        self.objects = [reference for reference in self.objects if reference() is not None]
+        return bool(self.objects)
+
+    def add_sources(self, sources: Sequence["_KvSet"]) -> None:
+        for source in sources:
+            if source is not self and all(source is not known for known in self.sources):
+                self.sources.append(source)
 
 
 @dataclass
@@ -219,6 +236,11 @@ class CopyTracker:
         self._made_here: Dict[int, int] = {}  # set id -> depth, for the sets this recording made
         self._set_copies: Dict[int, SetCopy] = {}
         self._model_depth = 0
+        self._mode: Optional[_CopyMode] = None  # the dispatch mode of the recording
+        # Cache object (its id) -> (set, weak reference): the objects that
+        # are set members themselves (_register).
+        self._objects: Dict[int, Tuple[_KvSet, weakref.ref]] = {}
+        self._objects_sweep_at = 1024
 
     # ---- sets and storages ----
 
@@ -256,14 +278,68 @@ class CopyTracker:
         self._storages = {key: entry for key, entry in self._storages.items() if not entry[1].expired()}
         self._sweep_at = max(1024, 2 * len(self._storages))
 
+    def _register(self, cache, kv_set: _KvSet) -> None:
+        """Makes the cache object itself a member of `kv_set`: a cache that
+        holds no K/V element is a set by its object alone (C++ counts
+        lineage by cache objects, and an empty one is alive as long as it
+        is)."""
+        reference = weakref.ref(cache)
+        self._objects[id(cache)] = (kv_set, reference)
+        kv_set.objects.append(reference)
+        if len(self._objects) >= self._objects_sweep_at:
+            self._objects = {key: entry for key, entry in self._objects.items() if entry[1]() is not None}
+            self._objects_sweep_at = max(1024, 2 * len(self._objects))
+
+    def set_of_object(self, cache) -> Optional[_KvSet]:
+        """The set a cache object was registered with, if it is alive."""
+        entry = self._objects.get(id(cache))
+        if entry is None or entry[1]() is not cache:
+            return None
+        return entry[0]
+
+    def sets_of(self, cache) -> List[_KvSet]:
+        """The sets a cache belongs to: its object's, then its tensors'."""
+        found = [self.set_of_object(cache)] + [self.set_of_tensor(t) for t in _cache_tensors(cache)]
+        return _unique(s for s in found if s is not None)
+
     def track(self, cache) -> int:
-        """Registers every tensor a cache holds as one original K/V set (its
-        earlier lineage, if it was a copy, is forgotten: it is what the
-        store holds now, as C++'s Store::add clears it). Returns the set id."""
+        """Registers a cache, its object and every tensor it holds, as one
+        original K/V set (its earlier lineage, if it was a copy, is
+        forgotten: it is what the store holds now, as C++'s Store::add
+        clears it). Returns the set id."""
         kv_set = _KvSet(next(self._ids))
+        self._register(cache, kv_set)
         for tensor in _cache_tensors(cache):
             self._join(tensor, kv_set)
         return kv_set.set_id
+
+    def _source_set(self, cache) -> _KvSet:
+        """The set that stands for `cache` as a source of a copy: its
+        object's or its first tensor's; a cache in no set is registered as
+        an original."""
+        found = self.sets_of(cache)
+        if found:
+            return found[0]
+        kv_set = _KvSet(next(self._ids))
+        self._register(cache, kv_set)
+        return kv_set
+
+    def note_copy(self, result, sources: Sequence[object], zero_bytes: bool) -> None:
+        """Tells the tracker, after an operation under record(), that the
+        cache object `result` is a copy of the cache objects `sources`: the
+        sets this recording made that hold its tensors descend from the
+        sources' sets, and so does the object itself. `zero_bytes`: no
+        tensor was copied (the sources hold no K/V element), so the object
+        alone is the new set."""
+        source_sets = [self._source_set(source) for source in sources if source is not None]
+        made = [s for s in self.sets_of(result) if s.set_id in self._made_here]
+        if not made and zero_bytes:
+            made = [_KvSet(next(self._ids))]
+            self._made_here[made[0].set_id] = 1
+        for kv_set in made:
+            kv_set.add_sources(source_sets)
+        if made and self.set_of_object(result) is None:
+            self._register(result, made[0])
 
     def set_id(self, tensor: Optional[torch.Tensor]) -> Optional[int]:
         kv_set = self.set_of_tensor(tensor)
@@ -275,9 +351,12 @@ class CopyTracker:
         """1 (the cache) plus the number of lineage levels of the cache's
         sets with a live member (C++ live_sets_on_path); for a cache holding
         tensors of several sets, the set with the most such levels counts."""
-        sets = {id(s): s for s in (self.set_of_tensor(t) for t in _cache_tensors(cache)) if s is not None}
+        sets = {id(s): s for s in self.sets_of(cache)}
         most = 0
         for kv_set in sets.values():
+            # Level by level as C++ Copier::record builds a lineage: a set
+            # reached by two paths of different lengths is at both levels
+            # (the sets only ever come from older ones: no cycle).
             live, level = 0, _unique(kv_set.sources)
             while level:
                 if any(source.alive() for source in level):
@@ -301,13 +380,15 @@ class CopyTracker:
         self._set_copies = {}
         _RECORDING.append(self)
         try:
-            with _CopyMode(self):
+            with _CopyMode(self) as mode:
+                self._mode = mode
                 yield recording
         finally:
+            self._mode = None
             _RECORDING.remove(self)
             self._recording = None
             self._open.clear()
-            self._made_here.clear()
+            # _made_here stays until the next recording: note_copy reads it.
 
     def _sample(self, cache) -> None:
         recording = self._recording
@@ -398,14 +479,54 @@ class _CopyMode(TorchDispatchMode):
 _NO_MODEL = contextlib.nullcontext()
 
 
+def _slot_locations(cache) -> List[Tuple[object, object]]:
+    """(holder, key) of every slot of a cache: a modern layer object and an
+    attribute name, or a legacy list and an index."""
+    if _content.cache_layout(cache) == "legacy":
+        keys, values = cache.key_cache, cache.value_cache
+        return [(keys, i) for i in range(len(keys))] + [(values, i) for i in range(len(values))]
+    return [(layer, name) for layer in cache.layers for name in _content.SLOT_NAMES]
+
+
+def _slot_at(location) -> Optional[torch.Tensor]:
+    holder, key = location
+    if isinstance(holder, list):
+        return holder[key] if key < len(holder) else None
+    held = getattr(holder, key, None)
+    return held if isinstance(held, torch.Tensor) else None
+
+
+def _pause_mode(mode: Optional["_CopyMode"]) -> bool:
+    """Pops `mode` off the dispatch mode stack if it is the innermost one;
+    True when it did (resume it then)."""
+    if mode is None or _current_dispatch_mode() is not mode:
+        return False
+    mode.__exit__(None, None, None)
+    return True
+
+
 @contextlib.contextmanager
 def _model_forward(tracker: CopyTracker, cache) -> Iterator[None]:
     tracker._sample(cache)
+    before = [
+        (location, kv_set)
+        for location in _slot_locations(cache)
+        for kv_set in (tracker.set_of_tensor(_slot_at(location)),)
+        if kv_set is not None
+    ]
     tracker._model_depth += 1
+    paused = _pause_mode(tracker._mode)
     try:
         yield
     finally:
+        if paused:
+            tracker._mode.__enter__()
         tracker._model_depth -= 1
+        # The model's appends continue the sets of the slots they extend.
+        for location, kv_set in before:
+            held = _slot_at(location)
+            if held is not None and held.numel() > 0 and tracker.set_of_tensor(held) is None:
+                tracker._join(held, kv_set)
         if tracker._recording is not None:
             tracker._recording.model_forwards += 1
         tracker._sample(cache)

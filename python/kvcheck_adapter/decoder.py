@@ -33,7 +33,7 @@ import ctypes
 import ctypes.util
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -87,12 +87,50 @@ _EXPF = _libm_function("expf")
 _SINF = _libm_function("sinf")
 
 
-def _float32_map(function, fallback, values: np.ndarray) -> np.ndarray:
-    """function (a C float -> float) of each float32 value; `fallback`
-    (numpy, float64) when the C library has none."""
+# How near, relative to the value, a float64 result may lie to a float32
+# rounding midpoint before the C library's own function must decide its
+# rounding. glibc's expf computes in double with a relative error of at most
+# 1.69 * 2^-34 before its one rounding (its ULP error is 0.502); sinf within
+# 0.0607 ULP of the exact value before it (ULP error 0.5607, that is at
+# most 2^-27 relative). Beyond these windows (a margin of 9 and 2 over
+# those errors, and far more over numpy's float64 exp and sin, a few ULP of
+# a double) the exact value, the C library's double and numpy's lie on one
+# side of every midpoint, so rounding numpy's result gives the C library's
+# float. (glibc's e_expf.c and s_sinf.c state these bounds; the decoder's
+# tests compare the two ways on millions of inputs.)
+_EXPF_WINDOW = 2.0**-30
+_SINF_WINDOW = 2.0**-26
+# Below this many values the C library is called for each: the vector way
+# costs a dozen numpy calls.
+_VECTOR_VALUES_MIN = 48
+
+
+def _float32_map(function, fallback, values: np.ndarray, window: float = 0.0) -> np.ndarray:
+    """function (a C float -> float) of each float32 value, bit for bit;
+    `fallback` (numpy, float64) when the C library has none. With a
+    `window` (see _EXPF_WINDOW), values whose float64 result lies farther
+    than it from a float32 rounding midpoint take that result rounded, the
+    others the C function's."""
     if function is None:
         return fallback(values.astype(np.float64)).astype(np.float32)
-    return np.array([function(value) for value in values.tolist()], dtype=np.float32)
+    if window <= 0 or values.size < _VECTOR_VALUES_MIN:
+        return np.array([function(value) for value in values.tolist()], dtype=np.float32)
+    wide = fallback(values.astype(np.float64))
+    # A double rounds to float32 by its low 29 mantissa bits: 2^28 is the
+    # midpoint. A distance of d double ULPs from it is at least d * 2^-53
+    # relative to the value, so d > window * 2^53 is far enough.
+    guard = np.uint64(int(window * 2.0**53))
+    low = wide.view(np.uint64) & np.uint64((1 << 29) - 1)
+    unsafe = (low - np.uint64((1 << 28) - int(guard))) <= np.uint64(2 * int(guard))
+    # Results that are subnormal, zero or beyond float32's range, and NaNs,
+    # are the C function's too.
+    magnitude = np.abs(wide)
+    unsafe |= ~((magnitude >= 2.0**-125) & (magnitude < 2.0**127))
+    result = wide.astype(np.float32)
+    if unsafe.any():
+        at = np.flatnonzero(unsafe)
+        result[at] = [function(value) for value in values[at].tolist()]
+    return result
 
 
 # ---- float32 arithmetic in C++'s order ------------------------------------------------
@@ -108,10 +146,25 @@ def _ordered_sum(products: np.ndarray, axis: int) -> np.ndarray:
     return np.add.accumulate(products, axis=axis)[last] + _ZERO
 
 
+# The most products _row_times holds at once (a wide geometry's projection
+# is summed in blocks of the inner index, carrying the partial sum).
+_PRODUCTS_MAX = 1 << 20
+
+
 def _row_times(rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """rows [n, inner] times a row-major weight [inner, cols], each sum over
     the inner index in ascending order (C++ row_times, per row)."""
-    return _ordered_sum(rows[:, :, None] * weight[None, :, :], axis=1)
+    count, inner = rows.shape
+    block = max(1, _PRODUCTS_MAX // max(1, count * weight.shape[1]))
+    if block >= inner:
+        return _ordered_sum(rows[:, :, None] * weight[None, :, :], axis=1)
+    total = None
+    for start in range(0, inner, block):
+        products = rows[:, start : start + block, None] * weight[None, start : start + block, :]
+        if total is not None:
+            products[:, 0] += total  # the partial sum, then this block's products in order
+        total = np.add.accumulate(products, axis=1)[:, -1]
+    return total + _ZERO
 
 
 class _SplitMix64:
@@ -160,46 +213,114 @@ def _first_argmax(values: Sequence[float]) -> int:
     return best
 
 
+class _Weights:
+    """The weights of one geometry (heads, head_dim), E = heads * head_dim:
+    embedding [vocab, E], unembedding [E, vocab], the position term's
+    frequencies, and per layer the [E, 3E] qkv projection and the [E, E]
+    output, drawn from one splitmix64 stream in that order (C++
+    Decoder::weights_for)."""
+
+    def __init__(self, seed: int, heads: int, head_dim: int, vocab_size: int, layer_count: int):
+        self.heads, self.head_dim = heads, head_dim
+        width = heads * head_dim
+        random = _SplitMix64(seed)
+        self.embedding = _seeded(random, vocab_size, width, _EMBEDDING_SCALE)
+        self.unembedding = _seeded(random, width, vocab_size, _UNEMBEDDING_SCALE)
+        self.position_rates = [math.pow(10000.0, -float(e - e % 2) / float(width)) for e in range(width)]
+        self.layers = []
+        for _ in range(layer_count):
+            qkv = _seeded(random, width, 3 * width, _PROJECTION_SCALE)
+            out = _seeded(random, width, width, _OUTPUT_SCALE)
+            self.layers.append((qkv, out))
+        self.positions: Dict[int, np.ndarray] = {}
+        self.scale = np.float32(1.0 / math.sqrt(float(head_dim)))
+
+    def position_row(self, position: int) -> np.ndarray:
+        """The sinusoidal term of a position, computed in double with the C
+        library's sin/cos (math.sin is it) and rounded to float32."""
+        row = self.positions.get(position)
+        if row is None:
+            terms = [
+                (math.sin if e % 2 == 0 else math.cos)(float(position) * rate)
+                for e, rate in enumerate(self.position_rates)
+            ]
+            row = np.array(terms, dtype=np.float32) * np.float32(_POSITION_SCALE)
+            self.positions[position] = row
+        return row
+
+
+def _geometry_seed(seed: int, heads: int, head_dim: int) -> int:
+    """The weight stream's seed of a geometry other than the configured one
+    (C++: splitmix64(seed ^ splitmix64(heads << 32 | head_dim)))."""
+    mask = (1 << 64) - 1
+    return _splitmix64((seed ^ _splitmix64(((heads << 32) | head_dim) & mask)) & mask)
+
+
+def _splitmix64(x: int) -> int:
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
 class Decoder:
     """kv::models::Decoder: weights from config.seed, float32 arithmetic in
     the C++ order. `forward` writes K/V in the cache's dtype (that of its
-    layer-0 logical keys, else float32); `forward_as` in a chosen one."""
+    layer-0 logical keys, else float32); `forward_as` in a chosen one.
+
+    It adapts to the cache it is given, as C++'s does: the first layer whose
+    logical keys (else values) are a 4-D [1, H, S, D] tensor gives the
+    geometry (H, D), else the configured one; it runs max(config.layer_count,
+    the cache's layer count) layers. The weights of the configured geometry
+    come from config.seed, those of another from splitmix64(seed ^
+    splitmix64(H << 32 | D)); layer i's are the same for any layer count."""
 
     def __init__(self, config: DecoderConfig = DecoderConfig()):
         _check_config(config)
         self.config = config
-        width = config.head_count * config.head_dim
-        random = _SplitMix64(config.seed)
-        self._embedding = _seeded(random, config.vocab_size, width, _EMBEDDING_SCALE)
-        self._unembedding = _seeded(random, width, config.vocab_size, _UNEMBEDDING_SCALE)
-        self._position_rates = [math.pow(10000.0, -float(e - e % 2) / float(width)) for e in range(width)]
-        self._layers = []
-        for _ in range(config.layer_count):
-            qkv = _seeded(random, width, 3 * width, _PROJECTION_SCALE)
-            out = _seeded(random, width, width, _OUTPUT_SCALE)
-            self._layers.append((qkv, out))
-        self._positions: Dict[int, np.ndarray] = {}
-        self._scale = np.float32(1.0 / math.sqrt(float(config.head_dim)))
+        self._weights: Dict[Tuple[int, int], _Weights] = {}
+        self._weights_for(config.head_count, config.head_dim, config.layer_count)
 
     @property
     def eos_token(self) -> int:
         return self.config.eos_token
 
-    def _position_row(self, position: int) -> np.ndarray:
-        """The sinusoidal term of a position, computed in double with the C
-        library's sin/cos (math.sin is it) and rounded to float32."""
-        row = self._positions.get(position)
-        if row is None:
-            terms = [
-                (math.sin if e % 2 == 0 else math.cos)(float(position) * rate)
-                for e, rate in enumerate(self._position_rates)
-            ]
-            row = np.array(terms, dtype=np.float32) * np.float32(_POSITION_SCALE)
-            self._positions[position] = row
-        return row
+    @property
+    def _embedding(self) -> np.ndarray:
+        """The configured geometry's token embedding."""
+        return self._weights[(self.config.head_count, self.config.head_dim)].embedding
 
-    def _embed_rows(self, tokens: Sequence[int], first_position: int) -> np.ndarray:
-        rows = [self._embedding[token] + self._position_row(first_position + i) for i, token in enumerate(tokens)]
+    def _weights_for(self, heads: int, head_dim: int, layer_count: int) -> _Weights:
+        """The weights of geometry (heads, head_dim) with at least
+        `layer_count` layers, made on first use (and made again, the same
+        layers first, when more layers are needed)."""
+        weights = self._weights.get((heads, head_dim))
+        if weights is not None and len(weights.layers) >= layer_count:
+            return weights
+        config = self.config
+        configured = (heads, head_dim) == (config.head_count, config.head_dim)
+        seed = config.seed if configured else _geometry_seed(config.seed, heads, head_dim)
+        weights = _Weights(seed, heads, head_dim, config.vocab_size, layer_count)
+        self._weights[(heads, head_dim)] = weights
+        return weights
+
+    def _geometry_of(self, cache) -> Tuple[int, int]:
+        """(heads, head_dim) of the first layer whose logical keys (else
+        values) are a 4-D tensor with heads and head_dim, else the
+        configured geometry."""
+        try:
+            layers = _cache.layer_count(cache)
+            for layer in range(layers):
+                for held in (_cache.logical_keys(cache, layer), _cache.logical_values(cache, layer)):
+                    if held is not None and held.dim() == 4 and held.shape[1] > 0 and held.shape[3] > 0:
+                        return int(held.shape[1]), int(held.shape[3])
+        except TypeError:  # a cache of another kind: it says nothing of its geometry
+            pass
+        return self.config.head_count, self.config.head_dim
+
+    def _embed_rows(self, weights: _Weights, tokens: Sequence[int], first_position: int) -> np.ndarray:
+        rows = [weights.embedding[token] + weights.position_row(first_position + i) for i, token in enumerate(tokens)]
         return np.stack(rows).astype(np.float32, copy=False)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
@@ -227,43 +348,48 @@ class Decoder:
             return self._forward(tokens, cache, dtype)
 
     def _forward(self, tokens: List[int], cache, dtype: torch.dtype) -> int:
-        config = self.config
-        count, heads, dims = len(tokens), config.head_count, config.head_dim
-        width = heads * dims
+        count = len(tokens)
+        heads, dims = self._geometry_of(cache)
+        try:
+            cached_layers = _cache.layer_count(cache)
+        except TypeError:
+            cached_layers = 0
+        weights = self._weights_for(heads, dims, max(self.config.layer_count, cached_layers))
         past = int(cache.get_seq_length(0))
-        x = self._embed_rows(tokens, past)
+        x = self._embed_rows(weights, tokens, past)
         cache_kwargs = {"cache_position": torch.arange(past, past + count)}
-        for layer, (qkv_weight, out_weight) in enumerate(self._layers):
+        for layer in range(max(self.config.layer_count, cached_layers)):
+            qkv_weight, out_weight = weights.layers[layer]
             qkv = _row_times(x, qkv_weight)
-            k = self._to_heads(qkv, count, 1)
-            v = self._to_heads(qkv, count, 2)
+            k = self._to_heads(qkv, count, 1, heads, dims)
+            v = self._to_heads(qkv, count, 2, heads, dims)
             if dtype != torch.float32:
                 k, v = k.to(dtype), v.to(dtype)
             held_keys, held_values = cache.update(k, v, layer, cache_kwargs)
-            keys = self._read_back(held_keys, count, layer, "keys")
-            values = self._read_back(held_values, count, layer, "values")
+            keys = self._read_back(held_keys, count, layer, "keys", heads, dims)
+            values = self._read_back(held_values, count, layer, "values", heads, dims)
             if values.shape[1] != keys.shape[1]:
                 raise ValueError(
                     f"Decoder: layer {layer} holds {keys.shape[1]} keys but {values.shape[1]} values"
                 )
-            attended = self._attend(qkv, keys, values, count)
+            attended = self._attend(qkv, keys, values, count, weights)
             x = x + _row_times(attended, out_weight)
-        logits = _row_times(x[count - 1 : count], self._unembedding)[0] * _READOUT_GAIN
-        folded = _float32_map(_SINF, np.sin, logits)
+        logits = _row_times(x[count - 1 : count], weights.unembedding)[0] * _READOUT_GAIN
+        folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW)
         return _first_argmax(folded.tolist())
 
-    def _to_heads(self, qkv: np.ndarray, count: int, part: int) -> torch.Tensor:
+    def _to_heads(self, qkv: np.ndarray, count: int, part: int, heads: int, dims: int) -> torch.Tensor:
         """Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
         [1, heads, n, head_dim] float32 tensor in a storage of its own."""
-        heads, dims = self.config.head_count, self.config.head_dim
         width = heads * dims
         side = qkv[:, part * width : (part + 1) * width].reshape(count, heads, dims).transpose(1, 0, 2)
-        return torch.from_numpy(np.ascontiguousarray(side, dtype=np.float32)).reshape(1, heads, count, dims)
+        return torch.from_numpy(np.ascontiguousarray(side, dtype=np.float32)[None])
 
-    def _read_back(self, held: Optional[torch.Tensor], count: int, layer: int, side: str) -> np.ndarray:
+    def _read_back(
+        self, held: Optional[torch.Tensor], count: int, layer: int, side: str, heads: int, dims: int
+    ) -> np.ndarray:
         """What the cache holds for one side of a layer after the update, as
         a float32 [heads, S, head_dim] array; another geometry is refused."""
-        heads, dims = self.config.head_count, self.config.head_dim
         fits = (
             held is not None
             and held.dim() == 4
@@ -277,20 +403,18 @@ class Decoder:
                 f"Decoder: layer {layer} {side} of shape {_shape_text(held)}, "
                 f"expected [1, {heads}, >= {count}, {dims}]"
             )
-        if held.dtype != torch.float32:
-            held = held.to(torch.float32)
-        return held.detach().contiguous().numpy()[0]
+        return _float32_array(held)[0]
 
-    def _attend(self, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    def _attend(self, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, count: int, weights: _Weights) -> np.ndarray:
         """Causal attention of the `count` new tokens (C++ attend): the
         query of new token i sits at position P = S - n + i and sees keys
         0..P; softmax(q.k * scale) with the maximum subtracted first, then
         the weighted sum of the values. Returns [n, E]."""
-        heads, dims = self.config.head_count, self.config.head_dim
+        heads, dims = weights.heads, weights.head_dim
         total = keys.shape[1]
         past = total - count
         query = qkv[:, : heads * dims].reshape(count, heads, dims)
-        scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * self._scale  # [n, H, S]
+        scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * weights.scale  # [n, H, S]
         visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
         visible = np.broadcast_to(visible[:, None, :], scores.shape)
         # C++ keeps the first maximum of the visible scores, skipping NaN.
@@ -298,11 +422,27 @@ class Decoder:
         top = candidates.max(axis=2)
         exponents = np.zeros_like(scores)
         shifted = (scores - top[:, :, None])[visible]
-        exponents[visible] = _float32_map(_EXPF, np.exp, shifted)
+        exponents[visible] = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
         total_weight = _ordered_sum(exponents, axis=2)
-        weights = exponents / total_weight[:, :, None]
-        result = _ordered_sum(weights[:, :, :, None] * values[None, :, :, :], axis=2)  # [n, H, D]
+        attention = exponents / total_weight[:, :, None]
+        result = _ordered_sum(attention[:, :, :, None] * values[None, :, :, :], axis=2)  # [n, H, D]
         return result.reshape(count, heads * dims)
+
+
+def _float32_array(held: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a float32 numpy array, converted exactly (a
+    float32 contiguous tensor is read where it lies, without a copy)."""
+    if held.requires_grad:
+        held = held.detach()
+    if held.dtype == torch.float32:
+        return held.numpy() if held.is_contiguous() else np.ascontiguousarray(held.numpy())
+    if held.dtype == torch.float16:
+        return held.numpy().astype(np.float32)
+    if held.dtype == torch.bfloat16:
+        # numpy has no bfloat16: its bits are the top half of a float32's.
+        bits = held.contiguous().view(torch.int16).numpy().astype(np.uint16).astype(np.uint32) << np.uint32(16)
+        return bits.view(np.float32)
+    return held.to(torch.float32).contiguous().numpy()
 
 
 def cache_dtype(cache) -> torch.dtype:

@@ -107,7 +107,9 @@ def check_engine(
     trace_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Runs `kvcheck run` on the adapter (every property, or those named)
-    and returns its JSON report when every property holds (or is skipped).
+    and returns the adapter's part of the JSON report (`adapters[0]`: its
+    verdicts, one per property and the engine-error row) when every property
+    holds (or is skipped).
     Raises AssertionError with the report (each failure's message, shrunk
     trace, reproducing command and the engine's last output) when one
     fails, and KvcheckError when kvcheck cannot check the adapter.
@@ -135,7 +137,8 @@ def check_engine(
         if finished.returncode not in (0, 1):
             raise KvcheckError(f"kvcheck could not check the adapter (exit status {finished.returncode}):\n{finished.stderr}")
         with open(os.path.join(scratch, "report.json")) as file:
-            report = json.load(file)
+            # One report for the run; check_engine runs one adapter.
+            report = json.load(file)["adapters"][0]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if finished.returncode == 1 or any(result["verdict"] == "fail" for result in report["properties"]):

@@ -2,14 +2,16 @@
 (docs/protocol.md), with the two costs of an adapter made small: building
 a cache from content, and reporting what a cache holds.
 
-Content arrives compact: per slot a list of segments [seed, tokens]; the
-adapter makes the values (content.slot_values). Views leave as JSON: per
-slot its dtype, shape and content hash; kvcheck derives the digest.
+Content arrives compact: per slot a list of segments [seed, tokens,
+precision]; the adapter makes the values (content.slot_values). Views leave
+as JSON: per slot its dtype, shape and content hash; kvcheck derives the
+digest.
 
 Both are memoised, and both memos are keyed on everything the result
 depends on, so they can never answer for a changed tensor:
-  - a segment's values by (seed, tokens, heads, head_dim): a pure function
-    (the values of a cache's new segments are made together, in one pass);
+  - a segment's values by (seed, tokens, precision, heads, head_dim): a
+    pure function (the values of a cache's new segments are made together,
+    in one pass);
   - a slot's hash by (dtype, shape, the bytes of its values): the hash is
     a function of exactly these. A tensor written in place, by any means,
     has other bytes and misses the memo.
@@ -61,8 +63,8 @@ def content_from_json(data: Any) -> _content.CacheContent:
         raise WireError(f"'cache.layout' must be one of {_content.LAYOUTS}, not {layout!r}")
     if dtype not in _content.DTYPES:
         raise WireError(f"'cache.dtype' must be one of {_content.DTYPES}, not {dtype!r}")
-    heads = _int(data.get("heads", _content.CACHE_HEADS), "'cache.heads'", 1, 1 << 16)
-    head_dim = _int(data.get("head_dim", _content.CACHE_HEAD_DIM), "'cache.head_dim'", 1, 1 << 16)
+    heads = _int(data.get("heads"), "'cache.heads'", 1, _content.CACHE_HEADS_MAX)
+    head_dim = _int(data.get("head_dim"), "'cache.head_dim'", 1, _content.CACHE_HEAD_DIM_MAX)
     layers = data.get("layers")
     if not isinstance(layers, list):
         raise WireError("'cache.layers' must be an array")
@@ -78,13 +80,18 @@ def content_from_json(data: Any) -> _content.CacheContent:
             if slot is None:
                 continue
             if not isinstance(slot, list):
-                raise WireError(f"'cache.layers[{i}].slots[{s}]' must be null or an array of [seed, tokens]")
+                raise WireError(f"'cache.layers[{i}].slots[{s}]' must be null or an array of [seed, tokens, precision]")
             segments = []
             for segment in slot:
-                if not isinstance(segment, list) or len(segment) != 2:
-                    raise WireError(f"a segment of 'cache.layers[{i}].slots[{s}]' is not [seed, tokens]")
+                if not isinstance(segment, list) or len(segment) != 3 or segment[2] not in _content.DTYPES:
+                    raise WireError(
+                        f"a segment of 'cache.layers[{i}].slots[{s}]' is not [seed, tokens, precision]"
+                        f" (precision one of {_content.DTYPES}): {segment!r}"
+                    )
                 segments.append(
-                    _content.Segment(_int(segment[0], "a segment's seed"), _int(segment[1], "a segment's tokens", 0, 1 << 32))
+                    _content.Segment(
+                        _int(segment[0], "a segment's seed"), _int(segment[1], "a segment's tokens", 0, 1 << 32), segment[2]
+                    )
                 )
             made.slots[s] = _content.SlotContent(True, segments)
         content.layers.append(made)
@@ -95,42 +102,45 @@ _index_memo: Dict[tuple, np.ndarray] = {}
 
 
 def _index_mix(heads: int, tokens: int, head_dim: int) -> np.ndarray:
-    """splitmix64 of the element indices (head * 1000003 + token) * 64 + dim
-    of a [heads, tokens, head_dim] segment, row-major: the half of
-    content.slot_value that does not depend on the seed."""
+    """content.element_index_mix, memoised: the half of content.slot_value
+    that does not depend on the seed."""
     key = (heads, tokens, head_dim)
     found = _index_memo.get(key)
     if found is None:
-        head = np.arange(heads, dtype=np.uint64)[:, None, None]
-        token = np.arange(tokens, dtype=np.uint64)[None, :, None]
-        dim = np.arange(head_dim, dtype=np.uint64)[None, None, :]
-        found = _content.splitmix64_array(((head * np.uint64(1000003) + token) * np.uint64(64) + dim).reshape(-1))
+        found = _content.element_index_mix(heads, tokens, head_dim)
         if len(_index_memo) >= _MEMO_ENTRIES_MAX:
             _index_memo.clear()
         _index_memo[key] = found
     return found
 
 
+def _memo_key(segment: _content.Segment, heads: int, head_dim: int) -> tuple:
+    return (segment.seed, segment.tokens, segment.precision, heads, head_dim)
+
+
 def _make_segments(segments: List[_content.Segment], heads: int, head_dim: int) -> None:
     """Puts the values of every segment not memoised yet into the memo, all
-    in one pass of array arithmetic (content.slot_value's, element for
-    element): per segment, it costs what one numpy call costs."""
+    in one pass of array arithmetic per precision (content.slot_value and
+    round_to, element for element): per segment, it costs what one numpy
+    call costs."""
     missing = list(
-        dict.fromkeys((s.seed, s.tokens) for s in segments if s.tokens > 0 and (s.seed, s.tokens, heads, head_dim) not in _segment_memo)
+        dict.fromkeys(s for s in segments if s.tokens > 0 and _memo_key(s, heads, head_dim) not in _segment_memo)
     )
     if not missing:
         return
-    sizes = [heads * tokens * head_dim for _, tokens in missing]
-    seeds = np.repeat(np.array([seed for seed, _ in missing], dtype=np.uint64), sizes)
-    mixes = np.concatenate([_index_mix(heads, tokens, head_dim) for _, tokens in missing])
-    mixed = _content.splitmix64_array(seeds ^ mixes)
-    # (mixed % 64) - 32 is in [-32, 32): exact in float32, and so is / 8.
-    values = ((mixed % np.uint64(64)).astype(np.int64) - 32).astype(np.float32) / np.float32(8.0)
     if len(_segment_memo) + len(missing) > _MEMO_ENTRIES_MAX:
         _segment_memo.clear()
-    for (seed, tokens), part in zip(missing, np.split(values, np.cumsum(sizes)[:-1])):
-        tensor = torch.from_numpy(part).reshape(_content.CACHE_BATCH, heads, tokens, head_dim)
-        _segment_memo[(seed, tokens, heads, head_dim)] = tensor
+    for precision in _content.DTYPES:
+        group = [s for s in missing if s.precision == precision]
+        if not group:
+            continue
+        sizes = [heads * s.tokens * head_dim for s in group]
+        seeds = np.repeat(np.array([s.seed for s in group], dtype=np.uint64), sizes)
+        mixes = np.concatenate([_index_mix(heads, s.tokens, head_dim) for s in group])
+        values = _content.round_to_array(precision, _content.segment_values_raw(seeds, mixes))
+        for segment, part in zip(group, np.split(values, np.cumsum(sizes)[:-1])):
+            tensor = torch.from_numpy(part).reshape(_content.CACHE_BATCH, heads, segment.tokens, head_dim)
+            _segment_memo[_memo_key(segment, heads, head_dim)] = tensor
 
 
 def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: int) -> Optional[torch.Tensor]:
@@ -143,7 +153,7 @@ def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: in
     if not slot.segments:
         return torch.zeros(0, dtype=torch_dtype)
     _make_segments(slot.segments, heads, head_dim)
-    parts = [_segment_memo[(s.seed, s.tokens, heads, head_dim)] for s in slot.segments if s.tokens > 0]
+    parts = [_segment_memo[_memo_key(s, heads, head_dim)] for s in slot.segments if s.tokens > 0]
     if not parts:
         return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
     made = torch.cat(parts, dim=-2)  # a new storage, even of one part
@@ -279,7 +289,9 @@ def content_json(content: _content.CacheContent) -> Dict[str, Any]:
             {
                 "initialized": layer.initialized,
                 "slots": [
-                    [[segment.seed, segment.tokens] for segment in slot.segments] if slot.present else None
+                    [[segment.seed, segment.tokens, segment.precision] for segment in slot.segments]
+                    if slot.present
+                    else None
                     for slot in layer.slots
                 ],
             }

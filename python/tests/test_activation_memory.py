@@ -3,6 +3,8 @@ dump and load, and the ownership properties, each a check function run on
 the fixed store (must pass) and on the historic bug it names (must fail)."""
 
 import glob
+import hashlib
+import io
 import os
 
 import pytest
@@ -295,19 +297,52 @@ def test_a_dump_that_fails_midway_leaves_the_previous_dump_and_no_temporary(scra
     assert snapshot(reader) == before
 
 
-def test_a_temporary_left_by_a_killed_dump_is_removed_by_the_next_load(scratch_dir):
+def _gone_pid():
+    with open("/proc/sys/kernel/pid_max") as file:
+        return int(file.read()) + 1  # above the largest process id: no process has it
+
+
+@pytest.mark.parametrize("dump_first", [False, True])
+def test_a_temporary_left_by_a_killed_dump_is_removed_by_the_next_load_or_dump(scratch_dir, dump_first):
     dumped_store(scratch_dir)
-    stale = os.path.join(scratch_dir, am.DUMP_FILE_NAME + ".tmp-99999")
-    with open(stale, "wb") as file:
-        file.write(b"PK\x03\x04")
-    am.ActivationMemory().load(scratch_dir)
-    assert not os.path.exists(stale)
+    stale = os.path.join(scratch_dir, f"{am.DUMP_FILE_NAME}.tmp-{_gone_pid()}")
+    own = os.path.join(scratch_dir, f"{am.DUMP_FILE_NAME}.tmp-{os.getpid()}")  # this process's interrupted dump
+    running = os.path.join(scratch_dir, f"{am.DUMP_FILE_NAME}.tmp-1")  # a dump in progress in a live process
+    for path in (stale, own, running):
+        with open(path, "wb") as file:
+            file.write(b"PK\x03\x04")
+    if dump_first:
+        am.ActivationMemory().dump(scratch_dir)
+    else:
+        am.ActivationMemory().load(scratch_dir)
+    assert not os.path.exists(stale) and not os.path.exists(own)
+    assert os.path.exists(running)
 
 
-def _corrupt(path):
+def _framed(path, payload):
+    """Writes `payload` as a dump file with a correct header (what a writer
+    of another format, or a buggy one, could have written)."""
+    archive = io.BytesIO()
+    torch.save(payload, archive)
+    data = archive.getvalue()
+    with open(path, "wb") as file:
+        file.write(am.DUMP_MAGIC + len(data).to_bytes(8, "big") + hashlib.sha256(data).digest() + data)
+
+
+def _flip_tensor_byte(path):
+    """One byte of tensor data changed: torch.load alone would load other
+    values (it does not check the archive's CRCs)."""
     with open(path, "r+b") as file:
-        file.seek(40)
-        file.write(b"\xff" * 64)
+        data = file.read()
+        at = data.index(b"/data/0") + 200  # inside the first tensor's record, past its local header
+        file.seek(at)
+        file.write(bytes([data[at] ^ 0x10]))
+
+
+def _corrupt_header(path):
+    with open(path, "r+b") as file:
+        file.seek(len(am.DUMP_MAGIC) + 12)
+        file.write(b"\xff" * 8)
 
 
 def _truncate(path):
@@ -315,26 +350,44 @@ def _truncate(path):
         file.truncate(os.path.getsize(path) // 2)
 
 
+def _truncate_header(path):
+    with open(path, "r+b") as file:
+        file.truncate(len(am.DUMP_MAGIC) + 3)
+
+
+def _append(path):
+    with open(path, "ab") as file:
+        file.write(b"\0")
+
+
+def _unframed(path):
+    torch.save((am.DUMP_TAG, am.DUMP_VERSION, ()), path)
+
+
 def _foreign(path):
-    torch.save(("something else", 1, ()), path)
+    _framed(path, ("something else", 1, ()))
 
 
 def _newer(path):
-    torch.save((am.DUMP_TAG, am.DUMP_VERSION + 1, ()), path)
+    _framed(path, (am.DUMP_TAG, am.DUMP_VERSION + 1, ()))
 
 
 def _bad_slot(path):
-    torch.save((am.DUMP_TAG, am.DUMP_VERSION, (("x", (), ("modern", ((True, torch.zeros(2, dtype=torch.int64), None, None, None),))),)), path)
+    _framed(path, (am.DUMP_TAG, am.DUMP_VERSION, (("x", (), ("modern", ((True, torch.zeros(2, dtype=torch.int64), None, None, None),))),)))
 
 
 @pytest.mark.parametrize(
     "damage, message",
     [
         (os.remove, "does not exist"),
-        (_truncate, "cannot load dump"),
-        (_corrupt, "cannot load dump"),
+        (_flip_tensor_byte, "SHA-256 differs"),
+        (_corrupt_header, "SHA-256 differs"),
+        (_truncate, "truncated: .* bytes of payload, the header says"),
+        (_truncate_header, "truncated: .* shorter than the header"),
+        (_append, "1 bytes after the payload"),
+        (_unframed, "does not start with"),
         (_foreign, "tag 'something else'"),
-        (_newer, "version 2, expected 1"),
+        (_newer, f"version {am.DUMP_VERSION + 1}, expected {am.DUMP_VERSION}"),
         (_bad_slot, "item 'x' layer 0 keys has dtype torch.int64"),
     ],
 )

@@ -7,6 +7,7 @@ The program is found through $KVCHECK_AGREE (ctest sets it) or under
 build/default; without it the test fails, naming what to build. The
 comparison is shown to fail on planted deviations of the SDK."""
 
+import dataclasses
 import os
 import subprocess
 
@@ -139,7 +140,10 @@ _SEGMENT_VALUES = c._segment_values
 @pytest.mark.parametrize(
     "target, name, planted",
     [
-        (c, "_segment_values", lambda seed, tokens, heads, head_dim: _SEGMENT_VALUES(seed + 1, tokens, heads, head_dim)),
+        (c, "_segment_values", lambda segment, heads, head_dim: _SEGMENT_VALUES(dataclasses.replace(segment, seed=segment.seed + 1), heads, head_dim)),
+        (c, "_round_to_bf16", lambda bits: bits & np.uint32(0xFFFF0000)),  # bfloat16 truncated, not rounded
+        (c, "_round_to_f16", lambda bits: c.round_to_array("bf16", bits.view(np.float32)).view(np.uint32)),  # float16 as bfloat16
+        (d, "_geometry_seed", lambda seed, heads, head_dim: seed),  # every geometry's weights from the one seed
         (c, "_NEGATIVE_ZERO_BYTES", b"never found"),  # -0 hashed as its own bits
         (c, "_TAIL_MARK", 0),  # the tail not marked apart from a pair
         (d, "_ordered_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum

@@ -15,8 +15,8 @@ SPECS = corpus_lines("spec")
 MERGES = [[c.expand(c.parse_cache_spec(part)) for part in line.split(" + ")] for line in corpus_lines("merge")]
 
 
-def kv_pair(tokens, value=1.0, dtype=torch.float32):
-    k = torch.full((1, 2, tokens, 4), value, dtype=dtype)
+def kv_pair(tokens, value=1.0, dtype=torch.float32, heads=2, head_dim=4):
+    k = torch.full((1, heads, tokens, head_dim), value, dtype=dtype)
     return k, -k
 
 
@@ -128,14 +128,15 @@ def check_clone(clone, text):
     """clone-independent and layout-roundtrip for one spec: same view, owned,
     no list, layer object or storage shared, and filling the copy leaves
     the source alone (an empty cache included)."""
+    spec = c.parse_cache_spec(text)
     source = materialized(text)
     before = c.view_of(source)
     copy = clone(source)
     assert c.view_difference(c.view_of(copy), before) == ""
     assert kv.is_owned(copy)
     assert not observe.shares_storage(copy, source), "the copy shares storage with its source"
-    copy.update(*kv_pair(1, 7.0), 0)
-    copy.update(*kv_pair(1, 7.0), 9)
+    copy.update(*kv_pair(1, 7.0, heads=spec.heads, head_dim=spec.head_dim), 0)
+    copy.update(*kv_pair(1, 7.0, heads=spec.heads, head_dim=spec.head_dim), 9)
     assert c.view_difference(c.view_of(source), before) == ""
 
 

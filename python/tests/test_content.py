@@ -42,6 +42,21 @@ def test_expand_legacy_layers_hold_both_sides_and_are_initialized():
         assert [slot.present for slot in layer.slots] == [True, True, False, False]
 
 
+def test_spec_geometry_is_written_only_when_not_the_default():
+    spec = c.parse_cache_spec("legacy/bf16/9/4x16:[kv300 kv300]")
+    assert (spec.heads, spec.head_dim) == (4, 16)
+    assert c.format_cache_spec(spec) == "legacy/bf16/9/4x16:[kv300 kv300]"
+    default = c.parse_cache_spec("legacy/bf16/9/2x4:[kv3]")
+    assert (default.heads, default.head_dim) == (2, 4)
+    assert c.format_cache_spec(default) == "legacy/bf16/9:[kv3]"
+    content = c.expand(spec)
+    assert (content.heads, content.head_dim) == (4, 16)
+    assert all(seg.precision == "bf16" for layer in content.layers for slot in layer.slots for seg in slot.segments)
+    assert c.expected_view(content).layers[0].slots[0].shape == (1, 4, 300, 16)
+    with pytest.raises(ValueError, match="invalid geometry 0x4"):
+        c.format_cache_spec(c.CacheSpec(heads=0))
+
+
 def test_expand_gives_each_slot_its_own_seed():
     content = c.expand(c.parse_cache_spec("modern/f32/5:[kvKV2 kv2]"))
     seeds = [slot.segments[0].seed for layer in content.layers for slot in layer.slots if slot.present]
@@ -53,35 +68,116 @@ def test_expand_gives_each_slot_its_own_seed():
 
 
 def check_values_match_slot_value(values_of):
-    """values_of(slot, heads, head_dim) must hold slot_value per element."""
-    slot = c.SlotContent(True, [c.Segment(11, 3), c.Segment(2**64 - 1, 2)])
-    values = values_of(slot, 2, 4)
-    assert values.shape == (2, 5, 4)
-    for head in range(2):
-        for token in range(5):
-            segment, at = (slot.segments[0], token) if token < 3 else (slot.segments[1], token - 3)
-            for dim in range(4):
-                assert values[head, token, dim] == c.slot_value(segment.seed, head, at, dim)
+    """values_of(slot, heads, head_dim) must hold round_to(precision,
+    slot_value) per element, each segment's tokens counted from its start."""
+    slot = c.SlotContent(True, [c.Segment(11, 3, "f16"), c.Segment(2**64 - 1, 2, "f32"), c.Segment(5, 4, "bf16")])
+    values = values_of(slot, 3, 5)
+    assert values.shape == (3, 9, 5)
+    starts = [0, 3, 5]
+    for head in range(3):
+        for token in range(9):
+            k = max(i for i, start in enumerate(starts) if start <= token)
+            segment, at = slot.segments[k], token - starts[k]
+            for dim in range(5):
+                expected = c.round_to(segment.precision, c.slot_value(segment.seed, head, at, dim))
+                assert values[head, token, dim] == expected
 
 
-def test_slot_values_are_slot_value_per_element():
+def test_slot_values_are_slot_value_per_element_rounded_to_the_segment():
     check_values_match_slot_value(c.slot_values)
 
 
-def test_slot_values_check_catches_segments_restarting_at_the_wrong_token():
-    def planted(slot, heads, head_dim):  # every segment's tokens counted from the slot's start
-        values = c.slot_values(c.SlotContent(True, [c.Segment(slot.segments[0].seed, slot.tokens())]), heads, head_dim)
-        return values
-
+@pytest.mark.parametrize(
+    "planted",
+    [
+        # every segment's tokens counted from the slot's start
+        lambda slot, heads, head_dim: c.slot_values(
+            c.SlotContent(True, [c.Segment(slot.segments[0].seed, slot.tokens(), "f32")]), heads, head_dim
+        ),
+        # the segments' precisions ignored
+        lambda slot, heads, head_dim: c.slot_values(
+            c.SlotContent(True, [c.Segment(s.seed, s.tokens) for s in slot.segments]), heads, head_dim
+        ),
+    ],
+)
+def test_slot_values_check_catches_planted_values(planted):
     with pytest.raises(AssertionError):
         check_values_match_slot_value(planted)
 
 
-def test_slot_values_are_exact_eighths_in_range():
-    values = c.slot_values(c.SlotContent(True, [c.Segment(3, 50)]))
-    assert np.all(values * 8 == np.round(values * 8))
-    assert values.min() >= -4 and values.max() < 4
-    assert len(np.unique(values)) > 32
+def test_slot_values_have_full_mantissas_and_three_magnitude_bands():
+    values = c.slot_values(c.SlotContent(True, [c.Segment(3, 4096)]), 2, 4).reshape(-1)
+    magnitudes = np.abs(values)
+    middle = (magnitudes >= 0.125) & (magnitudes < 4)
+    large = (magnitudes >= 2.0**8) & (magnitudes < 2.0**12)
+    tiny = (magnitudes >= 2.0**-26) & (magnitudes < 2.0**-14)
+    assert np.all(middle | large | tiny)
+    assert abs(middle.mean() - 14 / 16) < 0.02 and abs(large.mean() - 1 / 16) < 0.01 and abs(tiny.mean() - 1 / 16) < 0.01
+    assert (values < 0).mean() == pytest.approx(0.5, abs=0.02)
+    for dtype in ("f16", "bf16"):  # almost none is exact in a half dtype
+        assert (c.round_to_array(dtype, values) != values).mean() > 0.99
+
+
+def _bit_patterns():
+    """float32 patterns that test a rounding: random ones, every tie of
+    float16 and bfloat16 around a few values, float16's subnormals and
+    range edges, zeros, infinities and NaNs."""
+    rng = np.random.default_rng(7)
+    random = rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC00001, 1, 0x00800000,
+         0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x477FFFFF, 0x47800000, 0x7F7FFFFF,
+         0x33000000, 0x33000001, 0x32FFFFFF, 0x33800000, 0x387FC000, 0x387FE000, 0x38800000, 0x38801000],
+        dtype=np.uint32,
+    )
+    base = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
+    ties_f16 = (base & np.uint32(0xFFFFE000)) | np.uint32(0x1000)
+    ties_bf16 = (base & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    exponents = rng.integers(100, 113, 20000).astype(np.uint32)  # 2^-27 .. 2^-15: float16's subnormals
+    subnormal = (base.repeat(10) & np.uint32(0x807FFFFF)) | (exponents << np.uint32(23))
+    return np.concatenate([random, edges, ties_f16, ties_bf16, subnormal, subnormal | np.uint32(0xFFF)])
+
+
+def check_round_to_is_torchs(round_array):
+    values = _bit_patterns().view(np.float32)
+    for dtype in ("f16", "bf16"):
+        expected = torch.from_numpy(values.copy()).to(c.TORCH_DTYPES[dtype]).to(torch.float32).numpy()
+        got = round_array(dtype, values)
+        same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
+        assert same.all(), (dtype, values[~same][:5], got[~same][:5], expected[~same][:5])
+    assert c.round_to_array("f32", values) is values
+
+
+def test_round_to_is_torchs_to_bit_for_bit():
+    check_round_to_is_torchs(c.round_to_array)
+    for dtype in ("f16", "bf16"):
+        for bits in (0x3F800FFF, 0x33000001, 0x477FF000, 0x3F801000, 0x3F808000, 0x3F818000):
+            value = np.array([bits], dtype=np.uint32).view(np.float32)
+            assert c.round_to(dtype, float(value[0])) == float(c.round_to_array(dtype, value)[0])
+
+
+def _truncating(dtype, values):
+    bits = values.view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000 if dtype == "f16" else 0xFFFF0000)).view(np.float32)
+
+
+def _flushing_subnormals(dtype, values):
+    rounded = c.round_to_array(dtype, values)
+    return np.where(np.abs(values) < 2.0**-14, np.float32(0), rounded).astype(np.float32) if dtype == "f16" else rounded
+
+
+def _ties_away(dtype, values):
+    rounded = c.round_to_array(dtype, values)
+    bits = values.view(np.uint32)
+    tie = (bits & np.uint32(0x1FFF if dtype == "f16" else 0xFFFF)) == np.uint32(0x1000 if dtype == "f16" else 0x8000)
+    away = np.where(tie, (bits + np.uint32(0x1000 if dtype == "f16" else 0x8000)) & np.uint32(0xFFFFE000 if dtype == "f16" else 0xFFFF0000), rounded.view(np.uint32))
+    return away.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("planted", [_truncating, _flushing_subnormals, _ties_away])
+def test_round_to_check_catches_planted_roundings(planted):
+    with pytest.raises(AssertionError):
+        check_round_to_is_torchs(planted)
 
 
 @pytest.mark.parametrize("dtype", c.DTYPES)
@@ -90,16 +186,25 @@ def test_slot_tensor_shapes_and_dtypes(dtype):
     assert c.slot_tensor(c.SlotContent(), dtype) is None
     empty = c.slot_tensor(c.SlotContent(True), dtype)
     assert tuple(empty.shape) == (0,) and empty.dtype == torch_dtype
-    full = c.slot_tensor(c.SlotContent(True, [c.Segment(9, 5)]), dtype)
-    assert tuple(full.shape) == (1, 2, 5, 4) and full.dtype == torch_dtype
-    values = c.slot_values(c.SlotContent(True, [c.Segment(9, 5)]))
-    assert torch.equal(full.to(torch.float32)[0], torch.from_numpy(values))
+    slot = c.SlotContent(True, [c.Segment(9, 5, dtype)])
+    full = c.slot_tensor(slot, dtype, 3, 6)
+    assert tuple(full.shape) == (1, 3, 5, 6) and full.dtype == torch_dtype
+    assert torch.equal(full.to(torch.float32)[0], torch.from_numpy(c.slot_values(slot, 3, 6)))
+    wide = c.slot_tensor(c.SlotContent(True, [c.Segment(9, 5, "f32")]), dtype, 3, 6)  # cast: rounded once more
+    assert torch.equal(wide, full)
 
 
 def test_slot_tensors_have_storages_of_their_own():
     slot = c.SlotContent(True, [c.Segment(9, 5)])
     a, b = c.slot_tensor(slot, "f32"), c.slot_tensor(slot, "f32")
     assert a.data_ptr() != b.data_ptr()
+
+
+def test_content_bytes_counts_every_present_slot_at_the_content_dtype():
+    content = c.expand(c.parse_cache_spec("modern/bf16/1/3x8:[kvKV5 k~2 -0 kv0]"))
+    assert c.content_bytes(content) == (4 * 5 + 2) * 3 * 8 * 2
+    merged = c.expected_concat([content, c.expand(c.parse_cache_spec("modern/f16/2/3x8:[kv1]"))])
+    assert merged.dtype == "f32" and c.content_bytes(merged) == 2 * (5 + 1) * 3 * 8 * 4  # the other merged layers are empty
 
 
 # ---- the content hash -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvcheck_adapter import cache as kv
+from kvcheck_adapter import content as c
 from kvcheck_adapter import decoder as d
 
 MODEL = d.Decoder()
@@ -31,15 +32,15 @@ def test_generation_with_a_memory_equals_recomputation(layout):
 class _ForgetfulDecoder(d.Decoder):
     """Planted: positions restart at 0 on every forward (the past's length unread)."""
 
-    def _embed_rows(self, tokens, first_position):
-        return super()._embed_rows(tokens, 0)
+    def _embed_rows(self, weights, tokens, first_position):
+        return super()._embed_rows(weights, tokens, 0)
 
 
 class _ShortSightedDecoder(d.Decoder):
     """Planted: attends only over the new tokens, not the cache."""
 
-    def _attend(self, qkv, keys, values, count):
-        return super()._attend(qkv, keys[:, -count:], values[:, -count:], count)
+    def _attend(self, qkv, keys, values, count, weights):
+        return super()._attend(qkv, keys[:, -count:], values[:, -count:], count, weights)
 
 
 @pytest.mark.parametrize("planted", [_ForgetfulDecoder, _ShortSightedDecoder])
@@ -170,6 +171,53 @@ def test_exp_and_sin_are_the_c_librarys_float_functions(name, numpy_function, mo
     assert np.array_equal(d._float32_map(function, numpy_function, differing), libm[libm != rounded])
     monkeypatch.setattr(d, name, None)  # planted: the float64 fallback
     assert not np.array_equal(d._float32_map(None, numpy_function, differing), libm[libm != rounded])
+
+
+@pytest.mark.parametrize(
+    "name, numpy_function, window, inputs",
+    [
+        ("_EXPF", np.exp, d._EXPF_WINDOW, lambda rng: -rng.random(2_000_000) * 110),  # subnormal results too
+        ("_EXPF", np.exp, d._EXPF_WINDOW, lambda rng: -rng.random(2_000_000) * 20),  # attention's range
+        ("_SINF", np.sin, d._SINF_WINDOW, lambda rng: (rng.random(1_000_000) - 0.5) * 4000),
+    ],
+)
+def test_the_vector_way_is_the_c_librarys_function_bit_for_bit(name, numpy_function, window, inputs):
+    function = getattr(d, name)
+    x = inputs(np.random.default_rng(11)).astype(np.float32)
+    x[:4] = [0.0, -0.0, np.float32(-103.97), np.float32(-87.34)]
+    libm = d._float32_map(function, numpy_function, x)  # one C call per value
+    vector = d._float32_map(function, numpy_function, x, window)
+    assert np.array_equal(vector.view(np.uint32), libm.view(np.uint32))
+    # Planted: a window far below the C function's own error takes numpy's
+    # rounding where the C function rounds the other way.
+    narrow = d._float32_map(function, numpy_function, x, window * 2.0**-12)
+    assert not np.array_equal(narrow.view(np.uint32), libm.view(np.uint32))
+
+
+def test_sums_in_blocks_are_the_sums_in_one_pass(monkeypatch):
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((3, 300)).astype(np.float32)
+    weight = rng.standard_normal((300, 40)).astype(np.float32)
+    whole = d._row_times(rows, weight)
+    monkeypatch.setattr(d, "_PRODUCTS_MAX", 3 * 40 * 7)  # blocks of 7 rows of the weight
+    assert np.array_equal(d._row_times(rows, weight), whole)
+    sequential = np.zeros((3, 40), dtype=np.float32)
+    for e in range(300):
+        sequential += rows[:, e : e + 1] * weight[e]
+    assert np.array_equal(whole, sequential)
+
+
+def test_the_decoder_adapts_to_the_caches_geometry_and_layer_count():
+    memory = kv.materialize(c.expand(c.parse_cache_spec("modern/f32/3/4x8:[kv5 kv5 kv5]")))
+    working = kv.clone(memory)
+    tokens = d.generate(MODEL, [7, 3], working, 4)
+    assert len(working.layers) == 3
+    assert all(tuple(layer.keys.shape) == (1, 4, 5 + 2 + len(tokens) - 1, 8) for layer in working.layers)
+    # Layer i's weights do not depend on how many layers run; another
+    # geometry's are drawn from a seed of their own.
+    three = MODEL._weights_for(4, 8, 3)
+    assert np.array_equal(d.Decoder()._weights_for(4, 8, 1).layers[0][0], three.layers[0][0])
+    assert not np.array_equal(MODEL._weights_for(2, 16, 1).embedding, three.embedding[:, :32])
 
 
 def test_weights_are_the_seeded_stream():
