@@ -244,15 +244,9 @@ AdapterOptions adapter_options(const Options& options) {
     return adapter;
 }
 
-std::string seconds_text(double seconds) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g s", seconds);
-    return text;
-}
-
 std::string limits_text(const Limits& limits) {
-    return "limits per engine process: " + seconds_text(limits.silence_seconds) + " per operation without progress, " +
-           (limits.total_seconds > 0 ? seconds_text(limits.total_seconds) : std::string("no limit")) + " in all, " +
+    return "limits per engine process: " + seconds_text(limits.silence_seconds) + " s per operation without progress, " +
+           (limits.total_seconds > 0 ? seconds_text(limits.total_seconds) + " s" : std::string("no limit")) + " in all, " +
            std::to_string(limits.memory_bytes >> 20) + " MiB resident";
 }
 
@@ -420,7 +414,7 @@ int command_run(const Args& args) {
     const TraceDir traces(conformance.trace_dir);
     OutputFile report(options.get("out", ""));
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
-              << (conformance.seconds > 0 ? seconds_text(conformance.seconds) : std::to_string(conformance.cases) + " traces")
+              << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
               << limits_text(conformance.limits) << "\n";

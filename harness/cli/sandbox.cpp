@@ -1,6 +1,7 @@
 #include "sandbox.h"
 
 #include "interrupt.h"
+#include "text.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -112,12 +113,6 @@ std::int64_t tree_resident_bytes(int pid, int depth = 0) {
 constexpr int fault_exit_status = 4;
 
 std::string mebibytes(std::int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
-
-std::string seconds_text(double seconds) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", seconds);
-    return text;
-}
 
 // The child's end of its channel, for the allocation-failure handler.
 int child_channel_fd = -1;

@@ -183,4 +183,10 @@ std::string file_name_part(const std::string& name) {
     return out;
 }
 
+std::string seconds_text(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", seconds);
+    return text;
+}
+
 }  // namespace kvcheck::cli

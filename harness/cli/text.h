@@ -51,4 +51,7 @@ std::string shell_word(const std::string& word);
 // files); never empty. "../../x" gives "_._.._x".
 std::string file_name_part(const std::string& name);
 
+// Seconds as the user gave them, shortest form: "30", "0.5", "1e+03".
+std::string seconds_text(double seconds);
+
 }  // namespace kvcheck::cli

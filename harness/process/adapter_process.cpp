@@ -193,10 +193,7 @@ void AdapterProcess::start(const ProcessCommand& command) {
 }
 
 void AdapterProcess::handshake(double seconds) {
-    std::string hello = "{\"op\":\"hello\",\"protocol\":";
-    json_append_int(hello, protocol_version);
-    hello += ",\"kvcheck\":\"" KVCHECK_VERSION_TEXT "\"}";
-    send(hello);
+    send(Request("hello").field("protocol", std::int64_t{protocol_version}).field("kvcheck", KVCHECK_VERSION_TEXT).text());
     handshake_seconds_ = seconds;
     const std::string frame = receive(now_seconds() + seconds);
     Json reply;
@@ -351,7 +348,7 @@ void AdapterProcess::shut_down() {
     if (!owned_here() || reaped_) return;
     if (request_fd_ >= 0) {
         // Best effort: a process that is gone already is reaped below.
-        const std::string frame = frame_of("{\"op\":\"shutdown\"}");
+        const std::string frame = frame_of(Request("shutdown").text());
         ssize_t ignored = ::write(request_fd_, frame.data(), frame.size());
         (void)ignored;
     }

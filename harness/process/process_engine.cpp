@@ -34,24 +34,6 @@ std::string engine_error_text(const Json& reply) {
     return text;
 }
 
-void append_handle_request(std::string& out, const char* op, const char* field, Handle handle) {
-    out += "{\"op\":\"";
-    out += op;
-    out += "\",\"";
-    out += field;
-    out += "\":";
-    json_append_int(out, handle);
-    out += '}';
-}
-
-void append_id_request(std::string& out, const char* op, const std::string& id) {
-    out += "{\"op\":\"";
-    out += op;
-    out += "\",\"id\":";
-    json_append_string(out, id);
-    out += '}';
-}
-
 // What is known of a handle or an entry until the next operation.
 struct HandleKnown {
     std::optional<HandleFacts> facts;
@@ -77,46 +59,17 @@ class ProcessEngine final : public Engine {
     // ---- the store ----
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override {
-        std::string request = "{\"op\":\"add\",\"id\":";
-        json_append_string(request, id);
-        request += ",\"metadata\":{";
-        bool first = true;
-        for (const auto& [key, value] : metadata) {
-            if (!first) request += ',';
-            first = false;
-            json_append_string(request, key);
-            request += ':';
-            json_append_string(request, value);
-        }
-        request += "},\"cache\":";
-        append_content(request, content);
-        request += '}';
-        operation(request);
+        operation(Request("add").field("id", id).field("metadata", metadata).field("cache", content));
     }
 
     void add_handle(const std::string& id, Handle handle) override {
-        std::string request = "{\"op\":\"add_handle\",\"id\":";
-        json_append_string(request, id);
-        request += ",\"handle\":";
-        json_append_int(request, handle);
-        request += '}';
-        operation(request);
+        operation(Request("add_handle").field("id", id).field("handle", handle));
     }
 
-    void get(const std::string& id, Handle out) override {
-        std::string request = "{\"op\":\"get\",\"id\":";
-        json_append_string(request, id);
-        request += ",\"out\":";
-        json_append_int(request, out);
-        request += '}';
-        operation(request);
-    }
+    void get(const std::string& id, Handle out) override { operation(Request("get").field("id", id).field("out", out)); }
 
     std::vector<std::optional<std::string>> get_by_ids(const std::vector<std::string>& ids) override {
-        std::string request = "{\"op\":\"get_by_ids\",\"ids\":";
-        append_strings(request, ids);
-        request += '}';
-        const Json reply = operation(request);
+        const Json reply = operation(Request("get_by_ids").field("ids", ids));
         return reading("get_by_ids", [&] {
             std::vector<std::optional<std::string>> items;
             for (const Json& item : member(reply, "items").as_array()) {
@@ -127,49 +80,26 @@ class ProcessEngine final : public Engine {
     }
 
     std::vector<std::string> get_all_ids() override {
-        const Json reply = operation("{\"op\":\"get_all_ids\"}");
+        const Json reply = operation(Request("get_all_ids"));
         return reading("get_all_ids", [&] { return read_strings(reply, "ids"); });
     }
 
     void get_cache(const std::vector<std::string>& ids, Handle out) override {
-        std::string request = "{\"op\":\"get_cache\",\"ids\":";
-        append_strings(request, ids);
-        request += ",\"out\":";
-        json_append_int(request, out);
-        request += '}';
-        operation(request);
+        operation(Request("get_cache").field("ids", ids).field("out", out));
     }
 
-    void remove(const std::vector<std::string>& ids) override {
-        std::string request = "{\"op\":\"remove\",\"ids\":";
-        append_strings(request, ids);
-        request += '}';
-        operation(request);
-    }
+    void remove(const std::vector<std::string>& ids) override { operation(Request("remove").field("ids", ids)); }
 
-    void remove_all() override { operation("{\"op\":\"remove_all\"}"); }
+    void remove_all() override { operation(Request("remove_all")); }
 
-    void dump(const std::string& dir) override {
-        std::string request = "{\"op\":\"dump\",\"dir\":";
-        json_append_string(request, dir);
-        request += '}';
-        operation(request);
-    }
+    void dump(const std::string& dir) override { operation(Request("dump").field("dir", dir)); }
 
     void dump_interrupted(const std::string& dir, std::int64_t bytes_budget) override {
-        std::string request = "{\"op\":\"dump_interrupted\",\"dir\":";
-        json_append_string(request, dir);
-        request += ",\"bytes_budget\":";
-        json_append_int(request, bytes_budget);
-        request += '}';
-        operation(request);
+        operation(Request("dump_interrupted").field("dir", dir).field("bytes_budget", bytes_budget));
     }
 
     LoadResult load(const std::string& dir) override {
-        std::string request = "{\"op\":\"load\",\"dir\":";
-        json_append_string(request, dir);
-        request += '}';
-        const Json reply = operation(request);
+        const Json reply = operation(Request("load").field("dir", dir));
         return reading("load", [&] {
             const Json& error = member(reply, "error");
             return error.is_null() ? LoadResult{true, {}} : LoadResult{false, error.as_string()};
@@ -180,16 +110,11 @@ class ProcessEngine final : public Engine {
 
     GenerateResult generate(Handle handle, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
                             bool stream) override {
-        std::string request = "{\"op\":\"generate\",\"handle\":";
-        json_append_int(request, handle);
-        request += ",\"prompt\":";
-        append_ints(request, prompt);
-        request += ",\"max_new_tokens\":";
-        json_append_int(request, max_new_tokens);
-        request += ",\"stream\":";
-        json_append_bool(request, stream);
-        request += '}';
-        const Json reply = operation(request);
+        const Json reply = operation(Request("generate")
+                                         .field("handle", handle)
+                                         .field("prompt", prompt)
+                                         .field("max_new_tokens", max_new_tokens)
+                                         .flag("stream", stream));
         return reading("generate", [&] {
             return GenerateResult{read_ints(reply, "tokens"), read_int(reply, "peak_live_sets")};
         });
@@ -197,83 +122,55 @@ class ProcessEngine final : public Engine {
 
     std::vector<std::int64_t> generate_fresh(const CacheContent& content, const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens) override {
-        std::string request = "{\"op\":\"generate_fresh\",\"prompt\":";
-        append_ints(request, prompt);
-        request += ",\"max_new_tokens\":";
-        json_append_int(request, max_new_tokens);
-        request += ",\"cache\":";
-        append_content(request, content);
-        request += '}';
-        const Json reply = operation(request);
+        const Json reply = operation(
+            Request("generate_fresh").field("prompt", prompt).field("max_new_tokens", max_new_tokens).field("cache", content));
         return reading("generate_fresh", [&] { return read_ints(reply, "tokens"); });
     }
 
     // ---- cache-level ----
 
     void make(const CacheContent& content, Handle out) override {
-        std::string request = "{\"op\":\"make\",\"out\":";
-        json_append_int(request, out);
-        request += ",\"cache\":";
-        append_content(request, content);
-        request += '}';
-        operation(request);
+        operation(Request("make").field("out", out).field("cache", content));
     }
 
-    void clone(Handle source, Handle out) override { operation(source_out("clone", source, out)); }
-    void to_legacy(Handle source, Handle out) override { operation(source_out("to_legacy", source, out)); }
-    void from_legacy(Handle source, Handle out) override { operation(source_out("from_legacy", source, out)); }
+    void clone(Handle source, Handle out) override { operation(Request("clone").field("source", source).field("out", out)); }
+    void to_legacy(Handle source, Handle out) override { operation(Request("to_legacy").field("source", source).field("out", out)); }
+    void from_legacy(Handle source, Handle out) override { operation(Request("from_legacy").field("source", source).field("out", out)); }
 
     void concat(const std::vector<Handle>& parts, Handle out) override {
-        std::string request = "{\"op\":\"concat\",\"parts\":";
-        append_ints(request, parts);
-        request += ",\"out\":";
-        json_append_int(request, out);
-        request += '}';
-        operation(request);
+        operation(Request("concat").field("parts", parts).field("out", out));
     }
 
-    void release(Handle handle) override {
-        std::string request;
-        append_handle_request(request, "release", "handle", handle);
-        operation(request);
-    }
+    void release(Handle handle) override { operation(Request("release").field("handle", handle)); }
 
     // ---- observations ----
 
     std::vector<std::string> stored_ids() override {
         check_current();
         if (!stored_ids_) {
-            const Json reply = observation("{\"op\":\"stored_ids\"}");
+            const Json reply = observation(Request("stored_ids"));
             stored_ids_ = reading("stored_ids", [&] { return read_strings(reply, "ids"); });
         }
         return *stored_ids_;
     }
 
     CacheView view_entry(const std::string& id) override {
-        std::string request;
-        append_id_request(request, "view_entry", id);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("view_entry").field("id", id));
         return reading("view_entry", [&] { return read_view(member(reply, "view")); });
     }
 
     Metadata entry_metadata(const std::string& id) override {
-        std::string request;
-        append_id_request(request, "entry_metadata", id);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("entry_metadata").field("id", id));
         return reading("entry_metadata", [&] { return read_metadata(member(reply, "metadata")); });
     }
 
     Metadata handle_metadata(Handle handle) override {
-        std::string request;
-        append_handle_request(request, "handle_metadata", "handle", handle);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("handle_metadata").field("handle", handle));
         return reading("handle_metadata", [&] { return read_metadata(member(reply, "metadata")); });
     }
 
     CacheView view_handle(Handle handle) override {
-        std::string request;
-        append_handle_request(request, "view_handle", "handle", handle);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("view_handle").field("handle", handle));
         return reading("view_handle", [&] { return read_view(member(reply, "view")); });
     }
 
@@ -303,9 +200,7 @@ class ProcessEngine final : public Engine {
         HandleKnown& known = handles_[handle];
         if (!known.digest && !known.facts) fetch_handle(handle);
         if (!handles_[handle].digest) {
-            std::string request;
-            append_handle_request(request, "handle_digest", "handle", handle);
-            const Json reply = observation(request);
+            const Json reply = observation(Request("handle_digest").field("handle", handle));
             handles_[handle].digest = reading("handle_digest", [&] {
                 const std::optional<std::uint64_t> digest = read_digest(reply);
                 if (!digest) throw ProtocolError("the reply has neither 'digest' nor 'view'");
@@ -326,9 +221,7 @@ class ProcessEngine final : public Engine {
         HandleKnown& known = handles_[handle];
         if (!known.storage && !known.facts) fetch_handle(handle);
         if (!handles_[handle].storage) {
-            std::string request;
-            append_handle_request(request, "storage_of_handle", "handle", handle);
-            const Json reply = observation(request);
+            const Json reply = observation(Request("storage_of_handle").field("handle", handle));
             handles_[handle].storage = reading("storage_of_handle", [&] { return read_uints(reply, "storage"); });
         }
         return *handles_[handle].storage;
@@ -337,7 +230,7 @@ class ProcessEngine final : public Engine {
     std::vector<CopyRecord> take_copies() override {
         check_current();
         if (!hello_.copies_in_replies) {
-            const Json reply = observation("{\"op\":\"take_copies\"}");
+            const Json reply = observation(Request("take_copies"));
             return reading("take_copies", [&] { return read_copies(member(reply, "copies")); });
         }
         std::vector<CopyRecord> taken;
@@ -346,17 +239,12 @@ class ProcessEngine final : public Engine {
     }
 
     std::uint64_t entry_version(const std::string& id) override {
-        std::string request;
-        append_id_request(request, "entry_version", id);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("entry_version").field("id", id));
         return reading("entry_version", [&] { return read_uint(reply, "version"); });
     }
 
     std::vector<std::uint64_t> entry_versions(const std::vector<std::string>& ids) override {
-        std::string request = "{\"op\":\"entry_versions\",\"ids\":";
-        append_strings(request, ids);
-        request += '}';
-        const Json reply = observation(request);
+        const Json reply = observation(Request("entry_versions").field("ids", ids));
         return reading("entry_versions", [&] { return read_uints(reply, "versions"); });
     }
 
@@ -381,20 +269,9 @@ class ProcessEngine final : public Engine {
     }
 
   private:
-    static std::string source_out(const char* op, Handle source, Handle out) {
-        std::string request = "{\"op\":\"";
-        request += op;
-        request += "\",\"source\":";
-        json_append_int(request, source);
-        request += ",\"out\":";
-        json_append_int(request, out);
-        request += '}';
-        return request;
-    }
-
     // A request that may change what the engine holds: everything known
     // is forgotten first, then what the reply reports is kept.
-    Json operation(const std::string& request) {
+    Json operation(const Request& request) {
         handles_.clear();
         entries_.clear();
         stored_ids_.reset();
@@ -406,7 +283,7 @@ class ProcessEngine final : public Engine {
         return reply;
     }
 
-    Json observation(const std::string& request) { return call(request); }
+    Json observation(const Request& request) { return call(request); }
 
     // What this engine knows is of its own session: once the process was
     // reset for a newer engine, this one answers nothing, not even from
@@ -417,10 +294,10 @@ class ProcessEngine final : public Engine {
         }
     }
 
-    Json call(const std::string& request) {
+    Json call(const Request& request) {
         check_current();
         connection_->used = true;
-        Json reply = connection_->process->call(request);
+        Json reply = connection_->process->call(request.text());
         if (!reply.at("ok").as_bool()) throw std::runtime_error(engine_error_text(reply));
         return reply;
     }
@@ -505,12 +382,8 @@ class ProcessEngine final : public Engine {
     }
 
     void fetch_entries(const std::vector<std::string>& ids) {
-        std::string request = "{\"op\":\"read_entries\",\"ids\":";
-        append_strings(request, ids);
-        request += ",\"with_storage\":";
-        json_append_bool(request, hello_.capabilities.storage_identity);
-        request += '}';
-        const Json reply = observation(request);
+        const Json reply =
+            observation(Request("read_entries").field("ids", ids).flag("with_storage", hello_.capabilities.storage_identity));
         reading("read_entries", [&] {
             const std::vector<Json>& entries = member(reply, "entries").as_array();
             if (entries.size() != ids.size()) {
@@ -523,9 +396,7 @@ class ProcessEngine final : public Engine {
     }
 
     void fetch_handle(Handle handle) {
-        std::string request;
-        append_handle_request(request, "handle_facts", "handle", handle);
-        const Json reply = observation(request);
+        const Json reply = observation(Request("handle_facts").field("handle", handle));
         reading("handle_facts", [&] {
             HandleKnown& known = handles_[handle];
             known.facts = HandleFacts{read_bool(reply, "exists"), read_bool(reply, "owned")};

@@ -156,6 +156,20 @@ TEST(Wire, ContentIsWrittenAsSegments) {
     EXPECT_TRUE(layers[2].at("slots").as_array()[0].is_null());
 }
 
+TEST(Wire, ARequestIsOneJsonObjectWithItsMembersInOrder) {
+    const std::string text = Request("add")
+                                 .field("id", "a\"b")
+                                 .field("handle", std::int64_t{-3})
+                                 .flag("stream", true)
+                                 .field("ids", std::vector<std::string>{"x", "y"})
+                                 .field("prompt", std::vector<std::int64_t>{1, 2})
+                                 .field("metadata", Metadata{{"k", "v"}})
+                                 .text();
+    EXPECT_EQ(text, R"({"op":"add","id":"a\"b","handle":-3,"stream":true,"ids":["x","y"],"prompt":[1,2],"metadata":{"k":"v"}})");
+    EXPECT_EQ(Json::parse(text).at("ids").as_array().size(), 2u);
+    EXPECT_EQ(Request("stored_ids").text(), R"({"op":"stored_ids"})");
+}
+
 TEST(Wire, AViewGivesTheDigestKvcheckComputes) {
     const CacheContent content = expand(parse_cache_spec("legacy/f16/3:[kv2 kv0]"));
     const CacheView expected = expected_view(content);

@@ -83,6 +83,60 @@ void append_content(std::string& out, const CacheContent& content) {
     out += "]}";
 }
 
+Request::Request(std::string_view op) : text_("{\"op\":") { json_append_string(text_, op); }
+
+std::string& Request::member(std::string_view name) {
+    text_ += ',';
+    json_append_string(text_, name);
+    text_ += ':';
+    return text_;
+}
+
+Request& Request::field(std::string_view name, std::string_view text) {
+    json_append_string(member(name), text);
+    return *this;
+}
+
+Request& Request::field(std::string_view name, std::int64_t value) {
+    json_append_int(member(name), value);
+    return *this;
+}
+
+Request& Request::flag(std::string_view name, bool value) {
+    json_append_bool(member(name), value);
+    return *this;
+}
+
+Request& Request::field(std::string_view name, const std::vector<std::string>& items) {
+    append_strings(member(name), items);
+    return *this;
+}
+
+Request& Request::field(std::string_view name, const std::vector<std::int64_t>& items) {
+    append_ints(member(name), items);
+    return *this;
+}
+
+Request& Request::field(std::string_view name, const CacheContent& content) {
+    append_content(member(name), content);
+    return *this;
+}
+
+Request& Request::field(std::string_view name, const Metadata& metadata) {
+    std::string& out = member(name);
+    out += '{';
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+        if (!first) out += ',';
+        first = false;
+        json_append_string(out, key);
+        out += ':';
+        json_append_string(out, value);
+    }
+    out += '}';
+    return *this;
+}
+
 void append_strings(std::string& out, const std::vector<std::string>& items) {
     out += '[';
     for (std::size_t i = 0; i < items.size(); ++i) {

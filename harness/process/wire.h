@@ -2,8 +2,7 @@
 // limit, and how kvcheck's types are written into requests and read from
 // replies. Reading throws ProtocolError naming the member at fault.
 //
-//   std::string request = "{\"op\":\"make\",\"cache\":";
-//   append_content(request, content);            // segments, not values
+//   call(Request("make").field("out", out).field("cache", content));  // segments, not values
 //   CacheView view = read_view(reply.at("view"));
 #pragma once
 
@@ -13,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvcheck::process {
@@ -32,6 +32,28 @@ class ProtocolError : public std::runtime_error {
 };
 
 // ---- writing requests ------------------------------------------------------
+
+// One request's JSON text, its members in the order given:
+//   Request("get").field("id", id).field("out", out).text()
+//     == R"({"op":"get","id":"a","out":3})"
+class Request {
+  public:
+    explicit Request(std::string_view op);
+    Request& field(std::string_view name, std::string_view text);
+    Request& field(std::string_view name, const char* text) { return field(name, std::string_view(text)); }
+    Request& field(std::string_view name, const std::string& text) { return field(name, std::string_view(text)); }
+    Request& field(std::string_view name, std::int64_t value);
+    Request& flag(std::string_view name, bool value);
+    Request& field(std::string_view name, const std::vector<std::string>& items);
+    Request& field(std::string_view name, const std::vector<std::int64_t>& items);
+    Request& field(std::string_view name, const CacheContent& content);
+    Request& field(std::string_view name, const Metadata& metadata);
+    std::string text() const { return text_ + '}'; }
+
+  private:
+    std::string& member(std::string_view name);
+    std::string text_;
+};
 
 void append_content(std::string& out, const CacheContent& content);
 void append_strings(std::string& out, const std::vector<std::string>& items);

@@ -1,0 +1,154 @@
+#include "outcomes.h"
+
+#include "interrupt.h"
+#include "kvcheck/search.h"
+#include "search_job.h"
+#include "text.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+namespace kvcheck::cli {
+
+namespace fs = std::filesystem;
+
+// Writes the failing trace of `result` to <trace dir>/<stem>-<property>.trace.
+// The reproduce command names the file only once it is written.
+void write_trace_file(const Adapter& adapter, const std::string& stem, PropertyResult& result,
+                      const ConformanceOptions& options) {
+    const std::string file = options.trace_dir + "/" + stem + "-" + result.id + ".trace";
+    const std::string reproduce = replay_command(adapter, file, parse_property(result.id));
+    std::error_code error;
+    fs::create_directories(options.trace_dir, error);  // made by TraceDir, unless removed since
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << "# kvcheck: " << (result.fault.empty() ? result.id + " fails" : "fault (" + printable(result.fault, 200) + ")")
+        << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(result.message, 2000) << "\n# seed "
+        << options.seed << "\n# reproduce: " << reproduce << "\n"
+        << result.trace;
+    out.close();
+    if (!out) {
+        result.trace_file_error = "cannot write " + file + ": " + std::strerror(errno);
+        return;
+    }
+    result.trace_file = file;
+    result.reproduce = reproduce;
+}
+
+// The operation at `step` of the trace text, for messages: "step 3 (add)".
+std::string step_text(const std::string& trace_text, std::optional<std::size_t> step) {
+    if (!step) return "";
+    std::string name = "?";
+    try {
+        const Trace trace = parse_trace(trace_text);
+        if (*step < trace.size()) name = op_name(trace[*step]);
+    } catch (const std::exception&) {
+    }
+    return " at step " + std::to_string(*step + 1) + " (" + name + ")";
+}
+
+// Runs one candidate to its end in `sandbox`, polling every job there (so
+// the limits of the run's other children hold while a fault is shrunk).
+// Nothing is started once the run is interrupted.
+std::shared_ptr<Job> run_in(Sandbox& sandbox, const std::function<void(Channel&)>& body, const Limits& limits) {
+    if (interrupted_by() != 0) return nullptr;
+    auto job = sandbox.start(body, nullptr, limits);
+    while (!job->done) {
+        sandbox.poll(0.1);
+        if (interrupted_by() != 0) sandbox.stop_all("interrupted by " + signal_name(interrupted_by()));
+    }
+    return job;
+}
+
+
+// Shrinks a trace that made a child die, each candidate in a child of its
+// own, in the run's own sandbox; hangs and time-outs are only cut after the
+// step they struck at (each try would cost the full time limit), and leaks
+// shrunk only a little. The trace runs alone first: a fault that built up
+// over the traces its process ran before (a leak across traces) does not
+// recur, no shorter trace would show it, and the trace is kept whole.
+ShrunkFault shrink_fault(const Adapter& adapter, const std::string& trace_text, const Fault& fault,
+                         std::optional<std::size_t> step, PropertySet properties, const ConformanceOptions& options,
+                         Sandbox& sandbox) {
+    const ShrunkFault as_found{trace_text, step};
+    if (fault.kind == "stopped" || trace_text.empty()) return as_found;
+    Trace trace;
+    try {
+        trace = parse_trace(trace_text);
+    } catch (const std::exception&) {
+        return as_found;
+    }
+    if (trace.empty()) return as_found;
+    if (fault.kind == "hang" || fault.kind == "time") {
+        if (step && *step + 1 < trace.size()) trace.resize(*step + 1);
+        return {format_trace(trace), step};
+    }
+    if (interrupted_by() != 0) return as_found;
+    std::size_t tried = 0;
+    std::size_t shortest = trace.size();
+    double noted = monotonic_seconds();
+    const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
+        const auto job = run_in(sandbox, [&](Channel& out) { runner_for(adapter, properties, out).run(candidate); },
+                                options.limits);
+        if (job && adapter.take_output) adapter.take_output(job->pid);
+        ++tried;
+        const bool same = job && job->fault && job->fault->kind == fault.kind;
+        if (same) shortest = std::min(shortest, candidate.size());
+        if (options.progress && monotonic_seconds() - noted >= options.progress_seconds) {
+            noted = monotonic_seconds();
+            std::cerr << "kvcheck: shrinking the fault (" << fault.kind << ") of " << printable(adapter.name, 40) << ": " << tried
+                      << " candidate traces run, the shortest failing one " << shortest << " operations\n";
+        }
+        if (!same) return std::nullopt;
+        return Failure{"fault:" + fault.kind, job->last_step.value_or(candidate.size() - 1), job->fault->detail, {}};
+    };
+    const std::optional<Failure> alone = oracle(trace);
+    if (!alone) return {trace_text, step, interrupted_by() != 0};
+    ShrinkOptions limits;
+    limits.runs_max = fault.kind == "memory" ? 20 : 100;  // each leaking try fills the memory limit
+    const ShrinkResult shrunk = shrink(trace, *alone, oracle, limits);
+    return {format_trace(shrunk.trace), shrunk.failure.step, true};
+}
+
+std::string fault_message(const Fault& fault, const std::string& where) {
+    const std::string& kind = fault.kind;
+    const std::string what = kind == "crash"    ? "crashed (" + fault.detail + ")"
+                             : kind == "hang"   ? "hung (" + fault.detail + ")"
+                             : kind == "time"   ? "ran out of time (" + fault.detail + ")"
+                             : kind == "memory" ? "exceeded the memory limit (" + fault.detail + ")"
+                             : kind == "protocol" ? "broke the adapter protocol (" + fault.detail + ")"
+                             : kind == "start"    ? "could not start its process (" + fault.detail + ")"
+                                                  : "exited (" + fault.detail + ")";
+    return "the engine " + what + where + " while running the trace below";
+}
+
+// A job run in kvcheck's own process (--no-isolate): messages kept as a
+// child's would be.
+std::shared_ptr<Job> run_in_process(const std::function<void(Channel&)>& body) {
+    auto job = std::make_shared<Job>();
+    Job& target = *job;
+    Channel channel([&target](const std::string& kind, const std::string& payload) {
+        if (kind == "begin") {
+            target.last_begin = payload;
+            ++target.begins;
+        } else {
+            target.messages.push_back({kind, payload});
+        }
+    });
+    body(channel);
+    job->done = true;
+    job->ended = true;
+    return job;
+}
+
+// After an adapter hung for the full silence limit, its other properties
+// get this much: enough for any operation that is not stuck, short of
+// waiting the full limit again for each property.
+double fail_fast_seconds(const Limits& limits) {
+    return std::min(limits.silence_seconds, std::max(2.0, limits.silence_seconds / 10));
+}
+
+}  // namespace kvcheck::cli
