@@ -1,5 +1,6 @@
 #include "durability/dump_kill.h"
 
+#include "durability/child.h"
 #include "durability/dir_image.h"
 #include "durability/dumpshim.h"
 #include "durability/power_cut.h"
@@ -10,165 +11,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
-#include <dlfcn.h>
-#include <fcntl.h>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <poll.h>
 #include <set>
 #include <stdexcept>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 namespace kvcheck::durability {
 namespace {
-
-// ---- messages from a child: a kind, then a size and the bytes -----------------
-
-enum Message : std::uint64_t { loaded_message = 1, error_message = 2 };
-
-class Writer {
-  public:
-    void number(std::uint64_t value) { bytes_.append(reinterpret_cast<const char*>(&value), sizeof value); }
-    void text(const std::string& value) {
-        number(value.size());
-        bytes_ += value;
-    }
-    const std::string& bytes() const { return bytes_; }
-
-  private:
-    std::string bytes_;
-};
-
-class Reader {
-  public:
-    explicit Reader(const std::string& bytes) : bytes_(bytes) {}
-    bool done() const { return at_ >= bytes_.size(); }
-    std::uint64_t number() {
-        std::uint64_t value = 0;
-        need(sizeof value);
-        std::memcpy(&value, bytes_.data() + at_, sizeof value);
-        at_ += sizeof value;
-        return value;
-    }
-    std::string text() {
-        const std::uint64_t size = number();
-        need(size);
-        std::string value = bytes_.substr(at_, size);
-        at_ += size;
-        return value;
-    }
-
-  private:
-    void need(std::uint64_t size) const {
-        if (bytes_.size() - at_ < size) throw std::runtime_error("a child's report is cut short");
-    }
-    const std::string& bytes_;
-    std::size_t at_ = 0;
-};
-
-void write_all(int fd, const std::string& bytes) {
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) ::_exit(70);  // the parent is gone
-        done += static_cast<std::size_t>(n);
-    }
-}
-
-// ---- child processes ----------------------------------------------------------
-
-struct ChildEnd {
-    int status = 0;
-    std::string output;
-    bool hung = false;
-};
-
-std::string signal_text(int signal) {
-    const char* name = sigabbrev_np(signal);
-    return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
-}
-
-// OpenMP's worker threads do not survive a fork, and its next parallel
-// region in the child waits for them for ever (libtorch's intra-op
-// parallelism is OpenMP). The child runs OpenMP with one thread, when the
-// process has it, without linking it.
-void one_openmp_thread() {
-    void* symbol = ::dlsym(RTLD_DEFAULT, "omp_set_num_threads");
-    if (symbol == nullptr) return;
-    void (*set_threads)(int) = nullptr;
-    std::memcpy(&set_threads, &symbol, sizeof symbol);
-    set_threads(1);
-}
-
-// Runs `body` in a forked child, which reports through `out`, and waits for
-// it to end. The child dies with this process (PR_SET_PDEATHSIG), ends with
-// _exit (no atexit handler, no destructor of the parent's objects), and is
-// killed when silent for `seconds_max`.
-ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max) {
-    int pipe_fds[2];
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-        ::close(pipe_fds[0]);
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        one_openmp_thread();
-        int status = 0;
-        try {
-            body(pipe_fds[1]);
-        } catch (const std::exception& error) {
-            Writer report;
-            report.number(error_message);
-            report.text(error.what());
-            write_all(pipe_fds[1], report.bytes());
-            status = 3;
-        }
-        ::_exit(status);
-    }
-    ::close(pipe_fds[1]);
-    ChildEnd end;
-    char chunk[65536];
-    for (;;) {
-        pollfd ready{pipe_fds[0], POLLIN, 0};
-        const int polled = ::poll(&ready, 1, static_cast<int>(seconds_max * 1000));
-        if (polled < 0 && errno == EINTR) continue;
-        if (polled == 0) {
-            end.hung = true;
-            ::kill(pid, SIGKILL);
-            break;
-        }
-        const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        end.output.append(chunk, static_cast<std::size_t>(n));
-    }
-    ::close(pipe_fds[0]);
-    while (::waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {
-    }
-    return end;
-}
-
-// The exception a child reported, if any (the messages before it are skipped).
-std::string child_error(const std::string& output) {
-    Reader messages(output);
-    try {
-        while (!messages.done()) {
-            const std::uint64_t kind = messages.number();
-            const std::string text = messages.text();
-            if (kind == error_message) return text;
-        }
-    } catch (const std::runtime_error&) {
-        // Cut short by the child's death: no error was reported whole.
-    }
-    return "(no message)";
-}
 
 // An anonymous file the shim records into: nothing is left on disk.
 class ShimLog {

@@ -1,0 +1,105 @@
+#include "durability/child.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvcheck::durability {
+namespace {
+
+// OpenMP's worker threads do not survive a fork, and its next parallel
+// region in the child waits for them for ever (libtorch's intra-op
+// parallelism is OpenMP). The child runs OpenMP with one thread, when the
+// process has it, without linking it.
+void one_openmp_thread() {
+    void* symbol = ::dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (symbol == nullptr) return;
+    void (*set_threads)(int) = nullptr;
+    std::memcpy(&set_threads, &symbol, sizeof symbol);
+    set_threads(1);
+}
+
+}  // namespace
+
+void write_all(int fd, const std::string& bytes) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) ::_exit(70);  // the parent is gone
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+std::string signal_text(int signal) {
+    const char* name = sigabbrev_np(signal);
+    return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
+}
+
+ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+        ::close(pipe_fds[0]);
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        one_openmp_thread();
+        int status = 0;
+        try {
+            body(pipe_fds[1]);
+        } catch (const std::exception& error) {
+            Writer report;
+            report.number(error_message);
+            report.text(error.what());
+            write_all(pipe_fds[1], report.bytes());
+            status = 3;
+        }
+        ::_exit(status);
+    }
+    ::close(pipe_fds[1]);
+    ChildEnd end;
+    char chunk[65536];
+    for (;;) {
+        pollfd ready{pipe_fds[0], POLLIN, 0};
+        const int polled = ::poll(&ready, 1, static_cast<int>(seconds_max * 1000));
+        if (polled < 0 && errno == EINTR) continue;
+        if (polled == 0) {
+            end.hung = true;
+            ::kill(pid, SIGKILL);
+            break;
+        }
+        const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        end.output.append(chunk, static_cast<std::size_t>(n));
+    }
+    ::close(pipe_fds[0]);
+    while (::waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {
+    }
+    return end;
+}
+
+// The messages before the error are skipped.
+std::string child_error(const std::string& output) {
+    Reader messages(output);
+    try {
+        while (!messages.done()) {
+            const std::uint64_t kind = messages.number();
+            const std::string text = messages.text();
+            if (kind == error_message) return text;
+        }
+    } catch (const std::runtime_error&) {
+        // Cut short by the child's death: no error was reported whole.
+    }
+    return "(no message)";
+}
+
+}  // namespace kvcheck::durability
