@@ -28,20 +28,5 @@ void install_interrupt_handlers() {
 
 int interrupted_by() { return interrupting_signal; }
 
-std::string signal_name(int signal) {
-    switch (signal) {
-        case SIGSEGV: return "SIGSEGV";
-        case SIGABRT: return "SIGABRT";
-        case SIGBUS: return "SIGBUS";
-        case SIGFPE: return "SIGFPE";
-        case SIGILL: return "SIGILL";
-        case SIGKILL: return "SIGKILL";
-        case SIGINT: return "SIGINT";
-        case SIGTERM: return "SIGTERM";
-        case SIGHUP: return "SIGHUP";
-        case SIGPIPE: return "SIGPIPE";
-        default: return "signal " + std::to_string(signal);
-    }
-}
 
 }  // namespace kvcheck::cli

@@ -6,6 +6,8 @@
 // ignored when kvcheck started (nohup, a background job) stays ignored.
 #pragma once
 
+#include "signal_name.h"
+
 #include <string>
 
 namespace kvcheck::cli {
@@ -14,7 +16,6 @@ void install_interrupt_handlers();
 // The signal that interrupted the run, or 0.
 int interrupted_by();
 
-// "SIGSEGV", "SIGINT", ..., or "signal N".
-std::string signal_name(int signal);
+using posix::signal_name;
 
 }  // namespace kvcheck::cli

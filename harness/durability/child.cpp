@@ -37,10 +37,6 @@ void write_all(int fd, const std::string& bytes) {
     }
 }
 
-std::string signal_text(int signal) {
-    const char* name = sigabbrev_np(signal);
-    return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
-}
 
 ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max) {
     int pipe_fds[2];

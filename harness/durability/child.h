@@ -63,9 +63,6 @@ struct ChildEnd {
     bool hung = false;
 };
 
-// "SIGKILL", or "signal N" for a signal without a name.
-std::string signal_text(int signal);
-
 // Runs `body` in a forked child, which reports through `out`, and waits for
 // it to end. The child dies with this process (PR_SET_PDEATHSIG), ends with
 // _exit (no atexit handler, no destructor of the parent's objects), and is

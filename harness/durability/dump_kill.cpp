@@ -5,6 +5,7 @@
 #include "durability/dumpshim.h"
 #include "durability/power_cut.h"
 #include "durability/shim_log.h"
+#include "signal_name.h"
 
 #include "kvcheck/splitmix.h"
 
@@ -80,7 +81,7 @@ DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
         run.killed = true;
         return run;
     }
-    if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + signal_text(WTERMSIG(end.status)) + ")");
+    if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + posix::signal_name(WTERMSIG(end.status)) + ")");
     if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + child_error(end.output));
     if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
         throw std::runtime_error(what + " ended its child process with status " + std::to_string(WEXITSTATUS(end.status)));
@@ -362,7 +363,7 @@ KillOutcome run_kill_test(const KillTest& test) {
     if (loads.size() < states.size()) {
         const std::string state = states[loads.size()].description;
         if (end.hung) throw std::runtime_error("a fresh engine made no progress loading " + state);
-        if (WIFSIGNALED(end.status)) throw std::runtime_error("a fresh engine crashed (" + signal_text(WTERMSIG(end.status)) + ") loading " + state);
+        if (WIFSIGNALED(end.status)) throw std::runtime_error("a fresh engine crashed (" + posix::signal_name(WTERMSIG(end.status)) + ") loading " + state);
         if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
             throw std::runtime_error("a fresh engine threw loading " + state + ": " + child_error(end.output));
         }

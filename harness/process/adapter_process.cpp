@@ -1,5 +1,6 @@
 #include "adapter_process.h"
 
+#include "signal_name.h"
 #include "wire.h"
 
 #include <algorithm>
@@ -116,19 +117,6 @@ std::string frame_of(const std::string& payload) {
     return frame + payload;
 }
 
-std::string signal_text(int signal) {
-    switch (signal) {
-        case SIGSEGV: return "SIGSEGV";
-        case SIGABRT: return "SIGABRT";
-        case SIGBUS: return "SIGBUS";
-        case SIGFPE: return "SIGFPE";
-        case SIGILL: return "SIGILL";
-        case SIGKILL: return "SIGKILL";
-        case SIGTERM: return "SIGTERM";
-        case SIGPIPE: return "SIGPIPE";
-        default: return "signal " + std::to_string(signal);
-    }
-}
 
 AdapterProcess::AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
                                FaultHandler on_fault)
@@ -336,7 +324,7 @@ void AdapterProcess::died(const std::string& when) {
     std::string detail;
     if (WIFSIGNALED(wait_status_)) {
         kind = "crash";
-        detail = who + " was killed by " + signal_text(WTERMSIG(wait_status_)) + " " + when;
+        detail = who + " was killed by " + posix::signal_name(WTERMSIG(wait_status_)) + " " + when;
     } else {
         detail = who + " exited with status " + std::to_string(WEXITSTATUS(wait_status_)) + " " + when;
     }

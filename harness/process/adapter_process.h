@@ -127,7 +127,5 @@ std::string frame_of(const std::string& payload);
 // blank space; empty when it cannot be read.
 std::string file_tail(const std::string& path, std::size_t bytes_max);
 
-// "SIGSEGV", "SIGKILL", ..., or "signal N".
-std::string signal_text(int signal);
 
 }  // namespace kvcheck::process
