@@ -141,6 +141,10 @@ void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std:
 
 std::vector<Adapter> bundled_adapters() { return bundled_list(); }
 
+std::string python_example_path() { return KVCHECK_PYTHON_SDK_DIR "/examples/activation_memory_adapter.py"; }
+
+Adapter python_example(const AdapterOptions& options) { return load_adapter(python_example_path(), options); }
+
 Adapter load_adapter(const std::string& name_or_path, const AdapterOptions& options) {
     if (const Adapter* bundled = find_bundled(name_or_path)) return *bundled;
     if (const auto command = process_command(name_or_path, options)) return load_process_adapter(*command);

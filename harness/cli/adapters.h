@@ -42,4 +42,11 @@ void set_bundled_adapters(std::vector<Adapter> adapters);
 using kvcheck::shell_quoted;
 std::vector<Adapter> bundled_adapters();
 
+// The bundled Python example store (python/examples/activation_memory_adapter.py
+// of the source tree kvcheck was built from), run through the adapter
+// protocol as any Python engine is. Throws UsageError when it cannot be
+// checked here (the file is gone, the interpreter has no torch).
+std::string python_example_path();
+Adapter python_example(const AdapterOptions& options = {});
+
 }  // namespace kvcheck::cli

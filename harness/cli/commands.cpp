@@ -377,6 +377,7 @@ int command_list(const Args& args) {
         std::cout << "  " << adapter.name << std::string(adapter.name.size() < 11 ? 11 - adapter.name.size() : 1, ' ')
                   << adapter.description << (breaks.empty() ? "" : " [breaks: " + breaks + "]") << "\n";
     }
+    std::cout << "  (and, with no --adapter, the Python example store " << python_example_path() << ")\n";
     std::cout << "\nproperties:\n";
     for (Property p : all_properties()) {
         const std::string id = property_id(p);
@@ -395,8 +396,9 @@ int command_run(const Args& args) {
                               "                   [--report FORMAT] [--out FILE]",
                               "Runs every (or each chosen) property against each adapter, in child processes, and\n"
                               "reports per property: pass, fail (with the shrunk trace and the command that replays\n"
-                              "it) or skipped. With no --adapter: the reference and every mutant, a self-check of\n"
-                              "kvcheck itself, which exits 0 when the reference passes and every mutant is caught.",
+                              "it) or skipped. With no --adapter: the reference, every mutant and the Python example\n"
+                              "store, a self-check of kvcheck itself, which exits 0 when the reference and the example\n"
+                              "pass and every mutant is caught.",
                               run_options);
         return 0;
     }
@@ -407,6 +409,13 @@ int command_run(const Args& args) {
     std::vector<Adapter> adapters;
     if (bundled) {
         adapters = bundled_adapters();
+        // The Python example store joins the self-check when it can run
+        // here (scripts/bootstrap installs Debian's python3-torch).
+        try {
+            adapters.push_back(python_example(adapter_options(options)));
+        } catch (const UsageError& error) {
+            std::cerr << "kvcheck run: the Python example store is left out: " << printable(error.what(), 300) << "\n";
+        }
     } else {
         for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name, adapter_options(options)));
     }
