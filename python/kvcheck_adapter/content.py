@@ -503,6 +503,14 @@ def _lane_starts(count: int) -> tuple:
     return starts
 
 
+# Four 64-bit lanes side by side in one Python integer, lane k in bits
+# [128k, 128k + 64): a lane's product with the FNV prime (at most 105 bits)
+# stays inside its 128-bit field, so one multiply, shift and mask of the
+# packed integer step all four lanes at once, exactly as four separate ones.
+_LANE_FIELD_BITS = 128
+_PACKED_MASK = sum(_MASK64 << (_LANE_FIELD_BITS * k) for k in range(4))
+
+
 def content_hash(values) -> int:
     """C++ kvcheck::content_hash of values converted to float32, row-major.
 
@@ -513,25 +521,27 @@ def content_hash(values) -> int:
     numpy turns into float32.
 
     The lanes are sequential chains of multiplies, which numpy cannot
-    vectorise: they run on Python ints, over words struct reads straight
-    from the bytes (a pair of little-endian float32 is the word C++ makes)."""
+    vectorise: they run on Python ints, the four lanes packed into one
+    integer (_LANE_FIELD_BITS), over words laid out in their fields by
+    numpy (a pair of little-endian float32 is the word C++ makes)."""
     raw = _float32_bytes(values)
     if _NEGATIVE_ZERO_BYTES in raw:  # maybe a -0 (or those bytes across two values)
         raw = _canonical_zeros(raw)
     count = len(raw) // 4
     full = count - count % 8
+    steps = full // 8
     l0, l1, l2, l3 = _lane_starts(count)
     prime, mask = _FNV_PRIME, _MASK64
-    words = iter(struct.unpack_from(f"<{full // 2}Q", raw))
-    for w0, w1, w2, w3 in zip(words, words, words, words):
-        h = ((l0 ^ w0) * prime) & mask
-        l0 = h ^ (h >> 29)
-        h = ((l1 ^ w1) * prime) & mask
-        l1 = h ^ (h >> 29)
-        h = ((l2 ^ w2) * prime) & mask
-        l2 = h ^ (h >> 29)
-        h = ((l3 ^ w3) * prime) & mask
-        l3 = h ^ (h >> 29)
+    if steps:
+        spread = np.zeros((steps, 4, 2), dtype="<u8")
+        spread[:, :, 0] = np.frombuffer(raw, dtype="<u8", count=full // 2).reshape(steps, 4)
+        data = memoryview(spread.tobytes())
+        packed_mask, from_bytes = _PACKED_MASK, int.from_bytes
+        lanes = l0 | l1 << _LANE_FIELD_BITS | l2 << 2 * _LANE_FIELD_BITS | l3 << 3 * _LANE_FIELD_BITS
+        for at in range(0, len(data), 4 * _LANE_FIELD_BITS // 8):
+            h = ((lanes ^ from_bytes(data[at : at + 4 * _LANE_FIELD_BITS // 8], "little")) * prime) & packed_mask
+            lanes = (h ^ (h >> 29)) & packed_mask
+        l0, l1, l2, l3 = (lanes >> (_LANE_FIELD_BITS * k) & mask for k in range(4))
     # The last 0-7 values one by one, marked apart from a pair.
     lanes = [l0, l1, l2, l3]
     for k, bits in enumerate(struct.unpack_from(f"<{count - full}I", raw, full * 4)):
