@@ -191,26 +191,42 @@ def materialize(content: _content.CacheContent) -> Any:
 # ---- views ---------------------------------------------------------------------------
 
 
-def _slot_json(tensor: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
-    """What kvcheck sees of one slot tensor (content.slot_view), as JSON."""
+def _slot_json(tensor: Optional[torch.Tensor], pending: List[tuple]) -> Optional[Dict[str, Any]]:
+    """What kvcheck sees of one slot tensor (content.slot_view), as JSON. A
+    hash not memoised yet is left to _hash_pending: (slot, memo key,
+    tensor) goes on `pending`."""
     if tensor is None:
         return None
     dtype = _content.dtype_name(tensor.dtype)
     shape = tuple(tensor.shape)
+    slot = {"dtype": dtype, "shape": list(shape), "hash": None}
     try:
         data = tensor.detach() if tensor.requires_grad else tensor
         if dtype == "bf16":
             data = data.view(torch.int16)  # numpy has no bfloat16; the bits are what count
         key = (dtype, shape, data.numpy().tobytes())  # row-major, whatever the strides
     except (RuntimeError, TypeError):
-        return {"dtype": dtype, "shape": list(shape), "hash": _content.content_hash(tensor)}
-    hash_value = _hash_memo.get(key)
+        key = None
+    hash_value = None if key is None else _hash_memo.get(key)
     if hash_value is None:
-        hash_value = _content.content_hash(tensor)
-        if len(_hash_memo) >= _MEMO_ENTRIES_MAX:
-            _hash_memo.clear()
-        _hash_memo[key] = hash_value
-    return {"dtype": dtype, "shape": list(shape), "hash": hash_value}
+        pending.append((slot, key, tensor))
+    else:
+        slot["hash"] = hash_value
+    return slot
+
+
+def _hash_pending(pending: List[tuple]) -> None:
+    """Hashes the slots _slot_json left, together (content.content_hashes),
+    and memoises them."""
+    if not pending:
+        return
+    hashes = _content.content_hashes([tensor for _, _, tensor in pending])
+    if len(_hash_memo) + len(pending) > _MEMO_ENTRIES_MAX:
+        _hash_memo.clear()
+    for (slot, key, _), hash_value in zip(pending, hashes):
+        slot["hash"] = hash_value
+        if key is not None:
+            _hash_memo[key] = hash_value
 
 
 def _initialized(layer) -> bool:
@@ -226,16 +242,18 @@ def view_json(cache) -> Dict[str, Any]:
     lists)."""
     layout = _content.cache_layout(cache)
     layers: List[Dict[str, Any]] = []
+    pending: List[tuple] = []
     if layout == "modern":
         for layer in cache.layers:
-            slots = [_slot_json(getattr(layer, name, None)) for name in _content.SLOT_NAMES]
+            slots = [_slot_json(getattr(layer, name, None), pending) for name in _content.SLOT_NAMES]
             layers.append({"initialized": _initialized(layer), "slots": slots})
     else:
         keys, values = cache.key_cache, cache.value_cache
         if len(keys) != len(values):
             raise ValueError(f"legacy cache: key_cache holds {len(keys)} layers but value_cache {len(values)}")
         for k, v in zip(keys, values):
-            layers.append({"initialized": True, "slots": [_slot_json(k), _slot_json(v), None, None]})
+            layers.append({"initialized": True, "slots": [_slot_json(k, pending), _slot_json(v, pending), None, None]})
+    _hash_pending(pending)
     return {"layout": layout, "layers": layers}
 
 
