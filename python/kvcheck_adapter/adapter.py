@@ -46,6 +46,7 @@ kvcheck makes one engine per trace: `serve` calls the factory again on each
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import cache as _cache
@@ -750,6 +751,10 @@ def serve(factory: Callable[[], Adapter]) -> None:
     to shut down. Run by hand (not by kvcheck), it says how to run it and
     exits with status 2."""
     connection = _protocol.Connection.from_environment()
+    # What exists now (torch, numpy, the engine's modules) lives as long as
+    # the process: the cyclic collector need not walk it again at every
+    # full collection while requests are answered.
+    gc.freeze()
     _protocol.serve_loop(connection, Server(factory).handle)
 
 

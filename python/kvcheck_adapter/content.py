@@ -503,37 +503,60 @@ def _lane_starts(count: int) -> tuple:
     return starts
 
 
-def content_hash(values) -> int:
-    """C++ kvcheck::content_hash of values converted to float32, row-major.
+# Lanes side by side in one Python integer, lane k in bits [128k, 128k +
+# 64): a lane's product with the FNV prime (at most 105 bits) stays inside
+# its 128-bit field, so one multiply, shift and mask of the packed integer
+# step every lane at once, exactly as separate ones would: the four lanes
+# of one hash, and those of every other hash of as many values.
+_LANE_FIELD_BITS = 128
+_packed_masks: dict = {}
 
-    Four lanes; lane k takes the pairs of values at 8i + 2k and 8i + 2k + 1
-    as one 64-bit word (low half first); the last 0-7 values go one by one
-    to lanes 0, 1, 2, ... marked by bit 40; the lanes are folded in order.
-    -0 counts as +0. `values`: a tensor of any dtype and shape, or anything
-    numpy turns into float32.
 
-    The lanes are sequential chains of multiplies, which numpy cannot
-    vectorise: they run on Python ints, over words struct reads straight
-    from the bytes (a pair of little-endian float32 is the word C++ makes)."""
+def _packed_mask(lanes: int) -> int:
+    mask = _packed_masks.get(lanes)
+    if mask is None:
+        mask = sum(_MASK64 << (_LANE_FIELD_BITS * k) for k in range(lanes))
+        _packed_masks[lanes] = mask
+    return mask
+
+
+def _hash_bytes(values) -> bytes:
+    """The bytes a content hash reads: float32, row-major, -0 as +0."""
     raw = _float32_bytes(values)
     if _NEGATIVE_ZERO_BYTES in raw:  # maybe a -0 (or those bytes across two values)
         raw = _canonical_zeros(raw)
-    count = len(raw) // 4
+    return raw
+
+
+def _pair_lanes(count: int, raws: Sequence[bytes]) -> List[List[int]]:
+    """The four lanes of each of `raws` (the bytes of `count` values each)
+    after their pairs (the values of the first count - count % 8)."""
     full = count - count % 8
-    l0, l1, l2, l3 = _lane_starts(count)
+    steps = full // 8
+    starts = list(_lane_starts(count))
+    if not steps:
+        return [list(starts) for _ in raws]
+    fields = 4 * len(raws)
+    spread = np.zeros((steps, fields, 2), dtype="<u8")
+    for j, raw in enumerate(raws):
+        spread[:, 4 * j : 4 * j + 4, 0] = np.frombuffer(raw, dtype="<u8", count=full // 2).reshape(steps, 4)
+    data = memoryview(spread.tobytes())
+    prime, packed_mask, from_bytes = _FNV_PRIME, _packed_mask(fields), int.from_bytes
+    lanes = 0
+    for k in range(fields):
+        lanes |= starts[k % 4] << (_LANE_FIELD_BITS * k)
+    width = fields * _LANE_FIELD_BITS // 8
+    for at in range(0, len(data), width):
+        h = ((lanes ^ from_bytes(data[at : at + width], "little")) * prime) & packed_mask
+        lanes = (h ^ (h >> 29)) & packed_mask
+    return [[lanes >> (_LANE_FIELD_BITS * (4 * j + k)) & _MASK64 for k in range(4)] for j in range(len(raws))]
+
+
+def _finish(lanes: List[int], raw: bytes, count: int) -> int:
+    """The hash from the lanes after the pairs: the last 0-7 values one by
+    one, marked apart from a pair, then the fold."""
     prime, mask = _FNV_PRIME, _MASK64
-    words = iter(struct.unpack_from(f"<{full // 2}Q", raw))
-    for w0, w1, w2, w3 in zip(words, words, words, words):
-        h = ((l0 ^ w0) * prime) & mask
-        l0 = h ^ (h >> 29)
-        h = ((l1 ^ w1) * prime) & mask
-        l1 = h ^ (h >> 29)
-        h = ((l2 ^ w2) * prime) & mask
-        l2 = h ^ (h >> 29)
-        h = ((l3 ^ w3) * prime) & mask
-        l3 = h ^ (h >> 29)
-    # The last 0-7 values one by one, marked apart from a pair.
-    lanes = [l0, l1, l2, l3]
+    full = count - count % 8
     for k, bits in enumerate(struct.unpack_from(f"<{count - full}I", raw, full * 4)):
         h = ((lanes[k % 4] ^ (bits | _TAIL_MARK)) * prime) & mask
         lanes[k % 4] = h ^ (h >> 29)
@@ -545,6 +568,36 @@ def content_hash(values) -> int:
         x = ((x ^ (x >> 27)) * _MIX_2) & mask
         result = x ^ (x >> 31)
     return result
+
+
+def content_hash(values) -> int:
+    """C++ kvcheck::content_hash of values converted to float32, row-major.
+
+    Four lanes; lane k takes the pairs of values at 8i + 2k and 8i + 2k + 1
+    as one 64-bit word (low half first); the last 0-7 values go one by one
+    to lanes 0, 1, 2, ... marked by bit 40; the lanes are folded in order.
+    -0 counts as +0. `values`: a tensor of any dtype and shape, or anything
+    numpy turns into float32.
+
+    The lanes are sequential chains of multiplies, which numpy cannot
+    vectorise: they run on Python ints, packed into one integer
+    (_LANE_FIELD_BITS), over words laid out in their fields by numpy (a pair
+    of little-endian float32 is the word C++ makes)."""
+    return content_hashes([values])[0]
+
+
+def content_hashes(values_list: Sequence) -> List[int]:
+    """content_hash of each of `values_list`; those holding as many values
+    are hashed together, their lanes packed into one integer."""
+    raws = [_hash_bytes(values) for values in values_list]
+    by_count: dict = {}
+    for i, raw in enumerate(raws):
+        by_count.setdefault(len(raw) // 4, []).append(i)
+    results = [0] * len(raws)
+    for count, members in by_count.items():
+        for i, lanes in zip(members, _pair_lanes(count, [raws[i] for i in members])):
+            results[i] = _finish(lanes, raws[i], count)
+    return results
 
 
 # ---- views -------------------------------------------------------------------------

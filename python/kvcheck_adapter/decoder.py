@@ -264,6 +264,43 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _key_bytes(key: tuple) -> int:
+    return sum(_key_bytes(part) if isinstance(part, tuple) else len(part) if isinstance(part, bytes) else 0 for part in key)
+
+
+class _StepMemo:
+    """The results of a forward's pure steps, keyed by everything each one
+    reads: a layer's projections by (geometry, layer, token count, the bytes
+    of its input rows); its output rows by that and the float32 bytes of
+    the keys and values the cache handed back after the update; the next
+    token by (geometry, the bytes of the last row). The same computation on
+    the same bytes (generation-equivalent reruns a generation on a fresh
+    cache of the content the store's should hold) is then looked up, not
+    redone; any other input misses. Cached arrays are read-only; the memo
+    is emptied when it holds too many entries or bytes."""
+
+    _ENTRIES_MAX = 1 << 14
+    _BYTES_MAX = 64 << 20
+
+    def __init__(self) -> None:
+        self._entries: Dict[tuple, object] = {}
+        self._bytes = 0
+
+    def get(self, key: tuple):
+        return self._entries.get(key)
+
+    def put(self, key: tuple, value):
+        size = _key_bytes(key)
+        if len(self._entries) >= self._ENTRIES_MAX or self._bytes + size > self._BYTES_MAX:
+            self._entries.clear()
+            self._bytes = 0
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        self._entries[key] = value
+        self._bytes += size
+        return value
+
+
 class Decoder:
     """kv::models::Decoder: weights from config.seed, float32 arithmetic in
     the C++ order. `forward` writes K/V in the cache's dtype (that of its
@@ -281,6 +318,7 @@ class Decoder:
         self.config = config
         self._weights: Dict[Tuple[int, int], _Weights] = {}
         self._weights_for(config.head_count, config.head_dim, config.layer_count)
+        self._steps = _StepMemo()
 
     @property
     def eos_token(self) -> int:
@@ -358,9 +396,13 @@ class Decoder:
         past = int(cache.get_seq_length(0))
         x = self._embed_rows(weights, tokens, past)
         cache_kwargs = {"cache_position": torch.arange(past, past + count)}
+        memo = self._steps
         for layer in range(max(self.config.layer_count, cached_layers)):
             qkv_weight, out_weight = weights.layers[layer]
-            qkv = _row_times(x, qkv_weight)
+            step = (heads, dims, layer, count, x.tobytes())
+            qkv = memo.get(step)
+            if qkv is None:
+                qkv = memo.put(step, _row_times(x, qkv_weight))
             k = self._to_heads(qkv, count, 1, heads, dims)
             v = self._to_heads(qkv, count, 2, heads, dims)
             if dtype != torch.float32:
@@ -372,18 +414,30 @@ class Decoder:
                 raise ValueError(
                     f"Decoder: layer {layer} holds {keys.shape[1]} keys but {values.shape[1]} values"
                 )
-            attended = self._attend(qkv, keys, values, count, weights)
-            x = x + _row_times(attended, out_weight)
-        logits = _row_times(x[count - 1 : count], weights.unembedding)[0] * _READOUT_GAIN
-        folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW)
-        return _first_argmax(folded.tolist())
+            # What the layer read from the cache is part of the key: the
+            # attention below is a function of it, whatever update did.
+            attended_step = (step, keys.shape[1], keys.tobytes(), values.tobytes())
+            after = memo.get(attended_step)
+            if after is None:
+                attended = self._attend(qkv, keys, values, count, weights)
+                after = memo.put(attended_step, x + _row_times(attended, out_weight))
+            x = after
+        readout = (heads, dims, x[count - 1].tobytes())
+        token = memo.get(readout)
+        if token is None:
+            logits = _row_times(x[count - 1 : count], weights.unembedding)[0] * _READOUT_GAIN
+            folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW)
+            token = memo.put(readout, _first_argmax(folded.tolist()))
+        return token
 
     def _to_heads(self, qkv: np.ndarray, count: int, part: int, heads: int, dims: int) -> torch.Tensor:
         """Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
         [1, heads, n, head_dim] float32 tensor in a storage of its own."""
         width = heads * dims
         side = qkv[:, part * width : (part + 1) * width].reshape(count, heads, dims).transpose(1, 0, 2)
-        return torch.from_numpy(np.ascontiguousarray(side, dtype=np.float32)[None])
+        # A copy even where the slice is contiguous: the cache may keep the
+        # tensor (and write into it), and qkv may be a memoised step's.
+        return torch.from_numpy(np.array(side, dtype=np.float32, order="C")[None])
 
     def _read_back(
         self, held: Optional[torch.Tensor], count: int, layer: int, side: str, heads: int, dims: int
@@ -415,14 +469,20 @@ class Decoder:
         past = total - count
         query = qkv[:, : heads * dims].reshape(count, heads, dims)
         scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * weights.scale  # [n, H, S]
-        visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
-        visible = np.broadcast_to(visible[:, None, :], scores.shape)
-        # C++ keeps the first maximum of the visible scores, skipping NaN.
-        candidates = np.where(visible & ~np.isnan(scores), scores, np.float32(-np.inf))
-        top = candidates.max(axis=2)
-        exponents = np.zeros_like(scores)
-        shifted = (scores - top[:, :, None])[visible]
-        exponents[visible] = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
+        if count == 1:
+            # One new token (a decoding step): it sees every key.
+            top = np.where(np.isnan(scores), np.float32(-np.inf), scores).max(axis=2)
+            shifted = (scores - top[:, :, None]).reshape(-1)
+            exponents = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW).reshape(scores.shape)
+        else:
+            visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
+            visible = np.broadcast_to(visible[:, None, :], scores.shape)
+            # C++ keeps the first maximum of the visible scores, skipping NaN.
+            candidates = np.where(visible & ~np.isnan(scores), scores, np.float32(-np.inf))
+            top = candidates.max(axis=2)
+            exponents = np.zeros_like(scores)
+            shifted = (scores - top[:, :, None])[visible]
+            exponents[visible] = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
         total_weight = _ordered_sum(exponents, axis=2)
         attention = exponents / total_weight[:, :, None]
         result = _ordered_sum(attention[:, :, :, None] * values[None, :, :, :], axis=2)  # [n, H, D]

@@ -36,7 +36,7 @@ from . import observe as _observe
 # repeat within a trace, rarely across many).
 _MEMO_ENTRIES_MAX = 1 << 16
 
-_segment_memo: Dict[tuple, torch.Tensor] = {}
+_segment_memo: Dict[tuple, np.ndarray] = {}
 _hash_memo: Dict[tuple, int] = {}
 
 
@@ -138,26 +138,33 @@ def _make_segments(segments: List[_content.Segment], heads: int, head_dim: int) 
         seeds = np.repeat(np.array([s.seed for s in group], dtype=np.uint64), sizes)
         mixes = np.concatenate([_index_mix(heads, s.tokens, head_dim) for s in group])
         values = _content.round_to_array(precision, _content.segment_values_raw(seeds, mixes))
-        for segment, part in zip(group, np.split(values, np.cumsum(sizes)[:-1])):
-            tensor = torch.from_numpy(part).reshape(_content.CACHE_BATCH, heads, segment.tokens, head_dim)
-            _segment_memo[_memo_key(segment, heads, head_dim)] = tensor
+        start = 0
+        for segment, size in zip(group, sizes):
+            part = values[start : start + size].reshape(heads, segment.tokens, head_dim)
+            _segment_memo[_memo_key(segment, heads, head_dim)] = part
+            start += size
 
 
-def slot_tensor(slot: _content.SlotContent, dtype: str, heads: int, head_dim: int) -> Optional[torch.Tensor]:
+def slot_tensor(
+    slot: _content.SlotContent, dtype: str, heads: int, head_dim: int, made: bool = False
+) -> Optional[torch.Tensor]:
     """content.slot_tensor, bit for bit, from memoised segment values: None
     when absent, a [0] tensor without segments, else [1, heads, T,
-    head_dim] in a storage of its own."""
+    head_dim] in a storage of its own. `made`: the caller has just put the
+    slot's segments into the memo (_make_segments)."""
     if not slot.present:
         return None
     torch_dtype = _content.TORCH_DTYPES[dtype]
     if not slot.segments:
         return torch.zeros(0, dtype=torch_dtype)
-    _make_segments(slot.segments, heads, head_dim)
+    if not made:
+        _make_segments(slot.segments, heads, head_dim)
     parts = [_segment_memo[_memo_key(s, heads, head_dim)] for s in slot.segments if s.tokens > 0]
     if not parts:
         return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
-    made = torch.cat(parts, dim=-2)  # a new storage, even of one part
-    return made if torch_dtype == torch.float32 else made.to(torch_dtype)
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    shared = torch.from_numpy(values[None])  # may be the memo's array: copied below
+    return shared.clone(memory_format=torch.contiguous_format) if torch_dtype == torch.float32 else shared.to(torch_dtype)
 
 
 def materialize(content: _content.CacheContent) -> Any:
@@ -165,7 +172,7 @@ def materialize(content: _content.CacheContent) -> Any:
     LegacyDynamicCache (legacy) holding exactly `content`, every slot in a
     storage of its own, the layers' flags as given, not owned."""
     _make_segments([s for layer in content.layers for slot in layer.slots for s in slot.segments], content.heads, content.head_dim)
-    make = lambda slot: slot_tensor(slot, content.dtype, content.heads, content.head_dim)  # noqa: E731
+    make = lambda slot: slot_tensor(slot, content.dtype, content.heads, content.head_dim, made=True)  # noqa: E731
     if content.layout == "legacy":
         legacy = _cache.LegacyDynamicCache()
         for layer in content.layers:
@@ -184,26 +191,42 @@ def materialize(content: _content.CacheContent) -> Any:
 # ---- views ---------------------------------------------------------------------------
 
 
-def _slot_json(tensor: Optional[torch.Tensor]) -> Optional[Dict[str, Any]]:
-    """What kvcheck sees of one slot tensor (content.slot_view), as JSON."""
+def _slot_json(tensor: Optional[torch.Tensor], pending: List[tuple]) -> Optional[Dict[str, Any]]:
+    """What kvcheck sees of one slot tensor (content.slot_view), as JSON. A
+    hash not memoised yet is left to _hash_pending: (slot, memo key,
+    tensor) goes on `pending`."""
     if tensor is None:
         return None
     dtype = _content.dtype_name(tensor.dtype)
     shape = tuple(tensor.shape)
+    slot = {"dtype": dtype, "shape": list(shape), "hash": None}
     try:
         data = tensor.detach() if tensor.requires_grad else tensor
         if dtype == "bf16":
             data = data.view(torch.int16)  # numpy has no bfloat16; the bits are what count
         key = (dtype, shape, data.numpy().tobytes())  # row-major, whatever the strides
     except (RuntimeError, TypeError):
-        return {"dtype": dtype, "shape": list(shape), "hash": _content.content_hash(tensor)}
-    hash_value = _hash_memo.get(key)
+        key = None
+    hash_value = None if key is None else _hash_memo.get(key)
     if hash_value is None:
-        hash_value = _content.content_hash(tensor)
-        if len(_hash_memo) >= _MEMO_ENTRIES_MAX:
-            _hash_memo.clear()
-        _hash_memo[key] = hash_value
-    return {"dtype": dtype, "shape": list(shape), "hash": hash_value}
+        pending.append((slot, key, tensor))
+    else:
+        slot["hash"] = hash_value
+    return slot
+
+
+def _hash_pending(pending: List[tuple]) -> None:
+    """Hashes the slots _slot_json left, together (content.content_hashes),
+    and memoises them."""
+    if not pending:
+        return
+    hashes = _content.content_hashes([tensor for _, _, tensor in pending])
+    if len(_hash_memo) + len(pending) > _MEMO_ENTRIES_MAX:
+        _hash_memo.clear()
+    for (slot, key, _), hash_value in zip(pending, hashes):
+        slot["hash"] = hash_value
+        if key is not None:
+            _hash_memo[key] = hash_value
 
 
 def _initialized(layer) -> bool:
@@ -219,16 +242,18 @@ def view_json(cache) -> Dict[str, Any]:
     lists)."""
     layout = _content.cache_layout(cache)
     layers: List[Dict[str, Any]] = []
+    pending: List[tuple] = []
     if layout == "modern":
         for layer in cache.layers:
-            slots = [_slot_json(getattr(layer, name, None)) for name in _content.SLOT_NAMES]
+            slots = [_slot_json(getattr(layer, name, None), pending) for name in _content.SLOT_NAMES]
             layers.append({"initialized": _initialized(layer), "slots": slots})
     else:
         keys, values = cache.key_cache, cache.value_cache
         if len(keys) != len(values):
             raise ValueError(f"legacy cache: key_cache holds {len(keys)} layers but value_cache {len(values)}")
         for k, v in zip(keys, values):
-            layers.append({"initialized": True, "slots": [_slot_json(k), _slot_json(v), None, None]})
+            layers.append({"initialized": True, "slots": [_slot_json(k, pending), _slot_json(v, pending), None, None]})
+    _hash_pending(pending)
     return {"layout": layout, "layers": layers}
 
 

@@ -256,6 +256,16 @@ def test_content_hash(check):
     check(c.content_hash)
 
 
+@pytest.mark.parametrize("check", HASH_CHECKS)
+def test_content_hashes_hash_each_of_a_batch(check):
+    # content_hashes packs the lanes of equal-length values into one
+    # integer: each must come out as its own content_hash, in any position.
+    check(lambda values: c.content_hashes([values, list(reversed(values)), values])[2])
+    rng = np.random.default_rng(3)
+    batch = [rng.standard_normal(n).astype(np.float32) for n in (0, 5, 8, 240, 240, 17, 240, 8, 1000)]
+    assert c.content_hashes(batch) == [c.content_hash(values) for values in batch]
+
+
 def _hash_ignoring_the_tail(values):
     array = np.asarray(values, dtype=np.float32)
     return c.content_hash(array[: len(array) - len(array) % 8]) ^ len(array)

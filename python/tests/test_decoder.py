@@ -129,6 +129,27 @@ def test_the_model_attends_over_what_update_returns():
     assert MODEL.forward([7, 3, 1, 4], kv.DynamicCache()) != MODEL.forward([7, 3, 1, 4], Doubling())
 
 
+def test_memoised_steps_answer_only_for_the_bytes_they_read():
+    """A rerun on the same cache content is looked up (_StepMemo), and gives
+    what a model without a memo computes; a cache whose update hands back
+    other keys than the first run saw (one value negated) is computed anew:
+    the memo cannot hide what a cache does."""
+
+    class Negating(kv.DynamicCache):
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            keys, values = super().update(k, v, layer_idx, cache_kwargs)
+            changed = keys.clone()
+            changed[0, 0, 0, 0] = -changed[0, 0, 0, 0]
+            return changed, values
+
+    model = d.Decoder()
+    for tokens in PROMPTS + [MEMORY]:
+        plain = model.forward(tokens, kv.DynamicCache())
+        assert model.forward(tokens, kv.DynamicCache()) == plain == d.Decoder().forward(tokens, kv.DynamicCache())
+        assert model.forward(tokens, Negating()) == d.Decoder().forward(tokens, Negating())
+    assert any(model.forward(t, Negating()) != model.forward(t, kv.DynamicCache()) for t in PROMPTS + [MEMORY])
+
+
 def test_bad_input_is_refused_with_the_c_plus_plus_messages():
     with pytest.raises(ValueError, match=r"Decoder: forward needs at least one token"):
         MODEL.forward([], kv.DynamicCache())
