@@ -7,6 +7,7 @@
 // trace wait on the disk) and, beside it, this process's CPU time, which
 // the load of other processes on a shared machine does not inflate.
 #include "bench_util.h"
+#include "verdicts.h"
 
 #include "run_util.h"
 
@@ -24,8 +25,7 @@ constexpr std::uint64_t seed_spacing = 100003;  // first seeds this far apart ne
 constexpr std::size_t traces_max = 3000;        // as the mutant tests allow
 
 void time_to_find(benchmark::State& state, const Adapter* adapter) {
-    Samples find_s, shrink_s, verdict_s, verdict_cpu_s, traces, shrunk_ops;
-    int missed = 0;
+    VerdictSamples verdicts;
     for (auto _ : state) {
         for (int k = 0; k < seeds_per_mutant; ++k) {
             const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
@@ -33,26 +33,14 @@ void time_to_find(benchmark::State& state, const Adapter* adapter) {
             const auto finding = props::find_and_shrink(*adapter, first_seed, traces_max, WorkloadOptions{});
             const double cpu = cpu_seconds() - cpu_start;
             if (!finding) {
-                ++missed;
+                verdicts.missed();
                 continue;
             }
-            find_s.add(finding->find_seconds);
-            shrink_s.add(finding->shrink_seconds);
-            verdict_s.add(finding->find_seconds + finding->shrink_seconds);
-            verdict_cpu_s.add(cpu);
-            traces.add(static_cast<double>(finding->traces_tried));
-            shrunk_ops.add(static_cast<double>(finding->shrunk.trace.size()));
+            verdicts.add(finding->find_seconds, finding->shrink_seconds, finding->traces_tried,
+                         finding->shrunk.trace.size(), cpu);
         }
     }
-    state.counters["seeds"] = seeds_per_mutant;
-    state.counters["missed"] = missed;
-    state.counters["find_s"] = find_s.median();
-    state.counters["traces_to_failure"] = traces.median();
-    state.counters["shrink_s"] = shrink_s.median();
-    state.counters["shrunk_ops"] = shrunk_ops.median();
-    state.counters["verdict_s"] = verdict_s.median();
-    state.counters["verdict_cpu_s"] = verdict_cpu_s.median();
-    state.counters["verdict_s_max"] = verdict_s.max();
+    verdicts.report(state, seeds_per_mutant);
 }
 
 const bool registered = [] {

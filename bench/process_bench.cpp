@@ -22,6 +22,7 @@
 //   timing, as it starts once per property in a kvcheck run; traces reset it.
 // The Python side's work is another process's: the numbers are wall-clock.
 #include "bench_util.h"
+#include "verdicts.h"
 
 #include "bundled.h"
 #include "kvcheck/executor.h"
@@ -179,8 +180,7 @@ void time_to_verdict(benchmark::State& state, const Bug* bug) {
     RunOptions run;
     run.properties = PropertySet::only(bug->property);
     const Oracle oracle = [&](const Trace& candidate) { return execute(candidate, *launcher.make(), run).failure; };
-    Samples find_s, shrink_s, verdict_s, traces, shrunk_ops;
-    int missed = 0;
+    VerdictSamples verdicts;
     for (auto _ : state) {
         for (int k = 0; k < seeds_per_bug; ++k) {
             const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
@@ -194,26 +194,14 @@ void time_to_verdict(benchmark::State& state, const Bug* bug) {
             }
             const double found = now_seconds();
             if (!failure) {
-                ++missed;
+                verdicts.missed();
                 continue;
             }
             const ShrinkResult shrunk = shrink(trace, *failure, oracle);
-            const double done = now_seconds();
-            find_s.add(found - start);
-            shrink_s.add(done - found);
-            verdict_s.add(done - start);
-            traces.add(static_cast<double>(tried));
-            shrunk_ops.add(static_cast<double>(shrunk.trace.size()));
+            verdicts.add(found - start, now_seconds() - found, tried, shrunk.trace.size());
         }
     }
-    state.counters["seeds"] = seeds_per_bug;
-    state.counters["missed"] = missed;
-    state.counters["find_s"] = find_s.median();
-    state.counters["traces_to_failure"] = traces.median();
-    state.counters["shrink_s"] = shrink_s.median();
-    state.counters["shrunk_ops"] = shrunk_ops.median();
-    state.counters["verdict_s"] = verdict_s.median();
-    state.counters["verdict_s_max"] = verdict_s.max();
+    verdicts.report(state, seeds_per_bug);
 }
 
 const bool registered = [] {
