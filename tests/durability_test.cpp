@@ -62,17 +62,7 @@ class Recording {
     Recording(const Recording&) = delete;
     Recording& operator=(const Recording&) = delete;
     int fd() const { return fd_; }
-    std::vector<ShimEvent> events() const {
-        std::string bytes;
-        char chunk[4096];
-        for (off_t at = 0;;) {
-            const ssize_t n = ::pread(fd_, chunk, sizeof chunk, at);
-            if (n <= 0) break;
-            bytes.append(chunk, static_cast<std::size_t>(n));
-            at += n;
-        }
-        return kvcheck::durability::read_shim_log(bytes);
-    }
+    std::vector<ShimEvent> events() const { return kvcheck::durability::read_shim_log_fd(fd_); }
 
   private:
     int fd_;
@@ -190,10 +180,8 @@ TEST(DumpShim, KillsTheProcessJustBeforeTheChosenCall) {
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
     EXPECT_EQ(WTERMSIG(status), SIGKILL);
-    std::string bytes(1 << 16, '\0');
-    bytes.resize(static_cast<std::size_t>(std::max<ssize_t>(0, ::pread(log, bytes.data(), bytes.size(), 0))));
+    const std::vector<ShimEvent> events = kvcheck::durability::read_shim_log_fd(log);
     ::close(log);
-    const std::vector<ShimEvent> events = kvcheck::durability::read_shim_log(bytes);
     ASSERT_EQ(events.size(), 3u) << kinds(events);
     EXPECT_EQ(events[0].kind, Call::open);
     EXPECT_EQ(events[1].kind, Call::write);
@@ -422,17 +410,9 @@ DumpRecord record_dump(const kv::Store& store, const std::string& dir, long long
     }
     int status = 0;
     ::waitpid(child, &status, 0);
-    std::string bytes;
-    char chunk[65536];
-    for (off_t at = 0;;) {
-        const ssize_t n = ::pread(log, chunk, sizeof chunk, at);
-        if (n <= 0) break;
-        bytes.append(chunk, static_cast<std::size_t>(n));
-        at += n;
-    }
-    ::close(log);
     DumpRecord record;
-    record.events = kvcheck::durability::read_shim_log(bytes);
+    record.events = kvcheck::durability::read_shim_log_fd(log);
+    ::close(log);
     record.after = kvcheck::durability::read_image(dir);
     record.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     EXPECT_TRUE(record.killed || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) << "status " << status;
@@ -560,16 +540,9 @@ PowerCutModel python_dump(const TempDir& dir, bool flush) {
     int status = 0;
     ::waitpid(child, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-    std::string bytes;
-    char chunk[65536];
-    for (off_t at = 0;;) {
-        const ssize_t n = ::pread(log, chunk, sizeof chunk, at);
-        if (n <= 0) break;
-        bytes.append(chunk, static_cast<std::size_t>(n));
-        at += n;
-    }
+    const std::vector<ShimEvent> events = kvcheck::durability::read_shim_log_fd(log);
     ::close(log);
-    return kvcheck::durability::power_cut_states(before, kvcheck::durability::read_shim_log(bytes),
+    return kvcheck::durability::power_cut_states(before, events,
                                                  kvcheck::durability::read_image(dir.path()));
 }
 

@@ -35,18 +35,7 @@ class ShimLog {
     ShimLog(const ShimLog&) = delete;
     ShimLog& operator=(const ShimLog&) = delete;
     int fd() const { return fd_; }
-    std::vector<ShimEvent> events() const {
-        std::string bytes;
-        char chunk[65536];
-        for (off_t at = 0;;) {
-            const ssize_t n = ::pread(fd_, chunk, sizeof chunk, at);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            bytes.append(chunk, static_cast<std::size_t>(n));
-            at += n;
-        }
-        return read_shim_log(bytes);
-    }
+    std::vector<ShimEvent> events() const { return read_shim_log_fd(fd_); }
 
   private:
     int fd_;

@@ -1,8 +1,10 @@
 #include "durability/shim_log.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <unistd.h>
 
 namespace kvcheck::durability {
 
@@ -84,6 +86,19 @@ std::string describe(const ShimEvent& event) {
     if (event.kind == Call::fsync && !event.has(KVCHECK_SHIM_DIRECTORY)) text += " (" + std::to_string(event.data.size()) + " bytes)";
     if (!event.ok()) text += " failed: " + std::string(std::strerror(event.error));
     return text;
+}
+
+std::vector<ShimEvent> read_shim_log_fd(int fd) {
+    std::string bytes;
+    char chunk[65536];
+    for (off_t at = 0;;) {
+        const ssize_t n = ::pread(fd, chunk, sizeof chunk, at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        bytes.append(chunk, static_cast<std::size_t>(n));
+        at += n;
+    }
+    return read_shim_log(bytes);
 }
 
 }  // namespace kvcheck::durability

@@ -50,6 +50,8 @@ struct ShimEvent {
 // Throws std::runtime_error for a record that is not a shim record; a last
 // record cut short (the log of a process killed from outside) is dropped.
 std::vector<ShimEvent> read_shim_log(const std::string& bytes);
+// The log the shim wrote to `fd` (a memfd or a file), read from its start.
+std::vector<ShimEvent> read_shim_log_fd(int fd);
 
 // The counted calls in `events` (the number of kill points).
 std::int64_t counted_calls(const std::vector<ShimEvent>& events);
