@@ -92,7 +92,7 @@ _U64 = np.uint64
 
 def splitmix64_array(x: np.ndarray) -> np.ndarray:
     """splitmix64 of every element of a uint64 array (wrapping arithmetic),
-    as a new array (computed in place in it)."""
+    in a new array (the steps after the first write into it)."""
     assert x.dtype == np.uint64
     x = x + _U64(_GOLDEN)
     x ^= x >> _U64(30)

@@ -30,8 +30,9 @@ _has_torch_function_unary = torch._C._has_torch_function_unary
 
 
 def untyped_storage(tensor: torch.Tensor):
-    """A tensor's untyped storage, on torch 1.13 (through TypedStorage) and
-    2.x (untyped_storage(), where .storage() is deprecated)."""
+    """A tensor's untyped storage, on torch 1.13 (Tensor._storage(), what
+    .storage() wraps in a TypedStorage) and 2.x (untyped_storage(), where
+    .storage() is deprecated)."""
     if _HAS_UNTYPED_STORAGE:
         return tensor.untyped_storage()
     if not _has_torch_function_unary(tensor):
