@@ -91,12 +91,16 @@ _U64 = np.uint64
 
 
 def splitmix64_array(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of every element of a uint64 array (wrapping arithmetic)."""
+    """splitmix64 of every element of a uint64 array (wrapping arithmetic),
+    in a new array (the steps after the first write into it)."""
     assert x.dtype == np.uint64
     x = x + _U64(_GOLDEN)
-    x = (x ^ (x >> _U64(30))) * _U64(_MIX_1)
-    x = (x ^ (x >> _U64(27))) * _U64(_MIX_2)
-    return x ^ (x >> _U64(31))
+    x ^= x >> _U64(30)
+    x *= _U64(_MIX_1)
+    x ^= x >> _U64(27)
+    x *= _U64(_MIX_2)
+    x ^= x >> _U64(31)
+    return x
 
 
 def slot_seed(cache_seed: int, layer: int, slot: int) -> int:
@@ -347,8 +351,7 @@ def slot_value(seed: int, head: int, token: int, dim: int) -> float:
     [2^8, 2^12), one in sixteen [2^-26, 2^-14))."""
     index = ((head << 40) ^ (token << 16) ^ dim) & _MASK64
     x = splitmix64(seed ^ splitmix64(index))
-    r = (x >> 32) & 0xFF
-    exponent = r % 5 - 3 if r < 224 else 8 + r % 4 if r < 240 else -26 + r % 12
+    exponent = _slot_exponent((x >> 32) & 0xFF)
     return _float_of((x >> 63) << 31 | (exponent + 127) << 23 | (x & 0x7FFFFF))
 
 
@@ -403,14 +406,28 @@ def round_to_array(dtype: str, values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32, copy=False).view(np.float32)
 
 
+def _slot_exponent(r: int) -> int:
+    """slot_value's exponent for bits 32-39 of x."""
+    return r % 5 - 3 if r < 224 else 8 + r % 4 if r < 240 else -26 + r % 12
+
+
+# slot_value's biased exponent field for each value of bits 32-39 of x.
+_EXPONENT_FIELDS = np.array([(_slot_exponent(r) + 127) << 23 for r in range(256)], dtype=np.uint32)
+
+
 def segment_values_raw(seeds: np.ndarray, index_mix: np.ndarray) -> np.ndarray:
     """slot_value's float32 for each pair of a segment seed and the
-    splitmix64 of an element index (the arrays broadcast), before rounding."""
+    splitmix64 of an element index (the arrays broadcast), before rounding:
+    x's bit 63 as the sign (bit 31 of x >> 32), its low 23 bits as the
+    mantissa, the exponent field looked up by bits 32-39."""
     x = splitmix64_array(seeds ^ index_mix)
-    r = ((x >> _U64(32)) & _U64(0xFF)).astype(np.int32)
-    exponent = np.where(r < 224, r % 5 - 3, np.where(r < 240, 8 + r % 4, -26 + r % 12))
-    bits = ((x >> _U64(63)) << _U64(31)).astype(np.uint32) | ((exponent + 127).astype(np.uint32) << _U32(23))
-    bits |= (x & _U64(0x7FFFFF)).astype(np.uint32)
+    high = x >> _U64(32)
+    exponent_fields = _EXPONENT_FIELDS[(high & _U64(0xFF)).astype(np.intp)]
+    high &= _U64(0x80000000)
+    x &= _U64(0x7FFFFF)
+    x |= high
+    bits = x.astype(np.uint32)
+    bits |= exponent_fields
     return bits.view(np.float32)
 
 

@@ -91,9 +91,19 @@ except ImportError:  # torch 1.13
 from . import content as _content
 
 
+_HAS_UNTYPED_STORAGE = hasattr(torch.Tensor, "untyped_storage")
+_has_torch_function_unary = torch._C._has_torch_function_unary
+
+
 def _untyped_storage(tensor: torch.Tensor):
-    if hasattr(tensor, "untyped_storage"):
+    if _HAS_UNTYPED_STORAGE:
         return tensor.untyped_storage()
+    if not _has_torch_function_unary(tensor):
+        # What .storage() wraps, without building the TypedStorage
+        # around it (a sixth of the cost); a tensor with a
+        # __torch_function__ override (a subclass, an active mode) still
+        # goes through .storage().
+        return tensor._storage()
     return tensor.storage()._storage
 
 

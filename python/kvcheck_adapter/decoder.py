@@ -100,37 +100,79 @@ _SINF = _libm_function("sinf")
 # tests compare the two ways on millions of inputs.)
 _EXPF_WINDOW = 2.0**-30
 _SINF_WINDOW = 2.0**-26
-# Below this many values the C library is called for each: the vector way
-# costs a dozen numpy calls.
-_VECTOR_VALUES_MIN = 48
+# Below this many values the C library is called for each (a fifth of a
+# microsecond a call): the vector way costs a dozen numpy calls, and then a
+# C call for each value near a midpoint, a thirty-second of exp's results
+# but half of sin's.
+_VECTOR_VALUES_MIN = 24
+_SINF_VECTOR_VALUES_MIN = 64
+# A float64 result of smaller magnitude than this is a float32 zero, and
+# so is the C library's: it rounds its own double once, which is within
+# far less than a factor 2 of the exact value, and both lie below 2^-150,
+# half the smallest float32 subnormal, so both round to zero (of their
+# common sign).
+_ZERO_BELOW = 2.0**-152
 
 
-def _float32_map(function, fallback, values: np.ndarray, window: float = 0.0) -> np.ndarray:
+class _MapConstants:
+    """_float32_map's operands for `count` values and one window, as arrays
+    of that length: numpy combines arrays of one shape several times faster
+    than an array with a scalar or a broadcast one."""
+
+    def __init__(self, count: int, window: float):
+        guard = int(window * 2.0**53)
+        self.low_mask = np.full(count, (1 << 29) - 1, dtype=np.uint64)
+        self.below_midpoint = np.full(count, (1 << 28) - guard, dtype=np.uint64)
+        self.unsafe_span = np.full(count, 2 * guard, dtype=np.uint64)
+        self.normal_min = np.full(count, 2.0**-125)
+        self.normal_end = np.full(count, 2.0**127)
+        self.zero_below = np.full(count, _ZERO_BELOW)
+
+
+_map_constants: Dict[Tuple[int, float], _MapConstants] = {}
+
+
+def _constants_for(count: int, window: float) -> _MapConstants:
+    found = _map_constants.get((count, window))
+    if found is None:
+        if len(_map_constants) >= 1024:
+            _map_constants.clear()
+        found = _map_constants[(count, window)] = _MapConstants(count, window)
+    return found
+
+
+def _float32_map(
+    function, fallback, values: np.ndarray, window: float = 0.0, vector_min: int = _VECTOR_VALUES_MIN
+) -> np.ndarray:
     """function (a C float -> float) of each float32 value, bit for bit;
     `fallback` (numpy, float64) when the C library has none. With a
     `window` (see _EXPF_WINDOW), values whose float64 result lies farther
     than it from a float32 rounding midpoint take that result rounded, the
-    others the C function's."""
+    others the C function's; `vector_min`: the fewest values for that way."""
     if function is None:
         return fallback(values.astype(np.float64)).astype(np.float32)
-    if window <= 0 or values.size < _VECTOR_VALUES_MIN:
-        return np.array([function(value) for value in values.tolist()], dtype=np.float32)
-    wide = fallback(values.astype(np.float64))
+    flat = values.reshape(-1)
+    if window <= 0 or flat.size < vector_min:
+        return np.array([function(value) for value in flat.tolist()], dtype=np.float32).reshape(values.shape)
+    constants = _constants_for(flat.size, window)
+    wide = fallback(flat.astype(np.float64))
     # A double rounds to float32 by its low 29 mantissa bits: 2^28 is the
     # midpoint. A distance of d double ULPs from it is at least d * 2^-53
-    # relative to the value, so d > window * 2^53 is far enough.
-    guard = np.uint64(int(window * 2.0**53))
-    low = wide.view(np.uint64) & np.uint64((1 << 29) - 1)
-    unsafe = (low - np.uint64((1 << 28) - int(guard))) <= np.uint64(2 * int(guard))
-    # Results that are subnormal, zero or beyond float32's range, and NaNs,
-    # are the C function's too.
+    # relative to the value, so d > window * 2^53 (the guard) is far enough:
+    # unsafe when low - (2^28 - guard) <= 2 * guard, in wrapping uint64.
+    low = np.bitwise_and(wide.view(np.uint64), constants.low_mask)
+    unsafe = np.less_equal(np.subtract(low, constants.below_midpoint), constants.unsafe_span)
+    # Results that are subnormal or beyond float32's range, and NaNs, are
+    # the C function's too; those below _ZERO_BELOW are zeros either way.
     magnitude = np.abs(wide)
-    unsafe |= ~((magnitude >= 2.0**-125) & (magnitude < 2.0**127))
+    normal = np.logical_and(np.greater_equal(magnitude, constants.normal_min), np.less(magnitude, constants.normal_end))
+    settled = np.logical_or(normal, np.less(magnitude, constants.zero_below))
+    unsafe = np.logical_or(unsafe, np.logical_not(settled))
     result = wide.astype(np.float32)
-    if unsafe.any():
+    if np.count_nonzero(unsafe):
         at = np.flatnonzero(unsafe)
-        result[at] = [function(value) for value in values[at].tolist()]
-    return result
+        result[at] = [function(value) for value in flat[at].tolist()]
+    return result.reshape(values.shape)
 
 
 # ---- float32 arithmetic in C++'s order ------------------------------------------------
@@ -174,19 +216,31 @@ class _SplitMix64:
         self._state = seed & ((1 << 64) - 1)
 
     def uniform(self, count: int) -> np.ndarray:
-        """`count` draws, uniform in [-1, 1) on a grid of 2^-23 (float32)."""
-        steps = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(self._state)
+        """`count` draws, uniform in [-1, 1) on a grid of 2^-23 (float32).
+        The arithmetic runs in place on one uint64 array (the steps wrap
+        modulo 2^64, as C++'s do); the top 24 bits minus 2^23, times 2^-23,
+        are exact in float32."""
+        z = np.arange(1, count + 1, dtype=np.uint64)
+        z *= np.uint64(0x9E3779B97F4A7C15)
+        z += np.uint64(self._state)
         self._state = (self._state + count * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
-        z = steps
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        bits = (z >> np.uint64(40)).astype(np.int64)
-        return (bits - (1 << 23)).astype(np.float32) / np.float32(1 << 23)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        z >>= np.uint64(40)
+        values = z.astype(np.float32)
+        values -= np.float32(1 << 23)
+        values *= np.float32(2.0**-23)
+        return values
 
 
 def _seeded(random: _SplitMix64, rows: int, cols: int, scale: float) -> np.ndarray:
-    return (random.uniform(rows * cols) * np.float32(scale)).reshape(rows, cols)
+    values = random.uniform(rows * cols)
+    if scale != 1.0:  # a product with 1 is the value itself
+        values *= np.float32(scale)
+    return values.reshape(rows, cols)
 
 
 # The C++ scales, all 1: see decoder.cpp.
@@ -227,13 +281,20 @@ class _Weights:
         self.embedding = _seeded(random, vocab_size, width, _EMBEDDING_SCALE)
         self.unembedding = _seeded(random, width, vocab_size, _UNEMBEDDING_SCALE)
         self.position_rates = [math.pow(10000.0, -float(e - e % 2) / float(width)) for e in range(width)]
-        self.layers = []
-        for _ in range(layer_count):
-            qkv = _seeded(random, width, 3 * width, _PROJECTION_SCALE)
-            out = _seeded(random, width, width, _OUTPUT_SCALE)
-            self.layers.append((qkv, out))
+        self.layers: List[Tuple[np.ndarray, np.ndarray]] = []
+        self._random = random
+        self.add_layers(layer_count)
         self.positions: Dict[int, np.ndarray] = {}
         self.scale = np.float32(1.0 / math.sqrt(float(head_dim)))
+
+    def add_layers(self, layer_count: int) -> None:
+        """Draws the layers up to `layer_count`, continuing the stream
+        where the last one drawn ended (the layers come last in it)."""
+        width = self.heads * self.head_dim
+        while len(self.layers) < layer_count:
+            qkv = _seeded(self._random, width, 3 * width, _PROJECTION_SCALE)
+            out = _seeded(self._random, width, width, _OUTPUT_SCALE)
+            self.layers.append((qkv, out))
 
     def position_row(self, position: int) -> np.ndarray:
         """The sinusoidal term of a position, computed in double with the C
@@ -331,10 +392,11 @@ class Decoder:
 
     def _weights_for(self, heads: int, head_dim: int, layer_count: int) -> _Weights:
         """The weights of geometry (heads, head_dim) with at least
-        `layer_count` layers, made on first use (and made again, the same
-        layers first, when more layers are needed)."""
+        `layer_count` layers, made on first use (more layers are drawn
+        when more are needed)."""
         weights = self._weights.get((heads, head_dim))
-        if weights is not None and len(weights.layers) >= layer_count:
+        if weights is not None:
+            weights.add_layers(layer_count)
             return weights
         config = self.config
         configured = (heads, head_dim) == (config.head_count, config.head_dim)
@@ -358,6 +420,8 @@ class Decoder:
         return self.config.head_count, self.config.head_dim
 
     def _embed_rows(self, weights: _Weights, tokens: Sequence[int], first_position: int) -> np.ndarray:
+        if len(tokens) == 1:  # a decoding step
+            return (weights.embedding[tokens[0]] + weights.position_row(first_position))[None]
         rows = [weights.embedding[token] + weights.position_row(first_position + i) for i, token in enumerate(tokens)]
         return np.stack(rows).astype(np.float32, copy=False)
 
@@ -426,7 +490,7 @@ class Decoder:
         token = memo.get(readout)
         if token is None:
             logits = _row_times(x[count - 1 : count], weights.unembedding)[0] * _READOUT_GAIN
-            folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW)
+            folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW, _SINF_VECTOR_VALUES_MIN)
             token = memo.put(readout, _first_argmax(folded.tolist()))
         return token
 
@@ -469,17 +533,19 @@ class Decoder:
         past = total - count
         query = qkv[:, : heads * dims].reshape(count, heads, dims)
         scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * weights.scale  # [n, H, S]
+        # C++ keeps the first maximum of the visible scores, skipping NaN
+        # (-inf when every one is NaN): np.fmax skips NaN too. Where all of
+        # a row's visible scores are NaN, its maximum may come out NaN
+        # instead of -inf; every shifted score of the row is NaN either way.
         if count == 1:
             # One new token (a decoding step): it sees every key.
-            top = np.where(np.isnan(scores), np.float32(-np.inf), scores).max(axis=2)
-            shifted = (scores - top[:, :, None]).reshape(-1)
-            exponents = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW).reshape(scores.shape)
+            top = np.fmax.reduce(scores, axis=2)
+            shifted = scores - top[:, :, None]
+            exponents = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
         else:
             visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
             visible = np.broadcast_to(visible[:, None, :], scores.shape)
-            # C++ keeps the first maximum of the visible scores, skipping NaN.
-            candidates = np.where(visible & ~np.isnan(scores), scores, np.float32(-np.inf))
-            top = candidates.max(axis=2)
+            top = np.fmax.reduce(np.where(visible, scores, np.float32(-np.inf)), axis=2)
             exponents = np.zeros_like(scores)
             shifted = (scores - top[:, :, None])[visible]
             exponents[visible] = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)

@@ -25,11 +25,22 @@ from . import content as _content
 from .content import cache_layout, view_of  # noqa: F401  (re-exported)
 
 
+_HAS_UNTYPED_STORAGE = hasattr(torch.Tensor, "untyped_storage")
+_has_torch_function_unary = torch._C._has_torch_function_unary
+
+
 def untyped_storage(tensor: torch.Tensor):
-    """A tensor's untyped storage, on torch 1.13 (through TypedStorage) and
-    2.x (untyped_storage(), where .storage() is deprecated)."""
-    if hasattr(tensor, "untyped_storage"):
+    """A tensor's untyped storage, on torch 1.13 (Tensor._storage(), what
+    .storage() wraps in a TypedStorage) and 2.x (untyped_storage(), where
+    .storage() is deprecated)."""
+    if _HAS_UNTYPED_STORAGE:
         return tensor.untyped_storage()
+    if not _has_torch_function_unary(tensor):
+        # What .storage() wraps, without building the TypedStorage
+        # around it (a sixth of the cost); a tensor with a
+        # __torch_function__ override (a subclass, an active mode) still
+        # goes through .storage().
+        return tensor._storage()
     return tensor.storage()._storage
 
 

@@ -105,6 +105,25 @@ def test_slot_values_check_catches_planted_values(planted):
         check_values_match_slot_value(planted)
 
 
+def test_segment_values_in_arrays_are_slot_value_for_every_exponent_band():
+    """The array form (an exponent table) against the scalar slot_value,
+    on enough elements that all 256 values of x's bits 32-39 occur."""
+    seeds = np.array([3, 2**64 - 1, 0x9E3779B97F4A7C15], dtype=np.uint64)
+    heads, tokens, head_dim = 4, 64, 8
+    mix = c.element_index_mix(heads, tokens, head_dim)
+    seen = set()
+    for seed in seeds.tolist():
+        values = c.segment_values_raw(np.uint64(seed), mix).reshape(heads, tokens, head_dim)
+        for head in range(heads):
+            for token in range(tokens):
+                for dim in range(head_dim):
+                    expected = c.slot_value(seed, head, token, dim)
+                    assert values[head, token, dim].tobytes() == np.float32(expected).tobytes()
+                    index = ((head << 40) ^ (token << 16) ^ dim) & (2**64 - 1)
+                    seen.add((c.splitmix64(seed ^ c.splitmix64(index)) >> 32) & 0xFF)
+    assert len(seen) == 256
+
+
 def test_slot_values_have_full_mantissas_and_three_magnitude_bands():
     values = c.slot_values(c.SlotContent(True, [c.Segment(3, 4096)]), 2, 4).reshape(-1)
     magnitudes = np.abs(values)

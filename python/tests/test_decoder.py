@@ -241,6 +241,19 @@ def test_the_decoder_adapts_to_the_caches_geometry_and_layer_count():
     assert not np.array_equal(MODEL._weights_for(2, 16, 1).embedding, three.embedding[:, :32])
 
 
+def test_layers_drawn_later_continue_the_stream():
+    """A geometry's weights grown layer by layer (a deeper cache arrives
+    later) are those drawn all at once."""
+    grown = d.Decoder()
+    grown._weights_for(4, 8, 1)
+    grown._weights_for(4, 8, 2)
+    at_once = d.Decoder()._weights_for(4, 8, 5)
+    layers = grown._weights_for(4, 8, 5).layers
+    assert len(layers) == 5
+    for (qkv, out), (qkv_once, out_once) in zip(layers, at_once.layers):
+        assert np.array_equal(qkv, qkv_once) and np.array_equal(out, out_once)
+
+
 def test_weights_are_the_seeded_stream():
     a, b = d.Decoder(d.DecoderConfig(seed=5)), d.Decoder(d.DecoderConfig(seed=6))
     assert (a._embedding == d.Decoder(d.DecoderConfig(seed=5))._embedding).all()

@@ -8,6 +8,7 @@ import torch
 
 from kvcheck_adapter import cache as kv
 from kvcheck_adapter import content as c
+from kvcheck_adapter import copies
 from kvcheck_adapter import observe
 
 
@@ -109,6 +110,27 @@ def test_untyped_storage_is_the_tensors_storage():
     assert observe.untyped_storage(t[1:]).data_ptr() == observe.untyped_storage(t).data_ptr()
     assert observe.storage_identity(torch.zeros(0)) is None
     assert observe.storage_identity(None) is None
+
+
+class _Overriding(torch.Tensor):
+    """A tensor subclass with a __torch_function__ of its own."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("untyped_storage", [observe.untyped_storage, copies._untyped_storage])
+def test_the_fast_storage_is_the_one_storage_wraps(untyped_storage):
+    """On torch 1.13 the SDK reads a tensor's storage without building the
+    TypedStorage .storage() returns: the same storage object (its _cdata),
+    for a tensor, a view of it and a subclass with a __torch_function__."""
+    t = torch.arange(12.0).reshape(3, 4)
+    overriding = torch.arange(6.0).as_subclass(_Overriding)
+    for tensor in (t, t[1:], t.t(), overriding, overriding[2:]):
+        expected = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()._storage
+        assert untyped_storage(tensor)._cdata == expected._cdata
+    assert untyped_storage(t)._cdata != untyped_storage(t.clone())._cdata
 
 
 def check_fingerprint_sees_changes(fingerprint_of):
