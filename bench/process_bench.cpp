@@ -10,6 +10,11 @@
 //   switched off in every trace's swarm: the Python decoder, run twice per
 //   generation (the store's, and generation-equivalent's on a fresh copy),
 //   costs several times the rest of a step;
+// - boundary/python_jobs: the throughput of a `kvcheck run` on this
+//   machine: the same traces shared by as many jobs as it has cores (what
+//   `kvcheck run` starts by default), each a process of kvcheck's with an
+//   adapter process of its own, all started before the clock runs;
+//   checked operations per second of wall-clock time, all jobs together;
 // - boundary/round_trip: one request and its reply (stored_ids, which the
 //   adapter answers from a list) between kvcheck and the Python process,
 //   the protocol's floor per request;
@@ -36,6 +41,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -144,6 +151,95 @@ void python_vs_reference(benchmark::State& state, bool generation) {
     state.counters["ratio"] = (python_s / static_cast<double>(python_ops)) / (reference_s / static_cast<double>(reference_ops));
 }
 
+// What one job of python_jobs did, written to its parent over a pipe.
+struct JobResult {
+    std::size_t ops = 0;
+    std::size_t failures = 0;
+    double kvcheck_cpu_s = 0;
+    double adapter_cpu_s = 0;
+};
+
+// A job of python_jobs, in a forked process: starts its adapter process,
+// says so (one byte on `ready`), waits for the go (a byte on `go`), runs
+// every trace `jobs`th trace from `first`, and writes its JobResult to
+// `out`.
+[[noreturn]] void run_job(process::ProcessLauncher& launcher, const std::vector<Trace>& traces, std::size_t first,
+                          std::size_t jobs, int ready, int go, int out) {
+    JobResult result;
+    {
+        std::shared_ptr<Engine> engine = launcher.make();
+        const int adapter = launcher.process_id();
+        char byte = 'r';
+        if (::write(ready, &byte, 1) != 1 || ::read(go, &byte, 1) != 1) ::_exit(3);
+        const double cpu_start = cpu_seconds();
+        const double adapter_start = process_cpu_seconds(adapter);
+        for (std::size_t i = first; i < traces.size(); i += jobs) {
+            if (i != first) engine = launcher.make();
+            const RunResult run = execute(traces[i], *engine);
+            result.ops += ops_run(run);
+            result.failures += run.failure.has_value();
+        }
+        result.kvcheck_cpu_s = cpu_seconds() - cpu_start;
+        result.adapter_cpu_s = process_cpu_seconds(adapter) - adapter_start;
+    }
+    const bool written = ::write(out, &result, sizeof result) == static_cast<ssize_t>(sizeof result);
+    ::_exit(written ? 0 : 3);
+}
+
+void python_jobs(benchmark::State& state) {
+    const std::size_t jobs = std::max(1u, std::thread::hardware_concurrency());
+    process::ProcessLauncher launcher(example(""), {});
+    const WorkloadOptions options = workload_of(*launcher.make());
+    std::vector<Trace> traces;
+    for (std::size_t i = 0; i < boundary_traces; ++i) traces.push_back(trace_of(1 + i, options, true));
+    JobResult total;
+    double wall_s = 0;
+    for (auto _ : state) {
+        int ready[2], go[2], out[2];
+        if (::pipe(ready) != 0 || ::pipe(go) != 0 || ::pipe(out) != 0) {
+            state.SkipWithError("pipe failed");
+            return;
+        }
+        std::vector<pid_t> children;
+        for (std::size_t j = 0; j < jobs; ++j) {
+            const pid_t pid = ::fork();
+            if (pid == 0) run_job(launcher, traces, j, jobs, ready[1], go[0], out[1]);
+            children.push_back(pid);
+        }
+        char byte = 0;
+        std::size_t started = 0;
+        while (started < jobs && ::read(ready[0], &byte, 1) == 1) ++started;
+        const double start = now_seconds();
+        for (std::size_t j = 0; j < jobs; ++j) {
+            if (::write(go[1], "g", 1) != 1) break;
+        }
+        std::size_t reported = 0;
+        JobResult one;
+        while (reported < jobs && ::read(out[0], &one, sizeof one) == static_cast<ssize_t>(sizeof one)) {
+            total.ops += one.ops;
+            total.failures += one.failures;
+            total.kvcheck_cpu_s += one.kvcheck_cpu_s;
+            total.adapter_cpu_s += one.adapter_cpu_s;
+            ++reported;
+        }
+        wall_s += now_seconds() - start;
+        for (const pid_t pid : children) ::waitpid(pid, nullptr, 0);
+        for (const int fd : {ready[0], ready[1], go[0], go[1], out[0], out[1]}) ::close(fd);
+        if (started < jobs || reported < jobs) {
+            state.SkipWithError("a job did not start or did not report");
+            return;
+        }
+    }
+    const double ops = static_cast<double>(total.ops);
+    state.counters["jobs"] = static_cast<double>(jobs);
+    state.counters["python_ops"] = ops;
+    state.counters["python_failures"] = static_cast<double>(total.failures);
+    state.counters["python_ops_per_s"] = ops / wall_s;
+    state.counters["kvcheck_cpu_us_per_op"] = total.kvcheck_cpu_s / ops * 1e6;
+    state.counters["adapter_cpu_us_per_op"] = total.adapter_cpu_s / ops * 1e6;
+    state.counters["python_ops_per_cpu_s"] = ops / (total.kvcheck_cpu_s + total.adapter_cpu_s);
+}
+
 void round_trip(benchmark::State& state) {
     const std::string output = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/kvcheck-bench-round-trip.out";
     process::AdapterProcess adapter(example(""), output, 120);
@@ -208,6 +304,8 @@ const bool registered = [] {
     benchmark::RegisterBenchmark("boundary/python_vs_reference", python_vs_reference, true)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/python_vs_reference_no_generation", python_vs_reference, false)
+        ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    benchmark::RegisterBenchmark("boundary/python_jobs", python_jobs)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/round_trip", round_trip)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -1,0 +1,118 @@
+"""Replays recorded protocol requests (record_requests.py) in process
+against the example store, and prints the CPU time they took, by request
+kind: the adapter's side of the process benchmark without pipes, kvcheck or
+the load of other processes in the figures (CPU time), for comparing two
+versions of the SDK request by request.
+
+    /usr/bin/python3 bench/python/replay_requests.py /tmp/requests.jsonl [--runs 3] [--profile tottime]
+
+Directories named by dump and load requests are made afresh under a
+temporary directory and removed at the end. Replies are encoded as they
+would be sent (JSON), and that is timed too. Each run replays every request
+in a fresh process (the SDK's memos start empty, as in the adapter
+process of a benchmark, which sees each request once). Dumps are written
+under $TMPDIR: set TMPDIR=/dev/shm to leave the disk out, as the benchmark
+command of BENCHMARKS.md does.
+"""
+
+import argparse
+import collections
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(_ROOT, "python"))
+sys.path.insert(0, os.path.join(_ROOT, "python", "examples"))
+
+import activation_memory_adapter  # noqa: E402
+from kvcheck_adapter import decoder  # noqa: E402
+from kvcheck_adapter.adapter import Server  # noqa: E402
+from kvcheck_adapter.protocol import _encode, error_reply  # noqa: E402
+
+
+def _replay(requests, model, directory, profile):
+    """CPU seconds per request kind of one replay on a fresh Server."""
+    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter([], model))
+    renamed = {}
+    seconds = collections.defaultdict(float)
+    for request in requests:
+        if "dir" in request:
+            path = renamed.setdefault(request["dir"], os.path.join(directory, str(len(renamed))))
+            os.makedirs(path, exist_ok=True)
+            request = dict(request, dir=path)
+        start = time.process_time()
+        if profile is not None:
+            profile.enable()
+        try:
+            reply = server.handle(request)
+        except Exception as error:  # noqa: BLE001 - as serve_loop does
+            reply = error_reply(error)
+        _encode(reply)
+        if profile is not None:
+            profile.disable()
+        seconds[request["op"]] += time.process_time() - start
+    return seconds
+
+
+def _one_run(recording: str, profile_order) -> None:
+    """One replay in this process; prints {op: CPU seconds} as JSON on the
+    last line (and the profile before it)."""
+    with open(recording, encoding="utf-8") as lines:
+        requests = [json.loads(line) for line in lines if line.strip()]
+    model = decoder.Decoder()
+    gc.freeze()
+    profile = None
+    if profile_order:
+        import cProfile
+
+        profile = cProfile.Profile()
+    directory = tempfile.mkdtemp(prefix="kvcheck-replay-")
+    try:
+        seconds = _replay(requests, model, directory, profile)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if profile is not None:
+        import pstats
+
+        pstats.Stats(profile, stream=sys.stderr).sort_stats(profile_order).print_stats(40)
+    print(json.dumps(seconds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recording")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", choices=["tottime", "cumulative"], help="a cProfile listing of the last run (on stderr)")
+    parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.one_run:
+        _one_run(arguments.recording, arguments.profile)
+        return
+    with open(arguments.recording, encoding="utf-8") as lines:
+        counts = collections.Counter(json.loads(line)["op"] for line in lines if line.strip())
+    runs = []
+    for run in range(arguments.runs):
+        command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), arguments.recording, "--one-run"]
+        if arguments.profile and run == arguments.runs - 1:
+            command += ["--profile", arguments.profile]
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        runs.append(collections.defaultdict(float, json.loads(output.splitlines()[-1])))
+    totals = [sum(run.values()) for run in runs]
+    median_total = statistics.median(totals)
+    print(f"{sum(counts.values())} requests, {arguments.runs} runs (a process each): "
+          f"CPU seconds {', '.join(f'{t:.3f}' for t in totals)}; median {median_total:.3f}")
+    print(f"{'request':18s} {'count':>6s} {'µs each':>9s} {'share':>6s}   (medians of the runs)")
+    for op in sorted(counts, key=lambda op: -statistics.median(run[op] for run in runs)):
+        median = statistics.median(run[op] for run in runs)
+        print(f"{op:18s} {counts[op]:6d} {median * 1e6 / counts[op]:9.0f} {100 * median / median_total:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
