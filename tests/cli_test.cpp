@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 namespace {
@@ -52,6 +53,12 @@ TEST_F(Cli, TheReferencePassesAndExitsZero) {
     EXPECT_EQ(run.status, 0) << run.out;
     EXPECT_TRUE(contains(run.out, "stored-immutable")) << run.out;
     EXPECT_TRUE(contains(run.out, "scope default: 50% small traces")) << run.out;
+    // The closing line counts what the jobs ran (sent up by each job).
+    std::smatch counts;
+    ASSERT_TRUE(std::regex_search(run.stderr_text, counts, std::regex(R"((\d+) distinct traces run .*, (\d+) operations checked, in )")))
+        << run.stderr_text;
+    EXPECT_GT(std::stoul(counts[1]), 30u) << run.stderr_text;
+    EXPECT_GT(std::stoul(counts[2]), 2 * std::stoul(counts[1])) << run.stderr_text;  // 1-24 operations, about 12 on average
     const Outcome large = kvcheck("run --adapter reference --cases 10 --scope large --quiet --trace-dir " + scratch("traces"));
     EXPECT_EQ(large.status, 0) << large.out;
     EXPECT_TRUE(contains(large.out, "scope large:")) << large.out;

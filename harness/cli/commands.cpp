@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -428,15 +429,23 @@ int command_run(const Args& args) {
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
               << limits_text(conformance.limits) << "\n";
     if (conformance.isolate) install_interrupt_handlers();
+    const auto started = std::chrono::steady_clock::now();
     ConformanceRun run;
     {
         const EngineStdoutToStderr guard(!conformance.isolate);
         run = check_adapters(adapters, conformance);
     }
     const bool written = report.write(render_report(run.adapters, format, conformance.seed, run.interrupted_by));
-    std::size_t distinct = 0;
-    for (const AdapterResult& result : run.adapters) distinct += result.traces;
-    std::cerr << "kvcheck run: " << distinct << " distinct traces run (each property searches its own)\n";
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::size_t distinct = 0, operations = 0;
+    for (const AdapterResult& result : run.adapters) {
+        distinct += result.traces;
+        for (const std::uint32_t count : result.coverage.ops_run) operations += count;
+    }
+    // Operations of the distinct traces only: the shrinker's replays and
+    // the engine processes' start are in the time, not in the count.
+    std::cerr << "kvcheck run: " << distinct << " distinct traces run (each property searches its own), " << operations
+              << " operations checked, in " << seconds_text(elapsed) << " s\n";
     if (options.has("stats")) std::cerr << render_stats(run.adapters);
     if (run.interrupted_by != 0) {
         std::cerr << "kvcheck: interrupted by " << signal_name(run.interrupted_by)

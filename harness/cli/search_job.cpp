@@ -115,6 +115,7 @@ std::string encode_stats(std::size_t cases, const Coverage& coverage) {
     std::ostringstream out;
     out << "cases " << cases << "\n";
     for (std::size_t i = 0; i < shape_count; ++i) out << shape_id(static_cast<Shape>(i)) << " " << coverage.shapes[i] << "\n";
+    for (std::size_t i = 0; i < op_kind_count; ++i) out << "op:" << op_kind_name(i) << " " << coverage.ops_run[i] << "\n";
     return out.str();
 }
 
@@ -126,6 +127,9 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
         if (key == "cases") *cases += value;
         for (std::size_t i = 0; i < shape_count; ++i) {
             if (key == shape_id(static_cast<Shape>(i))) coverage->shapes[i] += static_cast<std::uint32_t>(value);
+        }
+        for (std::size_t i = 0; i < op_kind_count; ++i) {
+            if (key == std::string("op:") + op_kind_name(i)) coverage->ops_run[i] += static_cast<std::uint32_t>(value);
         }
     }
 }

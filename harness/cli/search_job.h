@@ -30,8 +30,9 @@ struct FoundFailure {
 std::string encode(const FoundFailure& found);
 FoundFailure decode(const std::string& payload);
 
-// A "stats" message: traces run and the workload shapes they held; decoding
-// adds them to what is already counted.
+// A "stats" message: traces run, the workload shapes they held and the
+// operations they ran, by kind; decoding adds them to what is already
+// counted.
 std::string encode_stats(std::size_t cases, const Coverage& coverage);
 void decode_stats(const std::string& payload, std::size_t* cases, Coverage* coverage);
 
