@@ -204,11 +204,12 @@ void python_jobs(benchmark::State& state) {
         for (std::size_t j = 0; j < jobs; ++j) {
             const pid_t pid = ::fork();
             if (pid == 0) run_job(launcher, traces, j, jobs, ready[1], go[0], out[1]);
+            if (pid < 0) break;  // fewer jobs started: reported below
             children.push_back(pid);
         }
         char byte = 0;
         std::size_t started = 0;
-        while (started < jobs && ::read(ready[0], &byte, 1) == 1) ++started;
+        while (started < children.size() && ::read(ready[0], &byte, 1) == 1) ++started;
         const double start = now_seconds();
         for (std::size_t j = 0; j < jobs; ++j) {
             if (::write(go[1], "g", 1) != 1) break;
