@@ -216,7 +216,7 @@ void python_jobs(benchmark::State& state) {
         }
         std::size_t reported = 0;
         JobResult one;
-        while (reported < jobs && ::read(out[0], &one, sizeof one) == static_cast<ssize_t>(sizeof one)) {
+        while (reported < children.size() && ::read(out[0], &one, sizeof one) == static_cast<ssize_t>(sizeof one)) {
             total.ops += one.ops;
             total.failures += one.failures;
             total.kvcheck_cpu_s += one.kvcheck_cpu_s;
