@@ -503,6 +503,7 @@ def _float32_bits(values) -> np.ndarray:
 
 
 _NEGATIVE_ZERO_BITS = 0x80000000  # the float32 pattern of -0, hashed as +0's
+_HASH_CHUNK_WORDS = 1 << 15  # 256 KiB of words
 
 
 # Word i of a hash holds the position i in its high 32 bits: i << 32 for
@@ -542,38 +543,37 @@ def content_hash(values) -> int:
 
 
 def content_hashes(values_list: Sequence) -> List[int]:
-    """content_hash of each of `values_list`, in one pass of whole-array
-    operations over all their values: the words of every list side by side
-    (each list's positions from 0), their splitmix64 terms in place (uint64
-    arithmetic wraps modulo 2**64), the sum of each list's terms (an empty
-    list sums to 0), then the final mix of each."""
+    """content_hash of each of `values_list`, in whole-array operations over
+    all their values at once: the words of every list side by side, each
+    list's positions from 0; their splitmix64 terms, in place (uint64
+    arithmetic wraps modulo 2**64); the sum of each list's terms (an empty
+    list sums to 0); then the final mix of each."""
     parts = [_float32_bits(values) for values in values_list]
-    counts = [len(part) for part in parts]
-    if len(parts) == 1:
-        words = parts[0].astype(np.uint64)
-        positions = _shifted_positions(counts[0])
-    elif parts:
-        words = np.concatenate(parts, dtype=np.uint64)
-        shifted = _shifted_positions(max(counts))
-        positions = np.concatenate([shifted[:count] for count in counts])
-    else:
+    if not parts:
         return []
+    counts = [len(part) for part in parts]
+    words = parts[0].astype(np.uint64) if len(parts) == 1 else np.concatenate(parts, dtype=np.uint64)
     words[words == _U64(_NEGATIVE_ZERO_BITS)] = 0
-    words |= positions
-    # splitmix64 of every word, in place.
-    words += _U64(_GOLDEN)
-    words ^= words >> _U64(30)
-    words *= _U64(_MIX_1)
-    words ^= words >> _U64(27)
-    words *= _U64(_MIX_2)
-    words ^= words >> _U64(31)
     # Each non-empty list's terms run from its start to the next non-empty
     # list's start: the segments reduceat sums.
+    shifted = _shifted_positions(max(counts))
     starts, at = [], 0
     for count in counts:
         if count:
+            words[at : at + count] |= shifted[:count]
             starts.append(at)
         at += count
+    # The words made terms a chunk at a time: the temporaries of a chunk
+    # stay in the CPU's cache (a batch may be megabytes).
+    for at in range(0, len(words), _HASH_CHUNK_WORDS):
+        chunk = words[at : at + _HASH_CHUNK_WORDS]
+        # splitmix64
+        chunk += _U64(_GOLDEN)
+        chunk ^= chunk >> _U64(30)
+        chunk *= _U64(_MIX_1)
+        chunk ^= chunk >> _U64(27)
+        chunk *= _U64(_MIX_2)
+        chunk ^= chunk >> _U64(31)
     sums = iter(np.add.reduceat(words, starts).tolist() if starts else [])
     return [_finish(next(sums) if count else 0, count) for count in counts]
 

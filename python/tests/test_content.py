@@ -339,7 +339,9 @@ def _reference_hash(patterns):
 
 def test_content_hash_is_the_definition():
     rng = np.random.default_rng(11)
-    batch = [rng.integers(0, 1 << 32, size=n, dtype=np.uint32) for n in (0, 1, 3, 64, 241, 0, 1000)]
+    # Past one chunk of c.content_hashes, and across chunks.
+    sizes = (0, 1, 3, 64, 241, 0, 1000, c._HASH_CHUNK_WORDS + 5, 2 * c._HASH_CHUNK_WORDS - 7)
+    batch = [rng.integers(0, 1 << 32, size=n, dtype=np.uint32) for n in sizes]
     for patterns in batch:
         patterns[:: max(1, len(patterns) // 5)] = 0x80000000  # -0 among them
     values = [patterns.view(np.float32) for patterns in batch]
