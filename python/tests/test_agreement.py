@@ -146,7 +146,7 @@ _SEGMENT_VALUES = c._segment_values
         (d, "_geometry_seed", lambda seed, heads, head_dim: seed),  # every geometry's weights from the one seed
         (c, "_NEGATIVE_ZERO_BYTES", b"never found"),  # -0 hashed as its own bits
         (c, "_TAIL_MARK", 0),  # the tail not marked apart from a pair
-        (d, "_ordered_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
+        (d, "_sequential_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
         (kv, "_append", lambda slot, piece: piece),  # update replaces instead of appending
     ],
 )
