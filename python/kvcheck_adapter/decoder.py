@@ -495,8 +495,8 @@ class Decoder:
         if len(tokens) == 1:  # a decoding step
             token = tokens[0]
             return weights.embedding[token : token + 1] + weights.position_row(first_position)
-        rows = [weights.embedding[token] + weights.position_row(first_position + i)[0] for i, token in enumerate(tokens)]
-        return np.stack(rows).astype(np.float32, copy=False)
+        positions = np.concatenate([weights.position_row(first_position + i) for i in range(len(tokens))])
+        return np.add(weights.embedding[tokens], positions)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         if len(tokens) == 0:
@@ -671,10 +671,8 @@ def _float32_array(held: torch.Tensor) -> np.ndarray:
         return held.numpy() if held.is_contiguous() else np.ascontiguousarray(held.numpy())
     if held.dtype == torch.float16:
         return held.numpy().astype(np.float32)
-    if held.dtype == torch.bfloat16:
-        # numpy has no bfloat16: its bits are the top half of a float32's.
-        bits = held.contiguous().view(torch.int16).numpy().astype(np.uint16).astype(np.uint32) << np.uint32(16)
-        return bits.view(np.float32)
+    # Others widened by torch: bfloat16 exactly (numpy has no bfloat16; its
+    # bits are the top half of a float32's, NaNs keep sign and payload).
     return held.to(torch.float32).contiguous().numpy()
 
 
