@@ -148,7 +148,7 @@ _FINISH = c._finish
         (c, "_NEGATIVE_ZERO_BITS", 0xFFFFFFFF),  # -0 hashed as its own bits
         (c, "_shifted_positions", lambda count: np.zeros(count, dtype=np.uint64)),  # positions left out of the words
         (c, "_finish", lambda total, count: _FINISH(total, 0)),  # the count left out of the final mix
-        (d, "_ordered_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
+        (d, "_sequential_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
         (kv, "_append", lambda slot, piece: piece),  # update replaces instead of appending
     ],
 )
