@@ -94,12 +94,18 @@ def splitmix64_array(x: np.ndarray) -> np.ndarray:
     in a new array (the steps after the first write into it)."""
     assert x.dtype == np.uint64
     x = x + _U64(_GOLDEN)
+    _splitmix64_mix_in_place(x)
+    return x
+
+
+def _splitmix64_mix_in_place(x: np.ndarray) -> None:
+    """The steps of splitmix64 after adding the golden gamma, on a uint64
+    array, in place."""
     x ^= x >> _U64(30)
     x *= _U64(_MIX_1)
     x ^= x >> _U64(27)
     x *= _U64(_MIX_2)
     x ^= x >> _U64(31)
-    return x
 
 
 def slot_seed(cache_seed: int, layer: int, slot: int) -> int:
@@ -563,17 +569,12 @@ def content_hashes(values_list: Sequence) -> List[int]:
             words[at : at + count] |= shifted[:count]
             starts.append(at)
         at += count
-    # The words made terms a chunk at a time: the temporaries of a chunk
-    # stay in the CPU's cache (a batch may be megabytes).
+    # The words made terms (splitmix64) a chunk at a time: the temporaries
+    # of a chunk stay in the CPU's cache (a batch may be megabytes).
     for at in range(0, len(words), _HASH_CHUNK_WORDS):
         chunk = words[at : at + _HASH_CHUNK_WORDS]
-        # splitmix64
         chunk += _U64(_GOLDEN)
-        chunk ^= chunk >> _U64(30)
-        chunk *= _U64(_MIX_1)
-        chunk ^= chunk >> _U64(27)
-        chunk *= _U64(_MIX_2)
-        chunk ^= chunk >> _U64(31)
+        _splitmix64_mix_in_place(chunk)
     sums = iter(np.add.reduceat(words, starts).tolist() if starts else [])
     return [_finish(next(sums) if count else 0, count) for count in counts]
 

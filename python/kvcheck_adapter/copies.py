@@ -500,7 +500,9 @@ def _slot_entries(cache) -> List[Tuple[Tuple[object, object], object]]:
     index; held is what the slot holds (a modern slot's only if a tensor)."""
     if _content.cache_layout(cache) == "legacy":
         keys, values = cache.key_cache, cache.value_cache
-        return [((keys, i), held) for i, held in enumerate(keys)] + [((values, i), held) for i, held in enumerate(values)]
+        return [((keys, i), held) for i, held in enumerate(keys)] + [
+            ((values, i), held) for i, held in enumerate(values)
+        ]
     entries = []
     for layer in cache.layers:
         for name in _content.SLOT_NAMES:

@@ -558,16 +558,16 @@ class Decoder:
             after = memo.get(attended_step)
             if after is None:
                 attended = self._attend(qkv, keys, values, count, weights)
-                after = memo.put(
-                    attended_step, np.add(x, _row_times(attended, out_weight)), len(rows) + len(key_bytes) + len(value_bytes)
-                )
+                size = len(rows) + len(key_bytes) + len(value_bytes)
+                after = memo.put(attended_step, np.add(x, _row_times(attended, out_weight)), size)
             x = after
         last = x[count - 1 : count]
         readout = (heads, dims, last.tobytes())
         token = memo.get(readout)
         if token is None:
             logits = _row_times(last, weights.unembedding)[0]
-            token = memo.put(readout, _folded_argmax(np.multiply(logits, _full(logits.shape, _READOUT_GAIN))), width * 4)
+            scaled = np.multiply(logits, _full(logits.shape, _READOUT_GAIN))
+            token = memo.put(readout, _folded_argmax(scaled), width * 4)
         return token
 
     def _attend(self, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, count: int, weights: _Weights) -> np.ndarray:
