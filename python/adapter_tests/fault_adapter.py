@@ -89,7 +89,7 @@ def main():
         if op == "hello" and args.fault == "refuse":
             send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
         elif op == "hello":
-            version = 99 if args.fault == "version" else 2
+            version = 99 if args.fault == "version" else 3
             send(reply_fd, {"ok": True, "protocol": version, "name": f"fault-{args.fault}"})
         elif op in ("reset", "shutdown"):
             send(reply_fd, {"ok": True})

@@ -71,7 +71,7 @@ kv::Layout layout_of(const std::string& layout) {
 }
 
 // count values exact in float32, a -0 among them, and a +0: the probe of
-// content_hash at every length, its tail of 0-7 values included.
+// content_hash at every length from 0.
 std::vector<float> hash_probe(std::size_t count) {
     std::vector<float> values(count);
     for (std::size_t i = 0; i < count; ++i) {

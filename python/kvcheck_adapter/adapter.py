@@ -47,7 +47,7 @@ kvcheck makes one engine per trace: `serve` calls the factory again on each
 from __future__ import annotations
 
 import gc
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import cache as _cache
 from . import copies as _copies
@@ -262,16 +262,16 @@ class _Tracker(_copies.CopyTracker):
 
     def __init__(self) -> None:
         super().__init__()
-        self.model_caches: List[int] = []
+        self.model_caches: Set[int] = set()
         self.generation_input: Optional[Cache] = None
 
-    def _sample(self, cache) -> None:
+    def _sample(self, cache, tensor_sets=None) -> None:
         if self._recording is not None:
             given = self.generation_input
             if given is not None and cache is not given and id(cache) not in self.model_caches:
                 self.note_copy(cache, [given], zero_bytes=_cache.footprint(given)[1] == 0)
-            self.model_caches.append(id(cache))
-        super()._sample(cache)
+            self.model_caches.add(id(cache))
+        super()._sample(cache, tensor_sets)
 
 
 class _Session:

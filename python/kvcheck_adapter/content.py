@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import sys
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence
 
@@ -95,12 +94,18 @@ def splitmix64_array(x: np.ndarray) -> np.ndarray:
     in a new array (the steps after the first write into it)."""
     assert x.dtype == np.uint64
     x = x + _U64(_GOLDEN)
+    _splitmix64_mix_in_place(x)
+    return x
+
+
+def _splitmix64_mix_in_place(x: np.ndarray) -> None:
+    """The steps of splitmix64 after adding the golden gamma, on a uint64
+    array, in place."""
     x ^= x >> _U64(30)
     x *= _U64(_MIX_1)
     x ^= x >> _U64(27)
     x *= _U64(_MIX_2)
     x ^= x >> _U64(31)
-    return x
 
 
 def slot_seed(cache_seed: int, layer: int, slot: int) -> int:
@@ -478,143 +483,100 @@ def slot_tensor(
 
 # ---- the content hash --------------------------------------------------------------
 
-_TAIL_MARK = 1 << 40
-_NEGATIVE_ZERO_BYTES = b"\x00\x00\x00\x80"  # -0.0f, little-endian
 
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def _float32_bytes(values) -> bytes:
-    """The values as float32, row-major, little-endian bytes."""
+def _float32_bits(values) -> np.ndarray:
+    """The values converted to float32, row-major, as a flat array of their
+    uint32 bit patterns (which may share memory with `values`: read only).
+    A bfloat16 value is the top half of its float32: its bits shifted left
+    by 16, as torch converts it, without a torch operation."""
     if isinstance(values, torch.Tensor):
-        if values.dtype != torch.float32:
-            values = values.to(torch.float32)
         if values.requires_grad:
             values = values.detach()
         if values.device.type != "cpu":
             values = values.cpu()
         if not values.is_contiguous():
             values = values.contiguous()
+        if values.dtype == torch.bfloat16:
+            bits = values.view(torch.int16).numpy().reshape(-1).view(np.uint16).astype(np.uint32)
+            bits <<= _U32(16)
+            return bits
+        if values.dtype != torch.float32:
+            values = values.to(torch.float32)
         array = values.numpy()
     else:
         array = np.ascontiguousarray(values, dtype=np.float32)
-    return array.tobytes() if _LITTLE_ENDIAN else array.astype("<f4").tobytes()
+    return array.reshape(-1).view(np.uint32)
 
 
-def _canonical_zeros(raw: bytes) -> bytes:
-    bits = np.frombuffer(raw, dtype="<u4").copy()
-    bits[bits == 0x80000000] = 0
-    return bits.tobytes()
+_NEGATIVE_ZERO_BITS = 0x80000000  # the float32 pattern of -0, hashed as +0's
+_HASH_CHUNK_WORDS = 1 << 15  # 256 KiB of words
 
 
-_LANE_STARTS: dict = {}
+# Word i of a hash holds the position i in its high 32 bits: i << 32 for
+# every i up to the longest list hashed so far, grown as needed.
+_positions = np.zeros(0, dtype=np.uint64)
 
 
-def _lane_starts(count: int) -> tuple:
-    starts = _LANE_STARTS.get(count)
-    if starts is None:
-        starts = tuple(splitmix64((count * 4 + k) & _MASK64) for k in range(4))
-        if len(_LANE_STARTS) < 4096:
-            _LANE_STARTS[count] = starts
-    return starts
+def _shifted_positions(count: int) -> np.ndarray:
+    global _positions
+    if len(_positions) < count:
+        _positions = np.arange(max(count, 2 * len(_positions)), dtype=np.uint64) << _U64(32)
+    return _positions[:count]
 
 
-# Lanes side by side in one Python integer, lane k in bits [128k, 128k +
-# 64): a lane's product with the FNV prime (at most 105 bits) stays inside
-# its 128-bit field, so one multiply, shift and mask of the packed integer
-# step every lane at once, exactly as separate ones would: the four lanes
-# of one hash, and those of every other hash of as many values.
-_LANE_FIELD_BITS = 128
-_packed_masks: dict = {}
-
-
-def _packed_mask(lanes: int) -> int:
-    mask = _packed_masks.get(lanes)
-    if mask is None:
-        mask = sum(_MASK64 << (_LANE_FIELD_BITS * k) for k in range(lanes))
-        _packed_masks[lanes] = mask
-    return mask
-
-
-def _hash_bytes(values) -> bytes:
-    """The bytes a content hash reads: float32, row-major, -0 as +0."""
-    raw = _float32_bytes(values)
-    if _NEGATIVE_ZERO_BYTES in raw:  # maybe a -0 (or those bytes across two values)
-        raw = _canonical_zeros(raw)
-    return raw
-
-
-def _pair_lanes(count: int, raws: Sequence[bytes]) -> List[List[int]]:
-    """The four lanes of each of `raws` (the bytes of `count` values each)
-    after their pairs (the values of the first count - count % 8)."""
-    full = count - count % 8
-    steps = full // 8
-    starts = list(_lane_starts(count))
-    if not steps:
-        return [list(starts) for _ in raws]
-    fields = 4 * len(raws)
-    spread = np.zeros((steps, fields, 2), dtype="<u8")
-    for j, raw in enumerate(raws):
-        spread[:, 4 * j : 4 * j + 4, 0] = np.frombuffer(raw, dtype="<u8", count=full // 2).reshape(steps, 4)
-    data = memoryview(spread.tobytes())
-    prime, packed_mask, from_bytes = _FNV_PRIME, _packed_mask(fields), int.from_bytes
-    lanes = 0
-    for k in range(fields):
-        lanes |= starts[k % 4] << (_LANE_FIELD_BITS * k)
-    width = fields * _LANE_FIELD_BITS // 8
-    for at in range(0, len(data), width):
-        h = ((lanes ^ from_bytes(data[at : at + width], "little")) * prime) & packed_mask
-        lanes = (h ^ (h >> 29)) & packed_mask
-    return [[lanes >> (_LANE_FIELD_BITS * (4 * j + k)) & _MASK64 for k in range(4)] for j in range(len(raws))]
-
-
-def _finish(lanes: List[int], raw: bytes, count: int) -> int:
-    """The hash from the lanes after the pairs: the last 0-7 values one by
-    one, marked apart from a pair, then the fold."""
-    prime, mask = _FNV_PRIME, _MASK64
-    full = count - count % 8
-    for k, bits in enumerate(struct.unpack_from(f"<{count - full}I", raw, full * 4)):
-        h = ((lanes[k % 4] ^ (bits | _TAIL_MARK)) * prime) & mask
-        lanes[k % 4] = h ^ (h >> 29)
-    # The fold: splitmix64(hash ^ lane) for each lane in order, inlined.
-    result = 0
-    for lane in lanes:
-        x = ((result ^ lane) + _GOLDEN) & mask
-        x = ((x ^ (x >> 30)) * _MIX_1) & mask
-        x = ((x ^ (x >> 27)) * _MIX_2) & mask
-        result = x ^ (x >> 31)
-    return result
+def _finish(total: int, count: int) -> int:
+    """splitmix64(total ^ splitmix64(count)), on Python ints: a batch has
+    few lists, and a numpy operation costs more than these."""
+    mask = _MASK64
+    x = (count + _GOLDEN) & mask
+    x = ((x ^ (x >> 30)) * _MIX_1) & mask
+    x = ((x ^ (x >> 27)) * _MIX_2) & mask
+    x = ((total ^ x ^ (x >> 31)) + _GOLDEN) & mask
+    x = ((x ^ (x >> 30)) * _MIX_1) & mask
+    x = ((x ^ (x >> 27)) * _MIX_2) & mask
+    return x ^ (x >> 31)
 
 
 def content_hash(values) -> int:
-    """C++ kvcheck::content_hash of values converted to float32, row-major.
+    """C++ kvcheck::content_hash of values converted to float32, row-major:
 
-    Four lanes; lane k takes the pairs of values at 8i + 2k and 8i + 2k + 1
-    as one 64-bit word (low half first); the last 0-7 values go one by one
-    to lanes 0, 1, 2, ... marked by bit 40; the lanes are folded in order.
-    -0 counts as +0. `values`: a tensor of any dtype and shape, or anything
-    numpy turns into float32.
+        splitmix64(S ^ splitmix64(n)),
+        S = sum over i < n of splitmix64(i << 32 | bits(v[i])) modulo 2**64,
 
-    The lanes are sequential chains of multiplies, which numpy cannot
-    vectorise: they run on Python ints, packed into one integer
-    (_LANE_FIELD_BITS), over words laid out in their fields by numpy (a pair
-    of little-endian float32 is the word C++ makes)."""
+    bits(v) the float32 pattern of v, -0 read as +0. `values`: a tensor of
+    any dtype and shape, or anything numpy turns into float32."""
     return content_hashes([values])[0]
 
 
 def content_hashes(values_list: Sequence) -> List[int]:
-    """content_hash of each of `values_list`; those holding as many values
-    are hashed together, their lanes packed into one integer."""
-    raws = [_hash_bytes(values) for values in values_list]
-    by_count: dict = {}
-    for i, raw in enumerate(raws):
-        by_count.setdefault(len(raw) // 4, []).append(i)
-    results = [0] * len(raws)
-    for count, members in by_count.items():
-        for i, lanes in zip(members, _pair_lanes(count, [raws[i] for i in members])):
-            results[i] = _finish(lanes, raws[i], count)
-    return results
+    """content_hash of each of `values_list`, in whole-array operations over
+    all their values at once: the words of every list side by side, each
+    list's positions from 0; their splitmix64 terms, in place (uint64
+    arithmetic wraps modulo 2**64); the sum of each list's terms (an empty
+    list sums to 0); then the final mix of each."""
+    parts = [_float32_bits(values) for values in values_list]
+    if not parts:
+        return []
+    counts = [len(part) for part in parts]
+    words = parts[0].astype(np.uint64) if len(parts) == 1 else np.concatenate(parts, dtype=np.uint64)
+    words[words == _U64(_NEGATIVE_ZERO_BITS)] = 0
+    # Each non-empty list's terms run from its start to the next non-empty
+    # list's start: the segments reduceat sums.
+    shifted = _shifted_positions(max(counts))
+    starts, at = [], 0
+    for count in counts:
+        if count:
+            words[at : at + count] |= shifted[:count]
+            starts.append(at)
+        at += count
+    # The words made terms (splitmix64) a chunk at a time: the temporaries
+    # of a chunk stay in the CPU's cache (a batch may be megabytes).
+    for at in range(0, len(words), _HASH_CHUNK_WORDS):
+        chunk = words[at : at + _HASH_CHUNK_WORDS]
+        chunk += _U64(_GOLDEN)
+        _splitmix64_mix_in_place(chunk)
+    sums = iter(np.add.reduceat(words, starts).tolist() if starts else [])
+    return [_finish(next(sums) if count else 0, count) for count in counts]
 
 
 # ---- views -------------------------------------------------------------------------

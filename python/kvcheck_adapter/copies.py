@@ -307,9 +307,13 @@ class CopyTracker:
             return None
         return entry[0]
 
-    def sets_of(self, cache) -> List[_KvSet]:
-        """The sets a cache belongs to: its object's, then its tensors'."""
-        found = [self.set_of_object(cache)] + [self.set_of_tensor(t) for t in _cache_tensors(cache)]
+    def sets_of(self, cache, tensor_sets: Optional[List[Optional[_KvSet]]] = None) -> List[_KvSet]:
+        """The sets a cache belongs to: its object's, then its tensors'.
+        `tensor_sets`: those of its tensors, when the caller has looked
+        them up already (set_of_tensor of each slot, None for none)."""
+        if tensor_sets is None:
+            tensor_sets = [self.set_of_tensor(t) for t in _cache_tensors(cache)]
+        found = [self.set_of_object(cache)] + tensor_sets
         return _unique(s for s in found if s is not None)
 
     def track(self, cache) -> int:
@@ -357,11 +361,12 @@ class CopyTracker:
 
     # ---- the path of a generation ----
 
-    def sets_on_path(self, cache) -> int:
+    def sets_on_path(self, cache, tensor_sets: Optional[List[Optional[_KvSet]]] = None) -> int:
         """1 (the cache) plus the number of lineage levels of the cache's
         sets with a live member (C++ live_sets_on_path); for a cache holding
-        tensors of several sets, the set with the most such levels counts."""
-        sets = {id(s): s for s in self.sets_of(cache)}
+        tensors of several sets, the set with the most such levels counts.
+        `tensor_sets`: as for sets_of."""
+        sets = {id(s): s for s in self.sets_of(cache, tensor_sets)}
         most = 0
         for kv_set in sets.values():
             # Level by level as C++ Copier::record builds a lineage: a set
@@ -400,10 +405,10 @@ class CopyTracker:
             self._open.clear()
             # _made_here stays until the next recording: note_copy reads it.
 
-    def _sample(self, cache) -> None:
+    def _sample(self, cache, tensor_sets: Optional[List[Optional[_KvSet]]] = None) -> None:
         recording = self._recording
         if recording is not None:
-            recording.peak_sets_on_path = max(recording.peak_sets_on_path, self.sets_on_path(cache))
+            recording.peak_sets_on_path = max(recording.peak_sets_on_path, self.sets_on_path(cache, tensor_sets))
 
     def _copy_target(self, sources: List[_KvSet], source_keys: List[int]) -> _KvSet:
         """The set a copy from `sources` writes into (see the module doc)."""
@@ -489,13 +494,21 @@ class _CopyMode(TorchDispatchMode):
 _NO_MODEL = contextlib.nullcontext()
 
 
-def _slot_locations(cache) -> List[Tuple[object, object]]:
-    """(holder, key) of every slot of a cache: a modern layer object and an
-    attribute name, or a legacy list and an index."""
+def _slot_entries(cache) -> List[Tuple[Tuple[object, object], object]]:
+    """(location, held) of every slot of a cache: the location (holder, key)
+    is a modern layer object and an attribute name, or a legacy list and an
+    index; held is what the slot holds (a modern slot's only if a tensor)."""
     if _content.cache_layout(cache) == "legacy":
         keys, values = cache.key_cache, cache.value_cache
-        return [(keys, i) for i in range(len(keys))] + [(values, i) for i in range(len(values))]
-    return [(layer, name) for layer in cache.layers for name in _content.SLOT_NAMES]
+        return [((keys, i), held) for i, held in enumerate(keys)] + [
+            ((values, i), held) for i, held in enumerate(values)
+        ]
+    entries = []
+    for layer in cache.layers:
+        for name in _content.SLOT_NAMES:
+            held = getattr(layer, name, None)
+            entries.append(((layer, name), held if isinstance(held, torch.Tensor) else None))
+    return entries
 
 
 def _slot_at(location) -> Optional[torch.Tensor]:
@@ -515,31 +528,51 @@ def _pause_mode(mode: Optional["_CopyMode"]) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _model_forward(tracker: CopyTracker, cache) -> Iterator[None]:
-    tracker._sample(cache)
-    before = [
-        (location, kv_set)
-        for location in _slot_locations(cache)
-        for kv_set in (tracker.set_of_tensor(_slot_at(location)),)
-        if kv_set is not None
-    ]
-    tracker._model_depth += 1
-    paused = _pause_mode(tracker._mode)
-    try:
-        yield
-    finally:
-        if paused:
+class _ModelForward:
+    """One model forward under a recording (model_forward). Each slot's set
+    is looked up once at the entry (for the sample and for the appends) and
+    once at the exit (the appends joined first, then the sample)."""
+
+    __slots__ = ("_tracker", "_cache", "_before", "_paused")
+
+    def __init__(self, tracker: CopyTracker, cache) -> None:
+        self._tracker = tracker
+        self._cache = cache
+        self._before: List[Tuple[Tuple[object, object], _KvSet]] = []
+        self._paused = False
+
+    def __enter__(self) -> None:
+        tracker, cache = self._tracker, self._cache
+        entries = _slot_entries(cache)
+        sets = [tracker.set_of_tensor(held) for _, held in entries]
+        tracker._sample(cache, sets)
+        self._before = [(location, kv_set) for (location, _), kv_set in zip(entries, sets) if kv_set is not None]
+        tracker._model_depth += 1
+        self._paused = _pause_mode(tracker._mode)
+
+    def __exit__(self, *exception) -> bool:
+        tracker, cache = self._tracker, self._cache
+        if self._paused:
             tracker._mode.__enter__()
         tracker._model_depth -= 1
         # The model's appends continue the sets of the slots they extend.
-        for location, kv_set in before:
+        known: Dict[int, Tuple[torch.Tensor, _KvSet]] = {}
+        for location, kv_set in self._before:
             held = _slot_at(location)
-            if held is not None and held.numel() > 0 and tracker.set_of_tensor(held) is None:
-                tracker._join(held, kv_set)
+            if held is not None and held.numel() > 0:
+                found = tracker.set_of_tensor(held)
+                if found is None:
+                    tracker._join(held, kv_set)
+                    found = kv_set
+                known[id(held)] = (held, found)
         if tracker._recording is not None:
             tracker._recording.model_forwards += 1
-        tracker._sample(cache)
+        sets = []
+        for _, held in _slot_entries(cache):
+            seen = known.get(id(held))
+            sets.append(seen[1] if seen is not None and seen[0] is held else tracker.set_of_tensor(held))
+        tracker._sample(cache, sets)
+        return False
 
 
 def model_forward(cache):
@@ -549,4 +582,4 @@ def model_forward(cache):
     recording."""
     if not _RECORDING:
         return _NO_MODEL
-    return _model_forward(_RECORDING[0], cache)
+    return _ModelForward(_RECORDING[0], cache)

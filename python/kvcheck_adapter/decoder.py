@@ -12,11 +12,15 @@ Equality with C++: the weights come from the same splitmix64 stream, and
 every float32 quantity is computed with the same operations in the same
 order as decoder.cpp: each sum runs sequentially over its inner index
 (np.add.accumulate, never numpy's pairwise sum; a sum that C++ starts from
-+0.0 is made +0.0 when it ends as -0.0), products are rounded before they
-are added, no operation is fused, and exp and sin of float32 are glibc's
-expf and sinf themselves, called through ctypes, because numpy's own
-float32 exp/sin (and a float64 computation rounded to float32) differ from
-them in the last bit now and then. So for the same cache content the logits
++0.0 is made +0.0 when it ends as -0.0, wherever the sign of that zero can
+reach a result), products are rounded before they are added, no operation
+is fused, a prefill token reads no key or value after its own position,
+and exp and sin of float32 are glibc's expf and sinf themselves (called
+through ctypes for every value whose float64 result rounds too near a
+float32 midpoint to be sure of, and for every logit that may be the
+largest after sin), because numpy's own float32 exp/sin (and a float64
+computation rounded to float32) differ from them in the last bit now and
+then. So for the same cache content the logits
 are bit for bit those of the C++ decoder, and so are the tokens (the
 agreement test checks this against the C++ program). On a platform whose C
 library has no expf/sinf to load, exp and sin are computed in float64 and
@@ -99,13 +103,20 @@ _SINF = _libm_function("sinf")
 # float. (glibc's e_expf.c and s_sinf.c state these bounds; the decoder's
 # tests compare the two ways on millions of inputs.)
 _EXPF_WINDOW = 2.0**-30
-_SINF_WINDOW = 2.0**-26
+_SINF_WINDOW = 2.0**-26  # for a map of sinf; the readout needs none (_READOUT_MARGIN)
 # Below this many values the C library is called for each (a fifth of a
 # microsecond a call): the vector way costs a dozen numpy calls, and then a
 # C call for each value near a midpoint, a thirty-second of exp's results
-# but half of sin's.
+# (half of sin's).
 _VECTOR_VALUES_MIN = 24
-_SINF_VECTOR_VALUES_MIN = 64
+# The readout's argmax of sinf over the logits: sinf lies within 0.5607
+# float32 ULP of the exact sine, and numpy's float64 sine within a few
+# double ULPs of it; for values of magnitude at most 1 (a float32 ULP of at
+# most 2^-23 there, 2^-24 below 1) the two differ by less than 2^-23. A
+# logit whose float64 sine lies more than this margin (eight times that)
+# below the largest one cannot reach the largest sinf; only those within it
+# are computed by sinf itself.
+_READOUT_MARGIN = 2.0**-20
 # A float64 result of smaller magnitude than this is a float32 zero, and
 # so is the C library's: it rounds its own double once, which is within
 # far less than a factor 2 of the exact value, and both lie below 2^-150,
@@ -153,7 +164,7 @@ def _float32_map(
         return fallback(values.astype(np.float64)).astype(np.float32)
     flat = values.reshape(-1)
     if window <= 0 or flat.size < vector_min:
-        return np.array([function(value) for value in flat.tolist()], dtype=np.float32).reshape(values.shape)
+        return np.fromiter(map(function, flat.tolist()), dtype=np.float32, count=flat.size).reshape(values.shape)
     constants = _constants_for(flat.size, window)
     wide = fallback(flat.astype(np.float64))
     # A double rounds to float32 by its low 29 mantissa bits: 2^28 is the
@@ -167,25 +178,52 @@ def _float32_map(
     magnitude = np.abs(wide)
     normal = np.logical_and(np.greater_equal(magnitude, constants.normal_min), np.less(magnitude, constants.normal_end))
     settled = np.logical_or(normal, np.less(magnitude, constants.zero_below))
-    unsafe = np.logical_or(unsafe, np.logical_not(settled))
+    unsafe = np.less_equal(settled, unsafe)  # near a midpoint, or not settled
     result = wide.astype(np.float32)
     if np.count_nonzero(unsafe):
         at = np.flatnonzero(unsafe)
-        result[at] = [function(value) for value in flat[at].tolist()]
+        result[at] = np.fromiter(map(function, flat[at].tolist()), dtype=np.float32, count=at.size)
     return result.reshape(values.shape)
 
 
 # ---- float32 arithmetic in C++'s order ------------------------------------------------
 
-_ZERO = np.float32(0.0)
+# Arrays of one value in a given shape, made once and shared (read-only):
+# numpy combines two arrays of one shape several times faster than an
+# array and a scalar, and these shapes recur at every forward.
+_FILLED_MAX = 4096
+_filled: Dict[Tuple[Tuple[int, ...], float], np.ndarray] = {}
+
+
+def _full(shape: Tuple[int, ...], value: float) -> np.ndarray:
+    """A read-only float32 array of `shape` holding `value` (not -0)."""
+    found = _filled.get((shape, value))
+    if found is None:
+        if len(_filled) >= _FILLED_MAX:
+            _filled.clear()
+        found = np.full(shape, value, dtype=np.float32)
+        found.flags.writeable = False
+        _filled[(shape, value)] = found
+    return found
+
+
+# The index of the last element along axis 0, 1, 2, ... of an array.
+_LAST_ALONG = [(slice(None),) * axis + (-1,) for axis in range(8)]
+
+
+def _sequential_sum(products: np.ndarray, axis: int) -> np.ndarray:
+    """Sum of float32 values along `axis`, index 0 first, each addition
+    rounded (never numpy's pairwise sum): every sum of the decoder is this
+    one, the +0 of _ordered_sum aside."""
+    return np.add.accumulate(products, axis=axis)[_LAST_ALONG[axis]]
 
 
 def _ordered_sum(products: np.ndarray, axis: int) -> np.ndarray:
     """Sum of float32 products along `axis`, index 0 first, as C++'s
     `sum = 0.0F; for (...) sum += product;` does. A sum that C++ starts from
     +0 is never -0, hence the final + 0.0 (it changes nothing else)."""
-    last = (slice(None),) * axis + (-1,)
-    return np.add.accumulate(products, axis=axis)[last] + _ZERO
+    last = _sequential_sum(products, axis)
+    return np.add(last, _full(last.shape, 0.0))
 
 
 # The most products _row_times holds at once (a wide geometry's projection
@@ -199,14 +237,14 @@ def _row_times(rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
     count, inner = rows.shape
     block = max(1, _PRODUCTS_MAX // max(1, count * weight.shape[1]))
     if block >= inner:
-        return _ordered_sum(rows[:, :, None] * weight[None, :, :], axis=1)
+        return _ordered_sum(rows[:, :, None] * weight, axis=1)
     total = None
     for start in range(0, inner, block):
         products = rows[:, start : start + block, None] * weight[None, start : start + block, :]
         if total is not None:
             products[:, 0] += total  # the partial sum, then this block's products in order
-        total = np.add.accumulate(products, axis=1)[:, -1]
-    return total + _ZERO
+        total = _sequential_sum(products, axis=1)
+    return np.add(total, _full(total.shape, 0.0))
 
 
 class _SplitMix64:
@@ -247,24 +285,38 @@ def _seeded(random: _SplitMix64, rows: int, cols: int, scale: float) -> np.ndarr
 _EMBEDDING_SCALE = _POSITION_SCALE = _PROJECTION_SCALE = _OUTPUT_SCALE = _UNEMBEDDING_SCALE = 1.0
 # The readout folds the scaled logits through sin before the argmax, so
 # that greedy decoding follows every change of the cache (decoder.cpp).
-_READOUT_GAIN = np.float32(8.0)
+_READOUT_GAIN = 8.0
 
 
 def _shape_text(t: Optional[torch.Tensor]) -> str:
     return "(none)" if t is None else "[" + ", ".join(str(size) for size in t.shape) + "]"
 
 
-def _first_argmax(values: Sequence[float]) -> int:
+def _first_argmax(values: np.ndarray) -> int:
     """The first index of the largest value; a NaN counts as larger than any
-    number (at::argmax's rule, as C++ first_argmax)."""
-    best = 0
-    for c in range(1, len(values)):
-        current = values[best]
-        if math.isnan(current):
-            break
-        if math.isnan(values[c]) or values[c] > current:
-            best = c
-    return best
+    number (at::argmax's rule, as C++ first_argmax). numpy's argmax has the
+    same rule: the first NaN if there is one, else the first index of the
+    maximum (+0 and -0 compare equal, so the first of them)."""
+    return int(np.argmax(values))
+
+
+def _folded_argmax(scaled: np.ndarray) -> int:
+    """_first_argmax(sinf of each value), C++'s readout, computing sinf only
+    for the values that can give the largest result (see _READOUT_MARGIN).
+    sinf is NaN exactly where the float64 sine is (a NaN or infinite
+    input), so a NaN among those is the first NaN of sinf's results."""
+    if _SINF is None:
+        return _first_argmax(_float32_map(None, np.sin, scaled))
+    wide = np.sin(scaled.astype(np.float64))
+    best = int(np.argmax(wide))
+    top = float(wide[best])
+    if top != top:
+        return best
+    near = np.flatnonzero(np.greater_equal(wide, top - _READOUT_MARGIN))
+    if near.size == 1:
+        return best
+    exact = np.fromiter(map(_SINF, scaled[near].tolist()), dtype=np.float32, count=near.size)
+    return int(near[_first_argmax(exact)])
 
 
 class _Weights:
@@ -285,7 +337,7 @@ class _Weights:
         self._random = random
         self.add_layers(layer_count)
         self.positions: Dict[int, np.ndarray] = {}
-        self.scale = np.float32(1.0 / math.sqrt(float(head_dim)))
+        self.scale = float(np.float32(1.0 / math.sqrt(float(head_dim))))
 
     def add_layers(self, layer_count: int) -> None:
         """Draws the layers up to `layer_count`, continuing the stream
@@ -297,15 +349,17 @@ class _Weights:
             self.layers.append((qkv, out))
 
     def position_row(self, position: int) -> np.ndarray:
-        """The sinusoidal term of a position, computed in double with the C
-        library's sin/cos (math.sin is it) and rounded to float32."""
+        """The sinusoidal term of a position as a [1, E] row, computed in
+        double with the C library's sin/cos (math.sin is it) and rounded to
+        float32 (read-only: it is kept for the next forward at it)."""
         row = self.positions.get(position)
         if row is None:
             terms = [
                 (math.sin if e % 2 == 0 else math.cos)(float(position) * rate)
                 for e, rate in enumerate(self.position_rates)
             ]
-            row = np.array(terms, dtype=np.float32) * np.float32(_POSITION_SCALE)
+            row = (np.array(terms, dtype=np.float32) * np.float32(_POSITION_SCALE))[None]
+            row.flags.writeable = False
             self.positions[position] = row
         return row
 
@@ -323,10 +377,6 @@ def _splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
     return x ^ (x >> 31)
-
-
-def _key_bytes(key: tuple) -> int:
-    return sum(_key_bytes(part) if isinstance(part, tuple) else len(part) if isinstance(part, bytes) else 0 for part in key)
 
 
 class _StepMemo:
@@ -350,8 +400,8 @@ class _StepMemo:
     def get(self, key: tuple):
         return self._entries.get(key)
 
-    def put(self, key: tuple, value):
-        size = _key_bytes(key)
+    def put(self, key: tuple, value, size: int):
+        """Keeps `value` under `key`; `size`: the bytes the key holds."""
         if len(self._entries) >= self._ENTRIES_MAX or self._bytes + size > self._BYTES_MAX:
             self._entries.clear()
             self._bytes = 0
@@ -409,21 +459,44 @@ class Decoder:
         """(heads, head_dim) of the first layer whose logical keys (else
         values) are a 4-D tensor with heads and head_dim, else the
         configured geometry."""
-        try:
-            layers = _cache.layer_count(cache)
-            for layer in range(layers):
-                for held in (_cache.logical_keys(cache, layer), _cache.logical_values(cache, layer)):
+        return self._shape_of(cache)[0]
+
+    def _shape_of(self, cache) -> Tuple[Tuple[int, int], int]:
+        """(_geometry_of, the cache's layer count: 0 for a cache of another
+        kind), read in one pass over the layers, as cache.layer_count and
+        cache.logical_keys/logical_values read them."""
+        layers = getattr(cache, "layers", None)
+        if isinstance(layers, list):
+            for layer in layers:
+                flag = getattr(layer, "is_initialized", None)
+                if not (bool(flag) if flag is not None else getattr(layer, "keys", None) is not None):
+                    continue  # an uninitialized layer shows the model no keys or values
+                keys = getattr(layer, "keys", None)
+                values = getattr(layer, "values", None)
+                for held in (
+                    keys if keys is not None else getattr(layer, "key_cache", None),
+                    values if values is not None else getattr(layer, "value_cache", None),
+                ):
                     if held is not None and held.dim() == 4 and held.shape[1] > 0 and held.shape[3] > 0:
-                        return int(held.shape[1]), int(held.shape[3])
-        except TypeError:  # a cache of another kind: it says nothing of its geometry
-            pass
-        return self.config.head_count, self.config.head_dim
+                        return (int(held.shape[1]), int(held.shape[3])), len(layers)
+            return (self.config.head_count, self.config.head_dim), len(layers)
+        key_cache = getattr(cache, "key_cache", None)
+        value_cache = getattr(cache, "value_cache", None)
+        if isinstance(key_cache, list) and isinstance(value_cache, list):
+            for layer in range(len(key_cache)):
+                for held in (key_cache[layer], value_cache[layer]):
+                    if held is not None and held.dim() == 4 and held.shape[1] > 0 and held.shape[3] > 0:
+                        return (int(held.shape[1]), int(held.shape[3])), len(key_cache)
+            return (self.config.head_count, self.config.head_dim), len(key_cache)
+        # A cache of another kind: it says nothing of its geometry.
+        return (self.config.head_count, self.config.head_dim), 0
 
     def _embed_rows(self, weights: _Weights, tokens: Sequence[int], first_position: int) -> np.ndarray:
         if len(tokens) == 1:  # a decoding step
-            return (weights.embedding[tokens[0]] + weights.position_row(first_position))[None]
-        rows = [weights.embedding[token] + weights.position_row(first_position + i) for i, token in enumerate(tokens)]
-        return np.stack(rows).astype(np.float32, copy=False)
+            token = tokens[0]
+            return weights.embedding[token : token + 1] + weights.position_row(first_position)
+        positions = np.concatenate([weights.position_row(first_position + i) for i in range(len(tokens))])
+        return np.add(weights.embedding[tokens], positions)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         if len(tokens) == 0:
@@ -451,108 +524,142 @@ class Decoder:
 
     def _forward(self, tokens: List[int], cache, dtype: torch.dtype) -> int:
         count = len(tokens)
-        heads, dims = self._geometry_of(cache)
-        try:
-            cached_layers = _cache.layer_count(cache)
-        except TypeError:
-            cached_layers = 0
-        weights = self._weights_for(heads, dims, max(self.config.layer_count, cached_layers))
+        (heads, dims), cached_layers = self._shape_of(cache)
+        layer_count = max(self.config.layer_count, cached_layers)
+        weights = self._weights_for(heads, dims, layer_count)
+        width = heads * dims
         past = int(cache.get_seq_length(0))
         x = self._embed_rows(weights, tokens, past)
-        cache_kwargs = {"cache_position": torch.arange(past, past + count)}
+        # torch.arange(past, past + count), made by numpy (a third of the cost).
+        cache_kwargs = {"cache_position": torch.from_numpy(np.arange(past, past + count, dtype=np.int64))}
         memo = self._steps
-        for layer in range(max(self.config.layer_count, cached_layers)):
+        converts = dtype != torch.float32
+        for layer in range(layer_count):
             qkv_weight, out_weight = weights.layers[layer]
-            step = (heads, dims, layer, count, x.tobytes())
+            rows = x.tobytes()
+            step = (heads, dims, layer, count, rows)
             qkv = memo.get(step)
             if qkv is None:
-                qkv = memo.put(step, _row_times(x, qkv_weight))
-            k = self._to_heads(qkv, count, 1, heads, dims)
-            v = self._to_heads(qkv, count, 2, heads, dims)
-            if dtype != torch.float32:
+                qkv = memo.put(step, _row_times(x, qkv_weight), len(rows))
+            k = _to_heads(qkv, count, 1, heads, dims)
+            v = _to_heads(qkv, count, 2, heads, dims)
+            if converts:
                 k, v = k.to(dtype), v.to(dtype)
             held_keys, held_values = cache.update(k, v, layer, cache_kwargs)
-            keys = self._read_back(held_keys, count, layer, "keys", heads, dims)
-            values = self._read_back(held_values, count, layer, "values", heads, dims)
-            if values.shape[1] != keys.shape[1]:
-                raise ValueError(
-                    f"Decoder: layer {layer} holds {keys.shape[1]} keys but {values.shape[1]} values"
-                )
+            keys = _read_back(held_keys, count, layer, "keys", heads, dims)
+            values = _read_back(held_values, count, layer, "values", heads, dims)
+            total = keys.shape[1]
+            if values.shape[1] != total:
+                raise ValueError(f"Decoder: layer {layer} holds {total} keys but {values.shape[1]} values")
             # What the layer read from the cache is part of the key: the
             # attention below is a function of it, whatever update did.
-            attended_step = (step, keys.shape[1], keys.tobytes(), values.tobytes())
+            key_bytes, value_bytes = keys.tobytes(), values.tobytes()
+            attended_step = (step, total, key_bytes, value_bytes)
             after = memo.get(attended_step)
             if after is None:
                 attended = self._attend(qkv, keys, values, count, weights)
-                after = memo.put(attended_step, x + _row_times(attended, out_weight))
+                size = len(rows) + len(key_bytes) + len(value_bytes)
+                after = memo.put(attended_step, np.add(x, _row_times(attended, out_weight)), size)
             x = after
-        readout = (heads, dims, x[count - 1].tobytes())
+        last = x[count - 1 : count]
+        readout = (heads, dims, last.tobytes())
         token = memo.get(readout)
         if token is None:
-            logits = _row_times(x[count - 1 : count], weights.unembedding)[0] * _READOUT_GAIN
-            folded = _float32_map(_SINF, np.sin, logits, _SINF_WINDOW, _SINF_VECTOR_VALUES_MIN)
-            token = memo.put(readout, _first_argmax(folded.tolist()))
+            logits = _row_times(last, weights.unembedding)[0]
+            scaled = np.multiply(logits, _full(logits.shape, _READOUT_GAIN))
+            token = memo.put(readout, _folded_argmax(scaled), width * 4)
         return token
-
-    def _to_heads(self, qkv: np.ndarray, count: int, part: int, heads: int, dims: int) -> torch.Tensor:
-        """Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
-        [1, heads, n, head_dim] float32 tensor in a storage of its own."""
-        width = heads * dims
-        side = qkv[:, part * width : (part + 1) * width].reshape(count, heads, dims).transpose(1, 0, 2)
-        # A copy even where the slice is contiguous: the cache may keep the
-        # tensor (and write into it), and qkv may be a memoised step's.
-        return torch.from_numpy(np.array(side, dtype=np.float32, order="C")[None])
-
-    def _read_back(
-        self, held: Optional[torch.Tensor], count: int, layer: int, side: str, heads: int, dims: int
-    ) -> np.ndarray:
-        """What the cache holds for one side of a layer after the update, as
-        a float32 [heads, S, head_dim] array; another geometry is refused."""
-        fits = (
-            held is not None
-            and held.dim() == 4
-            and held.shape[0] == 1
-            and held.shape[1] == heads
-            and held.shape[2] >= count
-            and held.shape[3] == dims
-        )
-        if not fits:
-            raise ValueError(
-                f"Decoder: layer {layer} {side} of shape {_shape_text(held)}, "
-                f"expected [1, {heads}, >= {count}, {dims}]"
-            )
-        return _float32_array(held)[0]
 
     def _attend(self, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, count: int, weights: _Weights) -> np.ndarray:
         """Causal attention of the `count` new tokens (C++ attend): the
         query of new token i sits at position P = S - n + i and sees keys
-        0..P; softmax(q.k * scale) with the maximum subtracted first, then
-        the weighted sum of the values. Returns [n, E]."""
+        0..P; softmax(q.k * scale), the maximum subtracted first, then the
+        weighted sum of the values. Returns [n, E].
+
+        Three of its sums skip _ordered_sum's final + 0.0, because the sign
+        of a zero there reaches nothing: a score's (a zero score, shifted,
+        is exp(0) = 1 whatever the signs), the softmax total's (a sum of
+        exponents, never -0) and the attended rows' (the output projection
+        that reads them starts its own sums from +0, so a zero factor adds
+        nothing to them)."""
         heads, dims = weights.heads, weights.head_dim
+        width = heads * dims
         total = keys.shape[1]
-        past = total - count
-        query = qkv[:, : heads * dims].reshape(count, heads, dims)
-        scores = _ordered_sum(query[:, :, None, :] * keys[None, :, :, :], axis=3) * weights.scale  # [n, H, S]
         # C++ keeps the first maximum of the visible scores, skipping NaN
         # (-inf when every one is NaN): np.fmax skips NaN too. Where all of
         # a row's visible scores are NaN, its maximum may come out NaN
         # instead of -inf; every shifted score of the row is NaN either way.
         if count == 1:
-            # One new token (a decoding step): it sees every key.
-            top = np.fmax.reduce(scores, axis=2)
-            shifted = scores - top[:, :, None]
-            exponents = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
-        else:
-            visible = np.arange(total)[None, :] < (past + np.arange(count) + 1)[:, None]  # [n, S]
-            visible = np.broadcast_to(visible[:, None, :], scores.shape)
-            top = np.fmax.reduce(np.where(visible, scores, np.float32(-np.inf)), axis=2)
-            exponents = np.zeros_like(scores)
-            shifted = (scores - top[:, :, None])[visible]
-            exponents[visible] = _float32_map(_EXPF, np.exp, shifted, _EXPF_WINDOW)
-        total_weight = _ordered_sum(exponents, axis=2)
-        attention = exponents / total_weight[:, :, None]
-        result = _ordered_sum(attention[:, :, :, None] * values[None, :, :, :], axis=2)  # [n, H, D]
-        return result.reshape(count, heads * dims)
+            # One new token (a decoding step): it sees every key, and the
+            # arrays go without the token axis.
+            query = qkv[0, :width].reshape(heads, 1, dims)
+            scores = _sequential_sum(query * keys, axis=2)  # [H, S]
+            scores = np.multiply(scores, _full(scores.shape, weights.scale))
+            exponents = _float32_map(
+                _EXPF, np.exp, np.subtract(scores, np.fmax.reduce(scores, axis=1, keepdims=True)), _EXPF_WINDOW
+            )
+            attention = np.divide(exponents, _sequential_sum(exponents, axis=1)[:, None])
+            return _sequential_sum(attention[:, :, None] * values, axis=1).reshape(1, width)
+        # The keys a query does not see are masked out: their scores are
+        # -inf (their exponents +0: after the visible ones, they add nothing
+        # to a total), their products with the values +0 (they add nothing
+        # to a sum of products either). Where a row's maximum is -inf or NaN
+        # its visible exponents are NaN already, and so is its total.
+        query = qkv[:, :width].reshape(count, heads, dims)
+        scores = _sequential_sum(query[:, :, None, :] * keys, axis=3)  # [n, H, S]
+        scores = np.multiply(scores, _full(scores.shape, weights.scale))
+        hidden = _hidden(count, heads, total)
+        scores = np.where(hidden, _full(scores.shape, -np.inf), scores)
+        exponents = _float32_map(
+            _EXPF, np.exp, np.subtract(scores, np.fmax.reduce(scores, axis=2, keepdims=True)), _EXPF_WINDOW
+        )
+        attention = np.divide(exponents, _sequential_sum(exponents, axis=2)[:, :, None])
+        products = attention[:, :, :, None] * values
+        products = np.where(hidden[:, :, :, None], _full(products.shape, 0.0), products)
+        return _sequential_sum(products, axis=2).reshape(count, width)
+
+
+_hidden_masks: Dict[Tuple[int, int, int], np.ndarray] = {}
+
+
+def _hidden(count: int, heads: int, total: int) -> np.ndarray:
+    """[n, H, S] booleans, read-only: True where new token i (at position
+    S - n + i) does not see key j (j > S - n + i)."""
+    found = _hidden_masks.get((count, heads, total))
+    if found is None:
+        if len(_hidden_masks) >= _FILLED_MAX:
+            _hidden_masks.clear()
+        past = total - count
+        hidden = np.arange(total)[None, :] > (past + np.arange(count))[:, None]  # [n, S]
+        found = np.ascontiguousarray(np.broadcast_to(hidden[:, None, :], (count, heads, total)))
+        found.flags.writeable = False
+        _hidden_masks[(count, heads, total)] = found
+    return found
+
+
+def _to_heads(qkv: np.ndarray, count: int, part: int, heads: int, dims: int) -> torch.Tensor:
+    """Side `part` (0 q, 1 k, 2 v) of the [n, 3E] projections as a new
+    [1, heads, n, head_dim] float32 tensor in a storage of its own."""
+    width = heads * dims
+    if count == 1:
+        side = qkv[0, part * width : (part + 1) * width].reshape(1, heads, 1, dims)
+    else:
+        side = qkv[:, part * width : (part + 1) * width].reshape(count, heads, dims).transpose(1, 0, 2)[None]
+    # A copy even where the slice is contiguous: the cache may keep the
+    # tensor (and write into it), and qkv may be a memoised step's.
+    return torch.from_numpy(np.array(side, dtype=np.float32, order="C"))
+
+
+def _read_back(held: Optional[torch.Tensor], count: int, layer: int, side: str, heads: int, dims: int) -> np.ndarray:
+    """What the cache holds for one side of a layer after the update, as
+    a float32 [heads, S, head_dim] array; another geometry is refused."""
+    if held is not None and held.dim() == 4:
+        shape = held.shape
+        if shape[0] == 1 and shape[1] == heads and shape[2] >= count and shape[3] == dims:
+            return _float32_array(held)[0]
+    raise ValueError(
+        f"Decoder: layer {layer} {side} of shape {_shape_text(held)}, expected [1, {heads}, >= {count}, {dims}]"
+    )
 
 
 def _float32_array(held: torch.Tensor) -> np.ndarray:
@@ -564,10 +671,8 @@ def _float32_array(held: torch.Tensor) -> np.ndarray:
         return held.numpy() if held.is_contiguous() else np.ascontiguousarray(held.numpy())
     if held.dtype == torch.float16:
         return held.numpy().astype(np.float32)
-    if held.dtype == torch.bfloat16:
-        # numpy has no bfloat16: its bits are the top half of a float32's.
-        bits = held.contiguous().view(torch.int16).numpy().astype(np.uint16).astype(np.uint32) << np.uint32(16)
-        return bits.view(np.float32)
+    # Others widened by torch: bfloat16 exactly (numpy has no bfloat16; its
+    # bits are the top half of a float32's, NaNs keep sign and payload).
     return held.to(torch.float32).contiguous().numpy()
 
 

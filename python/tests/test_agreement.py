@@ -135,6 +135,7 @@ def test_cxx_and_python_agree_on_every_case(cxx_lines):
 
 
 _SEGMENT_VALUES = c._segment_values
+_FINISH = c._finish
 
 
 @pytest.mark.parametrize(
@@ -144,9 +145,10 @@ _SEGMENT_VALUES = c._segment_values
         (c, "_round_to_bf16", lambda bits: bits & np.uint32(0xFFFF0000)),  # bfloat16 truncated, not rounded
         (c, "_round_to_f16", lambda bits: c.round_to_array("bf16", bits.view(np.float32)).view(np.uint32)),  # float16 as bfloat16
         (d, "_geometry_seed", lambda seed, heads, head_dim: seed),  # every geometry's weights from the one seed
-        (c, "_NEGATIVE_ZERO_BYTES", b"never found"),  # -0 hashed as its own bits
-        (c, "_TAIL_MARK", 0),  # the tail not marked apart from a pair
-        (d, "_ordered_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
+        (c, "_NEGATIVE_ZERO_BITS", 0xFFFFFFFF),  # -0 hashed as its own bits
+        (c, "_shifted_positions", lambda count: np.zeros(count, dtype=np.uint64)),  # positions left out of the words
+        (c, "_finish", lambda total, count: _FINISH(total, 0)),  # the count left out of the final mix
+        (d, "_sequential_sum", lambda products, axis: np.sum(products, axis=axis, dtype=np.float32)),  # numpy's pairwise sum
         (kv, "_append", lambda slot, piece: piece),  # update replaces instead of appending
     ],
 )

@@ -244,6 +244,30 @@ def check_every_value_counts(hash_of):
             assert hash_of(changed) != hash_of(base), f"value {i} of {count}"
 
 
+def _bits_of(value):
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _float_of(bits):
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def check_every_bit_of_every_value_counts(hash_of):
+    # Any single-bit change of any value changes the hash, except the sign
+    # of a zero, which must not.
+    for count in LENGTHS:
+        base = ramp(count)
+        base_hash = hash_of(base)
+        for i in range(count):
+            for bit in range(32):
+                changed = list(base)
+                changed[i] = _float_of(_bits_of(base[i]) ^ (1 << bit))
+                if _bits_of(base[i]) | _bits_of(changed[i]) == 0x80000000:
+                    assert hash_of(changed) == base_hash, f"value {i} of {count}"
+                else:
+                    assert hash_of(changed) != base_hash, f"bit {bit} of value {i} of {count}"
+
+
 def check_positions_count(hash_of):
     for count in LENGTHS:
         base = ramp(count)
@@ -267,7 +291,13 @@ def check_the_sign_of_zero_does_not(hash_of):
         assert hash_of(positive) == hash_of(negative), count
 
 
-HASH_CHECKS = [check_every_value_counts, check_positions_count, check_the_count_counts, check_the_sign_of_zero_does_not]
+HASH_CHECKS = [
+    check_every_value_counts,
+    check_every_bit_of_every_value_counts,
+    check_positions_count,
+    check_the_count_counts,
+    check_the_sign_of_zero_does_not,
+]
 
 
 @pytest.mark.parametrize("check", HASH_CHECKS)
@@ -277,17 +307,71 @@ def test_content_hash(check):
 
 @pytest.mark.parametrize("check", HASH_CHECKS)
 def test_content_hashes_hash_each_of_a_batch(check):
-    # content_hashes packs the lanes of equal-length values into one
-    # integer: each must come out as its own content_hash, in any position.
+    # content_hashes hashes a batch in one pass over all its values: each
+    # must come out as its own content_hash, in any position, next to lists
+    # of any length, empty ones included.
     check(lambda values: c.content_hashes([values, list(reversed(values)), values])[2])
+    check(lambda values: c.content_hashes([[], values, [], [1.5] * 3])[1])
     rng = np.random.default_rng(3)
-    batch = [rng.standard_normal(n).astype(np.float32) for n in (0, 5, 8, 240, 240, 17, 240, 8, 1000)]
+    batch = [rng.standard_normal(n).astype(np.float32) for n in (0, 0, 5, 8, 240, 240, 17, 0, 240, 8, 1000, 0)]
     assert c.content_hashes(batch) == [c.content_hash(values) for values in batch]
+    assert c.content_hashes([]) == []
 
 
-def _hash_ignoring_the_tail(values):
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _reference_hash(patterns):
+    """The definition of docs/protocol.md on plain integers, one value at a
+    time: apart from content.py's arrays."""
+    total = 0
+    for i, bits in enumerate(patterns):
+        total = (total + _splitmix64(i << 32 | (0 if bits == 0x80000000 else bits))) & _M64
+    return _splitmix64(total ^ _splitmix64(len(patterns)))
+
+
+def test_content_hash_is_the_definition():
+    rng = np.random.default_rng(11)
+    # Past one chunk of c.content_hashes, and across chunks.
+    sizes = (0, 1, 3, 64, 241, 0, 1000, c._HASH_CHUNK_WORDS + 5, 2 * c._HASH_CHUNK_WORDS - 7)
+    batch = [rng.integers(0, 1 << 32, size=n, dtype=np.uint32) for n in sizes]
+    for patterns in batch:
+        patterns[:: max(1, len(patterns) // 5)] = 0x80000000  # -0 among them
+    values = [patterns.view(np.float32) for patterns in batch]
+    expected = [_reference_hash(patterns.tolist()) for patterns in batch]
+    assert c.content_hashes(values) == expected
+    assert [c.content_hash(torch.from_numpy(v.copy())) for v in values] == expected
+
+
+def test_content_hash_golden_values():
+    # Computed with plain integers apart from the SDK; tests/content_hash_test.cpp
+    # checks the C++ side against the same values.
+    assert c.content_hash([]) == 0xA706DD2F4D197E6F
+    assert c.content_hash([0.0]) == c.content_hash([-0.0]) == 0xD300120A5EA35CAC
+    assert c.content_hash([1.0]) == 0x54648985A5013C36
+    assert c.content_hash(ramp(7)) == 0xFA7898B490F89F7E
+    assert c.content_hash(ramp(9)) == 0xB96AA709F8F55DD4
+    assert c.content_hash(ramp(41)) == 0x453A6556EC051DFE
+    assert c.content_hash(ramp(1000)) == 0x3C70AE9810CE5BF9
+    patterns = [0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001, 0x80000001, 0x3F800000, 0xFFFFFFFF, 0x80000000]
+    assert c.content_hash(np.array(patterns, dtype=np.uint32).view(np.float32)) == 0x237FC9EF1D8CC3F8
+
+
+def _hash_ignoring_the_last_value(values):
     array = np.asarray(values, dtype=np.float32)
-    return c.content_hash(array[: len(array) - len(array) % 8]) ^ len(array)
+    return c.content_hash(array[:-1]) ^ len(array)
+
+
+def _hash_ignoring_the_low_bit(values):
+    patterns = np.asarray(values, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFFFFE)
+    return c.content_hash(patterns.view(np.float32))
 
 
 def _hash_of_raw_bits(values):  # no canonical zero
@@ -302,7 +386,8 @@ def _hash_of_a_sum(values):  # positions do not count
 @pytest.mark.parametrize(
     "check, planted",
     [
-        (check_every_value_counts, _hash_ignoring_the_tail),
+        (check_every_value_counts, _hash_ignoring_the_last_value),
+        (check_every_bit_of_every_value_counts, _hash_ignoring_the_low_bit),
         (check_positions_count, _hash_of_a_sum),
         (check_the_count_counts, lambda values: c.content_hash(values[:1])),
         (check_the_sign_of_zero_does_not, _hash_of_raw_bits),

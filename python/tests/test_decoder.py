@@ -260,3 +260,64 @@ def test_weights_are_the_seeded_stream():
     assert not (a._embedding == b._embedding).all()
     assert a._embedding.min() >= -1 and a._embedding.max() < 1
     assert (a._embedding * 2**23 == (a._embedding * 2**23).round()).all()
+
+
+def _c_first_argmax(values):
+    """C++ first_argmax, element by element."""
+    best = 0
+    for c in range(1, len(values)):
+        if np.isnan(values[best]):
+            break
+        if np.isnan(values[c]) or values[c] > values[best]:
+            best = c
+    return best
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # sin of an infinity
+def test_the_readout_is_the_first_argmax_of_sinf_of_every_logit():
+    """_folded_argmax computes sinf only for the logits near the largest
+    float64 sine; it must pick what C++ picks from sinf of all of them:
+    ties, near-ties closer than a float32 ULP, +0/-0, NaN and infinities."""
+    rng = np.random.default_rng(3)
+    sinf = np.vectorize(lambda v: d._SINF(float(v)), otypes=[np.float32])
+    cases = [(rng.standard_normal(32) * 40).astype(np.float32) for _ in range(3000)]
+    peak = np.float32(np.pi / 2)
+    for _ in range(3000):  # several logits at or next to the sine's peak: the float64 sines nearly tie
+        values = (rng.standard_normal(32) * 40).astype(np.float32)
+        at = rng.choice(32, size=4, replace=False)
+        values[at] = peak + rng.integers(-3, 4, size=4).astype(np.float32) * np.float32(2.0**-22)
+        cases.append(values)
+    for special in ([0.0, -0.0, 0.0], [-0.0, 0.0], [1.0, np.nan, 2.0, np.nan], [np.inf, 1.0], [3.0, -np.inf, 3.0]):
+        cases.append(np.array(special, dtype=np.float32))
+    near_ties = 0
+    for values in cases:
+        exact = sinf(values)
+        wide = np.sin(values.astype(np.float64))
+        if not np.isnan(wide).all():
+            near_ties += int(np.count_nonzero(wide >= np.nanmax(wide) - d._READOUT_MARGIN) > 1)
+        assert d._folded_argmax(values) == _c_first_argmax(exact) == d._first_argmax(exact), values
+    assert near_ties > 100  # the sinf path was taken
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf - inf in the poisoned attention
+def test_a_prefill_token_reads_no_value_it_does_not_see():
+    """Token i of a prefill attends over rows 0..P of what update handed
+    back (C++ reads no further): values the cache hands back after P, even
+    infinite ones, change nothing of token i's row. Seen in the next
+    layer's keys, which are made from each token's row alone."""
+
+    class Poisoning(kv.DynamicCache):
+        def update(self, k, v, layer_idx, cache_kwargs=None):
+            keys, values = super().update(k, v, layer_idx, cache_kwargs)
+            poisoned = values.clone()
+            poisoned[0, :, -1] = float("inf")  # the last new token's own values
+            return keys, poisoned
+
+    model = d.Decoder()
+    whole = Poisoning()
+    model.forward([7, 3, 1], whole)
+    prefix = kv.DynamicCache()
+    for token in [7, 3]:
+        model.forward([token], prefix)  # tokens 0 and 1 see what they see in the prefill, no poison
+    assert torch.isfinite(whole.layers[1].keys[0, :, :2]).all()
+    assert torch.equal(whole.layers[1].keys[0, :, :2], prefix.layers[1].keys[0, :, :2])

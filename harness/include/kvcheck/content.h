@@ -74,9 +74,10 @@
 // ((splitmix64(s ^ splitmix64((h * 1000003 + t) * 64 + d)) % 64) - 32) / 8,
 // a multiple of 1/8 in [-4, 4), exact in every dtype; segments had no
 // precision and values were not rounded; every cache had heads 2 and
-// head_dim 4 and the text form had no geometry. slot_seed, content_hash,
-// the view digest, the text form of layers and expand's segment seeds are
-// unchanged.
+// head_dim 4 and the text form had no geometry. slot_seed, the view digest,
+// the text form of layers and expand's segment seeds are unchanged.
+// content_hash changed with protocol version 3 (docs/semantics.md gives the
+// previous definition).
 #pragma once
 
 #include <array>
@@ -214,6 +215,17 @@ struct CacheView {
 
 // The hash of a tensor's values, row-major, converted to float32. Engines
 // call this on their own tensors; the auditor on expected values.
+//
+//   content_hash = splitmix64(S ^ splitmix64(count)),
+//   S = sum over i < count of splitmix64(i << 32 | bits(values[i])) mod 2^64,
+//
+// bits(v) being v's float32 pattern with -0 read as +0. splitmix64 is a
+// bijection and each word holds a position once (positions count modulo
+// 2^32: a slot of 16 GiB of float32), so a single changed value always
+// changes the hash. It is not a cryptographic hash: values chosen to
+// collide can be found. For an engine's bugs, which do not aim at it, two
+// different contents collide only when the differences of their terms sum
+// to zero modulo 2^64: a 2^-64 coincidence.
 std::uint64_t content_hash(const float* values, std::size_t count);
 
 // What a correct engine reports for `content`.
