@@ -88,7 +88,7 @@ def test_memory_over_the_limit_is_a_fault(kvcheck):
 def test_another_protocol_version_is_refused_with_both_versions(kvcheck):
     run = kvcheck("run", "--adapter", fault_adapter("version"), "--cases", "1")
     assert run.status == 2, run.stdout + run.stderr
-    assert "speaks protocol version 99; this kvcheck speaks version 2" in run.stderr, run.stderr
+    assert "speaks protocol version 99; this kvcheck speaks version 3" in run.stderr, run.stderr
     assert run.report is None
 
 
