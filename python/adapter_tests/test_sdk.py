@@ -79,6 +79,31 @@ def test_view_json_sees_every_write_to_a_tensor():
     assert wire.view_json(cache) != before
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_view_json_of_slots_read_in_place_or_through_numpy_is_the_content_hash(dtype):
+    # Slots whose bytes the memo reads in place (row-major), and those it
+    # copies out through numpy (other strides): each is the hash of its own
+    # values, and a write in place is seen.
+    base = torch.arange(48, dtype=torch.float32).reshape(1, 2, 6, 4).to(dtype) / 7
+    strided = base.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    assert not strided.is_contiguous()
+    cache = cache_of_slots([base, strided, base[:, :, :3]])
+    slots = wire.view_json(cache)["layers"][0]["slots"]
+    expected = content.content_hashes([base, base[:, :, :3].contiguous()])
+    assert [slot["hash"] for slot in slots[:3]] == [expected[0], expected[0], expected[1]]
+    base.view(torch.int16 if dtype == torch.bfloat16 else base.dtype).numpy()[0, 0, 0, 1] += 1
+    assert wire.view_json(cache)["layers"][0]["slots"][0]["hash"] != expected
+
+
+def cache_of_slots(tensors):
+    layer = kv.DynamicLayer()
+    layer.keys, layer.values, layer.key_cache = tensors
+    layer.value_cache = None
+    cache = kv.DynamicCache()
+    cache.layers.append(layer)
+    return cache
+
+
 def test_view_json_of_a_model_grown_cache_is_view_of():
     from kvcheck_adapter import decoder
 
