@@ -93,9 +93,47 @@ const CacheView& Auditor::view_of(ObjectId id) {
     return *object.view;
 }
 
+namespace {
+
+// Every field of a content, as bytes: equal keys, equal contents.
+std::string content_key(const CacheContent& content) {
+    std::string key;
+    const auto put = [&key](auto value) { key.append(reinterpret_cast<const char*>(&value), sizeof value); };
+    put(static_cast<std::uint8_t>(content.layout));
+    put(static_cast<std::uint8_t>(content.dtype));
+    put(content.heads);
+    put(content.head_dim);
+    put(content.layers.size());
+    for (const LayerContent& layer : content.layers) {
+        put(layer.initialized);
+        for (const SlotContent& slot : layer.slots) {
+            put(slot.present);
+            put(slot.segments.size());
+            for (const Segment& segment : slot.segments) {
+                put(segment.seed);
+                put(segment.tokens);
+                put(static_cast<std::uint8_t>(segment.precision));
+            }
+        }
+    }
+    return key;
+}
+
+}  // namespace
+
 std::uint64_t Auditor::digest_of(ObjectId id) {
     Object& object = objects_.at(id);
-    if (!object.digest) object.digest = object.view ? view_digest(*object.view) : expected_digest(object.content);
+    if (object.digest) return *object.digest;
+    if (object.view) {
+        object.digest = view_digest(*object.view);
+        return *object.digest;
+    }
+    // Objects of one content are many (an entry and its copies, a loaded
+    // store and the store it was dumped from): the digest, a pure function
+    // of the content, is made once.
+    const auto [found, inserted] = digests_by_content_.try_emplace(content_key(object.content));
+    if (inserted) found->second = expected_digest(object.content);
+    object.digest = found->second;
     return *object.digest;
 }
 

@@ -127,6 +127,8 @@ class Auditor {
     std::map<std::int64_t, std::optional<ObjectId>> handles_;
     std::map<std::int64_t, DumpSlot> slots_;
     std::map<std::int64_t, std::vector<std::string>> temporaries_;
+    // expected_digest of each content digest_of met (content_key -> digest).
+    std::unordered_map<std::string, std::uint64_t> digests_by_content_;
 };
 
 }  // namespace kvcheck

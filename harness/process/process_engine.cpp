@@ -16,6 +16,7 @@ struct Connection {
     std::unique_ptr<AdapterProcess> process;
     std::uint64_t session = 0;  // the engine allowed to use the process
     bool used = false;          // a request was sent since the last reset
+    bool reset_due = false;     // the next request carries "reset": a fresh engine first
 };
 
 namespace {
@@ -34,17 +35,28 @@ std::string engine_error_text(const Json& reply) {
     return text;
 }
 
+// The adapter could not make a fresh engine (a reset): the process is of
+// no more use.
+[[noreturn]] void reset_failed(AdapterProcess& process, const Json& reply, const FaultHandler& on_fault) {
+    const ProcessFault fault{"start", "the adapter could not make a fresh engine: " + engine_error_text(reply)};
+    process.shut_down();
+    if (on_fault) on_fault(fault);
+    throw ProcessError(fault);
+}
+
 // What is known of a handle or an entry until the next operation.
 struct HandleKnown {
     std::optional<HandleFacts> facts;
     std::optional<std::uint64_t> digest;
     std::optional<std::vector<std::uint64_t>> storage;
+    std::optional<Metadata> metadata;
 };
 
 struct EntryKnown {
     std::optional<std::uint64_t> digest;
     std::optional<bool> owned;
     std::optional<std::vector<std::uint64_t>> storage;
+    std::optional<Metadata> metadata;
 };
 
 class ProcessEngine final : public Engine {
@@ -143,6 +155,13 @@ class ProcessEngine final : public Engine {
 
     void release(Handle handle) override { operation(Request("release").field("handle", handle)); }
 
+    // ---- the reads after a step ----
+
+    void expect_reads(const std::vector<std::string>& entries, bool every_entry) override {
+        read_ids_ = entries;
+        read_store_ = every_entry;
+    }
+
     // ---- observations ----
 
     std::vector<std::string> stored_ids() override {
@@ -160,13 +179,25 @@ class ProcessEngine final : public Engine {
     }
 
     Metadata entry_metadata(const std::string& id) override {
+        check_current();
+        if (const auto found = entries_.find(id); found != entries_.end() && found->second.metadata) {
+            return *found->second.metadata;
+        }
         const Json reply = observation(Request("entry_metadata").field("id", id));
-        return reading("entry_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+        Metadata metadata = reading("entry_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+        entries_[id].metadata = metadata;
+        return metadata;
     }
 
     Metadata handle_metadata(Handle handle) override {
+        check_current();
+        if (const auto found = handles_.find(handle); found != handles_.end() && found->second.metadata) {
+            return *found->second.metadata;
+        }
         const Json reply = observation(Request("handle_metadata").field("handle", handle));
-        return reading("handle_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+        Metadata metadata = reading("handle_metadata", [&] { return read_metadata(member(reply, "metadata")); });
+        handles_[handle].metadata = metadata;
+        return metadata;
     }
 
     CacheView view_handle(Handle handle) override {
@@ -271,11 +302,21 @@ class ProcessEngine final : public Engine {
   private:
     // A request that may change what the engine holds: everything known
     // is forgotten first, then what the reply reports is kept.
+    // The request says what kvcheck reads after it (expect_reads), so that
+    // the reply can report those facts.
     Json operation(const Request& request) {
         handles_.clear();
         entries_.clear();
         stored_ids_.reset();
-        Json reply = call(request);
+        std::string text = request.text();
+        if (read_store_) {
+            text.insert(text.size() - 1, R"(,"read_store":true)");
+        } else if (!read_ids_.empty()) {
+            std::string ids = R"(,"read_ids":)";
+            append_strings(ids, read_ids_);
+            text.insert(text.size() - 1, ids);
+        }
+        Json reply = call(std::move(text));
         reading("the reply's observed facts", [&] {
             absorb(reply);
             return 0;
@@ -283,7 +324,7 @@ class ProcessEngine final : public Engine {
         return reply;
     }
 
-    Json observation(const Request& request) { return call(request); }
+    Json observation(const Request& request) { return call(request.text()); }
 
     // What this engine knows is of its own session: once the process was
     // reset for a newer engine, this one answers nothing, not even from
@@ -294,11 +335,19 @@ class ProcessEngine final : public Engine {
         }
     }
 
-    Json call(const Request& request) {
+    // The first request after a reset carries it (ProcessLauncher::make):
+    // the adapter makes a fresh engine, then answers the request.
+    Json call(std::string text) {
         check_current();
         connection_->used = true;
-        Json reply = connection_->process->call(request.text());
-        if (!reply.at("ok").as_bool()) throw std::runtime_error(engine_error_text(reply));
+        const bool resetting = connection_->reset_due;
+        if (resetting) text.insert(1, R"("reset":true,)");
+        Json reply = connection_->process->call(text);
+        connection_->reset_due = false;
+        if (!reply.at("ok").as_bool()) {
+            if (resetting && reply.find("reset_failed") != nullptr) reset_failed(*connection_->process, reply, on_fault_);
+            throw std::runtime_error(engine_error_text(reply));
+        }
         return reply;
     }
 
@@ -341,6 +390,7 @@ class ProcessEngine final : public Engine {
         if (const std::optional<std::uint64_t> digest = read_digest(facts)) known.digest = digest;
         if (facts.find("storage") != nullptr) known.storage = read_uints(facts, "storage");
         if (!known.facts->exists) known.storage = std::vector<std::uint64_t>{};
+        if (const Json* metadata = facts.find("metadata")) known.metadata = read_metadata(*metadata);
     }
 
     void keep_entry(const std::string& id, const Json& facts) {
@@ -348,6 +398,7 @@ class ProcessEngine final : public Engine {
         if (const std::optional<std::uint64_t> digest = read_digest(facts)) known.digest = digest;
         if (facts.find("owned") != nullptr) known.owned = read_bool(facts, "owned");
         if (facts.find("storage") != nullptr) known.storage = read_uints(facts, "storage");
+        if (const Json* metadata = facts.find("metadata")) known.metadata = read_metadata(*metadata);
     }
 
     EntryKnown& entry(const std::string& id) { return entries_[id]; }
@@ -402,6 +453,7 @@ class ProcessEngine final : public Engine {
             known.facts = HandleFacts{read_bool(reply, "exists"), read_bool(reply, "owned")};
             if (const std::optional<std::uint64_t> digest = read_digest(reply)) known.digest = digest;
             if (reply.find("storage") != nullptr) known.storage = read_uints(reply, "storage");
+            if (const Json* metadata = reply.find("metadata")) known.metadata = read_metadata(*metadata);
             return 0;
         });
     }
@@ -414,6 +466,9 @@ class ProcessEngine final : public Engine {
     std::unordered_map<std::string, EntryKnown> entries_;
     std::optional<std::vector<std::string>> stored_ids_;
     std::vector<CopyRecord> copies_;  // reported with operations, not yet taken
+    // What the harness reads after the operations of the current step.
+    std::vector<std::string> read_ids_;
+    bool read_store_ = false;
 };
 
 }  // namespace
@@ -457,15 +512,12 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
         connection.process.reset();
         connection.process = std::make_unique<AdapterProcess>(command_, output_path(std::to_string(::getpid())),
                                                               options_.handshake_seconds, options_.on_fault);
+        connection.reset_due = false;
     } else if (connection.used) {
+        // The reset goes with the new engine's first request: one round
+        // trip less per trace.
         connection.process->clear_output();
-        const Json reply = connection.process->call("{\"op\":\"reset\"}");
-        if (!reply.at("ok").as_bool()) {
-            const ProcessFault fault{"start", "the adapter could not make a fresh engine: " + engine_error_text(reply)};
-            connection.process->shut_down();
-            if (options_.on_fault) options_.on_fault(fault);
-            throw ProcessError(fault);
-        }
+        connection.reset_due = true;
     }
     connection.used = false;
     ++connection.session;

@@ -4,19 +4,22 @@
 // ProcessLauncher is what the command line keeps per adapter: the command,
 // a directory for the processes' output, and the process the current
 // process started. make() hands out a ProcessEngine per trace; the process
-// is reused across traces (a `reset` request gives it a fresh engine:
-// starting Python with torch costs about a second). A forked sandbox child
-// starts a process of its own on its first make(): the parent's pipes are
-// never shared.
+// is reused across traces (a reset gives it a fresh engine: starting Python
+// with torch costs about a second; the reset goes with the new engine's
+// first request). A forked sandbox child starts a process of its own on its
+// first make(): the parent's pipes are never shared.
 //
 // ProcessEngine keeps what the adapter reported of handles and entries
 // between two operations: observations are read-only (engine.h), so a fact
 // stays true until the next request that can change anything, and every
 // such request (each store, generation and cache-level operation) forgets
 // them all. An adapter may report the facts of what an operation touched
-// in that operation's reply ("observed"); kvcheck then asks nothing more
-// about them. Only one engine of a launcher is usable at a time: the one
-// made last (an older one throws on use).
+// in that operation's reply ("observed"), and those of the entries the
+// harness said it reads after the step (Engine::expect_reads, told to the
+// adapter in the operation's request); kvcheck then asks nothing more
+// about them, and asks for whatever a reply did not carry. Only one engine
+// of a launcher is usable at a time: the one made last (an older one
+// throws on use).
 //
 //   ProcessLauncher launcher({{"/usr/bin/python3", "my_adapter.py"}, "my_adapter.py"}, {});
 //   Hello hello = launcher.probe();              // handshake; exit 2 on a mismatch
@@ -58,7 +61,8 @@ class ProcessLauncher {
     // says it is. Throws ProcessError ("start", "version").
     Hello probe();
     // A fresh engine: the first starts this process's adapter process, the
-    // next ones reset it.
+    // next ones reset it (with their first request: a reset that fails is
+    // a "start" ProcessError of that request).
     std::shared_ptr<Engine> make();
     // What the adapter process started by process `pid` printed (its last
     // `bytes_max` bytes); its output file is removed. Empty when none.

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -386,6 +387,91 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
     } catch (const std::runtime_error& error) {
         EXPECT_NE(std::string(error.what()).find("the adapter raised ValueError: handle 4 holds no cache"), std::string::npos)
             << error.what();
+    }
+}
+
+TEST_F(ProcessTest, AResetThatFailsIsAStartFaultOfTheNextEnginesFirstRequest) {
+    ProcessFault seen;
+    LaunchOptions options;
+    options.on_fault = [&seen](const ProcessFault& fault) { seen = fault; };
+    ProcessLauncher launcher(fault_adapter("reset"), options);
+    const std::shared_ptr<Engine> first = launcher.make();
+    EXPECT_THROW(first->stored_ids(), std::runtime_error);  // the engine's error: no reset went with it
+    EXPECT_EQ(seen.kind, "");
+    const std::shared_ptr<Engine> second = launcher.make();
+    try {
+        second->stored_ids();
+        FAIL() << "no fault";
+    } catch (const ProcessError& error) {
+        EXPECT_EQ(error.fault().kind, "start");
+        EXPECT_EQ(error.fault().detail, "the adapter could not make a fresh engine: the adapter raised RuntimeError: the store is locked");
+    }
+    EXPECT_EQ(seen.kind, "start");
+    EXPECT_EQ(launcher.process_id(), -1);
+}
+
+// The example store behind bare_adapter.py, which logs the requests it
+// receives; `bare`: its replies carry no fact a request did not ask for.
+struct LoggedRun {
+    RunResult result;
+    std::map<std::string, int> requests;  // by op; "reset" for each reset, alone or with a request
+};
+
+LoggedRun run_logged(const Trace& trace, bool bare, const std::string& log, const std::string& bug = "") {
+    std::vector<std::string> argv{KVCHECK_TEST_PYTHON, KVCHECK_TEST_BARE_ADAPTER, "--log", log};
+    if (bare) argv.push_back("--bare");
+    if (!bug.empty()) argv.insert(argv.end(), {"--bug", bug});
+    ProcessLauncher launcher({argv, "bare_adapter.py", {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR}}, {});
+    LoggedRun run;
+    // Two engines: the second's trace starts with a reset.
+    for (int engine = 0; engine < 2; ++engine) {
+        const std::shared_ptr<Engine> made = launcher.make();
+        run.result = execute(trace, *made);
+        if (run.result.failure) break;
+    }
+    std::ifstream in(log);
+    for (std::string op; std::getline(in, op);) ++run.requests[op];
+    return run;
+}
+
+TEST_F(ProcessTest, FactsInRepliesSpareRequestsAndABareAdapterIsCheckedTheSame) {
+    const Trace trace = parse_trace(
+        "add a modern/f32/3:[kv2 kv2] meta=7\n"
+        "add b legacy/bf16/4:[kv1]\n"
+        "h1 = get a\n"
+        "generate h1 prompt=5,7 max=2\n"
+        "h2 = get_cache a b\n"
+        "dump slot=0\n"
+        "delete_all\n"
+        "load slot=0\n"
+        "h3 = get b\n");
+    const LoggedRun full = run_logged(trace, false, dir_ + "/full.log");
+    const LoggedRun bare = run_logged(trace, true, dir_ + "/bare.log");
+    ASSERT_FALSE(full.result.failure) << full.result.failure->property << ": " << full.result.failure->message;
+    ASSERT_FALSE(bare.result.failure) << bare.result.failure->property << ": " << bare.result.failure->message;
+    EXPECT_EQ(full.result.steps_run, bare.result.steps_run);
+    // What the full adapter's replies carried, the bare one was asked for.
+    for (const char* op : {"entry_metadata", "handle_metadata", "read_entries", "stored_ids"}) {
+        EXPECT_EQ(full.requests.count(op), 0u) << op << " asked of the adapter that reports it";
+        EXPECT_GT(bare.requests.count(op), 0u) << op << " never asked of the bare adapter";
+    }
+    // One reset, sent with the second engine's first request.
+    EXPECT_EQ(full.requests.at("reset"), 1);
+    EXPECT_EQ(bare.requests.at("reset"), 1);
+}
+
+TEST_F(ProcessTest, ABareAdaptersBugIsCaughtAsAFullOnesIs) {
+    // A planted bug: a stored cache handed to the model (stored-immutable).
+    const Trace trace = parse_trace(
+        "add a modern/f32/3:[kv2 kv2]\n"
+        "h1 = get_cache a\n"
+        "generate h1 prompt=5 max=2\n"
+        "h2 = get a\n"
+        "generate h2 prompt=1 max=2\n");
+    for (const bool bare : {false, true}) {
+        const LoggedRun run = run_logged(trace, bare, dir_ + (bare ? "/bare.log" : "/full.log"), "stored_to_generation");
+        ASSERT_TRUE(run.result.failure) << (bare ? "bare" : "full");
+        EXPECT_EQ(run.result.failure->property, "stored-immutable") << run.result.failure->message;
     }
 }
 

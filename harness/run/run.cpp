@@ -119,6 +119,7 @@ RunResult Run::run(const Trace& trace) {
     for (std::size_t step = 0; step < trace.size() && !result_.failure; ++step) {
         if (options_.on_step) options_.on_step(step);
         verdicts_.at_step(step);
+        next_ = step + 1 < trace.size() ? &trace[step + 1] : nullptr;
         try {
             run_step(trace[step]);
         } catch (const std::exception& error) {
@@ -147,6 +148,13 @@ void Run::run_step(const Op& operation) {
     for (const std::int64_t handle : named.handles) readings_.forget_handle(handle);
     const bool read_copies = reads_.copy_log && capabilities_.copy_log;
     if (read_copies) engine_.take_copies();  // what an observation logged is no operation's
+    // The entries the next step reads before it replaces them are read
+    // after this one.
+    std::vector<std::string> read_next = reached;
+    if (next_ != nullptr && op_reach(*next_) == StoreReach::replaces_named) {
+        for (const std::string& id : named_by(*next_).ids) add_unique(read_next, id);
+    }
+    tell_reads(operation, read_next);
     const std::optional<Fact> fact = transitions_.apply(operation);
     if (!fact) {
         ++result_.coverage.ops_skipped;

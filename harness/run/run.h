@@ -58,6 +58,7 @@ class Run final : public checkers::Probe {
     void run_step(const Op& operation);
     void deliver(const Fact& fact);
     void check_before(const Op& operation, const Named& named);
+    void tell_reads(const Op& operation, const std::vector<std::string>& entries);
     void check_after(const Op& operation, const Named& named, std::vector<std::string> reached);
     void check_everything(const std::string& note);
     void read_every_entry();
@@ -93,6 +94,7 @@ class Run final : public checkers::Probe {
     bool rechecking_ = false;   // the final read, without versions, is running
     bool listing_due_ = false;  // the store's membership changed since its listing was compared
     std::size_t steps_since_full_read_ = 0;
+    const Op* next_ = nullptr;  // the step after the running one (nullptr: it is the last)
 };
 
 }  // namespace kvcheck

@@ -36,6 +36,24 @@ void Run::check_before(const Op& operation, const Named& named) {
     verdicts_.note("");
 }
 
+// Tells the engine what the reads after the step will be (Engine::expect_reads):
+// a full read after it (check_after's, the next step's check_before's, the
+// end of the run's), else `entries` (those its handles reached before it
+// ran, those the next step reads before it replaces them). A hint only: a
+// read it does not foresee (a merge refused, an entry reached only after
+// the step) is asked for as any read is.
+void Run::tell_reads(const Op& operation, const std::vector<std::string>& entries) {
+    const bool entries_read = still_reading(&checkers::Reads::entry_content) || still_reading(&checkers::Reads::entry_marker);
+    if (!entries_read) {
+        engine_.expect_reads({}, false);
+        return;
+    }
+    const bool full_read = every_step_ || op_reach(operation) == StoreReach::whole_store ||
+                           steps_since_full_read_ + 1 >= std::max(sweep_steps_min, audit_.order().size()) ||
+                           next_ == nullptr || op_reach(*next_) == StoreReach::whole_store;
+    engine_.expect_reads(full_read ? std::vector<std::string>{} : entries, full_read);
+}
+
 void Run::check_after(const Op& operation, const Named& named, std::vector<std::string> reached) {
     ++steps_since_full_read_;
     if (every_step_ || op_reach(operation) == StoreReach::whole_store) {

@@ -2,8 +2,9 @@
 
 Written from docs/protocol.md alone, with the standard library only (no
 torch, no SDK): it also shows that the protocol document is enough to write
-an adapter from. It answers the handshake and `reset`, then does its fault
-on the first other request:
+an adapter from. It answers the handshake and `reset` (a request of its
+own, or a member of the next request), then does its fault on the first
+other request:
 
     --fault crash      kill itself with SIGSEGV
     --fault exit       exit with status 3
@@ -14,6 +15,8 @@ on the first other request:
     --fault no-ok      answer with a JSON object without "ok"
     --fault version    answer the handshake with protocol version 99
     --fault refuse     refuse the handshake (an engine that cannot start)
+    --fault reset      fail every reset (an engine that cannot be made again);
+                       answer every other request as --fault none
     --fault none       answer every request with an error (a well-behaved
                        adapter of an engine that rejects everything)
 
@@ -91,11 +94,13 @@ def main():
         elif op == "hello":
             version = 99 if args.fault == "version" else 3
             send(reply_fd, {"ok": True, "protocol": version, "name": f"fault-{args.fault}"})
+        elif args.fault == "reset" and (op == "reset" or request.get("reset") is True):
+            send(reply_fd, {"ok": False, "error": "RuntimeError: the store is locked", "reset_failed": True})
         elif op in ("reset", "shutdown"):
             send(reply_fd, {"ok": True})
             if op == "shutdown":
                 return
-        elif args.fault == "none":
+        elif args.fault in ("none", "reset"):
             send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported", "traceback": ""})
         else:
             for i in range(args.noise):

@@ -79,6 +79,31 @@ def test_view_json_sees_every_write_to_a_tensor():
     assert wire.view_json(cache) != before
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_view_json_of_slots_read_in_place_or_through_numpy_is_the_content_hash(dtype):
+    # Slots whose bytes the memo reads in place (row-major), and those it
+    # copies out through numpy (other strides): each is the hash of its own
+    # values, and a write in place is seen.
+    base = torch.arange(48, dtype=torch.float32).reshape(1, 2, 6, 4).to(dtype) / 7
+    strided = base.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    assert not strided.is_contiguous()
+    cache = cache_of_slots([base, strided, base[:, :, :3]])
+    slots = wire.view_json(cache)["layers"][0]["slots"]
+    expected = content.content_hashes([base, base[:, :, :3].contiguous()])
+    assert [slot["hash"] for slot in slots[:3]] == [expected[0], expected[0], expected[1]]
+    base.view(torch.int16 if dtype == torch.bfloat16 else base.dtype).numpy()[0, 0, 0, 1] += 1
+    assert wire.view_json(cache)["layers"][0]["slots"][0]["hash"] != expected
+
+
+def cache_of_slots(tensors):
+    layer = kv.DynamicLayer()
+    layer.keys, layer.values, layer.key_cache = tensors
+    layer.value_cache = None
+    cache = kv.DynamicCache()
+    cache.layers.append(layer)
+    return cache
+
+
 def test_view_json_of_a_model_grown_cache_is_view_of():
     from kvcheck_adapter import decoder
 
@@ -298,6 +323,78 @@ def test_metadata_is_what_get_hands_back_and_the_store_holds():
     assert server.handle({"op": "entry_metadata", "id": "a"})["metadata"] == {"k": "v", "x": ""}
     with pytest.raises(KeyError, match="no stored entry 'zz'"):
         server.handle({"op": "entry_metadata", "id": "zz"})
+
+
+def test_facts_carry_the_metadata_of_entries_and_of_what_get_handed_back():
+    server, _ = new_server()
+    reply = server.handle({"op": "add", "id": "a", "metadata": {"k": "v"}, "cache": cache_json("modern/f32/1:[kv1]")})
+    assert reply["observed"]["entries"][0]["metadata"] == {"k": "v"}
+    reply = server.handle({"op": "get", "id": "a", "out": 1})
+    assert handle_facts(reply, 1)["metadata"] == {"k": "v"}
+    assert reply["observed"]["entries"][0]["metadata"] == {"k": "v"}
+    reply = server.handle({"op": "make", "out": 2, "cache": cache_json("modern/f32/1:[kv1]")})
+    assert handle_facts(reply, 2)["metadata"] == {}
+    assert "metadata" not in handle_facts(reply, 1)  # not named: marker and storage only
+    assert server.handle({"op": "handle_facts", "handle": 1})["metadata"] == {"k": "v"}
+    assert server.handle({"op": "handle_facts", "handle": 9})["metadata"] == {}
+    assert server.handle({"op": "read_entries", "ids": ["a"], "with_storage": True})["entries"][0]["metadata"] == {"k": "v"}
+
+
+def test_facts_of_an_engine_without_metadata_carry_none():
+    class NoMetadata(activation_memory_adapter.ActivationMemoryAdapter):
+        capabilities = {"metadata": False}
+
+    server = Server(NoMetadata)
+    server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    reply = server.handle({"op": "add", "id": "a", "metadata": {"k": "v"}, "cache": cache_json("modern/f32/1:[kv1]")})
+    assert "metadata" not in reply["observed"]["entries"][0]
+    reply = server.handle({"op": "get", "id": "a", "out": 1})
+    assert "metadata" not in handle_facts(reply, 1)
+
+
+def test_a_request_saying_what_kvcheck_reads_next_gets_those_facts():
+    server, _ = new_server()
+    for id in ("a", "b", "c"):
+        server.handle({"op": "add", "id": id, "metadata": {"id": id}, "cache": cache_json("modern/f32/1:[kv1]")})
+    plain = server.handle({"op": "make", "out": 1, "cache": cache_json("legacy/f32/1:[kv1]")})
+    assert plain["observed"]["entries"] == []
+    every = server.handle({"op": "make", "out": 2, "cache": cache_json("legacy/f32/1:[kv1]"), "read_store": True})
+    assert [e["id"] for e in every["observed"]["entries"]] == ["a", "b", "c"]
+    assert [e["metadata"] for e in every["observed"]["entries"]] == [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    read = server.handle({"op": "read_entries", "ids": ["a", "b", "c"], "with_storage": True})["entries"]
+    for reported, asked in zip(every["observed"]["entries"], read):
+        assert {k: v for k, v in reported.items() if k != "id"} == asked
+    some = server.handle({"op": "get", "id": "a", "out": 3, "read_ids": ["c", "x", "a"]})
+    assert [e["id"] for e in some["observed"]["entries"]] == ["a", "c"]  # named first; "x" is not stored
+    # The hint is the request's own: the next request without one reports what it names.
+    assert server.handle({"op": "release", "handle": 3})["observed"]["entries"] == []
+
+
+def test_a_reset_sent_with_a_request_answers_it_on_a_fresh_engine():
+    server, _ = new_server()
+    server.handle({"op": "add", "id": "a", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2]")})
+    server.handle({"op": "make", "out": 4, "cache": cache_json("legacy/f32/3:[kv2]")})
+    assert server.handle({"op": "stored_ids", "reset": True})["ids"] == []
+    assert server.handle({"op": "handle_facts", "handle": 4})["exists"] is False
+    server.handle({"op": "add", "id": "b", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2]")})
+    reply = server.handle({"op": "add", "id": "c", "metadata": {}, "cache": cache_json("modern/f32/3:[kv2]"), "reset": True})
+    assert reply["observed"]["stored_ids"] == ["c"]
+
+
+def test_a_reset_that_fails_with_a_request_is_answered_as_the_resets_failure():
+    made = []
+
+    def factory():
+        if made:
+            raise RuntimeError("the store is locked")
+        made.append(1)
+        return activation_memory_adapter.ActivationMemoryAdapter()
+
+    server = Server(factory)
+    server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    reply = server.handle({"op": "stored_ids", "reset": True})
+    assert reply["ok"] is False and reply["reset_failed"] is True
+    assert reply["error"] == "RuntimeError: the store is locked"
 
 
 def test_reset_gives_a_fresh_engine_and_forgets_handles():

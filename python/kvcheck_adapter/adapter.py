@@ -286,6 +286,8 @@ class _Session:
         self.engine_logs_copies = _overrides(engine, "take_copies")
         self.tracker = None if self.engine_logs_copies else _Tracker()
         self.pending_copies: List[Dict[str, Any]] = []
+        # Whether facts carry metadata (the engine keeps it).
+        self.metadata = capabilities_of(engine)["metadata"]
         # What the last operation's reply reported, reported again after a
         # generate_fresh (kvcheck forgets everything at each operation).
         self.last_named: Tuple[Sequence[int], Sequence[str]] = ((), ())
@@ -298,6 +300,10 @@ class Server:
         self._factory = factory
         self._session: Optional[_Session] = None
         self._op = ""  # the request being answered: the reason of the copies it makes
+        # What kvcheck said it reads after the request being answered
+        # ("read_store", "read_ids"): reported in its reply.
+        self._read_store = False
+        self._read_ids: Sequence[str] = ()
         self._handlers: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
             name[len("_op_"):]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
@@ -309,7 +315,20 @@ class Server:
             raise RequestError(f"unknown request {op!r} (this SDK speaks protocol {_protocol.PROTOCOL_VERSION})")
         if self._session is None and op not in ("hello", "shutdown"):
             raise RequestError(f"request {op!r} before the handshake")
+        if request.get("reset") is True and op not in ("hello", "reset"):
+            # kvcheck's reset before a trace, sent with the trace's first
+            # request: a fresh engine first, then the request. A factory
+            # that fails is no engine error of the request: kvcheck reports
+            # it as the reset's failure.
+            try:
+                self._op_reset(request)
+            except Exception as error:  # noqa: BLE001 - reported to kvcheck, which stops
+                reply = _protocol.error_reply(error)
+                reply["reset_failed"] = True
+                return reply
         self._op = op
+        self._read_store = request.get("read_store") is True
+        self._read_ids = request.get("read_ids") or ()
         return handler(request)
 
     # ---- session -----------------------------------------------------------------------
@@ -580,11 +599,17 @@ class Server:
     def _op_handle_facts(self, request):
         # Without the view: kvcheck asks a handle's marker and storage far
         # more often than its content, which it asks for when it needs it.
-        cache = self._session.handles.get(_field(request, "handle", int))
+        session = self._session
+        handle = _field(request, "handle", int)
+        cache = session.handles.get(handle)
         if cache is None:
-            return {"ok": True, "exists": False, "owned": False, "storage": []}
-        engine = self._session.engine
-        return {"ok": True, "exists": True, "owned": engine.is_owned(cache), "storage": engine.storage(cache)}
+            reply = {"ok": True, "exists": False, "owned": False, "storage": []}
+        else:
+            engine = session.engine
+            reply = {"ok": True, "exists": True, "owned": engine.is_owned(cache), "storage": engine.storage(cache)}
+        if session.metadata:
+            reply["metadata"] = session.handle_metadata.get(handle, {})
+        return reply
 
     def _op_read_entries(self, request):
         ids = _field(request, "ids", list)
@@ -595,8 +620,7 @@ class Server:
     def _op_entry_metadata(self, request):
         id = _field(request, "id", str)
         self._stored(id)  # KeyError naming a missing entry
-        metadata = self._session.engine.entry_metadata(id)
-        return {"ok": True, "metadata": {str(k): str(v) for k, v in dict(metadata).items()}}
+        return {"ok": True, "metadata": self._entry_metadata(id)}
 
     def _op_handle_metadata(self, request):
         handle = _field(request, "handle", int)
@@ -675,39 +699,44 @@ class Server:
 
     def _observed(self, handles: Sequence[int], ids: Sequence[str]) -> Dict[str, Any]:
         """The facts of the handles and stored entries an operation named,
-        as they are after it; a fact that cannot be read is left out (kvcheck
-        then asks, and gets the error)."""
+        and of the entries kvcheck said it reads after it ("read_store":
+        every one; "read_ids"), as they are after it; a fact that cannot be
+        read is left out (kvcheck then asks, and gets the error)."""
         session = self._session
         engine = session.engine
         seen: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
-        observed: Dict[str, Any] = {"handles": [], "entries": []}
+        handle_facts: List[Dict[str, Any]] = []
         for handle in dict.fromkeys(handles):
             try:
                 facts = self._handle_facts(handle, seen)
             except Exception:  # noqa: BLE001 - see the docstring
                 continue
             facts["handle"] = handle
-            observed["handles"].append(facts)
+            handle_facts.append(facts)
         # Every other live handle's marker and storage (not its view): kvcheck
         # reads them before the next operation that names one, and at its
-        # full reads, a request each otherwise.
+        # full reads, a request each otherwise. Handles of one cache object
+        # (get of one id twice) share one reading.
         named = set(handles)
+        storages: Dict[int, List[int]] = {key: found[1] for key, found in seen.items()}
+        is_owned, storage_of = engine.is_owned, engine.storage
         for handle, cache in session.handles.items():
-            if handle in named or cache is None:
+            if cache is None or handle in named:
                 continue
             try:
-                storage = seen[id(cache)][1] if id(cache) in seen else engine.storage(cache)
-                observed["handles"].append(
-                    {"handle": handle, "exists": True, "owned": engine.is_owned(cache), "storage": storage}
-                )
+                storage = storages.get(id(cache))
+                if storage is None:
+                    storage = storages[id(cache)] = storage_of(cache)
+                handle_facts.append({"handle": handle, "exists": True, "owned": is_owned(cache), "storage": storage})
             except Exception:  # noqa: BLE001 - see the docstring
                 continue
         # The listing costs less than the request kvcheck would send for it.
         stored_ids = [str(id) for id in engine.stored_ids()]
-        observed["stored_ids"] = stored_ids
-        if ids:
+        entry_facts: List[Dict[str, Any]] = []
+        wanted = stored_ids if self._read_store else list(ids) + list(self._read_ids)
+        if wanted:
             present = set(stored_ids)
-            for entry_id in dict.fromkeys(ids):
+            for entry_id in dict.fromkeys(wanted):
                 if entry_id not in present:
                     continue
                 try:
@@ -715,8 +744,8 @@ class Server:
                 except Exception:  # noqa: BLE001 - see the docstring
                     continue
                 facts["id"] = entry_id
-                observed["entries"].append(facts)
-        return observed
+                entry_facts.append(facts)
+        return {"handles": handle_facts, "entries": entry_facts, "stored_ids": stored_ids}
 
     def _look(self, cache: Cache, seen: Dict[int, Tuple[Dict[str, Any], List[int]]]):
         # One reading of an object per reply: a handle and an entry are
@@ -729,11 +758,16 @@ class Server:
         return found
 
     def _handle_facts(self, handle: int, seen) -> Dict[str, Any]:
-        cache = self._session.handles.get(handle)
+        session = self._session
+        cache = session.handles.get(handle)
         if cache is None:
-            return {"exists": False, "owned": False, "storage": []}
-        view, storage = self._look(cache, seen)
-        return {"exists": True, "owned": self._session.engine.is_owned(cache), "view": view, "storage": storage}
+            facts = {"exists": False, "owned": False, "storage": []}
+        else:
+            view, storage = self._look(cache, seen)
+            facts = {"exists": True, "owned": session.engine.is_owned(cache), "view": view, "storage": storage}
+        if session.metadata:
+            facts["metadata"] = session.handle_metadata.get(handle, {})
+        return facts
 
     def _entry_facts(self, id: str, seen, with_storage: bool) -> Dict[str, Any]:
         cache = self._stored(id)
@@ -741,7 +775,15 @@ class Server:
         facts = {"owned": self._session.engine.is_owned(cache), "view": view}
         if with_storage:
             facts["storage"] = storage
+        if self._session.metadata:
+            try:
+                facts["metadata"] = self._entry_metadata(id)
+            except Exception:  # noqa: BLE001 - left out: kvcheck asks entry_metadata, and gets the error
+                pass
         return facts
+
+    def _entry_metadata(self, id: str) -> Dict[str, str]:
+        return {str(k): str(v) for k, v in dict(self._session.engine.entry_metadata(id)).items()}
 
 
 def serve(factory: Callable[[], Adapter]) -> None:

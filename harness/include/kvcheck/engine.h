@@ -169,6 +169,16 @@ class Engine {
     // is checked late.
     virtual std::uint64_t entry_version(const std::string& /*id*/) { return 0; }
 
+    // ---- a hint ----
+    // Said before the operations of each step run: the stored entries the
+    // harness will read after them besides those the step names, or that
+    // it will read every one (a full read). An engine may gather those
+    // facts while it runs the operations (one behind a process boundary:
+    // in their replies, instead of a request for the reads); the reads
+    // still go through the observations, and may ask about others. The
+    // default ignores it.
+    virtual void expect_reads(const std::vector<std::string>& /*entries*/, bool /*every_entry*/) {}
+
     // ---- many entries at once ----
     // The full reads of the store (periodically, and at the end of a run)
     // ask these about every stored id, answers in the order of `ids`. Each
