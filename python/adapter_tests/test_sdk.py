@@ -95,6 +95,20 @@ def test_view_json_of_slots_read_in_place_or_through_numpy_is_the_content_hash(d
     assert wire.view_json(cache)["layers"][0]["slots"][0]["hash"] != expected
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_view_json_and_the_model_read_a_lazily_negated_slot_as_its_values(dtype):
+    # torch._neg_view marks a negation without applying it (numpy refuses
+    # such a tensor): the view reports the negated values, and the model
+    # decodes over them as over the negation made in memory.
+    from kvcheck_adapter import decoder
+
+    base = torch.arange(48, dtype=torch.float32).reshape(1, 2, 6, 4).to(dtype) / 7
+    lazy = torch._neg_view(base)
+    slots = wire.view_json(cache_of_slots([lazy, None, None]))["layers"][0]["slots"]
+    assert slots[0]["hash"] == content.content_hash(-base)
+    assert (decoder._float32_array(lazy) == decoder._float32_array(-base)).all()
+
+
 def cache_of_slots(tensors):
     layer = kv.DynamicLayer()
     layer.keys, layer.values, layer.key_cache = tensors

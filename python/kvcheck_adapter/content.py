@@ -494,6 +494,8 @@ def _float32_bits(values) -> np.ndarray:
             values = values.detach()
         if values.device.type != "cpu":
             values = values.cpu()
+        if values.is_neg():  # a lazy negation (torch._neg_view): numpy refuses it
+            values = values.resolve_neg()
         if not values.is_contiguous():
             values = values.contiguous()
         if values.dtype == torch.bfloat16:

@@ -667,6 +667,8 @@ def _float32_array(held: torch.Tensor) -> np.ndarray:
     float32 contiguous tensor is read where it lies, without a copy)."""
     if held.requires_grad:
         held = held.detach()
+    if held.is_neg():  # a lazy negation (torch._neg_view): numpy refuses it
+        held = held.resolve_neg()
     if held.dtype == torch.float32:
         return held.numpy() if held.is_contiguous() else np.ascontiguousarray(held.numpy())
     if held.dtype == torch.float16:

@@ -202,6 +202,8 @@ def _value_bytes(data: torch.Tensor, dtype: str) -> bytes:
     if data.device.type == "cpu" and data.is_contiguous() and not data.is_neg():
         count = data.numel() * data.element_size()
         return _string_at(data.data_ptr(), count) if count else b""
+    if data.is_neg():  # a lazy negation (torch._neg_view): numpy refuses it
+        data = data.resolve_neg()
     if dtype == "bf16":
         data = data.view(torch.int16)  # numpy has no bfloat16; the bits are what count
     return data.numpy().tobytes()  # row-major, whatever the strides

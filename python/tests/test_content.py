@@ -407,6 +407,17 @@ def test_content_hash_reads_any_dtype_shape_and_layout_as_float32_row_major():
     assert c.content_hash(values.numpy()) == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_content_hash_reads_a_lazily_negated_tensor_as_its_values(dtype):
+    # torch._neg_view marks a negation without applying it; numpy refuses
+    # such a tensor, so the hash resolves it first.
+    values = torch.tensor(ramp(24), dtype=torch.float32).reshape(1, 2, 3, 4).to(dtype)
+    lazy = torch._neg_view(values)
+    assert lazy.is_neg()
+    assert c.content_hash(lazy) == c.content_hash(-values)
+    assert c.content_hashes([lazy, values]) == [c.content_hash(-values), c.content_hash(values)]
+
+
 def test_content_hash_of_bytes_that_look_like_negative_zero_across_two_values():
     # 0x80000000 straddling two values is no -0: the canonical copy keeps it.
     a = struct.unpack("<f", b"\x00\x00\x00\x00")[0]
