@@ -123,6 +123,11 @@ std::string start_hint(const std::string& detail, const process::ProcessCommand&
 Adapter load_process_adapter(const process::ProcessCommand& command) {
     process::LaunchOptions launch;
     launch.on_fault = [](const process::ProcessFault& fault) { exit_with_fault(fault.kind, fault.detail); };
+    launch.on_warm_start = [](int pid) { report_adopted_process(pid); };
+    // KVCHECK_COLD_START=1: every adapter process runs the command (for
+    // comparing, and for adapters whose engine cannot be forked).
+    const char* cold = std::getenv("KVCHECK_COLD_START");
+    launch.warm_starts = cold == nullptr || *cold == '\0' || std::string(cold) == "0";
     std::shared_ptr<process::ProcessLauncher> launcher;
     process::Hello hello;
     try {

@@ -327,6 +327,9 @@ void Sandbox::read_from(Job& job) {
                 ++job.begins;
             } else if (message.kind == "end") {
                 job.ended = true;
+            } else if (message.kind == "adopt") {
+                const long pid = std::strtol(message.payload.c_str(), nullptr, 10);
+                if (pid > 0) job.adopted.push_back(static_cast<int>(pid));
             } else {
                 job.messages.push_back(std::move(message));
             }
@@ -417,7 +420,8 @@ void Sandbox::check_limits(Job& job, double now) {
         job.last_heard = now;
     }
     // Memory first: a leaking engine is slow too, and would read as hung.
-    const std::int64_t resident = tree_resident_bytes(job.pid);
+    std::int64_t resident = tree_resident_bytes(job.pid);
+    for (const int pid : job.adopted) resident += tree_resident_bytes(pid);
     if (resident > job.limits.memory_bytes) {
         kill_with(job, Fault{"memory", "resident memory " + mebibytes(resident) + " over the limit of " +
                                            mebibytes(job.limits.memory_bytes)});
@@ -481,6 +485,12 @@ void exit_with_fault(const std::string& kind, const std::string& detail) {
     write_all(child_channel_fd, "fault " + std::to_string(payload.size()) + "\n" + payload);
     std::fflush(nullptr);
     ::_exit(fault_exit_status);
+}
+
+void report_adopted_process(int pid) {
+    if (child_channel_fd < 0) return;
+    const std::string payload = std::to_string(pid);
+    write_all(child_channel_fd, "adopt " + std::to_string(payload.size()) + "\n" + payload);
 }
 
 void Sandbox::stop_all(const std::string& why) {

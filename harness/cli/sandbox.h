@@ -116,6 +116,10 @@ struct Job {
     Progress* progress = nullptr;   // shared with the child until it ends
     std::uint64_t ticks_seen = 0;
     bool ended = false;             // the child said its work was done
+    // Processes the child reported as part of its engine without being its
+    // descendants (warm adapter copies, children of a fork server): their
+    // memory counts with the child's.
+    std::vector<int> adopted;
 };
 
 class Sandbox {
@@ -163,6 +167,11 @@ double monotonic_seconds();
 // process). Elsewhere (a run with --no-isolate) it returns, and the caller
 // goes on to throw.
 void exit_with_fault(const std::string& kind, const std::string& detail);
+
+// In a sandboxed child: tells the parent that process `pid`, which is not
+// the child's descendant, is part of its engine (its resident memory counts
+// against the child's limit). Elsewhere it does nothing.
+void report_adopted_process(int pid);
 
 // The exit status of a child whose allocation failed at its address-space
 // limit (it says so in a "memory" message first).

@@ -12,7 +12,10 @@
 #include <fcntl.h>
 #include <fstream>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -30,6 +33,8 @@ constexpr int reply_fd_in_child = 4;
 // Where the child reports a failed exec (close-on-exec: closed by a
 // successful one).
 constexpr int exec_status_fd_in_child = 5;
+// Where a process offered a fork socket finds it (docs/protocol.md section 10).
+constexpr int fork_fd_in_child = 6;
 
 double now_seconds() {
     timespec t{};
@@ -47,9 +52,9 @@ void ignore_sigpipe_once() {
     (void)done;
 }
 
-std::vector<std::string> child_environment(const ProcessCommand& command) {
+std::vector<std::string> child_environment(const ProcessCommand& command, bool offer_fork) {
     std::vector<std::string> names_set = {"KVCHECK_PROTOCOL", "KVCHECK_REQUEST_FD", "KVCHECK_REPLY_FD",
-                                          "PYTHONUNBUFFERED"};
+                                          "KVCHECK_FORK_FD", "PYTHONUNBUFFERED"};
     for (const std::string& extra : command.extra_env) names_set.push_back(extra.substr(0, extra.find('=')));
     std::vector<std::string> env;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -60,6 +65,7 @@ std::vector<std::string> child_environment(const ProcessCommand& command) {
     env.push_back("KVCHECK_PROTOCOL=" + std::to_string(protocol_version));
     env.push_back("KVCHECK_REQUEST_FD=" + std::to_string(request_fd_in_child));
     env.push_back("KVCHECK_REPLY_FD=" + std::to_string(reply_fd_in_child));
+    if (offer_fork) env.push_back("KVCHECK_FORK_FD=" + std::to_string(fork_fd_in_child));
     // Whatever the engine prints reaches the output file before a crash.
     env.push_back("PYTHONUNBUFFERED=1");
     env.insert(env.end(), command.extra_env.begin(), command.extra_env.end());
@@ -80,25 +86,27 @@ void close_quietly(int& fd) {
 
 // The child's side of the fork, up to exec: async-signal-safe calls only.
 [[noreturn]] void become_adapter(pid_t parent, int request_read, int reply_write, int output, int null_input,
-                                 int exec_status, char* const* argv, char* const* envp) {
+                                 int exec_status, int fork_socket, char* const* argv, char* const* envp) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(111);  // the parent died before prctl took effect
     ::setpgid(0, 0);
     // Copies above every target first, so that no dup2 below overwrites a
     // descriptor another one still needs.
-    const int sources[] = {null_input, output, output, request_read, reply_write, exec_status};
-    int copies[6];
-    for (int i = 0; i < 6; ++i) {
+    const int sources[] = {null_input, output, output, request_read, reply_write, exec_status, fork_socket};
+    const int count = fork_socket >= 0 ? 7 : 6;
+    int copies[7];
+    for (int i = 0; i < count; ++i) {
         copies[i] = ::fcntl(sources[i], F_DUPFD_CLOEXEC, 16);
         if (copies[i] < 0) ::_exit(112);
     }
-    for (int target = 0; target < 6; ++target) {
+    for (int target = 0; target < count; ++target) {
         if (::dup2(copies[target], target) < 0) ::_exit(113);
     }
     ::fcntl(exec_status_fd_in_child, F_SETFD, FD_CLOEXEC);
     // Nothing else of kvcheck's (other jobs' pipes) leaks into the adapter.
-    if (::syscall(SYS_close_range, 6u, ~0u, 0u) != 0) {
-        for (int fd = 6; fd < 65536; ++fd) ::close(fd);
+    const unsigned first_closed = static_cast<unsigned>(count);
+    if (::syscall(SYS_close_range, first_closed, ~0u, 0u) != 0) {
+        for (int fd = count; fd < 65536; ++fd) ::close(fd);
     }
     ::signal(SIGPIPE, SIG_DFL);
     ::execvpe(argv[0], argv, envp);
@@ -107,6 +115,50 @@ void close_quietly(int& fd) {
     (void)ignored;
     ::_exit(127);
 }
+
+// Sends `payload` as one message with `fds` attached (SCM_RIGHTS).
+bool send_with_fds(int socket, const std::string& payload, const std::vector<int>& fds) {
+    iovec data{const_cast<char*>(payload.data()), payload.size()};
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+    msghdr message{};
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+    ssize_t n = 0;
+    do {
+        n = ::sendmsg(socket, &message, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n == static_cast<ssize_t>(payload.size());
+}
+
+// An exclusive lock on a file, held while the object lives (released by
+// the kernel too when its holder dies).
+class FileLock {
+  public:
+    explicit FileLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+        if (fd_ >= 0) {
+            while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {}
+        }
+    }
+    ~FileLock() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    FileLock(const FileLock&) = delete;
+    FileLock& operator=(const FileLock&) = delete;
+
+  private:
+    int fd_;
+};
+
+// How long a fork server may take to answer a fork request: it forks and
+// answers, nothing more, but the machine may be loaded.
+constexpr double fork_answer_seconds = 30;
 
 }  // namespace
 
@@ -121,22 +173,40 @@ std::string frame_of(const std::string& payload) {
 AdapterProcess::AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
                                FaultHandler on_fault)
     : command_text_(command.text), output_path_(output_path), on_fault_(std::move(on_fault)) {
-    start(command);
+    start(command, false);
+    handshake(handshake_seconds);
+}
+
+AdapterProcess::AdapterProcess(OfferFork, const ProcessCommand& command, const std::string& output_path,
+                               double handshake_seconds)
+    : command_text_(command.text), output_path_(output_path) {
+    start(command, true);
+    handshake(handshake_seconds);
+    if (!hello_.fork) close_quietly(fork_socket_);
+}
+
+AdapterProcess::AdapterProcess(const ForkFrom& from, const std::string& output_path, double handshake_seconds,
+                               FaultHandler on_fault)
+    : command_text_(from.server.command_text_), output_path_(output_path), on_fault_(std::move(on_fault)) {
+    start_forked(from);
     handshake(handshake_seconds);
 }
 
 AdapterProcess::~AdapterProcess() {
     if (owned_here()) {
         shut_down();
-        return;
+    } else {
+        close_quietly(request_fd_);
+        close_quietly(reply_fd_);
+        close_quietly(status_fd_);
+        close_quietly(life_fd_);
     }
-    close_quietly(request_fd_);
-    close_quietly(reply_fd_);
+    close_quietly(fork_socket_);
 }
 
 bool AdapterProcess::owned_here() const { return owner_ == ::getpid(); }
 
-void AdapterProcess::start(const ProcessCommand& command) {
+void AdapterProcess::start(const ProcessCommand& command, bool offer_fork) {
     if (command.argv.empty() || command.argv.front().empty()) {
         throw ProcessError({"start", "the adapter command is empty"});
     }
@@ -150,16 +220,26 @@ void AdapterProcess::start(const ProcessCommand& command) {
     if (output < 0 || null_input < 0) {
         throw ProcessError({"start", "cannot open the adapter's output file " + output_path_ + ": " + std::strerror(errno)});
     }
+    int fork_pair[2] = {-1, -1};
+    if (offer_fork && ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fork_pair) != 0) {
+        throw ProcessError({"start", std::string("cannot make the adapter's fork socket: ") + std::strerror(errno)});
+    }
     std::vector<std::string> argv_strings = command.argv;
-    std::vector<std::string> env_strings = child_environment(command);
+    std::vector<std::string> env_strings = child_environment(command, offer_fork);
     std::vector<char*> argv = pointers(argv_strings);
     std::vector<char*> envp = pointers(env_strings);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw ProcessError({"start", std::string("fork: ") + std::strerror(errno)});
-    if (pid == 0) become_adapter(parent, request[0], reply[1], output, null_input, status[1], argv.data(), envp.data());
+    if (pid == 0) {
+        become_adapter(parent, request[0], reply[1], output, null_input, status[1], fork_pair[1], argv.data(), envp.data());
+    }
     pid_ = pid;
     owner_ = parent;
+    if (offer_fork) {
+        ::close(fork_pair[1]);
+        fork_socket_ = fork_pair[0];
+    }
     ::close(request[0]);
     ::close(reply[1]);
     ::close(status[1]);
@@ -178,6 +258,100 @@ void AdapterProcess::start(const ProcessCommand& command) {
         throw ProcessError({"start", "cannot run the adapter command '" + command_text_ + "': " + command.argv.front() +
                                          ": " + std::strerror(exec_error)});
     }
+}
+
+void AdapterProcess::start_forked(const ForkFrom& from) {
+    const int socket = from.server.fork_socket_;
+    if (socket < 0 || !from.server.hello_.fork) throw ProcessError({"fork", "the adapter serves no fork requests"});
+    ignore_sigpipe_once();
+    int request[2] = {-1, -1}, reply[2] = {-1, -1}, status[2] = {-1, -1}, life[2] = {-1, -1};
+    const auto close_all = [&] {
+        for (int* pair : {request, reply, status, life}) {
+            close_quietly(pair[0]);
+            close_quietly(pair[1]);
+        }
+    };
+    if (::pipe2(request, O_CLOEXEC) != 0 || ::pipe2(reply, O_CLOEXEC) != 0 || ::pipe2(status, O_CLOEXEC) != 0 ||
+        ::pipe2(life, O_CLOEXEC) != 0) {
+        const int error = errno;
+        close_all();
+        throw ProcessError({"start", std::string("cannot make the adapter's pipes: ") + std::strerror(error)});
+    }
+    int output = ::open(output_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (output < 0) {
+        const int error = errno;
+        close_all();
+        throw ProcessError({"start", "cannot open the adapter's output file " + output_path_ + ": " + std::strerror(error)});
+    }
+    // The copy lives under this process's address-space limit (the sandbox's
+    // memory limit), as a command started here would.
+    rlimit limit{};
+    ::getrlimit(RLIMIT_AS, &limit);
+    static std::int64_t requests_sent = 0;
+    const std::string id = std::to_string(::getpid()) + "." + std::to_string(++requests_sent);
+    Request fork_request("fork");
+    fork_request.field("id", id);
+    if (limit.rlim_cur != RLIM_INFINITY) fork_request.field("address_space_bytes", static_cast<std::int64_t>(limit.rlim_cur));
+    std::string problem;
+    Json answer;
+    {
+        const FileLock lock(from.lock_path);
+        if (!send_with_fds(socket, fork_request.text(), {request[0], reply[1], output, status[1], life[0]})) {
+            problem = std::string("cannot send the fork request: ") + std::strerror(errno);
+        }
+        // The answer carries the request's id: one meant for a process that
+        // died waiting for it is passed over.
+        const double deadline = now_seconds() + fork_answer_seconds;
+        while (problem.empty()) {
+            const double left = deadline - now_seconds();
+            pollfd ready{socket, POLLIN, 0};
+            const int polled = left > 0 ? ::poll(&ready, 1, static_cast<int>(left * 1000) + 1) : 0;
+            if (polled < 0 && errno == EINTR) continue;
+            if (polled <= 0) {
+                problem = "no answer to the fork request";
+                break;
+            }
+            char text[4096];
+            const ssize_t n = ::recv(socket, text, sizeof text, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                problem = "the fork server closed its socket";
+                break;
+            }
+            try {
+                answer = Json::parse(std::string(text, static_cast<std::size_t>(n)));
+                const Json* answered = answer.find("id");
+                if (answered != nullptr && answered->type() == Json::Type::string && answered->as_string() == id) break;
+            } catch (const std::exception& error) {
+                problem = "the fork server's answer is not JSON: " + std::string(error.what());
+            }
+        }
+    }
+    for (int* end : {&request[0], &reply[1], &status[1], &life[0], &output}) close_quietly(*end);
+    std::int64_t pid = 0;
+    if (problem.empty()) {
+        try {
+            if (!read_bool(answer, "ok")) {
+                problem = "the fork server refused: " + read_string(answer, "error");
+            } else {
+                pid = answer.at("pid").as_int();
+                if (pid <= 0) problem = "the fork server answered pid " + std::to_string(pid);
+            }
+        } catch (const std::exception& error) {
+            problem = "the fork server's answer breaks the protocol: " + std::string(error.what());
+        }
+    }
+    if (!problem.empty()) {
+        close_all();
+        throw ProcessError({"fork", problem});
+    }
+    pid_ = static_cast<pid_t>(pid);
+    owner_ = ::getpid();
+    forked_ = true;
+    request_fd_ = request[1];
+    reply_fd_ = reply[0];
+    status_fd_ = status[0];
+    life_fd_ = life[1];
 }
 
 void AdapterProcess::handshake(double seconds) {
@@ -212,6 +386,7 @@ void AdapterProcess::handshake(double seconds) {
         if (reply.find("description")) hello_.description = read_string(reply, "description");
         if (const Json* flags = reply.find("capabilities")) hello_.capabilities = read_capabilities(*flags);
         if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");
+        if (reply.find("fork")) hello_.fork = read_bool(reply, "fork");
     } catch (const ProcessError&) {
         throw;
     } catch (const std::exception& error) {
@@ -284,6 +459,10 @@ std::string AdapterProcess::receive(double deadline) {
 
 void AdapterProcess::reap(double grace_seconds) {
     if (reaped_ || pid_ <= 0) return;
+    if (forked_) {
+        reap_forked(grace_seconds);
+        return;
+    }
     const double until = now_seconds() + grace_seconds;
     for (;;) {
         const pid_t done = ::waitpid(pid_, &wait_status_, WNOHANG);
@@ -298,6 +477,43 @@ void AdapterProcess::reap(double grace_seconds) {
     }
     // Whatever the adapter started in its process group goes with it.
     ::kill(-pid_, SIGKILL);
+    reaped_ = true;
+}
+
+// A warm copy is the fork server's child: the server sends its wait status
+// (four bytes, this machine's byte order) when it ends, and kills it when
+// the life pipe closes. (The server kills the one it knows is its live
+// child: a pid killed from here might have been reaped and reused.)
+void AdapterProcess::reap_forked(double grace_seconds) {
+    const auto wait_for_status = [this](double seconds) {
+        const double until = now_seconds() + seconds;
+        std::string bytes;
+        while (bytes.size() < sizeof wait_status_) {
+            const double left = until - now_seconds();
+            pollfd ready{status_fd_, POLLIN, 0};
+            const int polled = left > 0 ? ::poll(&ready, 1, static_cast<int>(left * 1000) + 1) : 0;
+            if (polled < 0 && errno == EINTR) continue;
+            if (polled <= 0) return false;
+            char chunk[sizeof wait_status_];
+            const ssize_t n = ::read(status_fd_, chunk, sizeof chunk - bytes.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return false;
+            bytes.append(chunk, static_cast<std::size_t>(n));
+        }
+        std::memcpy(&wait_status_, bytes.data(), sizeof wait_status_);
+        return true;
+    };
+    if (!wait_for_status(grace_seconds)) {
+        close_quietly(life_fd_);
+        if (!wait_for_status(10)) {
+            // The server is gone or stuck: kill the copy from here.
+            ::kill(-pid_, SIGKILL);
+            ::kill(pid_, SIGKILL);
+            wait_status_ = SIGKILL;  // as waitpid reports a death by SIGKILL
+        }
+    }
+    close_quietly(life_fd_);
+    close_quietly(status_fd_);
     reaped_ = true;
 }
 

@@ -41,6 +41,7 @@ struct Hello {
     std::string description;
     Capabilities capabilities;
     bool copies_in_replies = false;  // each operation's reply carries its copies
+    bool fork = false;               // serves fork requests (offered a fork socket: docs/protocol.md section 10)
 };
 
 // Why a process cannot be used any more, as a sandbox fault: kind "crash"
@@ -73,6 +74,25 @@ class AdapterProcess {
     // the process's output tail.
     AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
                    FaultHandler on_fault = nullptr);
+    // The same, offering the process a fork socket: when its handshake says
+    // "fork", other processes may start warm copies of it (below).
+    struct OfferFork {};
+    AdapterProcess(OfferFork, const ProcessCommand& command, const std::string& output_path, double handshake_seconds);
+    // A warm start: asks `server` (a process that answered "fork", started
+    // by this process or one it forked from) for a copy of itself talking
+    // over new pipes of this process, then shakes hands with the copy. The
+    // copy is the server's child: this process learns how it ended from
+    // the server (its wait status on a pipe), and the server kills it when
+    // this process ends first. `lock_path` serializes the requests of
+    // several processes sharing the server. Throws ProcessError: "fork" when
+    // the server could not make the copy (the caller may start the command
+    // cold instead), else as the constructor above.
+    struct ForkFrom {
+        const AdapterProcess& server;
+        std::string lock_path;
+    };
+    AdapterProcess(const ForkFrom& from, const std::string& output_path, double handshake_seconds,
+                   FaultHandler on_fault = nullptr);
     ~AdapterProcess();
     AdapterProcess(const AdapterProcess&) = delete;
     AdapterProcess& operator=(const AdapterProcess&) = delete;
@@ -90,13 +110,16 @@ class AdapterProcess {
     pid_t pid() const { return pid_; }
     bool owned_here() const;  // started by this process (not inherited through fork)
     const std::string& output_path() const { return output_path_; }
+    // This end of the fork socket offered at the start (-1: none).
+    int fork_socket() const { return fork_socket_; }
     // The last `bytes_max` bytes the process wrote to stdout and stderr.
     std::string output_tail(std::size_t bytes_max = 4096) const;
     // Empties the output file (the next tail shows only what follows).
     void clear_output();
 
   private:
-    void start(const ProcessCommand& command);
+    void start(const ProcessCommand& command, bool offer_fork);
+    void start_forked(const ForkFrom& from);
     void handshake(double seconds);
     void send(const std::string& frame);
     // The next reply frame; `deadline` > 0: give up at that monotonic time.
@@ -105,6 +128,7 @@ class AdapterProcess {
     // After the reply pipe closed: how the process ended, as a fault.
     [[noreturn]] void died(const std::string& when);
     void reap(double grace_seconds);
+    void reap_forked(double grace_seconds);
 
     std::string command_text_;
     std::string output_path_;
@@ -116,6 +140,12 @@ class AdapterProcess {
     bool reaped_ = false;
     double handshake_seconds_ = 0;
     int wait_status_ = 0;
+    // A warm copy: the wait status arrives on status_fd_ from the fork
+    // server; life_fd_ is held open while the copy may live.
+    bool forked_ = false;
+    int status_fd_ = -1;
+    int life_fd_ = -1;
+    int fork_socket_ = -1;  // this end of a fork server's socket
     std::string buffer_;
     Hello hello_;
 };

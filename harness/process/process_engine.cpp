@@ -487,6 +487,7 @@ ProcessLauncher::ProcessLauncher(ProcessCommand command, LaunchOptions options)
 ProcessLauncher::~ProcessLauncher() {
     if (::getpid() != owner_) return;  // a forked child's copy: the parent cleans up
     connection_->process.reset();
+    fork_server_.reset();
     std::error_code ignored;
     std::filesystem::remove_all(directory_, ignored);
 }
@@ -499,9 +500,19 @@ Hello ProcessLauncher::probe() {
         const std::string& path;
         ~Remove() { std::remove(path.c_str()); }
     } remove{path};
-    AdapterProcess process(command_, path, options_.handshake_seconds);
-    return process.hello();
+    if (!options_.warm_starts || ::getpid() != owner_) {
+        AdapterProcess process(command_, path, options_.handshake_seconds);
+        return process.hello();
+    }
+    fork_server_.reset();
+    auto server = std::make_unique<AdapterProcess>(AdapterProcess::OfferFork{}, command_, output_path("fork-server"),
+                                                   options_.handshake_seconds);
+    const Hello hello = server->hello();
+    if (hello.fork) fork_server_ = std::move(server);
+    return hello;
 }
+
+bool ProcessLauncher::warm() const { return fork_server_ && fork_server_->alive() && fork_server_->hello().fork; }
 
 std::shared_ptr<Engine> ProcessLauncher::make() {
     Connection& connection = *connection_;
@@ -510,8 +521,22 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
         // An inherited process (a forked child's copy) only closes its
         // descriptors here; the parent still owns it.
         connection.process.reset();
-        connection.process = std::make_unique<AdapterProcess>(command_, output_path(std::to_string(::getpid())),
-                                                              options_.handshake_seconds, options_.on_fault);
+        const std::string output = output_path(std::to_string(::getpid()));
+        if (warm()) {
+            try {
+                connection.process = std::make_unique<AdapterProcess>(
+                    AdapterProcess::ForkFrom{*fork_server_, directory_ + "/fork.lock"}, output,
+                    options_.handshake_seconds, options_.on_fault);
+                if (options_.on_warm_start) options_.on_warm_start(connection.process->pid());
+            } catch (const ProcessError& error) {
+                if (error.fault().kind != "fork") throw;
+                // The server is gone or refused: the command, started cold.
+            }
+        }
+        if (!connection.process) {
+            connection.process = std::make_unique<AdapterProcess>(command_, output, options_.handshake_seconds,
+                                                                  options_.on_fault);
+        }
         connection.reset_due = false;
     } else if (connection.used) {
         // The reset goes with the new engine's first request: one round

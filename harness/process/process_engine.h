@@ -2,8 +2,9 @@
 // in any language (docs/protocol.md), checked exactly as an in-process one.
 //
 // ProcessLauncher is what the command line keeps per adapter: the command,
-// a directory for the processes' output, and the process the current
-// process started. make() hands out a ProcessEngine per trace; the process
+// a directory for the processes' output, the process the current process
+// started, and the fork server its warm starts copy (when the adapter
+// offers one: Python pays about a second to import torch per start). make() hands out a ProcessEngine per trace; the process
 // is reused across traces (a reset gives it a fresh engine: starting Python
 // with torch costs about a second; the reset goes with the new engine's
 // first request). A forked sandbox child starts a process of its own on its
@@ -42,6 +43,15 @@ struct LaunchOptions {
     // Runs before a process fault is thrown (kvcheck run: the sandbox child
     // ends itself, and the fault is reported as a FAULT verdict).
     FaultHandler on_fault;
+    // Warm starts: the probe's process is kept as a fork server when it
+    // offers to be one (docs/protocol.md section 10), and make() in any
+    // process (the sandbox's children too) starts a copy of it instead of
+    // the command: no second interpreter start. Off: every start runs the
+    // command (so does an adapter that does not offer it).
+    bool warm_starts = true;
+    // Runs with the pid of each warm copy started (kvcheck run: the sandbox
+    // counts its memory with the child's, as it counts a descendant's).
+    std::function<void(int)> on_warm_start;
 };
 
 // The engine session a ProcessEngine belongs to (process_engine.cpp).
@@ -57,13 +67,18 @@ class ProcessLauncher {
     ProcessLauncher(const ProcessLauncher&) = delete;
     ProcessLauncher& operator=(const ProcessLauncher&) = delete;
 
-    // Starts the command, shakes hands and stops it again: what the adapter
-    // says it is. Throws ProcessError ("start", "version").
+    // Starts the command and shakes hands: what the adapter says it is.
+    // The process is kept as the fork server of warm starts when it offers
+    // to be one (and warm_starts is on), else stopped again. Throws
+    // ProcessError ("start", "version").
     Hello probe();
-    // A fresh engine: the first starts this process's adapter process, the
-    // next ones reset it (with their first request: a reset that fails is
-    // a "start" ProcessError of that request).
+    // A fresh engine: the first starts this process's adapter process (a
+    // warm copy of the fork server when there is one, else the command),
+    // the next ones reset it (with their first request: a reset that fails
+    // is a "start" ProcessError of that request).
     std::shared_ptr<Engine> make();
+    // Whether the adapter processes of make() are warm copies.
+    bool warm() const;
     // What the adapter process started by process `pid` printed (its last
     // `bytes_max` bytes); its output file is removed. Empty when none.
     std::string take_output(int pid, std::size_t bytes_max = 4096);
@@ -79,6 +94,7 @@ class ProcessLauncher {
     std::string directory_;
     int owner_ = -1;
     std::shared_ptr<Connection> connection_;
+    std::unique_ptr<AdapterProcess> fork_server_;  // started by the owner; inherited by forked children
 };
 
 }  // namespace kvcheck::process

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -350,6 +351,58 @@ TEST_F(ProcessTest, TheProcessDiesWithTheProcessThatStartedIt) {
     ::close(pipe_fds[1]);
 }
 
+// The parent process id of `pid` (from /proc/<pid>/stat); -1 when gone.
+pid_t parent_of(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    if (text.empty()) return -1;
+    std::istringstream rest(text.substr(text.rfind(')') + 2));
+    std::string state;
+    pid_t parent = -1;
+    rest >> state >> parent;
+    return parent;
+}
+
+TEST_F(ProcessTest, AWarmCopyDiesWithTheProcessThatAskedForIt) {
+    // The copy is the fork server's child, not the asker's: PR_SET_PDEATHSIG
+    // cannot stop it; the server kills it when the asker's life pipe closes.
+    ProcessCommand command = fault_adapter("hang");
+    command.argv.push_back("--warm");
+    command.extra_env.push_back("PYTHONPATH=" KVCHECK_TEST_SDK_DIR);
+    ProcessLauncher launcher(command, {});
+    launcher.probe();
+    ASSERT_TRUE(launcher.warm());
+    int pipe_fds[2];
+    ASSERT_EQ(::pipe(pipe_fds), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        const std::shared_ptr<Engine> engine = launcher.make();
+        const pid_t adapter = launcher.process_id();
+        ssize_t written = ::write(pipe_fds[1], &adapter, sizeof adapter);
+        (void)written;
+        // The copy hangs on this request; SIGALRM kills this process while
+        // it waits (no destructor runs), as the sandbox kills a hung child.
+        ::alarm(1);
+        engine->stored_ids();
+        ::_exit(0);
+    }
+    pid_t adapter = -1;
+    ASSERT_EQ(::read(pipe_fds[0], &adapter, sizeof adapter), static_cast<ssize_t>(sizeof adapter));
+    ::waitpid(child, nullptr, 0);
+    ASSERT_GT(adapter, 0);
+    bool gone = false;
+    for (int i = 0; i < 600 && !gone; ++i) {
+        std::ifstream stat("/proc/" + std::to_string(adapter) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        gone = text.empty() || text.substr(text.rfind(')') + 2, 1) == "Z";
+        if (!gone) ::usleep(100000);
+    }
+    EXPECT_TRUE(gone) << "warm adapter copy " << adapter << " outlived the process that asked for it";
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+}
+
 // ---- the engine over the example store ------------------------------------------------
 
 TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
@@ -374,6 +427,8 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
     EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
     EXPECT_EQ(first->stored_ids(), (std::vector<std::string>{"a", "b"}));
     const int pid = launcher.process_id();
+    ASSERT_TRUE(launcher.warm());  // the example offers warm starts:
+    EXPECT_NE(parent_of(pid), ::getpid());  // the process is a copy of the fork server, not a child of this one
     const std::shared_ptr<Engine> second = launcher.make();
     EXPECT_EQ(launcher.process_id(), pid);  // the same process, reset
     EXPECT_TRUE(second->stored_ids().empty());
@@ -388,6 +443,20 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
         EXPECT_NE(std::string(error.what()).find("the adapter raised ValueError: handle 4 holds no cache"), std::string::npos)
             << error.what();
     }
+}
+
+TEST(ProcessEngine, ColdStartsRunTheCommandAndCheckTheSame) {
+    ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_EXAMPLE}, "activation_memory_adapter.py",
+                           {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR}};
+    LaunchOptions cold;
+    cold.warm_starts = false;
+    ProcessLauncher launcher(command, cold);
+    launcher.probe();
+    EXPECT_FALSE(launcher.warm());
+    const Trace trace = parse_trace("add a modern/f32/3:[kv2 kv2]\nh1 = get a\ngenerate h1 prompt=5 max=2\n");
+    const RunResult result = execute(trace, *launcher.make());
+    EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
+    EXPECT_EQ(parent_of(launcher.process_id()), ::getpid());
 }
 
 TEST_F(ProcessTest, AResetThatFailsIsAStartFaultOfTheNextEnginesFirstRequest) {

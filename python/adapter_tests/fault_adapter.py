@@ -21,7 +21,11 @@ other request:
                        adapter of an engine that rejects everything)
 
 --pid-file PATH writes the process id there first; --noise N prints N lines
-on stdout and stderr before the fault (kvcheck shows their tail).
+on stdout and stderr before the fault (kvcheck shows their tail). --warm
+makes it a fork server when kvcheck offers a fork socket (section 10 of
+the protocol, through the SDK's stdlib-only protocol module): the faults
+then happen in warm copies, which are the server's children, not
+kvcheck's.
 """
 
 import argparse
@@ -77,12 +81,24 @@ def main():
     parser.add_argument("--fault", required=True)
     parser.add_argument("--pid-file")
     parser.add_argument("--noise", type=int, default=0)
+    parser.add_argument("--warm", action="store_true")
     args = parser.parse_args()
+    request_fd = int(os.environ["KVCHECK_REQUEST_FD"])
+    reply_fd = int(os.environ["KVCHECK_REPLY_FD"])
+    if args.warm and "KVCHECK_FORK_FD" in os.environ:
+        from kvcheck_adapter import protocol
+
+        copy = protocol.serve_forks(
+            protocol.Connection.from_environment(),
+            int(os.environ["KVCHECK_FORK_FD"]),
+            lambda request: {"ok": True, "protocol": 3, "name": f"fault-{args.fault}"},
+        )
+        if copy is None:
+            return  # the server, shut down
+        request_fd, reply_fd = copy._requests.fileno(), copy._reply_fd
     if args.pid_file:
         with open(args.pid_file, "w") as out:
             out.write(str(os.getpid()))
-    request_fd = int(os.environ["KVCHECK_REQUEST_FD"])
-    reply_fd = int(os.environ["KVCHECK_REPLY_FD"])
     while True:
         header = read_exactly(request_fd, 4)
         if header is None:

@@ -38,8 +38,10 @@ def run_properties(kvcheck, adapter, *options):
         ("no-ok", "protocol", "has no boolean 'ok'"),
     ],
 )
-def test_a_broken_process_is_a_fault_of_each_property(kvcheck, kind, fault, words):
-    run = run_properties(kvcheck, fault_adapter(kind, "--noise", "50"))
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_a_broken_process_is_a_fault_of_each_property(kvcheck, kind, fault, words, start):
+    # warm: the broken processes are copies of a fork server (section 10).
+    run = run_properties(kvcheck, fault_adapter(kind, "--noise", "50", *(["--warm"] if start == "warm" else [])))
     assert run.status == 1, run.stdout + run.stderr
     for prop in PROPERTIES:  # the first fault did not end the run
         result = run.result(prop)
@@ -58,9 +60,13 @@ def process_gone(pid):
         return True
 
 
-def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_dir):
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_dir, start):
+    # warm: the hung copy is the fork server's child; the server kills it
+    # when the sandbox child that asked for it is killed.
     pid_file = os.path.join(scratch_dir, "adapter.pid")
-    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file, "--noise", "3"),
+    warm = ["--warm"] if start == "warm" else []
+    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file, "--noise", "3", *warm),
                   "--property", "store-contract", "--cases", "5", "--timeout", "10")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result("store-contract")
@@ -74,10 +80,13 @@ def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_
     assert process_gone(pid), f"the hung adapter process {pid} outlived its sandbox child"
 
 
-def test_memory_over_the_limit_is_a_fault(kvcheck):
-    # The limit is the sandbox child's and its adapter's together: 1 GiB
-    # leaves room for a child built with sanitizers; the adapter grows to 3.
-    run = kvcheck("run", "--adapter", fault_adapter("memory"), "--property", "store-contract", "--cases", "5",
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_memory_over_the_limit_is_a_fault(kvcheck, start):
+    # The limit is the sandbox child's and its adapter's together (a warm
+    # copy, not the child's descendant, is counted as one): 1 GiB leaves
+    # room for a child built with sanitizers; the adapter grows to 3.
+    warm = ["--warm"] if start == "warm" else []
+    run = kvcheck("run", "--adapter", fault_adapter("memory", *warm), "--property", "store-contract", "--cases", "5",
                   "--memory-mb", "1024")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result("store-contract")

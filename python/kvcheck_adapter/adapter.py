@@ -47,6 +47,7 @@ kvcheck makes one engine per trace: `serve` calls the factory again on each
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import cache as _cache
@@ -797,6 +798,13 @@ def serve(factory: Callable[[], Adapter]) -> None:
     # the process: the cyclic collector need not walk it again at every
     # full collection while requests are answered.
     gc.freeze()
+    fork_fd = os.environ.get("KVCHECK_FORK_FD")
+    if fork_fd:
+        # A fork server: kvcheck's other adapter processes are copies of
+        # this one (torch imported once); each copy returns here.
+        connection = _protocol.serve_forks(connection, int(fork_fd), Server(factory).handle)
+        if connection is None:
+            return
     _protocol.serve_loop(connection, Server(factory).handle)
 
 

@@ -110,6 +110,142 @@ def error_reply(error: BaseException) -> Dict[str, Any]:
     return {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": text}
 
 
+def serve_forks(
+    connection: Connection, fork_fd: int, handle: Callable[[Dict[str, Any]], Dict[str, Any]]
+) -> Optional[Connection]:
+    """The fork server of warm starts (docs/protocol.md section 10), for a
+    process kvcheck offered a fork socket ($KVCHECK_FORK_FD): answers the
+    handshake with "fork": true, then makes a copy of itself for each fork
+    request, talking over the pipes the request carries. Returns twice in a
+    sense: in each copy, the copy's connection (the caller serves it as a
+    process kvcheck started, handshake first); in the server, None when
+    kvcheck closes the pipes or asks to shut down (the copies still running
+    are killed). The server reaps its copies and sends each one's wait
+    status to the process that asked for it; it kills a copy when that
+    process's life pipe closes (the process ended)."""
+    import select
+    import signal
+    import socket
+    import struct
+
+    server = socket.socket(fileno=fork_fd)
+    children: Dict[int, list] = {}  # pid -> [status fd, life fd (-1 once closed)]
+    request_fd = connection._requests.fileno()
+    serving = True  # the socket is open at the other end
+
+    def reap(block: bool) -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fds = children.pop(pid, None)
+            if fds is None:
+                continue
+            try:
+                os.write(fds[0], struct.pack("=i", status))
+            except OSError:
+                pass  # the process that asked is gone
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+
+    def kill(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    while True:
+        watched = [request_fd] + ([server.fileno()] if serving else [])
+        watched += [fds[1] for fds in children.values() if fds[1] >= 0]
+        ready, _, _ = select.select(watched, [], [], 0.05 if children else None)
+        reap(False)
+        if request_fd in ready:
+            request = connection.receive()
+            if request is None or request.get("op") == "shutdown":
+                if request is not None:
+                    connection.send({"ok": True})
+                for pid in list(children):
+                    kill(pid)
+                reap(True)
+                return None
+            try:
+                reply = handle(request)
+            except Exception as error:  # noqa: BLE001 - as serve_loop
+                reply = error_reply(error)
+            if request.get("op") == "hello" and reply.get("ok"):
+                reply["fork"] = True
+            connection.send(reply)
+        for pid, fds in list(children.items()):
+            if fds[1] >= 0 and fds[1] in ready and not os.read(fds[1], 1):
+                os.close(fds[1])
+                fds[1] = -1
+                kill(pid)  # the process that asked for it ended
+        if serving and server.fileno() in ready:
+            message, fds, _, _ = socket.recv_fds(server, 65536, 8)
+            if not message and not fds:
+                serving = False  # every process holding the other end is gone
+                continue
+            try:
+                fork_request = json.loads(message)
+                if not isinstance(fork_request, dict) or len(fds) != 5:
+                    raise ProtocolError(f"a fork request needs a JSON object and 5 descriptors, got {len(fds)}")
+            except (ValueError, ProtocolError) as error:
+                for fd in fds:
+                    os.close(fd)
+                server.send(_encode({"ok": False, "error": str(error)}).encode("utf-8"))
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                return _become_copy(connection, server, children, fork_request, fds)
+            for fd in fds[:3]:
+                os.close(fd)
+            children[pid] = [fds[3], fds[4]]
+            server.send(_encode({"ok": True, "id": fork_request.get("id"), "pid": pid}).encode("utf-8"))
+
+
+def _become_copy(connection, server, children, fork_request, fds) -> Connection:
+    """In a fork server's new child: its own process group, the asker's
+    pipes, output file and address-space limit, nothing of the server's."""
+    import resource
+
+    requests, replies, output, status, life = fds
+    os.setpgid(0, 0)
+    server.close()
+    for held in children.values():
+        for fd in held:
+            if fd >= 0:
+                os.close(fd)
+    os.close(status)
+    os.close(life)
+    connection._requests.close()  # the server's pipes to kvcheck
+    os.close(connection._reply_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.environ.pop("KVCHECK_FORK_FD", None)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    address_space = fork_request.get("address_space_bytes")
+    if isinstance(address_space, int) and address_space > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            address_space = min(address_space, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, hard))
+    return Connection(requests, replies)
+
+
 def serve_loop(connection: Connection, handle: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
     """Answers requests until kvcheck closes the pipe or asks to shut down.
     `handle` maps a request to its reply; an exception it raises becomes an
