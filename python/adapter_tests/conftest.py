@@ -25,7 +25,7 @@ for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
 
 
 def kvcheck_binary():
-    found = os.environ.get("KVCHECK") or os.path.join(REPO, "build", "default", "harness", "cli", "kvcheck")
+    found = os.environ.get("KVCHECK") or os.path.join(REPO, "build", "default", "bin", "kvcheck")
     if not os.path.isfile(found):
         pytest.skip(f"no kvcheck binary at {found} (build it, or set $KVCHECK)")
     return found

@@ -204,13 +204,29 @@ def serve_forks(
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            server_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
+                _die_with_parent(server_pid)
                 return _become_copy(connection, server, children, fork_request, fds)
             for fd in fds[:3]:
                 os.close(fd)
             children[pid] = [fds[3], fds[4]]
             server.send(_encode({"ok": True, "id": fork_request.get("id"), "pid": pid}).encode("utf-8"))
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the fork server dies (Linux's PR_SET_PDEATHSIG), as a
+    process kvcheck starts dies with its starter; elsewhere nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(111)  # the server died before the line above
 
 
 def _become_copy(connection, server, children, fork_request, fds) -> Connection:

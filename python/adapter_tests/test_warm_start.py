@@ -1,0 +1,143 @@
+"""The fork server of warm starts (docs/protocol.md section 10), driven by
+hand as kvcheck drives it: a process offered a fork socket answers the
+handshake with "fork", makes a copy per fork request that serves the
+pipes it was given, reports each copy's wait status on its status pipe,
+kills a copy whose life pipe closes, and refuses a malformed request
+without dying. fault_adapter.py --warm (torch-free, quick to start) is the
+server; the SDK's protocol module is its fork side."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from conftest import FAULT_ADAPTER, PYTHON_DIR, SYSTEM_PYTHON
+from kvcheck_adapter import protocol
+
+
+class Server:
+    """A fault_adapter.py --warm process with its protocol pipes and fork socket."""
+
+    def __init__(self, fault, scratch_dir):
+        self.requests_r, self.requests_w = os.pipe()
+        self.replies_r, self.replies_w = os.pipe()
+        self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ, KVCHECK_REQUEST_FD="3", KVCHECK_REPLY_FD="4", KVCHECK_FORK_FD="6",
+                   PYTHONPATH=PYTHON_DIR)
+        fds = {3: self.requests_r, 4: self.replies_w, 6: theirs.fileno()}
+
+        def place_descriptors():
+            copies = {target: os.dup(source) for target, source in fds.items()}
+            for target, copy in copies.items():
+                os.dup2(copy, target)  # inheritable
+
+        self.output = open(os.path.join(scratch_dir, "server.out"), "wb")
+        self.process = subprocess.Popen([SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm"], env=env,
+                                        stdout=self.output, stderr=self.output, preexec_fn=place_descriptors,
+                                        close_fds=False)  # Python's own descriptors are not inheritable
+        theirs.close()
+        os.close(self.requests_r)
+        os.close(self.replies_w)
+        self.connection = protocol.Connection(self.replies_r, self.requests_w)  # we read replies, write requests
+
+    def call(self, request):
+        self.connection.send(request)
+        return self.connection.receive()
+
+    def fork(self, payload, fds):
+        socket.send_fds(self.socket, [json.dumps(payload).encode()], fds)
+        return json.loads(self.socket.recv(65536))
+
+    def stop(self):
+        self.call({"op": "shutdown"})
+        self.process.wait(timeout=60)
+        self.output.close()
+
+
+def copy_pipes(scratch_dir):
+    """The asker's ends and the copy's ends of a fork request's descriptors."""
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    status_r, status_w = os.pipe()
+    life_r, life_w = os.pipe()
+    output = os.open(os.path.join(scratch_dir, "copy.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    theirs = [requests_r, replies_w, output, status_w, life_r]
+    ours = {"connection": protocol.Connection(replies_r, requests_w), "status": status_r, "life": life_w}
+    return theirs, ours
+
+
+def wait_status(fd):
+    data = b""
+    while len(data) < 4:
+        chunk = os.read(fd, 4 - len(data))
+        assert chunk, "the status pipe closed without a status"
+        data += chunk
+    return struct.unpack("=i", data)[0]
+
+
+def test_a_copy_serves_its_own_pipes_and_its_end_is_reported(scratch_dir):
+    server = Server("exit", scratch_dir)
+    try:
+        hello = server.call({"op": "hello", "protocol": 3})
+        assert hello["ok"] and hello["fork"] is True, hello
+        theirs, ours = copy_pipes(scratch_dir)
+        answer = server.fork({"op": "fork", "id": "t.1"}, theirs)
+        for fd in theirs:
+            os.close(fd)
+        assert answer["ok"] and answer["id"] == "t.1" and answer["pid"] > 0, answer
+        copy = ours["connection"]
+        copy.send({"op": "hello", "protocol": 3})
+        assert copy.receive()["name"] == "fault-exit"  # a fresh handshake, on the copy's pipes
+        copy.send({"op": "stored_ids"})  # the copy's fault: exit with status 3
+        assert copy.receive() is None
+        status = wait_status(ours["status"])
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3
+        assert os.read(ours["status"], 1) == b""  # then closed
+    finally:
+        server.stop()
+    assert server.process.returncode == 0
+
+
+def test_a_copy_whose_asker_ends_is_killed(scratch_dir):
+    server = Server("hang", scratch_dir)
+    try:
+        server.call({"op": "hello", "protocol": 3})
+        theirs, ours = copy_pipes(scratch_dir)
+        answer = server.fork({"op": "fork", "id": "t.2"}, theirs)
+        for fd in theirs:
+            os.close(fd)
+        copy = ours["connection"]
+        copy.send({"op": "hello", "protocol": 3})
+        copy.receive()
+        copy.send({"op": "stored_ids"})  # the copy hangs on it
+        os.close(ours["life"])  # as when the asker dies
+        status = wait_status(ours["status"])
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        with pytest.raises(ProcessLookupError):
+            os.kill(answer["pid"], 0)
+    finally:
+        server.stop()
+
+
+def test_a_malformed_fork_request_is_refused_and_the_server_serves_on(scratch_dir):
+    server = Server("none", scratch_dir)
+    try:
+        server.call({"op": "hello", "protocol": 3})
+        refused = server.fork({"op": "fork", "id": "t.3"}, [])
+        assert refused["ok"] is False and "5 descriptors" in refused["error"], refused
+        theirs, ours = copy_pipes(scratch_dir)
+        answer = server.fork({"op": "fork", "id": "t.4"}, theirs)
+        for fd in theirs:
+            os.close(fd)
+        assert answer["ok"], answer
+        ours["connection"].send({"op": "hello", "protocol": 3})
+        assert ours["connection"].receive()["ok"]
+    finally:
+        server.stop()
+    # shutdown killed the copy still running, and said how it ended
+    status = wait_status(ours["status"])
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
