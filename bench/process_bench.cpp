@@ -15,6 +15,9 @@
 //   `kvcheck run` starts by default), each a process of kvcheck's with an
 //   adapter process of its own, all started before the clock runs;
 //   checked operations per second of wall-clock time, all jobs together;
+// - cli/python_example: `kvcheck run` of the Python example as a user runs
+//   it, warm starts against cold, alternating: checked operations per
+//   second of the command's wall-clock time, everything included;
 // - boundary/round_trip: one request and its reply (stored_ids, which the
 //   adapter answers from a list) between kvcheck and the Python process,
 //   the protocol's floor per request;
@@ -22,9 +25,14 @@
 //   that names it searched as `kvcheck run` does (seeded traces from
 //   seeds_per_bug first seeds far apart, the one property checked, then
 //   the shrinker), medians over the seeds of the time to the first failure,
-//   of the shrinking and of the two (the verdict). The process starts once
-//   per benchmark (a second or more: Python importing torch), outside the
-//   timing, as it starts once per property in a kvcheck run; traces reset it.
+//   of the shrinking and of the two (the verdict). Each search runs in a
+//   child process of its own with an adapter process of its own, a warm
+//   copy of a fork server, as in a kvcheck run: the adapter's start is in
+//   the verdict (start_s: that part);
+// - time_to_verdict_cold/<bug>: the same, each child's adapter process
+//   started cold (Python importing torch: a second or more);
+// - time_to_verdict_reused/<bug>: one adapter process for all the
+//   searches, started outside the timing (traces reset it).
 // The Python side's work is another process's: the numbers are wall-clock.
 #include "bench_util.h"
 #include "verdicts.h"
@@ -37,8 +45,11 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
@@ -258,6 +269,66 @@ void round_trip(benchmark::State& state) {
     state.counters["round_trip_us"] = micros.median();
 }
 
+// cli/python_example: `kvcheck run` of the Python example, the default
+// options (every property, 100 cases each, as many jobs as cores), as a
+// user runs it, with warm starts and with KVCHECK_COLD_START=1, alternating
+// round by round; checked operations (from its closing line) per second of
+// the whole command's wall-clock time, adapter starts included.
+struct CliRun {
+    double ops = 0;
+    double seconds = 0;
+};
+
+std::optional<CliRun> kvcheck_run(bool warm, std::uint64_t seed) {
+    const std::string command = std::string(warm ? "" : "KVCHECK_COLD_START=1 ") + "'" KVCHECK_BINARY "' run --adapter '" +
+                                KVCHECK_SOURCE_DIR "/python/examples/activation_memory_adapter.py' --quiet --seed " +
+                                std::to_string(seed) + " 2>&1 >/dev/null";
+    const double start = now_seconds();
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return std::nullopt;
+    std::string text;
+    char chunk[4096];
+    while (const std::size_t n = std::fread(chunk, 1, sizeof chunk, pipe)) text.append(chunk, n);
+    const int status = ::pclose(pipe);
+    const double seconds = now_seconds() - start;
+    const std::string marker = " operations checked, in ";
+    const std::size_t at = text.find(marker);
+    if (status != 0 || at == std::string::npos) return std::nullopt;
+    std::size_t begin = at;
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(text[begin - 1]))) --begin;
+    if (begin == at) return std::nullopt;
+    return CliRun{std::stod(text.substr(begin, at - begin)), seconds};
+}
+
+void cli_python_example(benchmark::State& state) {
+    constexpr int rounds = 3;
+    Samples warm_rate, cold_rate, ratio;
+    double ops = 0;
+    for (auto _ : state) {
+        for (int round = 0; round < rounds; ++round) {
+            const std::uint64_t seed = 1 + static_cast<std::uint64_t>(round);
+            std::optional<CliRun> warm, cold;
+            if (round % 2 == 0) {
+                warm = kvcheck_run(true, seed);
+                cold = kvcheck_run(false, seed);
+            } else {
+                cold = kvcheck_run(false, seed);
+                warm = kvcheck_run(true, seed);
+            }
+            if (!warm || !cold) return state.SkipWithError("kvcheck run failed or printed no closing line");
+            warm_rate.add(warm->ops / warm->seconds);
+            cold_rate.add(cold->ops / cold->seconds);
+            ratio.add(cold->seconds / warm->seconds);
+            ops = warm->ops;
+        }
+    }
+    state.counters["rounds"] = rounds;
+    state.counters["ops_per_run"] = ops;
+    state.counters["warm_ops_per_s"] = warm_rate.median();
+    state.counters["cold_ops_per_s"] = cold_rate.median();
+    state.counters["cold_over_warm_time"] = ratio.median();
+}
+
 struct Bug {
     const char* name;
     Property property;  // the property that names it
@@ -270,6 +341,111 @@ constexpr Bug bugs[] = {
     {"shallow_clone", Property::clone_independent},
     {"double_copy", Property::single_copy},
 };
+
+// What a search in a forked child sends back (time_to_verdict's fresh
+// processes).
+struct ChildVerdict {
+    double start_s = 0;  // fork to the adapter process's handshake done
+    double find_s = 0;   // then to the first failure
+    double shrink_s = 0;
+    std::size_t tried = 0;
+    std::size_t shrunk_ops = 0;
+    bool found = false;
+};
+
+// time_to_verdict/<bug> and time_to_verdict_cold/<bug>: each search in a
+// child process of its own, forked from the benchmark, with an adapter
+// process of its own, as `kvcheck run` searches each property in a
+// sandboxed child: the adapter's start is part of the verdict. warm: the
+// probe's process is a fork server, and each child's adapter a copy of it
+// (docs/protocol.md section 10); cold: each child runs the command (Python
+// imports torch again).
+void time_to_verdict_fresh(benchmark::State& state, const Bug* bug, bool warm) {
+    process::LaunchOptions launch;
+    launch.warm_starts = warm;
+    process::ProcessLauncher launcher(example(bug->name), launch);
+    launcher.probe();
+    if (launcher.warm() != warm) {
+        state.SkipWithError("the example did not offer warm starts");
+        return;
+    }
+    WorkloadOptions options;
+    {
+        // The capabilities, from a child's engine: this process keeps none
+        // running (a child's copy would share its pipes).
+        int pipe_fds[2];
+        if (::pipe(pipe_fds) != 0) return state.SkipWithError("pipe failed");
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            const Capabilities capabilities = launcher.make()->capabilities();
+            const bool written = ::write(pipe_fds[1], &capabilities, sizeof capabilities) == sizeof capabilities;
+            ::_exit(written ? 0 : 3);
+        }
+        Capabilities capabilities;
+        const bool read = ::read(pipe_fds[0], &capabilities, sizeof capabilities) == sizeof capabilities;
+        ::waitpid(pid, nullptr, 0);
+        ::close(pipe_fds[0]);
+        ::close(pipe_fds[1]);
+        if (!read) return state.SkipWithError("no capabilities");
+        options.capabilities = capabilities;
+    }
+    RunOptions run;
+    run.properties = PropertySet::only(bug->property);
+    VerdictSamples verdicts;
+    Samples start_s;
+    for (auto _ : state) {
+        for (int k = 0; k < seeds_per_bug; ++k) {
+            const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
+            int pipe_fds[2];
+            if (::pipe(pipe_fds) != 0) return state.SkipWithError("pipe failed");
+            const double start = now_seconds();
+            const pid_t pid = ::fork();
+            if (pid == 0) {
+                ChildVerdict verdict;
+                const std::shared_ptr<Engine> first = launcher.make();
+                (void)first->stored_ids();  // the handshake is done; one request answered
+                verdict.start_s = now_seconds() - start;
+                const double searching = now_seconds();
+                const Oracle oracle = [&](const Trace& candidate) {
+                    return execute(candidate, *launcher.make(), run).failure;
+                };
+                std::optional<Failure> failure;
+                Trace trace;
+                while (!failure && verdict.tried < traces_max) {
+                    trace = trace_for_seed(first_seed + verdict.tried++, options);
+                    failure = oracle(trace);
+                }
+                verdict.find_s = now_seconds() - searching;
+                if (failure) {
+                    const double shrinking = now_seconds();
+                    verdict.shrunk_ops = shrink(trace, *failure, oracle).trace.size();
+                    verdict.shrink_s = now_seconds() - shrinking;
+                    verdict.found = true;
+                }
+                const bool written = ::write(pipe_fds[1], &verdict, sizeof verdict) == sizeof verdict;
+                ::_exit(written ? 0 : 3);
+            }
+            ChildVerdict verdict;
+            const bool read = pid > 0 && ::read(pipe_fds[0], &verdict, sizeof verdict) == sizeof verdict;
+            const double total = now_seconds() - start;
+            if (pid > 0) ::waitpid(pid, nullptr, 0);
+            ::close(pipe_fds[0]);
+            ::close(pipe_fds[1]);
+            if (!read) return state.SkipWithError("a search child did not report");
+            if (!verdict.found) {
+                verdicts.missed();
+                continue;
+            }
+            // find: from the fork (the start included) to the failure; the
+            // verdict is then the child's whole time, as the parent saw it
+            // less the shrinking.
+            verdicts.add(total - verdict.shrink_s, verdict.shrink_s, verdict.tried, verdict.shrunk_ops);
+            start_s.add(verdict.start_s);
+        }
+    }
+    verdicts.report(state, seeds_per_bug);
+    state.counters["start_s"] = start_s.median();
+}
 
 void time_to_verdict(benchmark::State& state, const Bug* bug) {
     process::ProcessLauncher launcher(example(bug->name), {});
@@ -308,10 +484,21 @@ const bool registered = [] {
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/python_jobs", python_jobs)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    benchmark::RegisterBenchmark("cli/python_example", cli_python_example)
+        ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/round_trip", round_trip)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
     for (const Bug& bug : bugs) {
-        benchmark::RegisterBenchmark((std::string("time_to_verdict/") + bug.name).c_str(), time_to_verdict, &bug)
+        benchmark::RegisterBenchmark((std::string("time_to_verdict/") + bug.name).c_str(), time_to_verdict_fresh, &bug, true)
+            ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    }
+    for (const Bug& bug : bugs) {
+        benchmark::RegisterBenchmark((std::string("time_to_verdict_cold/") + bug.name).c_str(), time_to_verdict_fresh, &bug,
+                                     false)
+            ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+    }
+    for (const Bug& bug : bugs) {
+        benchmark::RegisterBenchmark((std::string("time_to_verdict_reused/") + bug.name).c_str(), time_to_verdict, &bug)
             ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     }
     return true;
