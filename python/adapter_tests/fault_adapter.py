@@ -25,7 +25,8 @@ on stdout and stderr before the fault (kvcheck shows their tail). --warm
 makes it a fork server when kvcheck offers a fork socket (section 10 of
 the protocol, through the SDK's stdlib-only protocol module): the faults
 then happen in warm copies, which are the server's children, not
-kvcheck's.
+kvcheck's. --thread runs a second thread first (a fork server then
+declines).
 """
 
 import argparse
@@ -82,7 +83,12 @@ def main():
     parser.add_argument("--pid-file")
     parser.add_argument("--noise", type=int, default=0)
     parser.add_argument("--warm", action="store_true")
+    parser.add_argument("--thread", action="store_true", help="run a second thread (no fork server then)")
     args = parser.parse_args()
+    if args.thread:
+        import threading
+
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     request_fd = int(os.environ["KVCHECK_REQUEST_FD"])
     reply_fd = int(os.environ["KVCHECK_REPLY_FD"])
     if args.warm and "KVCHECK_FORK_FD" in os.environ:

@@ -22,7 +22,7 @@ from kvcheck_adapter import protocol
 class Server:
     """A fault_adapter.py --warm process with its protocol pipes and fork socket."""
 
-    def __init__(self, fault, scratch_dir):
+    def __init__(self, fault, scratch_dir, *extra):
         self.requests_r, self.requests_w = os.pipe()
         self.replies_r, self.replies_w = os.pipe()
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -36,7 +36,7 @@ class Server:
                 os.dup2(copy, target)  # inheritable
 
         self.output = open(os.path.join(scratch_dir, "server.out"), "wb")
-        self.process = subprocess.Popen([SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm"], env=env,
+        self.process = subprocess.Popen([SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm", *extra], env=env,
                                         stdout=self.output, stderr=self.output, preexec_fn=place_descriptors,
                                         close_fds=False)  # Python's own descriptors are not inheritable
         theirs.close()
@@ -141,3 +141,15 @@ def test_a_malformed_fork_request_is_refused_and_the_server_serves_on(scratch_di
     # shutdown killed the copy still running, and said how it ended
     status = wait_status(ours["status"])
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def test_a_process_running_threads_declines_to_serve_forks(scratch_dir):
+    # A fork copies one thread: a process with two answers the handshake
+    # without "fork", and serves as a process started cold.
+    server = Server("none", scratch_dir, "--thread")
+    try:
+        hello = server.call({"op": "hello", "protocol": 3})
+        assert hello["ok"] and "fork" not in hello, hello
+        assert server.call({"op": "stored_ids"})["ok"] is False  # the "none" fault: an engine that rejects everything
+    finally:
+        server.stop()

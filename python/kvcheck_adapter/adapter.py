@@ -802,6 +802,7 @@ def serve(factory: Callable[[], Adapter]) -> None:
     if fork_fd:
         # A fork server: kvcheck's other adapter processes are copies of
         # this one (torch imported once); each copy returns here.
+        # (A process running other threads serves as usual instead.)
         connection = _protocol.serve_forks(connection, int(fork_fd), Server(factory).handle)
         if connection is None:
             return

@@ -116,8 +116,10 @@ def serve_forks(
     """The fork server of warm starts (docs/protocol.md section 10), for a
     process kvcheck offered a fork socket ($KVCHECK_FORK_FD): answers the
     handshake with "fork": true, then makes a copy of itself for each fork
-    request, talking over the pipes the request carries. Returns twice in a
-    sense: in each copy, the copy's connection (the caller serves it as a
+    request, talking over the pipes the request carries. A process that
+    runs more than one thread is no server (a fork copies one thread):
+    the connection is returned at once, for the caller to serve as usual.
+    Otherwise it returns twice in a sense: in each copy, the copy's connection (the caller serves it as a
     process kvcheck started, handshake first); in the server, None when
     kvcheck closes the pipes or asks to shut down (the copies still running
     are killed). The server reaps its copies and sends each one's wait
@@ -129,6 +131,13 @@ def serve_forks(
     import struct
 
     server = socket.socket(fileno=fork_fd)
+    if _threads() > 1:
+        # A fork copies only the calling thread: a lock another thread
+        # holds stays locked in the copy forever. Not a server: the caller
+        # serves the connection itself, and kvcheck starts every other
+        # adapter process cold.
+        server.close()
+        return connection
     children: Dict[int, list] = {}  # pid -> [status fd, life fd (-1 once closed)]
     request_fd = connection._requests.fileno()
     serving = True  # the socket is open at the other end
@@ -197,6 +206,9 @@ def serve_forks(
                 fork_request = json.loads(message)
                 if not isinstance(fork_request, dict) or len(fds) != 5:
                     raise ProtocolError(f"a fork request needs a JSON object and 5 descriptors, got {len(fds)}")
+                threads = _threads()
+                if threads > 1:
+                    raise ProtocolError(f"the server runs {threads} threads now: a copy would hold only one")
             except (ValueError, ProtocolError) as error:
                 for fd in fds:
                     os.close(fd)
@@ -213,6 +225,16 @@ def serve_forks(
                 os.close(fd)
             children[pid] = [fds[3], fds[4]]
             server.send(_encode({"ok": True, "id": fork_request.get("id"), "pid": pid}).encode("utf-8"))
+
+
+def _threads() -> int:
+    """The threads of this process (Linux's /proc; elsewhere Python's own)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
 
 
 def _die_with_parent(parent: int) -> None:
