@@ -324,6 +324,34 @@ TEST_F(ProcessTest, TheOutputIsKeptAndClearedAtReset) {
     EXPECT_EQ(process.output_tail(), "");
 }
 
+// What /proc/<pid>/stat says after the command's name (state, parent, ...);
+// empty when the process is gone.
+std::string stat_after_name(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::size_t name_end = text.rfind(')');
+    return name_end == std::string::npos || name_end + 2 > text.size() ? std::string() : text.substr(name_end + 2);
+}
+
+// Whether `pid` ends (is gone, or a zombie not yet reaped) within a minute.
+bool ends_within_a_minute(pid_t pid) {
+    for (int i = 0; i < 600; ++i) {
+        const std::string rest = stat_after_name(pid);
+        if (rest.empty() || rest[0] == 'Z') return true;
+        ::usleep(100000);
+    }
+    return false;
+}
+
+// The parent process id of `pid`; -1 when gone.
+pid_t parent_of(pid_t pid) {
+    std::istringstream rest(stat_after_name(pid));
+    std::string state;
+    pid_t parent = -1;
+    rest >> state >> parent;
+    return parent;
+}
+
 TEST_F(ProcessTest, TheProcessDiesWithTheProcessThatStartedIt) {
     int pipe_fds[2];
     ASSERT_EQ(::pipe(pipe_fds), 0);
@@ -339,28 +367,9 @@ TEST_F(ProcessTest, TheProcessDiesWithTheProcessThatStartedIt) {
     pid_t adapter = -1;
     ASSERT_EQ(::read(pipe_fds[0], &adapter, sizeof adapter), static_cast<ssize_t>(sizeof adapter));
     ::waitpid(child, nullptr, 0);
-    bool gone = false;
-    for (int i = 0; i < 600 && !gone; ++i) {
-        std::ifstream stat("/proc/" + std::to_string(adapter) + "/stat");
-        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-        gone = text.empty() || text.substr(text.rfind(')') + 2, 1) == "Z";
-        if (!gone) ::usleep(100000);
-    }
-    EXPECT_TRUE(gone) << "adapter process " << adapter << " outlived the process that started it";
+    EXPECT_TRUE(ends_within_a_minute(adapter)) << "adapter process " << adapter << " outlived the process that started it";
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
-}
-
-// The parent process id of `pid` (from /proc/<pid>/stat); -1 when gone.
-pid_t parent_of(pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    if (text.empty()) return -1;
-    std::istringstream rest(text.substr(text.rfind(')') + 2));
-    std::string state;
-    pid_t parent = -1;
-    rest >> state >> parent;
-    return parent;
 }
 
 TEST_F(ProcessTest, AWarmCopyDiesWithTheProcessThatAskedForIt) {
@@ -391,14 +400,7 @@ TEST_F(ProcessTest, AWarmCopyDiesWithTheProcessThatAskedForIt) {
     ASSERT_EQ(::read(pipe_fds[0], &adapter, sizeof adapter), static_cast<ssize_t>(sizeof adapter));
     ::waitpid(child, nullptr, 0);
     ASSERT_GT(adapter, 0);
-    bool gone = false;
-    for (int i = 0; i < 600 && !gone; ++i) {
-        std::ifstream stat("/proc/" + std::to_string(adapter) + "/stat");
-        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-        gone = text.empty() || text.substr(text.rfind(')') + 2, 1) == "Z";
-        if (!gone) ::usleep(100000);
-    }
-    EXPECT_TRUE(gone) << "warm adapter copy " << adapter << " outlived the process that asked for it";
+    EXPECT_TRUE(ends_within_a_minute(adapter)) << "warm adapter copy " << adapter << " outlived the process that asked for it";
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
 }
