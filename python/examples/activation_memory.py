@@ -37,7 +37,6 @@ Run with the SDK importable (PYTHONPATH=python, from the repository root).
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import inspect
 import io
@@ -243,7 +242,7 @@ class ActivationMemory:
         with open(path, "rb") as file:
             archive = _verified_payload(file.read(), path)
         try:
-            payload = torch.load(io.BytesIO(archive), **_safe_load_arguments())
+            payload = torch.load(io.BytesIO(archive), **_SAFE_LOAD_ARGUMENTS)
         except Exception as error:  # torch.load raises many kinds for a bad file
             raise DumpError(f"cannot load dump {path}: {type(error).__name__}: {error}") from None
         items = _decode_payload(payload, path)
@@ -286,9 +285,8 @@ def _encode_item(item: MemoryItem) -> tuple:
     return (item.id, tuple(sorted(item.metadata.items())), _encode_cache(item.cache))
 
 
-def _safe_load_arguments() -> dict:
-    # weights_only (torch >= 1.13) unpickles tensors and plain containers only.
-    return {"weights_only": True} if "weights_only" in inspect.signature(torch.load).parameters else {}
+# weights_only (torch >= 1.13) unpickles tensors and plain containers only.
+_SAFE_LOAD_ARGUMENTS = {"weights_only": True} if "weights_only" in inspect.signature(torch.load).parameters else {}
 
 
 def _check(condition: bool, path: str, fault: str) -> None:
@@ -374,11 +372,12 @@ def _remove_stale_temporaries(directory: str) -> None:
     """Removes the temporary files of dumps that will never finish: those
     of this process (an interrupted dump) and of processes that are gone.
     A temporary file of another running process is its dump in progress."""
-    for stale in glob.glob(os.path.join(glob.escape(directory), DUMP_FILE_NAME + ".tmp-*")):
-        if _writer_alive(stale.rsplit(".tmp-", 1)[1]):
+    prefix = DUMP_FILE_NAME + ".tmp-"
+    for name in os.listdir(directory):
+        if not name.startswith(prefix) or _writer_alive(name[len(prefix) :]):
             continue
         try:
-            os.remove(stale)
+            os.remove(os.path.join(directory, name))
         except FileNotFoundError:
             pass
 

@@ -260,7 +260,16 @@ def view_json(cache) -> Dict[str, Any]:
     pending: List[tuple] = []
     if layout == "modern":
         for layer in cache.layers:
-            slots = [_slot_json(getattr(layer, name, None), pending) for name in _content.SLOT_NAMES]
+            keys, values, key_cache, value_cache = (getattr(layer, name, None) for name in _content.SLOT_NAMES)
+            # key_cache and value_cache are most often keys and values
+            # themselves (the aliases transformers keeps): read once.
+            keys_json, values_json = _slot_json(keys, pending), _slot_json(values, pending)
+            slots = [
+                keys_json,
+                values_json,
+                keys_json if key_cache is keys else _slot_json(key_cache, pending),
+                values_json if value_cache is values else _slot_json(value_cache, pending),
+            ]
             layers.append({"initialized": _initialized(layer), "slots": slots})
     else:
         keys, values = cache.key_cache, cache.value_cache
