@@ -44,6 +44,7 @@ class Samples {
         return n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
     }
     double max() const { return values_.empty() ? 0 : *std::max_element(values_.begin(), values_.end()); }
+    double min() const { return values_.empty() ? 0 : *std::min_element(values_.begin(), values_.end()); }
 
   private:
     std::vector<double> values_;

@@ -14,7 +14,10 @@
 //   machine: the same traces shared by as many jobs as it has cores (what
 //   `kvcheck run` starts by default), each a process of kvcheck's with an
 //   adapter process of its own, all started before the clock runs;
-//   checked operations per second of wall-clock time, all jobs together;
+//   checked operations per second of wall-clock time, all jobs together:
+//   the median of python_jobs_rounds rounds (fresh processes each), and
+//   the slowest and fastest round (a round is a second or two: one alone
+//   swings with the machine's load);
 // - cli/python_example: `kvcheck run` of the Python example as a user runs
 //   it, warm starts against cold, alternating: checked operations per
 //   second of the command's wall-clock time, everything included;
@@ -63,6 +66,7 @@ namespace {
 using namespace kvcheck;
 
 constexpr std::size_t boundary_traces = 300;
+constexpr int python_jobs_rounds = 5;
 constexpr std::size_t round_trips = 2000;
 constexpr int seeds_per_bug = 10;
 constexpr std::uint64_t seed_spacing = 100003;
@@ -205,7 +209,9 @@ void python_jobs(benchmark::State& state) {
     for (std::size_t i = 0; i < boundary_traces; ++i) traces.push_back(trace_of(1 + i, options, true));
     JobResult total;
     double wall_s = 0;
+    Samples rates;  // each round's checked operations per second
     for (auto _ : state) {
+        const std::size_t ops_before = total.ops;
         int ready[2], go[2], out[2];
         if (::pipe(ready) != 0 || ::pipe(go) != 0 || ::pipe(out) != 0) {
             state.SkipWithError("pipe failed");
@@ -234,7 +240,9 @@ void python_jobs(benchmark::State& state) {
             total.adapter_cpu_s += one.adapter_cpu_s;
             ++reported;
         }
-        wall_s += now_seconds() - start;
+        const double round_s = now_seconds() - start;
+        wall_s += round_s;
+        rates.add(static_cast<double>(total.ops - ops_before) / round_s);
         for (const pid_t pid : children) ::waitpid(pid, nullptr, 0);
         for (const int fd : {ready[0], ready[1], go[0], go[1], out[0], out[1]}) ::close(fd);
         if (started < jobs || reported < jobs) {
@@ -246,7 +254,10 @@ void python_jobs(benchmark::State& state) {
     state.counters["jobs"] = static_cast<double>(jobs);
     state.counters["python_ops"] = ops;
     state.counters["python_failures"] = static_cast<double>(total.failures);
-    state.counters["python_ops_per_s"] = ops / wall_s;
+    state.counters["python_ops_per_s"] = rates.median();
+    state.counters["python_ops_per_s_min"] = rates.min();
+    state.counters["python_ops_per_s_max"] = rates.max();
+    state.counters["rounds"] = static_cast<double>(rates.size());
     state.counters["kvcheck_cpu_us_per_op"] = total.kvcheck_cpu_s / ops * 1e6;
     state.counters["adapter_cpu_us_per_op"] = total.adapter_cpu_s / ops * 1e6;
     state.counters["python_ops_per_cpu_s"] = ops / (total.kvcheck_cpu_s + total.adapter_cpu_s);
@@ -483,7 +494,7 @@ const bool registered = [] {
     benchmark::RegisterBenchmark("boundary/python_vs_reference_no_generation", python_vs_reference, false)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/python_jobs", python_jobs)
-        ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+        ->Iterations(python_jobs_rounds)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("cli/python_example", cli_python_example)
         ->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
     benchmark::RegisterBenchmark("boundary/round_trip", round_trip)

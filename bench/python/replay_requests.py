@@ -13,6 +13,11 @@ in a fresh process (the SDK's memos start empty, as in the adapter
 process of a benchmark, which sees each request once). Dumps are written
 under $TMPDIR: set TMPDIR=/dev/shm to leave the disk out, as the benchmark
 command of BENCHMARKS.md does.
+
+--switch-off observations|copy-tracker (repeatable) replays with a part of the SDK's
+checking switched off (the facts in replies; the dispatch mode that counts
+copies), to measure what that part costs. The replies are then not what
+kvcheck needs: for measuring only.
 """
 
 import argparse
@@ -32,7 +37,7 @@ sys.path.insert(0, os.path.join(_ROOT, "python"))
 sys.path.insert(0, os.path.join(_ROOT, "python", "examples"))
 
 import activation_memory_adapter  # noqa: E402
-from kvcheck_adapter import decoder  # noqa: E402
+from kvcheck_adapter import adapter, decoder  # noqa: E402
 from kvcheck_adapter.adapter import Server  # noqa: E402
 from kvcheck_adapter.protocol import _encode, error_reply  # noqa: E402
 
@@ -61,9 +66,20 @@ def _replay(requests, model, directory, profile):
     return seconds
 
 
-def _one_run(recording: str, profile_order) -> None:
+def _switch_off(part: str) -> None:
+    """Switches off one part of the SDK's checking in this process (see the
+    module doc)."""
+    if part == "observations":
+        adapter.Server._observed = lambda self, handles, ids: {"handles": [], "entries": [], "stored_ids": []}
+    elif part == "copy-tracker":
+        adapter._Tracker = lambda: None  # as for an engine that logs its copies (take_copies)
+
+
+def _one_run(recording: str, profile_order, switch_off) -> None:
     """One replay in this process; prints {op: CPU seconds} as JSON on the
     last line (and the profile before it)."""
+    for part in switch_off or ():
+        _switch_off(part)
     with open(recording, encoding="utf-8") as lines:
         requests = [json.loads(line) for line in lines if line.strip()]
     model = decoder.Decoder()
@@ -90,16 +106,19 @@ def main() -> None:
     parser.add_argument("recording")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", choices=["tottime", "cumulative"], help="a cProfile listing of the last run (on stderr)")
+    parser.add_argument("--switch-off", choices=["observations", "copy-tracker"], action="append", help="measure without this part (see above)")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one_run:
-        _one_run(arguments.recording, arguments.profile)
+        _one_run(arguments.recording, arguments.profile, arguments.switch_off)
         return
     with open(arguments.recording, encoding="utf-8") as lines:
         counts = collections.Counter(json.loads(line)["op"] for line in lines if line.strip())
     runs = []
     for run in range(arguments.runs):
         command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), arguments.recording, "--one-run"]
+        for part in arguments.switch_off or ():
+            command += ["--switch-off", part]
         if arguments.profile and run == arguments.runs - 1:
             command += ["--profile", arguments.profile]
         output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
