@@ -77,18 +77,6 @@ CacheContent expand(const CacheSpec& spec) {
 
 namespace {
 
-float float_of(std::uint32_t bits) {
-    float value = 0;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-std::uint32_t bits_of(float value) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
 // float16: 10 mantissa bits, exponents -14..15, subnormals in steps of
 // 2^-24. Done on the bits so that it depends on no rounding mode.
 float round_to_f16(float value) {

@@ -16,7 +16,9 @@
 
 namespace {
 
+using kvcheck::bits_of;
 using kvcheck::content_hash;
+using kvcheck::float_of;
 
 std::vector<float> ramp(std::size_t count) {
     std::vector<float> values(count);
@@ -25,18 +27,6 @@ std::vector<float> ramp(std::size_t count) {
 }
 
 std::uint64_t hash_of(const std::vector<float>& values) { return content_hash(values.data(), values.size()); }
-
-float float_of(std::uint32_t bits) {
-    float value = 0;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-std::uint32_t bits_of(float value) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
 
 const std::size_t lengths[] = {1, 2, 7, 8, 9, 15, 16, 17, 40, 41};
 

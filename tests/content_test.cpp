@@ -18,19 +18,9 @@
 
 namespace {
 
+using kvcheck::bits_of;
 using kvcheck::Dtype;
-
-std::uint32_t bits_of(float value) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
-float float_of(std::uint32_t bits) {
-    float value = 0;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
+using kvcheck::float_of;
 
 // `values` cast by torch to `dtype` and back to float32.
 std::vector<float> torch_round(const std::vector<float>& values, at::ScalarType dtype) {

@@ -82,6 +82,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -182,6 +183,19 @@ float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std:
 // `value` rounded to the nearest value of `dtype`, ties to even, as torch's
 // `.to(dtype)` rounds (see the top of this file).
 float round_to(Dtype dtype, float value);
+
+// A float32's bit pattern, and the float32 of a bit pattern (the terms
+// slot_value and round_to are written in).
+inline std::uint32_t bits_of(float value) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+inline float float_of(std::uint32_t bits) {
+    float value = 0;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
 
 // Fills `out` (heads x tokens x head_dim, row-major, batch 1) with a slot's
 // values: the concatenation of its segments along tokens, each segment's
