@@ -366,12 +366,24 @@ TEST(Dump, OrphanedTemporaryFilesAreRemovedByTheNextDumpOrLoad) {
 
 // Real kills and power cuts, at every counted call: durability_test.cpp.
 
-const std::string python = "/usr/bin/python3";
+// The interpreters that read dumps: Debian's (torch 1.13) and the project's
+// .venv (torch 2.x, whose torch.load defaults to weights_only). Both are
+// installed by scripts/bootstrap; a missing one fails, never skips.
+class PythonReadsDump : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        const std::string check = GetParam() + " -c 'import torch' 2>/dev/null";
+        ASSERT_EQ(std::system(check.c_str()), 0) << GetParam() << " has no torch (scripts/bootstrap installs it)";
+    }
+};
 
-bool python_has_torch() { return std::system((python + " -c 'import torch' 2>/dev/null").c_str()) == 0; }
+INSTANTIATE_TEST_SUITE_P(Torch, PythonReadsDump, ::testing::Values(KVCHECK_TEST_PYTHON_TORCH1, KVCHECK_TEST_PYTHON_TORCH2),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                             return info.index == 0 ? std::string("torch1") : std::string("torch2");
+                         });
 
-TEST(Dump, PythonReadsDumpsWithoutRunningTheirCode) {
-    if (!python_has_torch()) GTEST_SKIP() << "Debian's python3-torch is not installed for " << python;
+TEST_P(PythonReadsDump, WithoutRunningTheirCode) {
+    const std::string python = GetParam();
     const std::string dir = fresh_dir("python-payload");
     const std::string file = dump_path(dir);
     const std::string marker = dir + "/payload-ran";
@@ -388,23 +400,23 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
     const std::string safe = python + " " KVCHECK_SOURCE_DIR "/tests/read_dump.py " + file + " > /dev/null 2>&1";
     EXPECT_NE(std::system(safe.c_str()), 0) << "read_dump.py accepted a dump that names os.system";
     EXPECT_FALSE(std::filesystem::exists(marker)) << "read_dump.py ran the dump's payload";
-    const std::string unsafe = python + " -c 'import sys, torch; torch.load(sys.argv[1])' " + file + " > /dev/null 2>&1";
+    const std::string unsafe = python + " -c 'import sys, torch; torch.load(sys.argv[1], weights_only=False)' " + file + " > /dev/null 2>&1";
     (void)std::system(unsafe.c_str());
     EXPECT_TRUE(std::filesystem::exists(marker)) << "the crafted dump is no payload: this test proves nothing";
     std::filesystem::remove_all(dir);
 }
 
-TEST(Dump, PythonTorchLoadReadsTheDump) {
-    if (!python_has_torch()) {
-        GTEST_SKIP() << "Debian's python3-torch is not installed for " << python
-                     << " (scripts/bootstrap installs it); the Python readability check is skipped";
-    }
+TEST_P(PythonReadsDump, WithTorchLoad) {
+    const std::string python = GetParam();
     const std::string dir = fresh_dir("python");
     const kv::Store store = varied_store(11);
     store.dump(dir);
     const std::string out = dir + "/summary.txt";
     const std::string command = python + " " KVCHECK_SOURCE_DIR "/tests/read_dump.py " + dump_path(dir) + " > " + out;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    // torch.load with its defaults (weights_only=True from torch 2.6 on).
+    const std::string defaults = python + " -c 'import sys, torch; torch.load(sys.argv[1])' " + dump_path(dir);
+    EXPECT_EQ(std::system(defaults.c_str()), 0) << defaults;
     std::ifstream in(out);
     const std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::string expected;

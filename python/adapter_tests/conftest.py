@@ -17,7 +17,11 @@ PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
 EXAMPLE = os.path.join(PYTHON_DIR, "examples", "activation_memory_adapter.py")
 FAULT_ADAPTER = os.path.join(HERE, "fault_adapter.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
+# The interpreter of the adapter processes these tests start: the one running
+# the tests (ctest runs them under Debian's torch 1.13 and under .venv's
+# torch 2.x), also kvcheck's default for .py adapters ($KVCHECK_PYTHON).
+ADAPTER_PYTHON = sys.executable
+os.environ["KVCHECK_PYTHON"] = ADAPTER_PYTHON
 
 for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
     if path not in sys.path:

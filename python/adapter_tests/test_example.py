@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import EXAMPLE, HERE, SYSTEM_PYTHON
+from conftest import EXAMPLE, HERE, ADAPTER_PYTHON
 
 # The property that names each bug of activation_memory.BUGS.
 BUGS = {
@@ -25,7 +25,7 @@ def test_the_fixed_store_holds_every_property(kvcheck):
     verdicts = {p["id"]: p["verdict"] for p in run.report["properties"]}
     assert set(verdicts.values()) == {"pass"}, verdicts
     assert run.report["adapter"] == "activation-memory"
-    assert run.report["source"] == f"exec:{SYSTEM_PYTHON} {EXAMPLE}"
+    assert run.report["source"] == f"exec:{ADAPTER_PYTHON} {EXAMPLE}"
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

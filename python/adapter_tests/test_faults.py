@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from conftest import EXAMPLE, FAULT_ADAPTER, SYSTEM_PYTHON
+from conftest import EXAMPLE, FAULT_ADAPTER, ADAPTER_PYTHON
 
 PROPERTIES = ["stored-immutable", "store-contract"]
 
 
 def fault_adapter(kind, *extra):
-    return " ".join(["exec:" + SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", kind] + list(extra))
+    return " ".join(["exec:" + ADAPTER_PYTHON, FAULT_ADAPTER, "--fault", kind] + list(extra))
 
 
 def run_properties(kvcheck, adapter, *options):
@@ -109,7 +109,7 @@ def test_a_refused_handshake_is_an_error_with_the_adapters_words(kvcheck):
 
 def test_an_interpreter_without_torch_is_refused_with_a_hint(kvcheck):
     # -S: no site directories, so no dist-packages and no torch, on any machine.
-    run = kvcheck("run", "--adapter", f"exec:{SYSTEM_PYTHON} -S {EXAMPLE}", "--cases", "1")
+    run = kvcheck("run", "--adapter", f"exec:{ADAPTER_PYTHON} -S {EXAMPLE}", "--cases", "1")
     assert run.status == 2, run.stdout + run.stderr
     assert "exited with status 1 before answering the handshake" in run.stderr, run.stderr
     assert "ModuleNotFoundError: No module named 'torch'" in run.stderr, run.stderr
@@ -118,7 +118,7 @@ def test_an_interpreter_without_torch_is_refused_with_a_hint(kvcheck):
 
 def path_python_without_torch():
     found = shutil.which("python3")
-    if found is None or os.path.realpath(found) == os.path.realpath(SYSTEM_PYTHON):
+    if found is None or os.path.realpath(found) == os.path.realpath(ADAPTER_PYTHON):
         return None
     has_torch = subprocess.run([found, "-c", "import torch"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return found if has_torch.returncode != 0 else None

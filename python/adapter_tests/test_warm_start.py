@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import FAULT_ADAPTER, PYTHON_DIR, SYSTEM_PYTHON
+from conftest import FAULT_ADAPTER, PYTHON_DIR, ADAPTER_PYTHON
 from kvcheck_adapter import protocol
 
 
@@ -36,7 +36,7 @@ class Server:
                 os.dup2(copy, target)  # inheritable
 
         self.output = open(os.path.join(scratch_dir, "server.out"), "wb")
-        self.process = subprocess.Popen([SYSTEM_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm", *extra], env=env,
+        self.process = subprocess.Popen([ADAPTER_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm", *extra], env=env,
                                         stdout=self.output, stderr=self.output, preexec_fn=place_descriptors,
                                         close_fds=False)  # Python's own descriptors are not inheritable
         theirs.close()

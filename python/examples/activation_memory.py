@@ -239,10 +239,12 @@ class ActivationMemory:
         path = os.path.join(directory, DUMP_FILE_NAME)
         if not os.path.isfile(path):
             raise DumpError(f"cannot load dump: {path} does not exist")
+        if not _SAFE_LOAD:
+            raise DumpError(f"cannot load dump {path}: torch {torch.__version__} has no safe loader (weights_only)")
         with open(path, "rb") as file:
             archive = _verified_payload(file.read(), path)
         try:
-            payload = torch.load(io.BytesIO(archive), **_SAFE_LOAD_ARGUMENTS)
+            payload = torch.load(io.BytesIO(archive), weights_only=True)
         except Exception as error:  # torch.load raises many kinds for a bad file
             raise DumpError(f"cannot load dump {path}: {type(error).__name__}: {error}") from None
         items = _decode_payload(payload, path)
@@ -286,7 +288,9 @@ def _encode_item(item: MemoryItem) -> tuple:
 
 
 # weights_only (torch >= 1.13) unpickles tensors and plain containers only.
-_SAFE_LOAD_ARGUMENTS = {"weights_only": True} if "weights_only" in inspect.signature(torch.load).parameters else {}
+# An older torch has no safe loader: the store refuses to load rather than
+# unpickle whatever a dump names.
+_SAFE_LOAD = "weights_only" in inspect.signature(torch.load).parameters
 
 
 def _check(condition: bool, path: str, fault: str) -> None:

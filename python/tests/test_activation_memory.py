@@ -407,3 +407,14 @@ def test_load_of_a_missing_directory_names_the_file():
     with pytest.raises(am.DumpError, match="does not exist"):
         am.ActivationMemory().load(os.path.join("/nonexistent", "kvcheck-sdk-test"))
     assert not glob.glob("/nonexistent*")
+
+
+def test_a_torch_without_a_safe_loader_refuses_to_load_and_keeps_the_store(scratch_dir, monkeypatch):
+    dumped_store(scratch_dir)
+    store = am.ActivationMemory()
+    store.add([{"id": "kept", "cache": materialized("modern/f32/9:[kv1]")}])
+    before = snapshot(store)
+    monkeypatch.setattr(am, "_SAFE_LOAD", False)  # as on a torch whose load has no weights_only
+    with pytest.raises(am.DumpError, match="has no safe loader"):
+        store.load(scratch_dir)
+    assert snapshot(store) == before
