@@ -22,7 +22,7 @@ from kvcheck_adapter import protocol
 class Server:
     """A fault_adapter.py --warm process with its protocol pipes and fork socket."""
 
-    def __init__(self, fault, scratch_dir, *extra):
+    def __init__(self, fault, scratch_dir, *extra, close_stdin=False):
         self.requests_r, self.requests_w = os.pipe()
         self.replies_r, self.replies_w = os.pipe()
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -34,6 +34,8 @@ class Server:
             copies = {target: os.dup(source) for target, source in fds.items()}
             for target, copy in copies.items():
                 os.dup2(copy, target)  # inheritable
+            if close_stdin:
+                os.close(0)  # as an engine that closes fd 0 before serve()
 
         self.output = open(os.path.join(scratch_dir, "server.out"), "wb")
         self.process = subprocess.Popen([ADAPTER_PYTHON, FAULT_ADAPTER, "--fault", fault, "--warm", *extra], env=env,
@@ -153,3 +155,28 @@ def test_a_process_running_threads_declines_to_serve_forks(scratch_dir):
         assert server.call({"op": "stored_ids"})["ok"] is False  # the "none" fault: an engine that rejects everything
     finally:
         server.stop()
+
+
+def test_a_server_without_standard_input_still_makes_working_copies(scratch_dir):
+    # With fd 0 closed, the fork request's first descriptor arrives as fd 0;
+    # the copy's own set-up puts /dev/null there. Without moving the
+    # received descriptors above 2 first, the copy reads /dev/null, not its
+    # requests, and exits at once.
+    server = Server("exit", scratch_dir, close_stdin=True)
+    try:
+        server.call({"op": "hello", "protocol": 3})
+        theirs, ours = copy_pipes(scratch_dir)
+        answer = server.fork({"op": "fork", "id": "t.stdin"}, theirs)
+        for fd in theirs:
+            os.close(fd)
+        assert answer["ok"], answer
+        copy = ours["connection"]
+        copy.send({"op": "hello", "protocol": 3})
+        reply = copy.receive()
+        assert reply is not None and reply["name"] == "fault-exit", reply
+        copy.send({"op": "shutdown"})
+        assert copy.receive() == {"ok": True}
+        assert os.WIFEXITED(wait_status(ours["status"]))
+    finally:
+        server.stop()
+    assert server.process.returncode == 0

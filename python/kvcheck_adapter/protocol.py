@@ -18,6 +18,7 @@ fault-injection adapters of kvcheck's own tests, run on it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -199,6 +200,7 @@ def serve_forks(
                 kill(pid)  # the process that asked for it ended
         if serving and server.fileno() in ready:
             message, fds, _, _ = socket.recv_fds(server, 65536, 8)
+            fds = [_above_stdio(fd) for fd in fds]
             if not message and not fds:
                 serving = False  # every process holding the other end is gone
                 continue
@@ -225,6 +227,18 @@ def serve_forks(
                 os.close(fd)
             children[pid] = [fds[3], fds[4]]
             server.send(_encode({"ok": True, "id": fork_request.get("id"), "pid": pid}).encode("utf-8"))
+
+
+def _above_stdio(fd: int) -> int:
+    """`fd`, moved to a number above 2 if it is one of 0, 1, 2. A server
+    that closed its standard descriptors receives a fork request's pipes on
+    those numbers, and the copy's own set-up (dup2 of /dev/null and its
+    output onto 0, 1, 2) would then overwrite them."""
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 3)
+    os.close(fd)
+    return moved
 
 
 def _threads() -> int:
