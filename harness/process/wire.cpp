@@ -275,7 +275,9 @@ Capabilities read_capabilities(const Json& flags) {
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });
-    for (const auto& [name, value] : members) {
+    for (const Json::Member& member : members) {
+        const std::string& name = member.first;
+        const Json& value = member.second;  // not a structured binding: clang 14 does not capture one in a lambda
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
