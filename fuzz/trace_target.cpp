@@ -5,6 +5,7 @@
 #include "extra_counters.h"
 #include "sha1.h"
 
+#include "kvcheck/domain.h"
 #include "kvcheck/search.h"
 
 #include <ATen/Parallel.h>
@@ -114,8 +115,10 @@ void print_settings(const Settings& s) {
 // operation; an operation must also be well formed (its trait): the
 // generator gives every cache-making operation a fresh handle, and a text
 // trace that names h0 (no cache) or one of the operation's own sources as
-// its output is outside what the executor models.
-std::string over_limits(const Trace& trace, const TextLimits& limits) {
+// its output is outside what the executor models. A cache must be one of
+// the engine's model when it declares one (kvcheck/domain.h): a real engine
+// raises on any other.
+std::string over_limits(const Trace& trace, const TextLimits& limits, const ModelDomain& model) {
     if (trace.size() > limits.trace_ops_max) return "too many operations";
     // One geometry per trace, as the workload draws it (a merge needs one);
     // dtypes may mix.
@@ -125,6 +128,7 @@ std::string over_limits(const Trace& trace, const TextLimits& limits) {
         if (geometry && *geometry != own) return false;
         geometry = own;
         if (spec.heads > limits.heads_max || spec.head_dim > limits.head_dim_max) return false;
+        if (!spec_fault(model, spec).empty()) return false;
         if (spec.layers.size() > limits.cache_layers_max) return false;
         for (const LayerSpec& layer : spec.layers) {
             if (layer.tokens < 0 || layer.tokens > limits.layer_tokens_max) return false;
@@ -173,7 +177,7 @@ std::optional<Trace> decode(const std::uint8_t* data, std::size_t size, const Se
     if (size > 0 && data[0] == '#') {
         try {
             Trace trace = parse_trace(std::string(reinterpret_cast<const char*>(data), size));
-            if (!over_limits(trace, s.limits).empty()) return std::nullopt;
+            if (!over_limits(trace, s.limits, s.target.workload.capabilities.model).empty()) return std::nullopt;
             return trace;
         } catch (const std::exception&) {
             return std::nullopt;  // TraceParseError, or a spec the parser rejects
@@ -289,7 +293,9 @@ void init_target(int* argc, char*** argv, TraceTarget target) {
     s.runner.options.work_dir = s.work_dir;
     s.runner.options.fresh_engine = s.adapter->make;  // dump_kill runs when fuzzing as when shrinking
     s.runner.before_run = [](const Trace&) { empty_work_dir(); };
-    s.runner.shrink_accepts = [](const Trace& candidate) { return over_limits(candidate, settings().limits).empty(); };
+    s.runner.shrink_accepts = [](const Trace& candidate) {
+        return over_limits(candidate, settings().limits, settings().target.workload.capabilities.model).empty();
+    };
     s.runner.check = [](const Trace& candidate, const RunOptions& options) {
         return settings().target.check(candidate, settings().adapter->make, options);
     };

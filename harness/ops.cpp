@@ -162,13 +162,17 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     if ((needs & needs_dump) && !capabilities.dump) return false;
     if ((needs & needs_dump_crash) && !capabilities.dump_crash) return false;
     if ((needs & needs_stream) && !capabilities.generate_stream) return false;
-    if ((needs & needs_conversions) && !(capabilities.conversions && capabilities.legacy_layout)) return false;
+    if ((needs & needs_conversions) &&
+        !(capabilities.conversions && capabilities.legacy_layout && capabilities.modern_layout)) {
+        return false;
+    }
     if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
     return true;
 }
 
 bool engine_supports(const Capabilities& capabilities, const CacheSpec& spec) {
     if (spec.layout == Layout::legacy && !capabilities.legacy_layout) return false;
+    if (spec.layout == Layout::modern && !capabilities.modern_layout) return false;
     if (spec.dtype != Dtype::f32 && !capabilities.half_dtypes) return false;
     const bool default_geometry = spec.heads == cache_heads && spec.head_dim == cache_head_dim;
     if (!default_geometry && !capabilities.any_geometry) return false;

@@ -127,20 +127,72 @@ std::int64_t pick_tokens(Chooser& choose, std::int64_t max) {
     return choose.between(octave == 0 ? 1 : top / 2 + 1, std::min(top, max));
 }
 
-// The geometry and the cache ceilings of a trace (Scope).
+// The geometry and the cache ceilings of a trace (Scope). A declared
+// model has its own geometry and layer count; its token ceiling is drawn
+// as any other trace's.
 void pick_size(Chooser& choose, const WorkloadOptions& options, Swarm& swarm) {
     const Scope& scope = options.scope;
+    const ModelDomain& model = options.capabilities.model;
+    if (model.declared) {
+        swarm.heads = model.heads;
+        swarm.head_dim = model.head_dim;
+        swarm.layers_max = model.layers;
+    }
     if (static_cast<std::int64_t>(choose.below(100)) < scope.small_percent) return;  // small: as uniform_swarm has it
     const std::int64_t layers_max = std::max<std::int64_t>(scope.cache_layers_max, 1);
-    swarm.layers_max = choose.one_in(2) ? layers_max : choose.between(1, layers_max);
+    const std::int64_t layers_drawn = choose.one_in(2) ? layers_max : choose.between(1, layers_max);
+    if (!model.declared) swarm.layers_max = layers_drawn;
     const std::int64_t tokens_max = std::max<std::int64_t>(scope.layer_tokens_max, 1);
     swarm.tokens_max = pick_power_of_two(choose, std::min<std::int64_t>(64, tokens_max), tokens_max);
-    if (options.capabilities.any_geometry && choose.one_in(2)) {
+    if (!model.declared && options.capabilities.any_geometry && choose.one_in(2)) {
         swarm.heads = pick_power_of_two(choose, 1, std::clamp<std::int64_t>(scope.heads_max, 1, cache_heads_max));
         swarm.head_dim = pick_power_of_two(choose, 2, std::clamp<std::int64_t>(scope.head_dim_max, 2, cache_head_dim_max));
     }
     const std::int64_t fitting = std::max<std::int64_t>(scope.slot_values_max / (swarm.heads * swarm.head_dim), 1);
     swarm.tokens_max = std::min(swarm.tokens_max, fitting);
+}
+
+// The layouts the engine takes: those its capabilities allow and, when it
+// declares a model, that the model holds.
+bool takes(const Capabilities& c, Layout layout) {
+    const bool allowed = layout == Layout::modern ? c.modern_layout : c.legacy_layout;
+    return allowed && (!c.model.declared || c.model.holds(layout));
+}
+
+// An odd modern layer (one-sided, legacy-named, bare or not initialized),
+// as far as the engine supports it.
+void make_odd(Chooser& choose, const Capabilities& c, LayerSpec& layer) {
+    std::uint8_t slots = 0;
+    switch (choose.below(6)) {
+        case 0: slots = 0b0001; break;  // keys only
+        case 1: slots = 0b0010; break;  // values only
+        case 2: slots = 0b1100; break;  // legacy-named slots only
+        case 3: slots = 0b0000; break;  // a bare layer
+        default: slots = 0b1111; break;  // both names: the layout-selection bugs need them
+    }
+    const bool one_sided = slots == 0b0001 || slots == 0b0010;
+    if ((one_sided && !c.one_sided_layers) || ((slots & 0b1100) && !c.legacy_slot_names)) slots = 0b0011;
+    layer.slots = slots;
+    layer.initialized = !(c.uninitialized_layers && choose.one_in(3));
+}
+
+// A cache of the engine's declared model: its layer count and geometry,
+// one token count in every layer, no odd layer unless the model has them.
+CacheSpec model_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options) {
+    const ModelDomain& model = options.capabilities.model;
+    CacheSpec spec;
+    spec.layout = pick_layout(choose, swarm);
+    spec.dtype = swarm.mixed_dtypes ? model.dtypes[choose.below(model.dtypes.size())] : swarm.dtype;
+    spec.seed = choose.below(1000);
+    spec.heads = model.heads;
+    spec.head_dim = model.head_dim;
+    const std::int64_t tokens = pick_tokens(choose, swarm.tokens_max);
+    spec.layers.assign(static_cast<std::size_t>(model.layers), LayerSpec{0b0011, true, tokens});
+    if (spec.layout != Layout::modern || !swarm.odd_layers) return spec;
+    for (LayerSpec& layer : spec.layers) {
+        if (choose.one_in(2)) make_odd(choose, options.capabilities, layer);
+    }
+    return spec;
 }
 
 }  // namespace
@@ -187,19 +239,35 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.layers_max = options.cache_layers_max;
     swarm.tokens_max = options.layer_tokens_max;
     swarm.weights.fill(2);
-    swarm.legacy = options.capabilities.legacy_layout;
+    const Capabilities& c = options.capabilities;
+    swarm.modern = takes(c, Layout::modern);
+    swarm.legacy = takes(c, Layout::legacy);
+    if (c.model.declared) {
+        swarm.dtype = c.model.dtypes.front();
+        swarm.odd_layers = c.model.odd_layers;
+        swarm.heads = c.model.heads;
+        swarm.head_dim = c.model.head_dim;
+        swarm.layers_max = c.model.layers;
+    }
     swarm.weights[kind<op::Add>()] = 6;  // a store needs content to be interesting
     swarm.weights[kind<op::DumpKill>()] = options.dump_kill ? 1 : 0;  // three processes each: a few per trace find what they find
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
     // An operation the engine cannot run is never generated.
     for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
-        if (!engine_supports(options.capabilities, op_needs(kind_index))) swarm.weights[kind_index] = 0;
+        if (!engine_supports(c, op_needs(kind_index))) swarm.weights[kind_index] = 0;
+    }
+    // A conversion needs a cache of each layout: not drawn for a model that holds one.
+    if (!swarm.modern || !swarm.legacy) {
+        swarm.weights[kind<op::ToLegacy>()] = 0;
+        swarm.weights[kind<op::FromLegacy>()] = 0;
     }
     return swarm;
 }
 
 Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
+    const std::string fault = capabilities_fault(options.capabilities);
+    if (!fault.empty()) throw std::invalid_argument("the engine's capabilities: " + fault);
     Swarm swarm = uniform_swarm(options);
     for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
         std::uint8_t& weight = swarm.weights[kind_index];
@@ -214,22 +282,25 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     std::uint8_t& kill = swarm.weights[kind<op::DumpKill>()];
     kill = (kill == 1 || kill == 2) ? 1 : 0;
     const Capabilities& c = options.capabilities;
-    switch (choose.below(c.half_dtypes ? 4 : 1)) {
-        case 0: case 1: swarm.dtype = Dtype::f32; break;
-        case 2: swarm.dtype = Dtype::f16; break;
-        default: swarm.dtype = Dtype::bf16; break;
+    const ModelDomain& model = c.model;
+    if (model.declared) {
+        swarm.dtype = model.dtypes[choose.below(model.dtypes.size())];
+    } else {
+        switch (choose.below(c.half_dtypes ? 4 : 1)) {
+            case 0: case 1: swarm.dtype = Dtype::f32; break;
+            case 2: swarm.dtype = Dtype::f16; break;
+            default: swarm.dtype = Dtype::bf16; break;
+        }
     }
-    if (c.legacy_layout) {
+    // uniform_swarm took every layout the engine takes; a swarm may keep one.
+    if (swarm.modern && swarm.legacy) {
         const std::uint64_t layouts = choose.below(4);
         swarm.modern = layouts != 0;
         swarm.legacy = layouts != 1;
-    } else {
-        swarm.modern = true;
-        swarm.legacy = false;
     }
-    swarm.odd_layers = !choose.one_in(3);
+    swarm.odd_layers = (!model.declared || model.odd_layers) && !choose.one_in(3);
     pick_size(choose, options, swarm);
-    swarm.mixed_dtypes = c.half_dtypes && choose.one_in(2);
+    swarm.mixed_dtypes = (model.declared ? model.dtypes.size() > 1 : c.half_dtypes) && choose.one_in(2);
     // Mixed dtypes matter where caches meet, in merges: a mixed trace makes
     // caches and merges them more often.
     if (swarm.mixed_dtypes) {
@@ -241,6 +312,7 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
 }
 
 CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options) {
+    if (options.capabilities.model.declared) return model_cache_spec(choose, swarm, options);
     const Capabilities& c = options.capabilities;
     CacheSpec spec;
     spec.layout = pick_layout(choose, swarm);
@@ -252,20 +324,7 @@ CacheSpec random_cache_spec(Chooser& choose, const Swarm& swarm, const WorkloadO
     for (std::int64_t i = 0; i < layers; ++i) {
         LayerSpec layer;
         layer.tokens = choose.one_in(6) ? 0 : pick_tokens(choose, swarm.tokens_max);
-        if (spec.layout == Layout::modern && swarm.odd_layers && choose.one_in(2)) {
-            std::uint8_t slots = 0;
-            switch (choose.below(6)) {
-                case 0: slots = 0b0001; break;  // keys only
-                case 1: slots = 0b0010; break;  // values only
-                case 2: slots = 0b1100; break;  // legacy-named slots only
-                case 3: slots = 0b0000; break;  // a bare layer
-                default: slots = 0b1111; break;  // both names: the layout-selection bugs need them
-            }
-            const bool one_sided = slots == 0b0001 || slots == 0b0010;
-            if ((one_sided && !c.one_sided_layers) || ((slots & 0b1100) && !c.legacy_slot_names)) slots = 0b0011;
-            layer.slots = slots;
-            layer.initialized = !(c.uninitialized_layers && choose.one_in(3));
-        }
+        if (spec.layout == Layout::modern && swarm.odd_layers && choose.one_in(2)) make_odd(choose, c, layer);
         spec.layers.push_back(layer);
     }
     return spec;

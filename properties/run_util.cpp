@@ -14,13 +14,14 @@ RunResult run_on(const Adapter& adapter, const Trace& trace, PropertySet propert
 }
 
 std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t first_seed, std::size_t traces_max,
-                                       const WorkloadOptions& options, PropertySet properties) {
+                                       const WorkloadOptions& options, PropertySet properties, const ModelDomain& model) {
     Runner runner;
     runner.make = adapter.make;
     runner.options.properties = properties;
     // What the engine supports, as kvcheck run draws it.
     WorkloadOptions workload = options;
     workload.capabilities = adapter.make()->capabilities();
+    if (model.declared) workload.capabilities.model = model;
     return search(runner, {first_seed, traces_max, 0}, workload).finding;
 }
 

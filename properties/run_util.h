@@ -15,9 +15,11 @@ namespace kvcheck::props {
 RunResult run_on(const Adapter& adapter, const Trace& trace, PropertySet properties = PropertySet::all());
 
 // Searches seeds first_seed, first_seed+1, ... up to traces_max traces for
-// a failing trace on `adapter`, then shrinks it.
+// a failing trace on `adapter`, then shrinks it. A declared `model` is
+// searched instead of the one the engine declares (kvcheck run --model).
 std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t first_seed, std::size_t traces_max,
-                                       const WorkloadOptions& options, PropertySet properties = PropertySet::all());
+                                       const WorkloadOptions& options, PropertySet properties = PropertySet::all(),
+                                       const ModelDomain& model = {});
 
 // The command that replays a failure of `adapter`. The trace is written to
 // the build tree's kvcheck-traces/ (KVCHECK_TRACE_DIR), named after its

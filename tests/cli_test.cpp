@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -73,6 +75,37 @@ TEST_F(Cli, TheReferencePassesAndExitsZero) {
     EXPECT_EQ(large.status, 0) << large.out;
     EXPECT_TRUE(contains(large.out, "scope large:")) << large.out;
     EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
+}
+
+// --model: the domain searched instead of the engine's, said in the run's
+// first line and the report; a bad key or value is a usage error naming it.
+TEST_F(Cli, ModelOverridesTheDomainAndIsParsedStrictly) {
+    const std::string json = scratch("model.json");
+    const Outcome run = kvcheck("run --adapter reference --property merge-correct --cases 20 --quiet --report json --out " + json +
+                                " --trace-dir " + scratch("traces") + " --model layers=2,heads=2,head_dim=8,dtype=f32+bf16,layout=modern");
+    EXPECT_EQ(run.status, 0) << run.out;
+    EXPECT_TRUE(contains(run.stderr_text, "; domain: layers=2 heads=2 head_dim=8 dtype=f32+bf16 layout=modern; limits")) << run.out;
+    EXPECT_TRUE(contains(read_file(json), "\"domain\": \"layers=2 heads=2 head_dim=8 dtype=f32+bf16 layout=modern\"")) << read_file(json);
+    const Outcome undeclared = kvcheck("run --adapter reference --property merge-correct --cases 5 --trace-dir " + scratch("traces"));
+    EXPECT_EQ(undeclared.status, 0) << undeclared.out;
+    EXPECT_TRUE(contains(undeclared.stderr_text, "; domain: any (undeclared); limits")) << undeclared.out;
+    EXPECT_TRUE(contains(undeclared.stdout_text, "domain: any (undeclared)\n")) << undeclared.out;
+    EXPECT_TRUE(contains(kvcheck("run --help").out, "--model VALUE")) << "in run --help";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"layers=2,dtype=f32", "--model: 'layout' is missing"},
+        {"layers=x,dtype=f32,layout=modern", "--model: 'layers' takes a whole number, not 'x'"},
+        {"layers=2,dtype=f8,layout=modern", "--model: 'dtype': unknown value 'f8'"},
+        {"layers=2,dtype=f32,layout=modern,odd_layers=1", "--model: 'odd_layers' takes yes or no, not '1'"},
+        {"layers=2,dtype=f32,layout=modern,vocab=7", "--model: unknown key 'vocab'"},
+        {"layers=0,dtype=f32,layout=modern", "--model: 'layers' must be in [1, 1024], not 0"},
+    };
+    for (const auto& [value, message] : bad) {
+        const Outcome refused = kvcheck("run --adapter reference --cases 1 --model " + value);
+        EXPECT_EQ(refused.status, 2) << value << ": " << refused.out;
+        EXPECT_TRUE(contains(refused.out, message)) << value << ": " << refused.out;
+    }
+    EXPECT_EQ(kvcheck("replay x.trace --adapter reference --model layers=2,dtype=f32,layout=modern").status, 2)
+        << "replay draws nothing: --model is not one of its options";
 }
 
 TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {

@@ -137,7 +137,7 @@ Adapter load_process_adapter(const process::ProcessCommand& command) {
         throw UsageError(error.fault().detail + start_hint(error.fault().detail, command));
     }
     return {hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
-            [launcher](int pid) { return launcher->take_output(pid); }};
+            [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
 }
 
 }  // namespace

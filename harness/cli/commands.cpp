@@ -145,6 +145,9 @@ const std::vector<OptionSpec> run_options = [] {
         {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses seed + p*2^32 + i"},
         {"cases", true, "traces per property (default 200)"},
         {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
+        {"model", true, "search one model's caches only, instead of what each engine declares:\n"
+                        "                             layers=N,heads=N,head_dim=N,dtype=f32[+f16+bf16],layout=modern[+legacy]\n"
+                        "                             [,odd_layers=yes|no] (heads, head_dim default 2, 4; odd_layers no)"},
         {"seconds", true, "time per property instead of a case count"},
         {"report", true, "table (default), json, junit or markdown"},
         {"out", true, "write the report to this file instead of standard output"},
@@ -172,6 +175,7 @@ const std::vector<OptionSpec> replay_options = [] {
 const std::vector<OptionSpec> shrink_options = [] {
     std::vector<OptionSpec> specs = replay_options;
     specs.push_back({"out", true, "write the shrunk trace to this file (default: standard output, the report then on stderr)"});
+    specs.push_back({"model", true, "keep the shrunk trace's caches in this model (as run --model; default: what the engine declares)"});
     return specs;
 }();
 
@@ -236,6 +240,13 @@ ConformanceOptions conformance_options(const Options& options) {
     } catch (const std::invalid_argument& error) {
         throw UsageError(std::string("--scope: ") + error.what());
     }
+    if (options.has("model")) {
+        try {
+            conformance.model = parse_model_domain(options.get("model", ""));
+        } catch (const std::invalid_argument& error) {
+            throw UsageError("--model: " + printable(error.what(), 200) + " (see kvcheck run --help)");
+        }
+    }
     return conformance;
 }
 
@@ -276,6 +287,32 @@ class EngineStdoutToStderr {
   private:
     int saved_ = -1;
 };
+
+// The model domain the run searches, for its first line: --model, or what
+// each adapter declares. A bundled adapter is asked (an engine of kvcheck's
+// own); a process adapter said it in its handshake; a plugin is not
+// loaded here (plugin_probe.h): the report says what it declared.
+std::string domains_searched(const std::vector<Adapter>& adapters, const std::optional<ModelDomain>& model) {
+    if (model) return domain_text(*model);
+    std::vector<std::string> texts;
+    for (const Adapter& adapter : adapters) {
+        std::string text = "as it declares (in the report)";
+        if (adapter.model) {
+            text = domain_text(*adapter.model);
+        } else if (adapter.source == "bundled") {
+            text = domain_text(adapter.make()->capabilities().model);
+        }
+        texts.push_back(text);
+    }
+    if (std::all_of(texts.begin(), texts.end(), [&](const std::string& t) { return t == texts.front(); })) {
+        return texts.empty() ? "" : texts.front();
+    }
+    std::string text;
+    for (std::size_t i = 0; i < adapters.size(); ++i) {
+        text += (i == 0 ? "" : "; ") + printable(adapters[i].name, 40) + " " + texts[i];
+    }
+    return text;
+}
 
 PropertySet property_set(const std::vector<Property>& properties) {
     if (properties.empty()) return PropertySet::all();
@@ -427,7 +464,7 @@ int command_run(const Args& args) {
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
-              << limits_text(conformance.limits) << "\n";
+              << "domain: " << domains_searched(adapters, conformance.model) << "; " << limits_text(conformance.limits) << "\n";
     if (conformance.isolate) install_interrupt_handlers();
     const auto started = std::chrono::steady_clock::now();
     ConformanceRun run;

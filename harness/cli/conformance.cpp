@@ -239,6 +239,8 @@ class Scheduler {
                 result.message = message.payload;
             } else if (message.kind == "other") {
                 note_elsewhere(task, decode(message.payload));
+            } else if (message.kind == "domain") {
+                results_[task.adapter].domain = message.payload;
             } else if (message.kind == "stats") {
                 decode_stats(message.payload, &results_[task.adapter].traces, &results_[task.adapter].coverage);
             } else if (message.kind == "error") {

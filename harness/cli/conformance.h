@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct ConformanceOptions {
     bool progress = true;     // progress lines on stderr,
     double progress_seconds = 5;  // at most one per this many seconds per task (0: at every step of progress)
     WorkloadOptions workload;
+    // --model: the model domain searched, instead of the one each engine
+    // declares (kvcheck/domain.h).
+    std::optional<ModelDomain> model;
 };
 
 struct PropertyResult {
@@ -55,6 +59,7 @@ struct AdapterResult {
     // A row per property, then engine-error: the adapter errors where it
     // should not (found while searching any property).
     std::vector<PropertyResult> properties;
+    std::string domain;      // the model domain searched (domain_text), as its searches report it
     std::size_t traces = 0;  // distinct traces run, over every property's search
     Coverage coverage;       // the shapes of interest they met (Coverage::shapes)
     bool all_pass() const;

@@ -109,6 +109,13 @@ ShrunkFault shrink_fault(const Adapter& adapter, const std::string& trace_text, 
     if (!alone) return {trace_text, step, interrupted_by() != 0};
     ShrinkOptions limits;
     limits.runs_max = fault.kind == "memory" ? 20 : 100;  // each leaking try fills the memory limit
+    // The model searched, when known here: --model, or a process adapter's
+    // (a plugin's engines are not made in this process).
+    if (options.model) {
+        limits.model = *options.model;
+    } else if (adapter.model) {
+        limits.model = *adapter.model;
+    }
     const ShrinkResult shrunk = shrink(trace, *alone, oracle, limits);
     return {format_trace(shrunk.trace), shrunk.failure.step, true};
 }

@@ -36,7 +36,9 @@ ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySe
         if (!run.failure) {
             out.send("pass", std::to_string(run.steps_run) + " " + std::to_string(run.coverage.ops_skipped));
         } else if (shrink_it) {
-            send_finding(shrink_failure(runner, trace, *run.failure), 1, out);
+            ShrinkOptions shrinking;  // --model, else what the engine declares
+            if (options.model) shrinking.model = *options.model;
+            send_finding(shrink_failure(runner, trace, *run.failure, shrinking), 1, out);
         } else {
             out.send("fail", encode({1, trace.size(), pin_failure(runner, trace, *run.failure), format_trace(trace)}));
         }

@@ -74,7 +74,8 @@ std::string json_output(const std::array<CapturedOutput, 2>& output) {
 std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
     std::ostringstream out;
     out << "    {\"adapter\": " << json_string(result.adapter.name) << ", \"source\": " << json_string(result.adapter.source)
-        << ", \"seed\": " << seed << ", \"summary\": {" << counts_of(result).json() << "}, \"traces\": " << result.traces
+        << ", \"seed\": " << seed << ", \"domain\": " << json_or_null(result.domain) << ", \"summary\": {"
+        << counts_of(result).json() << "}, \"traces\": " << result.traces
         << ", \"shapes\": {";
     for (std::size_t i = 0; i < shape_count; ++i) {
         out << (i ? ", " : "") << json_string(shape_id(static_cast<Shape>(i))) << ": " << result.coverage.shapes[i];
@@ -301,17 +302,33 @@ std::string render_stats(const std::vector<AdapterResult>& results) {
     return out.str();
 }
 
+// The model domains searched (kvcheck/domain.h): one line when every
+// adapter's is the same, else a line each.
+std::string domains_text(const std::vector<AdapterResult>& results) {
+    const bool one = std::all_of(results.begin(), results.end(),
+                                 [&](const AdapterResult& r) { return r.domain == results.front().domain; });
+    if (one) return results.front().domain.empty() ? "" : "domain: " + results.front().domain + "\n";
+    std::string text;
+    for (const AdapterResult& r : results) {
+        text += "domain of " + r.adapter.name + ": " + (r.domain.empty() ? std::string("(not searched)") : r.domain) + "\n";
+    }
+    return text;
+}
+
 std::string render_report(const std::vector<AdapterResult>& results, ReportFormat format, std::uint64_t seed,
                           int interrupted_by) {
     if (format == ReportFormat::json) return render_json(results, seed, interrupted_by);
     if (format == ReportFormat::junit) return render_junit(results, interrupted_by);
     if (results.empty()) return incomplete_note(interrupted_by);
     if (format == ReportFormat::markdown) {
-        return "## kvcheck conformance (seed " + std::to_string(seed) + ")\n\n" + incomplete_note(interrupted_by) +
+        const std::string domains = domains_text(results);
+        return "## kvcheck conformance (seed " + std::to_string(seed) + ")\n\n" + (domains.empty() ? "" : domains + "\n") +
+               incomplete_note(interrupted_by) +
                matrix(results, true) + details(results, true);
     }
     std::ostringstream out;
-    out << "kvcheck conformance, seed " << seed << "\n\n" << incomplete_note(interrupted_by) << matrix(results, false);
+    out << "kvcheck conformance, seed " << seed << "\n" << domains_text(results) << "\n" << incomplete_note(interrupted_by)
+        << matrix(results, false);
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
            "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs"
         << (interrupted_by != 0 ? "; -: not finished" : "")

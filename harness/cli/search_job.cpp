@@ -152,6 +152,13 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     }
     WorkloadOptions workload = options.workload;
     workload.capabilities = capabilities;
+    if (options.model) workload.capabilities.model = *options.model;
+    const std::string fault = capabilities_fault(workload.capabilities);
+    if (!fault.empty()) {
+        out.send("error", (options.model ? "--model does not fit the engine: " : "the engine's capabilities: ") + fault);
+        return;
+    }
+    out.send("domain", domain_text(workload.capabilities.model));
     workload.dump_kill = property == Property::dump_safe;
     const PropertySet checked = checkable(capabilities);
     std::vector<std::string> known;  // the properties found broken so far

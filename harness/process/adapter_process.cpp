@@ -3,6 +3,8 @@
 #include "signal_name.h"
 #include "wire.h"
 
+#include "kvcheck/domain.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -385,6 +387,9 @@ void AdapterProcess::handshake(double seconds) {
         if (hello_.name.empty()) throw ProtocolError("'name' is empty");
         if (reply.find("description")) hello_.description = read_string(reply, "description");
         if (const Json* flags = reply.find("capabilities")) hello_.capabilities = read_capabilities(*flags);
+        if (const Json* model = reply.find("model")) hello_.capabilities.model = read_model(*model);
+        const std::string fault = capabilities_fault(hello_.capabilities);
+        if (!fault.empty()) throw ProtocolError(fault);
         if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");
         if (reply.find("fork")) hello_.fork = read_bool(reply, "fork");
     } catch (const ProcessError&) {

@@ -226,6 +226,39 @@ TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
     EXPECT_TRUE(flags.legacy_layout);
     EXPECT_THROW(read_capabilities(Json::parse(R"({"dumb": false})")), ProtocolError);
     EXPECT_THROW(read_capabilities(Json::parse(R"({"dump": "no"})")), ProtocolError);
+    EXPECT_TRUE(flags.modern_layout);
+    EXPECT_FALSE(read_capabilities(Json::parse(R"({"modern_layout": false})")).modern_layout);
+}
+
+// The handshake's "model" (docs/protocol.md): every key required, each
+// fault naming its key.
+TEST(Wire, AModelIsReadWholeOrRefusedByKey) {
+    const ModelDomain model = read_model(Json::parse(
+        R"({"layers": 2, "heads": 4, "head_dim": 8, "dtypes": ["bf16", "f32"], "layouts": ["legacy"], "odd_layers": true})"));
+    EXPECT_TRUE(model.declared);
+    EXPECT_EQ(model.layers, 2);
+    EXPECT_EQ(model.heads, 4);
+    EXPECT_EQ(model.head_dim, 8);
+    EXPECT_EQ(model.dtypes, (std::vector<Dtype>{Dtype::bf16, Dtype::f32}));
+    EXPECT_EQ(model.layouts, (std::vector<Layout>{Layout::legacy}));
+    EXPECT_TRUE(model.odd_layers);
+    const auto error_of = [](const std::string& text) {
+        try {
+            read_model(Json::parse(text));
+        } catch (const ProtocolError& error) {
+            return std::string(error.what());
+        }
+        return std::string("no error");
+    };
+    const std::string rest = R"("heads": 2, "head_dim": 8, "layouts": ["modern"], "odd_layers": false)";
+    EXPECT_EQ(error_of(R"({"dtypes": ["f32"], )" + rest + "}"), "'model': missing member 'layers'");
+    EXPECT_EQ(error_of(R"({"layers": "2", "dtypes": ["f32"], )" + rest + "}"), "'model': 'layers': expected an integer, found a string");
+    EXPECT_EQ(error_of(R"({"layers": 2, "dtypes": ["f8"], )" + rest + "}"),
+              "'model': 'dtypes': unknown dtype 'f8' (expected f32, f16 or bf16)");
+    EXPECT_EQ(error_of(R"({"layers": 2, "dtypes": "f32", )" + rest + "}"), "'model': 'dtypes': expected an array, found a string");
+    EXPECT_EQ(error_of(R"({"layers": 2, "dtypes": ["f32"], "vocab": 5, )" + rest + "}"),
+              "'model': unknown key 'vocab' (known: layers, heads, head_dim, dtypes, layouts, odd_layers)");
+    EXPECT_EQ(error_of("[]"), "'model': expected an object, found an array");
 }
 
 // ---- processes ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <algorithm>
 #include <array>
 
 namespace kvcheck::process {
@@ -255,7 +256,8 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 14> known{{
+    const std::array<std::pair<const char*, bool*>, 15> known{{
+        {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
         {"legacy_slot_names", &capabilities.legacy_slot_names},
@@ -273,7 +275,9 @@ Capabilities read_capabilities(const Json& flags) {
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });
-    for (const auto& [name, value] : members) {
+    for (const Json::Member& member : members) {
+        const std::string& name = member.first;
+        const Json& value = member.second;  // not a structured binding: clang 14 does not capture one in a lambda
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
@@ -287,6 +291,52 @@ Capabilities read_capabilities(const Json& flags) {
         }
     }
     return capabilities;
+}
+
+namespace {
+
+// The dtypes or layouts of a model, each name read by `parse`.
+template <typename T, typename Parse>
+std::vector<T> read_names(const Json& object, const char* name, Parse parse) {
+    std::vector<T> items;
+    for (const std::string& text : read_strings(object, name)) {
+        try {
+            items.push_back(parse(text));
+        } catch (const ProtocolError& error) {
+            throw ProtocolError(std::string("'") + name + "': " + error.what());
+        }
+    }
+    return items;
+}
+
+ModelDomain read_model_members(const Json& object) {
+    static const std::array<const char*, 6> keys{"layers", "heads", "head_dim", "dtypes", "layouts", "odd_layers"};
+    for (const auto& member : object.as_object()) {
+        if (std::find_if(keys.begin(), keys.end(), [&](const char* key) { return member.first == key; }) == keys.end()) {
+            throw ProtocolError("unknown key '" + member.first + "' (known: layers, heads, head_dim, dtypes, layouts, odd_layers)");
+        }
+    }
+    ModelDomain model;
+    model.declared = true;
+    model.layers = read_int(object, "layers");
+    model.heads = read_int(object, "heads");
+    model.head_dim = read_int(object, "head_dim");
+    model.dtypes = read_names<Dtype>(object, "dtypes", parse_dtype);
+    model.layouts = read_names<Layout>(object, "layouts", parse_layout);
+    model.odd_layers = read_bool(object, "odd_layers");
+    return model;
+}
+
+}  // namespace
+
+ModelDomain read_model(const Json& object) {
+    try {
+        return read_model_members(object);
+    } catch (const JsonError& error) {
+        throw ProtocolError(std::string("'model': ") + error.what());
+    } catch (const ProtocolError& error) {
+        throw ProtocolError(std::string("'model': ") + error.what());
+    }
 }
 
 std::vector<CopyRecord> read_copies(const Json& copies) {

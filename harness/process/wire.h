@@ -79,6 +79,10 @@ std::optional<std::uint64_t> read_digest(const Json& facts);
 // Missing flags keep the defaults of kvcheck::Capabilities; an unknown flag
 // is an error (a misspelt flag would otherwise be silently ignored).
 Capabilities read_capabilities(const Json& flags);
+// The handshake's "model" (docs/protocol.md): every key required; an
+// unknown key, a missing one or a value of the wrong type is an error
+// naming it. Declared; capabilities_fault judges the values.
+ModelDomain read_model(const Json& object);
 // An item's metadata: an object of strings.
 Metadata read_metadata(const Json& object);
 std::vector<CopyRecord> read_copies(const Json& copies);

@@ -27,6 +27,8 @@
 // step is a full read.
 #include "run/run.h"
 
+#include "kvcheck/domain.h"
+
 #include <boost/pfr.hpp>
 
 #include <algorithm>
@@ -107,7 +109,7 @@ Run::Run(Engine& engine, const RunOptions& options)
       verdicts_(checked_in(options, capabilities_)), checkers_(checkers_of(verdicts_.checked())),
       checker_reads_(reads_each(checkers_)), reads_(reads_of(checker_reads_)), readings_(engine, capabilities_, audit_, verdicts_),
       slots_(options.work_dir),
-      transitions_(engine, audit_, readings_, slots_, result_.coverage,
+      transitions_(engine, audit_, readings_, slots_, result_.coverage, fresh_layout(capabilities_),
                    // dump_kill judges dump-safe only, and costs three processes: not run without it.
                    verdicts_.checked().has(Property::dump_safe) ? options.fresh_engine : nullptr) {
     every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;

@@ -236,7 +236,13 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     const std::optional<ObjectId> object = known_source(source.value, &none);
     if (!object && !none) return std::nullopt;
     checkers::Generated fact;
-    fact.fresh = object ? audit_.object(*object).content : CacheContent{};
+    // With no cache the engine starts one of its own layout: an engine
+    // that takes no modern cache is never handed one.
+    if (object) {
+        fact.fresh = audit_.object(*object).content;
+    } else {
+        fact.fresh.layout = fresh_layout_;
+    }
     if (!generation_compatible(fact.fresh) || prompt.empty()) return std::nullopt;
     fact.source = none ? 0 : source.value;
     fact.stream = stream;

@@ -30,12 +30,14 @@ using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, c
 
 class Transitions {
   public:
-    // `fresh_engine`: makes the fresh engines dump_kill loads with (unset:
-    // dump_kill is skipped).
+    // `fresh_layout`: the layout of a cache the engine starts itself, as
+    // generation with no cache does (kvcheck/domain.h). `fresh_engine`:
+    // makes the fresh engines dump_kill loads with (unset: dump_kill is
+    // skipped).
     Transitions(Engine& engine, Auditor& auditor, Readings& readings, DumpSlots& slots, Coverage& coverage,
-                std::function<std::shared_ptr<Engine>()> fresh_engine = nullptr)
+                Layout fresh_layout, std::function<std::shared_ptr<Engine>()> fresh_engine = nullptr)
         : engine_(engine), audit_(auditor), readings_(readings), slots_(slots), coverage_(coverage),
-          fresh_engine_(std::move(fresh_engine)) {}
+          fresh_layout_(fresh_layout), fresh_engine_(std::move(fresh_engine)) {}
 
     std::optional<Fact> apply(const Op& operation);
     // The copies the operation just applied makes, by its semantics (the
@@ -66,6 +68,7 @@ class Transitions {
     Readings& readings_;
     DumpSlots& slots_;
     Coverage& coverage_;
+    Layout fresh_layout_;
     checkers::Copies copies_;
     // For the shape counts: ids deleted so far, and the spec each id added
     // from a spec holds.

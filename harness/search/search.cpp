@@ -35,7 +35,9 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
         if (!run.failure || (runner.passes_over && runner.passes_over(*run.failure))) continue;
         ++result.cases;
         const double find_seconds = seconds_since(start);
-        Finding finding = shrink_failure(runner, trace, *run.failure);
+        ShrinkOptions shrinking;
+        shrinking.model = workload.capabilities.model;  // what the search drew in, the shrinker keeps to
+        Finding finding = shrink_failure(runner, trace, *run.failure, shrinking);
         finding.seed = seed;
         finding.traces_tried = result.cases;
         finding.find_seconds = find_seconds;
@@ -73,6 +75,9 @@ Failure pin_failure(const Runner& runner, const Trace& trace, const Failure& fou
 
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure, const ShrinkOptions& options) {
     const auto start = std::chrono::steady_clock::now();
+    ShrinkOptions shrinking = options;
+    // A trace from elsewhere (a file, fuzz input) shrinks within the model the engine declares.
+    if (!shrinking.model.declared && runner.make) shrinking.model = runner.make()->capabilities().model;
     Finding finding;
     finding.found = trace;
     finding.found_failure = failure;
@@ -86,7 +91,7 @@ Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& 
         }
         return found;
     };
-    finding.shrunk = shrink(trace, failure, oracle, options);
+    finding.shrunk = shrink(trace, failure, oracle, shrinking);
     finding.reported = pin_failure(runner, finding.shrunk.trace, finding.shrunk.failure);
     finding.shrink_seconds = seconds_since(start);
     return finding;

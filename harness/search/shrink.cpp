@@ -1,41 +1,69 @@
 #include "kvcheck/shrink.h"
 
+#include "kvcheck/domain.h"
+
 #include <boost/pfr.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <string_view>
 #include <type_traits>
 
 namespace kvcheck {
 namespace {
 
-// Simpler versions of a cache spec, most drastic first.
-std::vector<CacheSpec> simpler_specs(const CacheSpec& spec) {
+// Simpler token counts of one layer, or of every layer at once, most
+// drastic first: toward a size threshold, the power of two at or below,
+// an eighth less, then one less. A count never goes below `floor`.
+std::vector<std::function<std::int64_t(std::int64_t)>> simpler_token_counts(std::int64_t floor) {
+    return {
+        [floor](std::int64_t t) { return std::min<std::int64_t>(t, std::max<std::int64_t>(floor, 1)); },
+        [floor](std::int64_t) { return floor; },
+        [floor](std::int64_t t) { return std::max(t / 2, floor); },
+        [floor](std::int64_t t) {
+            std::int64_t power = 1;
+            while (power * 2 <= t) power *= 2;
+            return t > 0 ? std::max(power, floor) : t;
+        },
+        [floor](std::int64_t t) { return std::max(t - t / 8, floor); },
+        [floor](std::int64_t t) { return std::max(t - 1, floor); },
+    };
+}
+
+// Simpler versions of a cache spec, most drastic first. A cache of a
+// declared model stays one (kvcheck/domain.h): it keeps its layers, their
+// tokens change together and never reach 0, and its dtype, layout and
+// layer shapes change only to ones the model has.
+std::vector<CacheSpec> simpler_specs(const CacheSpec& spec, const ModelDomain& model) {
     std::vector<CacheSpec> simpler;
-    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    const bool in_model = model.declared && spec_fault(model, spec).empty();
+    const auto keep = [&](const CacheSpec& changed) {
+        if (changed == spec) return;
+        if (in_model && !spec_fault(model, changed).empty()) return;
+        simpler.push_back(changed);
+    };
+    for (std::size_t i = 0; i < spec.layers.size() && !in_model; ++i) {
         CacheSpec fewer = spec;
         fewer.layers.erase(fewer.layers.begin() + static_cast<std::ptrdiff_t>(i));
-        simpler.push_back(fewer);
+        keep(fewer);
+    }
+    if (in_model) {
+        for (const auto& count : simpler_token_counts(1)) {
+            CacheSpec changed = spec;
+            for (LayerSpec& layer : changed.layers) layer.tokens = count(layer.tokens);
+            keep(changed);
+        }
     }
     for (std::size_t i = 0; i < spec.layers.size(); ++i) {
         const LayerSpec& layer = spec.layers[i];
         auto with = [&](auto change) {
             CacheSpec changed = spec;
             change(changed.layers[i]);
-            if (!(changed == spec)) simpler.push_back(changed);
+            keep(changed);
         };
-        with([](LayerSpec& l) { l.tokens = std::min<std::int64_t>(l.tokens, 1); });
-        with([](LayerSpec& l) { l.tokens = 0; });
-        with([](LayerSpec& l) { l.tokens /= 2; });
-        // Toward a size threshold: the power of two at or below, an eighth
-        // less, then one less.
-        with([](LayerSpec& l) {
-            std::int64_t power = 1;
-            while (power * 2 <= l.tokens) power *= 2;
-            if (l.tokens > 0) l.tokens = power;
-        });
-        with([](LayerSpec& l) { l.tokens -= l.tokens / 8; });
-        with([](LayerSpec& l) { l.tokens = std::max<std::int64_t>(l.tokens - 1, 0); });
+        if (!in_model) {
+            for (const auto& count : simpler_token_counts(0)) with([&count](LayerSpec& l) { l.tokens = count(l.tokens); });
+        }
         with([](LayerSpec& l) { l.initialized = true; });
         with([](LayerSpec& l) { l.slots = 0b0011; });
         if (layer.slots == 0b1111) {
@@ -46,9 +74,10 @@ std::vector<CacheSpec> simpler_specs(const CacheSpec& spec) {
     auto whole = [&](auto change) {
         CacheSpec changed = spec;
         change(changed);
-        if (!(changed == spec)) simpler.push_back(changed);
+        keep(changed);
     };
-    whole([](CacheSpec& s) { s.dtype = Dtype::f32; });
+    const Dtype plainest = in_model ? model.dtypes.front() : Dtype::f32;
+    whole([plainest](CacheSpec& s) { s.dtype = plainest; });
     whole([](CacheSpec& s) { s.layout = Layout::modern; });
     whole([](CacheSpec& s) { s.seed = 0; });
     return simpler;
@@ -78,8 +107,9 @@ bool change_every_spec(Trace& trace, const std::function<void(CacheSpec&)>& chan
 // geometry (merges need it), so every spec changes together. The default
 // geometry is the simplest; a larger one halves toward it (never past it,
 // so that no two candidates undo each other).
-std::vector<Trace> simpler_geometries(const Trace& trace) {
+std::vector<Trace> simpler_geometries(const Trace& trace, const ModelDomain& model) {
     std::vector<Trace> simpler;
+    if (model.declared) return simpler;  // the model's geometry is the only one
     const auto whole = [&](const std::function<void(CacheSpec&)>& change) {
         Trace changed = trace;
         if (change_every_spec(changed, change)) simpler.push_back(std::move(changed));
@@ -127,10 +157,10 @@ std::vector<Tokens> simpler_prompts(const Tokens& prompt) {
 // Simpler versions of one operation, field by field, whatever the
 // operation: smaller caches, shorter prompts and lists (down to the
 // operation's list_min), smaller sizes.
-std::vector<Op> simpler_ops(const Op& operation) {
+std::vector<Op> simpler_ops(const Op& operation, const ModelDomain& model) {
     std::vector<Op> simpler;
     std::visit(
-        [&simpler](const auto& o) {
+        [&simpler, &model](const auto& o) {
             using T = std::decay_t<decltype(o)>;
             boost::pfr::for_each_field(o, [&](const auto& field, std::size_t index) {
                 using F = std::decay_t<decltype(field)>;
@@ -144,7 +174,7 @@ std::vector<Op> simpler_ops(const Op& operation) {
                     simpler.push_back(changed);
                 };
                 if constexpr (std::is_same_v<F, CacheSpec>) {
-                    for (const CacheSpec& spec : simpler_specs(field)) emit(spec);
+                    for (const CacheSpec& spec : simpler_specs(field, model)) emit(spec);
                 } else if constexpr (std::is_same_v<F, Tokens>) {
                     for (const Tokens& prompt : simpler_prompts(field)) emit(prompt);
                 } else if constexpr (std::is_same_v<F, Ids> || std::is_same_v<F, HandleNames>) {
@@ -220,7 +250,7 @@ class Shrinker {
         bool changed = true;
         while (changed && budget_left()) {
             changed = false;
-            for (const Trace& simpler : simpler_geometries(best_)) {
+            for (const Trace& simpler : simpler_geometries(best_, options_.model)) {
                 if (try_candidate(simpler)) {
                     changed = progress = true;
                     break;
@@ -236,7 +266,7 @@ class Shrinker {
             bool changed = true;
             while (changed && i < best_.size() && budget_left()) {
                 changed = false;
-                for (const Op& simpler : simpler_ops(best_[i])) {
+                for (const Op& simpler : simpler_ops(best_[i], options_.model)) {
                     Trace candidate = best_;
                     candidate[i] = simpler;
                     if (try_candidate(candidate)) {

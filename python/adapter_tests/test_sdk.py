@@ -2,6 +2,7 @@
 content and views, the server's handling of requests, its observations and
 copy accounting, the framing, and the simulated power cut."""
 
+import json
 import os
 import threading
 
@@ -199,6 +200,57 @@ def test_capabilities_follow_the_methods_an_engine_implements():
     flags = capabilities_of(Small())
     assert not flags["conversions"] and not flags["dump"] and not flags["dump_crash"] and not flags["generate_stream"]
     assert flags["half_dtypes"] is False and flags["copy_log"] and flags["storage_identity"]
+
+
+MODEL_ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_adapter.py")
+
+
+def test_hello_declares_the_model_an_adapter_names():
+    class Declared(Adapter):
+        model = {"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": ["modern"], "odd_layers": False}
+
+    hello = Server(Declared).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert hello["model"] == Declared.model
+    assert hello["capabilities"]["modern_layout"] is True
+    _, undeclared = new_server()
+    assert "model" not in undeclared
+
+    class ModelObject(Adapter):
+        model = object()
+
+    with pytest.raises(TypeError, match="ModelObject.model is a object: it declares the model's caches as a dict"):
+        Server(ModelObject).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+
+
+def test_the_declared_model_reaches_kvcheck_and_bounds_its_caches(kvcheck):
+    # The adapter raises on any cache outside its model: a pass means none was sent.
+    run = kvcheck("run", "--adapter", MODEL_ADAPTER, "--property", "stored-immutable", "--cases", "40", "--jobs", "1")
+    assert run.status == 0, run.stderr + json.dumps(run.report, indent=1)
+    assert run.report["domain"] == "layers=2 heads=2 head_dim=8 dtype=f32 layout=modern"
+    overridden = kvcheck("run", "--adapter", MODEL_ADAPTER, "--property", "stored-immutable", "--cases", "5",
+                         "--model", "layers=2,heads=2,head_dim=8,dtype=f32,layout=modern,odd_layers=no")
+    assert overridden.status == 0, overridden.stderr
+    assert overridden.report["domain"] == "layers=2 heads=2 head_dim=8 dtype=f32 layout=modern"
+
+
+@pytest.mark.parametrize("model, words", [
+    ({"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": ["modern"]}, "'model': missing member 'odd_layers'"),
+    ({"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f64"], "layouts": ["modern"], "odd_layers": False},
+     "'model': 'dtypes': unknown dtype 'f64'"),
+    ({"layers": "2", "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": ["modern"], "odd_layers": False},
+     "'model': 'layers'"),
+    ({"layers": 0, "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": ["modern"], "odd_layers": False},
+     "'layers' must be in [1, 1024], not 0"),
+    ({"layers": 2, "heads": 2, "head_dim": 8, "dtypes": [], "layouts": ["modern"], "odd_layers": False},
+     "'dtypes' is empty"),
+    ({"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": ["modern"], "odd_layers": False, "vocab": 9},
+     "'model': unknown key 'vocab'"),
+])
+def test_a_malformed_model_is_refused_at_the_handshake_naming_the_key(kvcheck, monkeypatch, model, words):
+    monkeypatch.setenv("KVCHECK_TEST_MODEL", json.dumps(model))
+    run = kvcheck("run", "--adapter", MODEL_ADAPTER, "--cases", "1")
+    assert run.status == 2, run.stderr
+    assert words in run.stderr, run.stderr
 
 
 def test_requests_out_of_place_are_refused():

@@ -80,8 +80,16 @@ class Adapter:
     description: str = ""
     #: Capability flags (kvcheck/engine.h Capabilities) that differ from
     #: what the SDK works out from the methods implemented: for example
-    #: {"legacy_layout": False} for an engine of the modern layout only.
+    #: {"legacy_layout": False} for an engine of the modern layout only,
+    #: {"modern_layout": False} for one of the legacy layout only.
     capabilities: Dict[str, bool] = {}
+    #: The model whose caches the engine holds (docs/protocol.md, "model"),
+    #: or None: then kvcheck draws caches of any layer count, token counts,
+    #: layer shapes, dtypes and geometry the capabilities allow. Declared,
+    #: every cache kvcheck makes is that model's: for example
+    #: {"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"],
+    #:  "layouts": ["modern"], "odd_layers": False}. Every key is required.
+    model: Optional[Dict[str, Any]] = None
 
     # ---- the store -----------------------------------------------------------------
 
@@ -222,6 +230,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
     """The capability flags kvcheck is told: those the implemented methods
     allow, then the engine's own overrides."""
     flags = {
+        "modern_layout": True,
         "conversions": _overrides(engine, "to_legacy") and _overrides(engine, "from_legacy"),
         "dump": _overrides(engine, "dump") and _overrides(engine, "load"),
         "dump_crash": _overrides(engine, "dump_interrupted"),
@@ -344,7 +353,7 @@ class Server:
             }
         self._session = _Session(self._factory())
         engine = self._session.engine
-        return {
+        reply = {
             "ok": True,
             "protocol": _protocol.PROTOCOL_VERSION,
             "name": engine.name,
@@ -352,6 +361,13 @@ class Server:
             "capabilities": capabilities_of(engine),
             "copies_in_replies": True,
         }
+        if engine.model is not None:
+            if not isinstance(engine.model, dict):
+                raise TypeError(f"{type(engine).__name__}.model is a {type(engine.model).__name__}: it declares the "
+                                "model's caches as a dict (docs/protocol.md, \"model\") or is None; keep a model "
+                                "object under another name")
+            reply["model"] = dict(engine.model)
+        return reply
 
     def _op_reset(self, request):
         self._session = None  # the old engine goes before the new one is made

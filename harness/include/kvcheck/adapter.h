@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct Adapter {
     // `pid` (0: this process), its last lines, and the file holding it
     // removed. Unset for engines loaded in process.
     std::function<std::string(int pid)> take_output = nullptr;
+    // The model its engines declare (Capabilities::model), when known
+    // without making one (a process adapter's handshake); unset: not known.
+    std::optional<ModelDomain> model = std::nullopt;
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }

@@ -46,9 +46,36 @@ struct EntryFacts {
     std::vector<std::uint64_t> storage;
 };
 
+// The caches one model makes (docs/semantics.md#the-model-domain). A real
+// store is fed by one model: every cache it holds has that model's layer
+// count, its geometry, one token count in every layer (at least one: a
+// model never stores an empty memory), one of its dtypes and layouts, and
+// no bare, one-sided or legacy-named layer, and a real engine raises on
+// anything else. Declared, it bounds what a trace makes, adds and
+// generates from (kvcheck/workload.h); undeclared, traces draw any layer
+// count, token counts, layer shapes, dtypes and geometry the other
+// capabilities allow.
+//
+//   Capabilities c;
+//   c.model = {true, 2, 8, 64, {Dtype::bf16}, {Layout::modern}, false};  // 2 layers, 8 heads of 64
+struct ModelDomain {
+    bool declared = false;
+    std::int64_t layers = 1;                         // >= 1
+    std::int64_t heads = cache_heads;                // in [1, cache_heads_max]
+    std::int64_t head_dim = cache_head_dim;          // in [1, cache_head_dim_max]
+    std::vector<Dtype> dtypes = {Dtype::f32};        // non-empty, no repeats; the first is the plainest
+    std::vector<Layout> layouts = {Layout::modern};  // non-empty, no repeats
+    bool odd_layers = false;  // bare, one-sided, uninitialized or legacy-named layers may occur
+
+    bool holds(Dtype dtype) const;
+    bool holds(Layout layout) const;
+};
+
 // What an engine supports. A property whose observations an engine lacks is
 // reported as skipped; an operation it lacks is never generated.
+// capabilities_fault (kvcheck/workload.h) says what is inconsistent.
 struct Capabilities {
+    bool modern_layout = true;         // at least one of modern_layout and legacy_layout
     bool legacy_layout = true;
     bool one_sided_layers = true;      // layers holding only keys or only values
     bool legacy_slot_names = true;     // modern layers carrying key_cache/value_cache
@@ -66,6 +93,8 @@ struct Capabilities {
     // dump_kill: the engine's dump may run in a fork of kvcheck's process
     // (an engine loaded in process; not one behind a process boundary).
     bool dump_kill = true;
+    // The model whose caches the engine holds; undeclared by default.
+    ModelDomain model;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

@@ -84,7 +84,8 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
 // failures).
 Failure pin_failure(const Runner& runner, const Trace& trace, const Failure& found);
 
-// Shrinks a failing trace and pins the failure to its step.
+// Shrinks a failing trace and pins the failure to its step. With no
+// declared options.model, the model the runner's engine declares.
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure,
                        const ShrinkOptions& options = {});
 

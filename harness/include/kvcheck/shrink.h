@@ -23,6 +23,11 @@ using Oracle = std::function<std::optional<Failure>(const Trace&)>;
 
 struct ShrinkOptions {
     std::size_t runs_max = 5000;  // oracle calls at most
+    // The engine's declared model (kvcheck/domain.h): a cache of it stays
+    // one when shrunk (its layers kept, their tokens shrunk together, at
+    // least 1, its geometry, dtypes and layouts the model's). Undeclared:
+    // anything simpler goes.
+    ModelDomain model;
 };
 
 struct ShrinkResult {

@@ -77,7 +77,7 @@ enum Needs : std::uint8_t {
     needs_dump = 1 << 0,         // Capabilities::dump
     needs_dump_crash = 1 << 1,   // Capabilities::dump_crash
     needs_stream = 1 << 2,       // Capabilities::generate_stream
-    needs_conversions = 1 << 3,  // Capabilities::conversions and legacy_layout
+    needs_conversions = 1 << 3,  // Capabilities::conversions, legacy_layout and modern_layout
     needs_dump_kill = 1 << 4,    // Capabilities::dump_kill
 };
 

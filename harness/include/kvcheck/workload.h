@@ -8,11 +8,20 @@
 // draws its operations from it; runs differ in what they stress, not only
 // in order.
 //
+// An engine that declares its model (Capabilities::model, kvcheck/domain.h)
+// gets only that model's caches: each of its layer count and geometry, one
+// token count (>= 1, drawn as any layer's is) in every layer, a dtype of
+// the model's (one per trace; mixed only when the model has several), a
+// layout of its own (conversions only when it holds both), odd layers
+// only when the model has them. An engine that does not take modern
+// caches (Capabilities::modern_layout) never gets one.
+//
 //   kvcheck::SeededChooser choose(42);
 //   kvcheck::Swarm swarm = kvcheck::random_swarm(choose, options);
 //   kvcheck::Trace trace = kvcheck::generate_trace(choose, swarm, options);
 #pragma once
 
+#include "kvcheck/domain.h"
 #include "kvcheck/engine.h"
 #include "kvcheck/trace.h"
 
@@ -100,6 +109,8 @@ struct Swarm {
     std::int64_t tokens_max = 5;
 };
 
+// Throws std::invalid_argument when the capabilities cannot be searched
+// (capabilities_fault).
 Swarm random_swarm(Chooser& choose, const WorkloadOptions& options);
 // Every kind on, equal weights, small caches: the swarm of a plain random run.
 Swarm uniform_swarm(const WorkloadOptions& options);
