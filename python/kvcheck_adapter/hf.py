@@ -36,6 +36,7 @@ import torch
 import transformers
 from transformers import cache_utils as _cache_utils
 
+from . import cache as _cache
 from . import content as _content
 from . import copies as _copies
 from . import observe as _observe
@@ -276,9 +277,7 @@ def _check_geometry(model, cache) -> int:
 
 def _observe_layers(cache) -> List[Tuple[Optional[Tensor], Optional[Tensor]]]:
     # The keys and values the model would see, per layer.
-    from .cache import layer_count, logical_keys, logical_values
-
-    return [(logical_keys(cache, i), logical_values(cache, i)) for i in range(layer_count(cache))]
+    return [(_cache.logical_keys(cache, i), _cache.logical_values(cache, i)) for i in range(_cache.layer_count(cache))]
 
 
 def generate(model, prompt: Sequence[int], cache, max_new_tokens: int) -> List[int]:
