@@ -36,10 +36,11 @@ from kvcheck_adapter.adapter import Adapter, Item, serve  # noqa: E402
 from kvcheck_adapter.crash import power_cut  # noqa: E402
 
 
-def capabilities(layout_capability: bool = True):
+def capabilities(domain, layout_capability: bool = True):
     """What the store over the installed transformers can do: its one
     layout (so no conversions), float32 caches of the model's geometry
-    only, no odd layers, no streaming."""
+    (`domain`: any_geometry says it is not kvcheck's default 2x4; the
+    domain says which it is), no odd layers, no streaming."""
     flags = {
         "legacy_layout": hf.LAYOUT == "legacy",
         "conversions": False,
@@ -47,7 +48,7 @@ def capabilities(layout_capability: bool = True):
         "one_sided_layers": False,
         "legacy_slot_names": False,
         "uninitialized_layers": False,
-        "any_geometry": False,
+        "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
         "generate_stream": False,
     }
     if layout_capability:
@@ -67,7 +68,7 @@ class TransformersMemoryAdapter(Adapter):
         )
         self.store = transformers_memory.TransformersMemory(bugs=self.bugs, model=model)
         self.model = hf.model_domain(self.store.model)
-        self.capabilities = capabilities(layout_capability)
+        self.capabilities = capabilities(self.model, layout_capability)
 
     # ---- the store ----
 

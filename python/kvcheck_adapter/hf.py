@@ -246,10 +246,13 @@ def model_domain(model) -> Dict[str, Any]:
 
 def domain_text(domain: Dict[str, Any]) -> str:
     """The domain as `kvcheck run --model` takes it:
-    layers=2,heads=2,head_dim=8,dtype=f32,layout=modern."""
+    layers=2,heads=2,head_dim=8,dtype=f32,layout=modern (several dtypes or
+    layouts joined by '+'; odd_layers=yes only when allowed, no being the
+    default)."""
     parts = [f"layers={domain['layers']}", f"heads={domain['heads']}", f"head_dim={domain['head_dim']}"]
-    parts += [f"dtype={dtype}" for dtype in domain["dtypes"]]
-    parts += [f"layout={layout}" for layout in domain["layouts"]]
+    parts += [f"dtype={'+'.join(domain['dtypes'])}", f"layout={'+'.join(domain['layouts'])}"]
+    if domain.get("odd_layers"):
+        parts.append("odd_layers=yes")
     return ",".join(parts)
 
 

@@ -54,7 +54,9 @@ def run(tmp_path, adapter_args, *args):
     domain = hf.domain_text(hf.model_domain(hf.tiny_model()))
     new = knows_model_domain(binary)
     adapter = " ".join([ADAPTER] + list(adapter_args) + ([] if new else ["--no-layout-capability"]))
-    command = [binary, "run", "--adapter", adapter, "--python", sys.executable, "--jobs", "2", "--quiet"]
+    # --timeout: starting Python with torch and transformers takes seconds,
+    # more on a loaded machine, and kvcheck counts it as the first step's.
+    command = [binary, "run", "--adapter", adapter, "--python", sys.executable, "--jobs", "2", "--timeout", "120", "--quiet"]
     command += (["--model", domain] if new else []) + list(args)
     command += ["--report", "json", "--out", str(report), "--trace-dir", str(tmp_path / "traces")]
     # The adapter imports the transformers these tests import, wherever

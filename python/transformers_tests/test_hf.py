@@ -130,6 +130,8 @@ def test_the_model_domain_is_the_model_s(model):
     domain = hf.model_domain(model)
     assert domain == {"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"], "layouts": [LAYOUT], "odd_layers": False}
     assert hf.domain_text(domain) == f"layers=2,heads=2,head_dim=8,dtype=f32,layout={LAYOUT}"
+    wide = dict(domain, dtypes=["f32", "bf16"], layouts=["modern", "legacy"], odd_layers=True)
+    assert hf.domain_text(wide) == "layers=2,heads=2,head_dim=8,dtype=f32+bf16,layout=modern+legacy,odd_layers=yes"
     assert model.config.max_position_embeddings >= 3 * 2048 + 3 + 4  # kvcheck's largest merge, prompt, new tokens
 
 

@@ -77,7 +77,8 @@ def test_the_handshake_carries_the_model_domain_and_honest_capabilities(model):
     assert hello["model"]["layouts"] == [LAYOUT]
     flags = hello["capabilities"]
     assert flags["legacy_layout"] == (LAYOUT == "legacy") and flags["modern_layout"] == (LAYOUT == "modern")
-    assert not flags["conversions"] and not flags["half_dtypes"] and not flags["any_geometry"]
+    assert not flags["conversions"] and not flags["half_dtypes"]
+    assert flags["any_geometry"]  # 2 heads of 8: not kvcheck's default 2x4
     assert not flags["one_sided_layers"] and not flags["legacy_slot_names"] and not flags["uninitialized_layers"]
     assert flags["dump"] and flags["dump_crash"] and flags["metadata"] and not flags["generate_stream"]
     older = Server(lambda: tma.TransformersMemoryAdapter((), model, layout_capability=False))
