@@ -57,7 +57,8 @@ VERSION: str = transformers.__version__  # for reports only: nothing here branch
 
 # Positions the tiny model takes: the largest cache kvcheck draws (the large
 # scope's 2048 tokens a layer, a merge of up to three ids) with its prompt
-# and new tokens fits several times over (harness/workload.cpp).
+# and new tokens (6151 positions) fits more than twice over
+# (harness/workload.cpp); generate refuses a longer one by name.
 POSITIONS_MAX = 16384
 PLACEHOLDER_TOKEN = 0  # input_ids of the cached positions: generate never feeds them
 
