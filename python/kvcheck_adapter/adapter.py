@@ -90,6 +90,10 @@ class Adapter:
     #: {"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"],
     #:  "layouts": ["modern"], "odd_layers": False}. Every key is required.
     model: Optional[Dict[str, Any]] = None
+    #: Where the owned marker comes from: None, each cache's `owned`
+    #: attribute (the SDK's caches carry one); "derived", for caches without
+    #: a marker (transformers' own): see derived_owned.
+    owned: Optional[str] = None
 
     # ---- the store -----------------------------------------------------------------
 
@@ -204,7 +208,12 @@ class Adapter:
     # ---- observations (the defaults read any cache of either layout) -------------------------
 
     def is_owned(self, cache: Cache) -> bool:
-        """The owned-copy marker (by default the `owned` attribute)."""
+        """The owned-copy marker: the `owned` attribute, or derived_owned
+        for an adapter whose `owned` is "derived"."""
+        if self.owned == "derived":
+            return derived_owned(self, cache)
+        if self.owned is not None:
+            raise ValueError(f"{type(self).__name__}.owned is {self.owned!r}: None or \"derived\"")
         return bool(getattr(cache, "owned", False))
 
     def view(self, cache: Cache) -> Dict[str, Any]:
@@ -220,6 +229,22 @@ class Adapter:
         each copy since the last call. None (the default): the SDK's copy
         tracker accounts for them."""
         return None
+
+
+def derived_owned(engine: Adapter, cache: Cache) -> bool:
+    """The owned marker of a cache that carries none, derived from what the
+    store holds: owned when it is not a stored object and shares no list,
+    layer object or tensor storage (the engine's storage identities) with
+    any stored entry. (kvcheck asks the marker of the caches an operation
+    hands out, where an owned copy and a cache kvcheck made itself are
+    alike: it judges the marker of get_cache, clone and concat results, of
+    what get hands out and of stored entries, never of made caches.)"""
+    identities = set(engine.storage(cache))
+    for id in engine.stored_ids():
+        stored = engine.stored_cache(id)
+        if stored is cache or not identities.isdisjoint(engine.storage(stored)):
+            return False
+    return True
 
 
 def _overrides(engine: Adapter, method: str) -> bool:
@@ -825,4 +850,4 @@ def serve(factory: Callable[[], Adapter]) -> None:
     _protocol.serve_loop(connection, Server(factory).handle)
 
 
-__all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "serve"]
+__all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "derived_owned", "serve"]
