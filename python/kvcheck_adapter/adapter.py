@@ -80,7 +80,9 @@ class Adapter:
     description: str = ""
     #: Capability flags (kvcheck/engine.h Capabilities) that differ from
     #: what the SDK works out from the methods implemented: for example
-    #: {"legacy_layout": False} for an engine of the modern layout only.
+    #: {"legacy_layout": False} for an engine of the modern layout only, or
+    #: {"owned_marker": False} for one whose caches carry no owned marker
+    #: (kvcheck then derives "owned" from storage: sharing nothing stored).
     capabilities: Dict[str, bool] = {}
 
     # ---- the store -----------------------------------------------------------------
@@ -107,7 +109,8 @@ class Adapter:
 
     def get_cache(self, ids: Sequence[str]) -> Optional[Cache]:
         """One id: an owned copy of its cache; several: their merge; None
-        when no id holds tokens."""
+        when no id exists. When ids exist but none holds tokens: None, or a
+        new cache holding no K/V and sharing nothing with the store."""
         raise NotImplementedError(f"{type(self).__name__}.get_cache")
 
     def delete(self, ids: Sequence[str]) -> None:
@@ -196,7 +199,8 @@ class Adapter:
     # ---- observations (the defaults read any cache of either layout) -------------------------
 
     def is_owned(self, cache: Cache) -> bool:
-        """The owned-copy marker (by default the `owned` attribute)."""
+        """The owned-copy marker (by default the `owned` attribute). With
+        the capability "owned_marker" false kvcheck ignores it."""
         return bool(getattr(cache, "owned", False))
 
     def view(self, cache: Cache) -> Dict[str, Any]:
@@ -229,6 +233,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "metadata": _overrides(engine, "entry_metadata"),
         "storage_identity": True,
         "copy_log": True,
+        "owned_marker": True,
         "entry_versions": False,
     }
     flags.update(engine.capabilities)
