@@ -355,6 +355,39 @@ class M24 final : public ReferenceEngine {
     }
 };
 
+// M28 (ours): get_cache of one id keeps the copy it hands out as the
+// stored item (a refresh on read that swaps the fresh copy in): storing
+// it clears its marker, and what the caller holds is the stored object.
+class M28 final : public ReferenceEngine {
+  protected:
+    CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        CachePtr copy = ReferenceEngine::store_get_cache(ids);
+        if (ids.size() != 1 || !copy) return copy;
+        const kv::ItemPtr item = store_.get(ids.front());
+        store_add(ids.front(), copy, item->metadata);
+        return copy;
+    }
+};
+
+// M29 (ours): get_cache of ids that hold no tokens hands out a new cache
+// object around the first one's stored lists (an "empty" result that is a
+// view of the store, not a new cache).
+class M29 final : public ReferenceEngine {
+  protected:
+    CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        CachePtr found = ReferenceEngine::store_get_cache(ids);
+        if (found) return found;
+        for (const std::string& id : ids) {
+            const kv::ItemPtr item = store_.get(id);
+            if (!item) continue;
+            const Cache& stored = *item->cache;
+            if (stored.layout() == kv::Layout::legacy) return Cache::from_slots(stored.key_cache(), stored.value_cache());
+            return Cache::from_layers(stored.layers());
+        }
+        return nullptr;
+    }
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -633,6 +666,10 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M25>("M25", "dump never fsyncs its file before the rename", {P::dump_safe}),
         mutant<M26>("M26", "dump never fsyncs the directory after the rename", {P::dump_safe}),
         mutant<M27>("M27", "a killed dump's temporary file is never removed", {P::dump_safe}),
+        mutant<M28>("M28", "get_cache of one id keeps the copy it hands out as the stored item",
+                    {P::owned_marker, P::stored_immutable, P::single_copy}),
+        mutant<M29>("M29", "get_cache of ids holding no tokens hands out a cache around the stored lists",
+                    {P::stored_immutable, P::store_contract}),
     };
 }
 

@@ -16,6 +16,7 @@ Capabilities ReferenceEngine::capabilities() const {
     Capabilities capabilities;
     capabilities.entry_versions = true;
     capabilities.metadata = true;
+    capabilities.owned_marker = owned_marker_;
     return capabilities;
 }
 
@@ -200,7 +201,7 @@ CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(st
 
 std::uint64_t ReferenceEngine::entry_digest(const std::string& id) { return digest_of(stored_cache(id)); }
 
-bool ReferenceEngine::entry_owned(const std::string& id) { return stored_cache(id).owned(); }
+bool ReferenceEngine::entry_owned(const std::string& id) { return owned_marker_ && stored_cache(id).owned(); }
 
 std::uint64_t ReferenceEngine::handle_digest(Handle h) {
     const kv::ConstCachePtr cache = handle(h);
@@ -216,7 +217,7 @@ CacheView ReferenceEngine::view_handle(Handle h) {
 
 HandleFacts ReferenceEngine::handle_facts(Handle h) {
     const kv::ConstCachePtr cache = handle(h);
-    return {cache != nullptr, cache && cache->owned()};
+    return {cache != nullptr, owned_marker_ && cache && cache->owned()};
 }
 
 std::vector<std::uint64_t> ReferenceEngine::storage_of_entry(const std::string& id) {

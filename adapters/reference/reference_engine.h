@@ -36,6 +36,12 @@ class ReferenceEngine : public Engine {
     // The name a bundled adapter gives it (adapters/bundled.cpp).
     void rename(std::string name) { name_ = std::move(name); }
     Capabilities capabilities() const override;
+    // Makes it an engine without an owned marker, as real stores are: it
+    // reports none (entry_owned and handle_facts' owned say false, its
+    // capabilities owned_marker false), and kvcheck derives ownership from
+    // its storage identities (docs/semantics.md#ownership). Its behaviour
+    // is unchanged: the boundary still reads its own marker.
+    void drop_owned_marker() { owned_marker_ = false; }
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -103,6 +109,7 @@ class ReferenceEngine : public Engine {
 
   private:
     std::string name_ = "reference";
+    bool owned_marker_ = true;  // reported (drop_owned_marker)
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

@@ -45,6 +45,24 @@ std::string ids_difference(const std::vector<std::string>& listed, const std::ve
     return "the store holds ids " + id_list(listed_sorted) + ", expected " + id_list(expected_sorted);
 }
 
+std::string kv_held(const CacheView& view) {
+    for (std::size_t i = 0; i < view.layers.size(); ++i) {
+        for (int s = 0; s < slot_count; ++s) {
+            const SlotView& slot = view.layers[i].slots[static_cast<std::size_t>(s)];
+            if (!slot.present || slot.shape.empty()) continue;
+            std::int64_t elements = 1;
+            std::string shape;
+            for (const std::int64_t size : slot.shape) {
+                elements *= size;
+                shape += (shape.empty() ? "" : ", ") + std::to_string(size);
+            }
+            if (elements == 0) continue;
+            return "layer " + std::to_string(i) + " " + slot_name(static_cast<Slot>(s)) + " holds [" + shape + "]";
+        }
+    }
+    return {};
+}
+
 std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const std::vector<std::int64_t>& sources) {
     if (!probe.capabilities().storage_identity) return std::nullopt;
     std::vector<std::uint64_t> own = probe.handle(out).storage;

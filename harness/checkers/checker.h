@@ -65,6 +65,11 @@ struct Made {
     std::string id;                     // get, stored_back: the id
     std::size_t ids = 0;                // get_cache: how many ids were asked for
     bool merged = false;                // get_cache, concat: of several parts
+    // get_cache of ids that exist but of which none holds tokens: none is
+    // right, and so is a new cache holding no K/V and sharing nothing with
+    // the store (docs/semantics.md#store). `object`, when the engine gave
+    // a cache, is built from its view.
+    bool tokenless = false;
     // get_cache, concat of parts of different dtypes that the engine
     // refused: its error. The handle must then hold nothing, and the store
     // must be as it was (the run reads all of it after the step).
@@ -152,10 +157,10 @@ struct HandleFact {
     bool full_read = false;
 };
 
-// What the engine reports of a handle, read once per step.
+// What the engine reports of a handle, read once per step. Whether it is
+// owned is Probe::owned's to say (the engine's marker, or derived).
 struct HandleReading {
     bool exists = false;
-    bool owned = false;  // the owned marker as the engine reports it
     std::vector<std::uint64_t> storage;
 };
 
@@ -178,11 +183,18 @@ class Probe {
     virtual void engine_error(std::string message) = 0;
 
     virtual const HandleReading& handle(std::int64_t handle) = 0;
+    // Is the cache of `handle` owned? With Capabilities::owned_marker, the
+    // engine's marker; without, derived (docs/semantics.md#ownership): it
+    // exists and shares no storage identity with any stored entry, as the
+    // store is after the step's operation. The one place "owned" is read.
+    virtual bool owned(std::int64_t handle) = 0;
     // How the cache of `handle` differs from `expected`'s view; empty when it
     // does not (or when the adapter's digest and view disagree: an engine error).
     virtual std::string handle_difference(std::int64_t handle, ObjectId expected) = 0;
     // The same for a stored entry.
     virtual std::string entry_difference(const EntryFact& entry) = 0;
+    // The stored entry's marker; without Capabilities::owned_marker false,
+    // unasked (a stored entry is a stored object: never owned).
     virtual bool entry_owned(const EntryFact& entry) = 0;
     // The first stored entry, in insertion order, that shares storage with
     // `handle` although the handle's object may not alias it.
@@ -268,6 +280,10 @@ std::string generation_text(const Generated& generation);
 // How the ids a store lists differ from the expected ones (in order when
 // `ordered`); empty when they do not.
 std::string ids_difference(const std::vector<std::string>& listed, const std::vector<std::string>& expected, bool ordered);
+
+// Where a view holds K/V, "layer 0 keys holds [1, 2, 3, 4]"; empty when no
+// slot holds an element.
+std::string kv_held(const CacheView& view);
 
 // The first of `sources` whose storage `out` shares, if any (needs the
 // engine's storage identities).

@@ -55,7 +55,9 @@ PropertySet checkable(const Capabilities& capabilities) {
     for (const PropertyInfo& info : property_table) {
         const bool missing = ((info.needs & property_needs_copy_log) && !capabilities.copy_log) ||
                              ((info.needs & property_needs_storage_identity) && !capabilities.storage_identity) ||
-                             ((info.needs & property_needs_dump) && !capabilities.dump);
+                             ((info.needs & property_needs_dump) && !capabilities.dump) ||
+                             ((info.needs & property_needs_ownership) && !capabilities.owned_marker &&
+                              !capabilities.storage_identity);
         if (missing) set.remove(info.property);
     }
     return set;

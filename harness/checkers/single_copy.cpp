@@ -1,6 +1,7 @@
 // single-copy: the stored K/V are copied once at most along a generation's
 // path, and every copy is accounted for: each operation logs exactly the
-// copies its semantics make (get_cache one, its owned result; clone,
+// copies its semantics make (get_cache one, its owned result, or for ids
+// that hold no tokens none, or one of 0 bytes for an empty result; clone,
 // concat and from_legacy one each; a generation one unless its input is
 // already an owned copy; nothing else any), each logged with the bytes of
 // K/V it copied; and while the model runs, the K/V sets alive are the

@@ -2,7 +2,10 @@
 // and of a stored one its item; get_by_ids answers position by position in
 // request order (none for a missing id); get_all and the store's listing
 // give the ids in insertion order (an overwritten id keeps its place, a
-// re-added one goes last); get_cache of ids that hold no tokens gives none.
+// re-added one goes last); get_cache of ids none of which exists gives
+// none, and of ids that exist but of which none holds tokens gives none or
+// a new cache holding no K/V (that it shares nothing with the store is
+// stored-immutable's).
 //
 // Checked: the answers of get (the item and its metadata), get_by_ids, get_all and get_cache at their
 // step; the listing after every change of membership while the store is
@@ -31,7 +34,12 @@ class StoreContract final : public Checker {
         }
         // A refused merge of mixed dtypes is merge-correct's.
         if (made.by == MadeBy::get_cache && !made.refused) {
-            check_exists(made, "get_cache " + std::to_string(made.ids) + " ids ->", probe);
+            const std::string what = "get_cache " + std::to_string(made.ids) + " ids ->";
+            if (made.tokenless) {
+                check_holds_no_kv(made, what, probe);
+            } else {
+                check_exists(made, what, probe);
+            }
         }
     }
 
@@ -76,6 +84,17 @@ class StoreContract final : public Checker {
         expect(probe, got == expected, [&] {
             return "get " + in_quotes(made.id) + ": " + handle_text(made.out) + " carries metadata " + metadata_text(got) +
                    ", expected " + metadata_text(expected);
+        });
+    }
+
+    // docs/semantics.md#store: "none only if no cache is found" is as right
+    // as none, as long as the cache holds nothing of the store's.
+    void check_holds_no_kv(const Made& made, const std::string& what, Probe& probe) const {
+        if (!checking(probe) || !made.object) return;
+        const std::string held = kv_held(probe.engine().view_handle(made.out));
+        expect(probe, held.empty(), [&] {
+            return what + " " + handle_text(made.out) + ": no id it names holds tokens, but its " + held +
+                   " (expected none, or a cache holding no K/V)";
         });
     }
 

@@ -8,8 +8,9 @@
 // auditor's expected content, and, when the engine reports storage
 // identities, against the other entries read so far (two entries holding
 // different caches share nothing); at full reads, the set of ids the store
-// holds (its order is store-contract's); each get_cache result against the
-// stored entries' storage identities.
+// holds (its order is store-contract's); each get_cache result (the empty
+// one of ids that hold no tokens too) against the stored entries' storage
+// identities.
 // Not checked here: the owned marker (owned-marker), the order of ids
 // (store-contract), what a load restores (dump-safe).
 #include "checkers/checker.h"

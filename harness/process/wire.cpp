@@ -256,7 +256,7 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 15> known{{
+    const std::array<std::pair<const char*, bool*>, 16> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -269,6 +269,7 @@ Capabilities read_capabilities(const Json& flags) {
         {"generate_stream", &capabilities.generate_stream},
         {"storage_identity", &capabilities.storage_identity},
         {"copy_log", &capabilities.copy_log},
+        {"owned_marker", &capabilities.owned_marker},
         {"entry_versions", &capabilities.entry_versions},
         {"metadata", &capabilities.metadata},
         {"any_geometry", &capabilities.any_geometry},

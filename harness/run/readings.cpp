@@ -57,6 +57,8 @@ std::vector<Readings::ReadEntry> Readings::read_all(bool content, bool marker, b
         versions = engine_.entry_versions(ids);
         if (!answered_all("entry_versions", versions.size(), ids.size())) return {};
     }
+    // Without a marker there is none to read (entry_owned says false).
+    const bool with_marker = marker && capabilities_.owned_marker;
     std::vector<ReadEntry> entries;
     entries.reserve(ids.size());
     std::vector<std::string> unread;
@@ -65,7 +67,7 @@ std::vector<Readings::ReadEntry> Readings::read_all(bool content, bool marker, b
         EntryReading& reading = entry(ids[i], trust_versions_ ? &versions[i] : nullptr);
         const ObjectId expected = *audit_.entry(ids[i]);
         entries.push_back({&reading, expected});
-        if ((content && !reading.digest && reading.matched != expected) || (marker && !reading.owned) ||
+        if ((content && !reading.digest && reading.matched != expected) || (with_marker && !reading.owned) ||
             (index && !reading.indexed && !reading.storage_read)) {
             unread.push_back(ids[i]);
             unread_entries.push_back(&reading);
@@ -79,7 +81,7 @@ std::vector<Readings::ReadEntry> Readings::read_all(bool content, bool marker, b
         EntryReading& reading = *unread_entries[i];
         reading.batched = true;
         reading.digest = facts[i].digest;
-        reading.owned = facts[i].owned;
+        reading.owned = capabilities_.owned_marker && facts[i].owned;
         if (!with_storage) continue;
         reading.storage = std::move(facts[i].storage);
         reading.storage_read = true;
@@ -120,6 +122,7 @@ std::string Readings::entry_difference(const std::string& id, EntryReading& entr
 }
 
 bool Readings::entry_owned(const std::string& id, EntryReading& entry) {
+    if (!capabilities_.owned_marker) return false;
     if (!entry.owned) entry.owned = engine_.entry_owned(id);
     if (*entry.owned && !batch_agrees(entry, "entry_owned", engine_.entry_owned(id))) entry.owned = false;
     return *entry.owned;
@@ -188,15 +191,43 @@ std::string Readings::store_difference(bool ordered) {
 
 // ---- handles --------------------------------------------------------------------
 
-const checkers::HandleReading& Readings::handle(std::int64_t handle) {
+const checkers::HandleReading& Readings::handle(std::int64_t handle) { return handle_record(handle).reading; }
+
+const Readings::HandleRecord& Readings::handle_record(std::int64_t handle) {
     const auto found = handle_readings_.find(handle);
     if (found != handle_readings_.end()) return found->second;
-    checkers::HandleReading reading;
+    HandleRecord record;
     const HandleFacts facts = engine_.handle_facts(handle);
-    reading.exists = facts.exists;
-    reading.owned = facts.owned;
-    if (facts.exists && capabilities_.storage_identity) reading.storage = engine_.storage_of_handle(handle);
-    return handle_readings_.emplace(handle, std::move(reading)).first->second;
+    record.reading.exists = facts.exists;
+    record.marker = facts.owned;
+    if (facts.exists && capabilities_.storage_identity) record.reading.storage = engine_.storage_of_handle(handle);
+    return handle_readings_.emplace(handle, std::move(record)).first->second;
+}
+
+// docs/semantics.md#ownership: without a marker, "owned" is what the marker
+// means, computed: not a stored object and sharing no list, layer or tensor
+// storage with any stored entry. A stored object shares all of its storage
+// with its entry, so one test says both. Every entry is indexed for it (the
+// index otherwise holds only the entries the schedule read), which costs a
+// batch read of the entries not indexed in this round; the run starts a
+// round after each operation so that the store is the one it left.
+bool Readings::handle_owned(std::int64_t handle) {
+    const HandleRecord& record = handle_record(handle);
+    if (!record.reading.exists) return false;
+    if (capabilities_.owned_marker) return record.marker;
+    index_every_entry();
+    bool shares = false;
+    for (const std::uint64_t identity : record.reading.storage) {
+        holders_.for_each_holder(identity, [&shares](const std::string&) { shares = true; });
+        if (shares) return false;
+    }
+    return true;
+}
+
+void Readings::index_every_entry() {
+    if (every_entry_indexed_round_ == round_) return;
+    for (const ReadEntry& read : read_all(false, false, true)) index_storage(*read.reading);
+    every_entry_indexed_round_ = round_;
 }
 
 std::string Readings::handle_difference(std::int64_t handle, ObjectId expected) {

@@ -52,6 +52,7 @@ class Readings {
           trust_versions_(capabilities.entry_versions) {}
 
     void begin_round();
+    const Capabilities& capabilities() const { return capabilities_; }
 
     // ---- entries ----
 
@@ -96,6 +97,9 @@ class Readings {
     // ---- handles ----
 
     const checkers::HandleReading& handle(std::int64_t handle);
+    // Probe::owned: the engine's marker, or, without one, derived from the
+    // storage of every stored entry (indexed in this round for it).
+    bool handle_owned(std::int64_t handle);
     void forget_handle(std::int64_t handle) { handle_readings_.erase(handle); }
     void forget_handles() { handle_readings_.clear(); }
     // The difference of the cache of `handle` from `expected`'s view, as
@@ -121,6 +125,14 @@ class Readings {
     std::vector<std::int64_t> handles_meeting(const std::vector<std::string>& entries);
 
   private:
+    // What is read of a handle: what the checkers see, and the engine's marker.
+    struct HandleRecord {
+        checkers::HandleReading reading;
+        bool marker = false;
+    };
+    const HandleRecord& handle_record(std::int64_t handle);
+    // Indexes the storage of every stored entry the engine lists, once a round.
+    void index_every_entry();
     bool copied_from(ObjectId copy, ObjectId source) const;
     bool answered_all(const char* method, std::size_t answers, std::size_t ids);
     bool batch_agrees(const EntryReading& entry, const char* method, bool agree);
@@ -136,7 +148,8 @@ class Readings {
     std::optional<std::vector<std::string>> listed_;
     IdMap<EntryReading> readings_;
     StorageIndex holders_;  // storage identity -> entries holding it
-    std::unordered_map<std::int64_t, checkers::HandleReading> handle_readings_;
+    std::unordered_map<std::int64_t, HandleRecord> handle_readings_;
+    std::uint64_t every_entry_indexed_round_ = 0;  // the round index_every_entry last ran in
     // Storage identity -> the live handles holding it, for handle_sharing;
     // made in the round `handles_by_identity_round_`.
     std::unordered_map<std::uint64_t, std::vector<std::int64_t>> handles_by_identity_;

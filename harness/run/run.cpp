@@ -113,6 +113,7 @@ Run::Run(Engine& engine, const RunOptions& options)
                    // dump_kill judges dump-safe only, and costs three processes: not run without it.
                    verdicts_.checked().has(Property::dump_safe) ? options.fresh_engine : nullptr) {
     every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
+    derives_owned_ = !capabilities_.owned_marker && verdicts_.checked().has(Property::owned_marker);
     reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
 }
 
@@ -164,6 +165,10 @@ void Run::run_step(const Op& operation) {
     }
     ++result_.coverage.ops_run[operation.index()];
     record_state(operation);
+    // A derived owned marker is read against the store the operation left
+    // (Probe::owned), at its step: what was read before it is stale.
+    round_after_op_ = derives_owned_;
+    if (round_after_op_) readings_.begin_round();
     // The copies first: that an operation copied wrongly says more than
     // what follows from it.
     if (read_copies) {

@@ -35,6 +35,7 @@ class Run final : public checkers::Probe {
     void fail(Property property, std::string message) override { verdicts_.fail(property, message); }
     void engine_error(std::string message) override { verdicts_.engine_error(message); }
     const checkers::HandleReading& handle(std::int64_t handle) override { return readings_.handle(handle); }
+    bool owned(std::int64_t handle) override { return readings_.handle_owned(handle); }
     std::string handle_difference(std::int64_t handle, ObjectId expected) override {
         return readings_.handle_difference(handle, expected);
     }
@@ -93,6 +94,8 @@ class Run final : public checkers::Probe {
     bool reads_store_ = false;  // some checked property reads the store's entries or listing
     bool rechecking_ = false;   // the final read, without versions, is running
     bool listing_due_ = false;  // the store's membership changed since its listing was compared
+    bool derives_owned_ = false;   // owned-marker is checked on an engine without a marker
+    bool round_after_op_ = false;  // a round began after this step's operation (for the derived marker)
     std::size_t steps_since_full_read_ = 0;
     const Op* next_ = nullptr;  // the step after the running one (nullptr: it is the last)
 };

@@ -65,7 +65,9 @@ void Run::check_after(const Op& operation, const Named& named, std::vector<std::
                          "kvcheck replay pins it to its step)");
         return;
     }
-    readings_.begin_round();
+    // Readings made before the operation are stale; those of a round begun
+    // after it (round_after_op_) are not.
+    if (!round_after_op_) readings_.begin_round();
     for (const std::string& id : named.ids) add_unique(reached, id);
     for (const std::string& id : readings_.entries_reached(named.handles)) add_unique(reached, id);
     if (listing_due_ && audit_.order().size() <= listing_every_step_max) check_listing(false);

@@ -186,12 +186,14 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     fact.refused = run_merge(mixed, [&] { engine_.get_cache(op.ids, op.out.value); });
     fact.ids = op.ids.size();
     fact.merged = parts.size() > 1;
-    if (parts.empty() || fact.refused) {
-        if (fact.refused) {
-            count_merge(true, true);
-            refused_copies("get_cache " + std::to_string(op.ids.size()) + " ids");
-        }
+    if (fact.refused) {
+        count_merge(true, true);
+        refused_copies("get_cache " + std::to_string(op.ids.size()) + " ids");
         audit_.bind(op.out.value, std::nullopt);
+        return fact;
+    }
+    if (parts.empty()) {
+        bind_tokenless(op, fact);
         return fact;
     }
     if (fact.merged) {
@@ -205,6 +207,55 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
                   audit_.object(*fact.object).content);
     return fact;
+}
+
+// docs/semantics.md#store: when the ids get_cache names exist but none
+// holds tokens, the engine may give none or a new cache that holds no K/V
+// (the layers and flags of its choosing). The expected object is then
+// built from the engine's view of it, the only source of its structure:
+// the checks judge what may not be so (K/V held: store-contract; storage
+// shared with the store: stored-immutable), and later operations on the
+// handle are followed from it. Copying nothing moves no byte: no copy, or
+// one of 0 bytes. It may carry the owned marker or not (without a marker,
+// it must be owned: share nothing); its copy chain may count the entries
+// it was asked for (a merge of nothing) or not.
+void Transitions::bind_tokenless(const op::GetCache& op, checkers::Made& fact) {
+    std::optional<ObjectId> named;  // the first id that exists
+    for (const std::string& id : op.ids) {
+        named = audit_.entry(id);
+        if (named) break;
+    }
+    fact.tokenless = named.has_value();
+    if (!named || !readings_.handle(op.out.value).exists) {
+        audit_.bind(op.out.value, std::nullopt);
+        return;
+    }
+    const CacheView view = engine_.view_handle(op.out.value);
+    const CacheContent& asked = audit_.object(*named).content;
+    CacheContent content;
+    content.layout = view.layout;
+    content.heads = asked.heads;
+    content.head_dim = asked.head_dim;
+    bool dtype_known = false;
+    for (const LayerView& layer_view : view.layers) {
+        LayerContent layer;
+        layer.initialized = layer_view.initialized;
+        for (std::size_t s = 0; s < layer.slots.size(); ++s) {
+            layer.slots[s].present = layer_view.slots[s].present;
+            if (!layer_view.slots[s].present || dtype_known) continue;
+            content.dtype = layer_view.slots[s].dtype;
+            dtype_known = true;
+        }
+        content.layers.push_back(std::move(layer));
+    }
+    const bool owned = !readings_.capabilities().owned_marker || readings_.handle_owned(op.out.value);
+    fact.object = audit_.new_object(std::move(content), Origin::get_cache, owned, 0, 2);
+    // A result holding K/V (store-contract's to report) cannot be followed.
+    audit_.object(*fact.object).known = checkers::kv_held(view).empty();
+    audit_.bind(op.out.value, fact.object);
+    expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
+                  audit_.object(*fact.object).content);
+    copies_.min = 0;
 }
 
 template <>

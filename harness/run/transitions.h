@@ -52,6 +52,9 @@ class Transitions {
 
     std::optional<Fact> generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream);
     std::optional<Fact> convert(std::int64_t source, std::int64_t out, Layout from);
+    // get_cache of ids that exist, none holding tokens: what the engine
+    // gave (none, or an empty cache) bound to the handle.
+    void bind_tokenless(const op::GetCache& op, checkers::Made& fact);
     // A live handle whose object is known, or nullopt; `holds_none` tells a
     // handle that holds no cache (or h0) from one that cannot be followed.
     std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;

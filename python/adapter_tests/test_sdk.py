@@ -200,6 +200,7 @@ def test_capabilities_follow_the_methods_an_engine_implements():
     flags = capabilities_of(Small())
     assert not flags["conversions"] and not flags["dump"] and not flags["dump_crash"] and not flags["generate_stream"]
     assert flags["half_dtypes"] is False and flags["copy_log"] and flags["storage_identity"]
+    assert flags["owned_marker"] is True  # kvcheck reads the engine's marker unless it says it has none
 
 
 MODEL_ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_adapter.py")

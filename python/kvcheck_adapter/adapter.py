@@ -81,7 +81,9 @@ class Adapter:
     #: Capability flags (kvcheck/engine.h Capabilities) that differ from
     #: what the SDK works out from the methods implemented: for example
     #: {"legacy_layout": False} for an engine of the modern layout only,
-    #: {"modern_layout": False} for one of the legacy layout only.
+    #: {"modern_layout": False} for one of the legacy layout only, or
+    #: {"owned_marker": False} for one whose caches carry no owned marker
+    #: (kvcheck then derives "owned" from storage: sharing nothing stored).
     capabilities: Dict[str, bool] = {}
     #: The model whose caches the engine holds (docs/protocol.md, "model"),
     #: or None: then kvcheck draws caches of any layer count, token counts,
@@ -119,7 +121,8 @@ class Adapter:
 
     def get_cache(self, ids: Sequence[str]) -> Optional[Cache]:
         """One id: an owned copy of its cache; several: their merge; None
-        when no id holds tokens."""
+        when no id exists. When ids exist but none holds tokens: None, or a
+        new cache holding no K/V and sharing nothing with the store."""
         raise NotImplementedError(f"{type(self).__name__}.get_cache")
 
     def delete(self, ids: Sequence[str]) -> None:
@@ -263,6 +266,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "metadata": _overrides(engine, "entry_metadata"),
         "storage_identity": True,
         "copy_log": True,
+        "owned_marker": True,
         "entry_versions": False,
     }
     flags.update(engine.capabilities)

@@ -88,6 +88,11 @@ struct Capabilities {
     bool generate_stream = true;
     bool storage_identity = true;      // storage_of
     bool copy_log = true;              // take_copies and live sets
+    // The engine keeps an owned marker (entry_owned, HandleFacts::owned).
+    // Without one those reports are ignored and kvcheck derives "owned"
+    // from storage identities: a cache that shares no storage with any
+    // stored entry (docs/semantics.md#ownership).
+    bool owned_marker = true;
     bool entry_versions = false;       // entry_version (off unless an engine claims it)
     bool metadata = false;             // entry_metadata and handle_metadata report item metadata
     // dump_kill: the engine's dump may run in a fork of kvcheck's process
@@ -116,7 +121,7 @@ struct LoadResult {
 
 struct HandleFacts {
     bool exists = false;
-    bool owned = false;  // the owned-copy marker
+    bool owned = false;  // the owned-copy marker (ignored without Capabilities::owned_marker)
 };
 
 class Engine {

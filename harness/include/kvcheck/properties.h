@@ -23,6 +23,8 @@ enum PropertyNeeds : std::uint8_t {
     property_needs_copy_log = 1 << 0,          // Capabilities::copy_log
     property_needs_storage_identity = 1 << 1,  // Capabilities::storage_identity
     property_needs_dump = 1 << 2,              // Capabilities::dump
+    // Capabilities::owned_marker, or storage_identity to derive "owned" from.
+    property_needs_ownership = 1 << 3,
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -37,7 +39,7 @@ enum PropertyNeeds : std::uint8_t {
     X(merge_correct, "merge-correct", "merged caches: true length, request order, initialized, owned",             \
       property_needs_nothing)                                                                                      \
     X(owned_marker, "owned-marker", "only caches sharing nothing with the store are marked owned",                 \
-      property_needs_nothing)                                                                                      \
+      property_needs_ownership)                                                                                    \
     X(clone_independent, "clone-independent",                                                                      \
       "a copy (clone, from_legacy) shares no tensor, layer or list with its source",                                \
       property_needs_storage_identity)                                                                             \
