@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,14 @@ std::string scratch(const std::string& name) { return (root().path() / name).str
 std::string kvcheck_tmp() { return (root().path() / "tmp").string(); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+unsigned long number_before(const std::string& text, const std::string& marker) {
+    const std::size_t at = text.find(marker);
+    if (at == std::string::npos) return 0;
+    std::size_t begin = at;
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(text[begin - 1]))) --begin;
+    return begin == at ? 0 : std::stoul(text.substr(begin, at - begin));
+}
 
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -29,6 +29,10 @@ std::string kvcheck_tmp();
 
 bool contains(const std::string& text, const std::string& part);
 std::string read_file(const std::string& path);
+// The decimal number that ends just before `marker` in `text`; 0 when the
+// marker is missing or has no number before it. (No <regex>: g++ 12 warns
+// inside it under -O1 with sanitizers, and warnings are errors.)
+unsigned long number_before(const std::string& text, const std::string& marker);
 void write_file(const std::string& path, const std::string& text);
 std::vector<std::string> entries(const std::string& dir);
 

@@ -142,7 +142,8 @@ const std::vector<OptionSpec> run_options = [] {
         {"adapter", true, "bundled name (see kvcheck list), plugin path, Python script (x.py ARGS) or exec:COMMAND;\n"
                           "                             repeatable. Default: all bundled adapters"},
         {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
-        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses seed + p*2^32 + i"},
+        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses a seed mixed\n"
+                       "                             from (seed, p, i) by splitmix64: other seeds, other traces"},
         {"cases", true, "traces per property (default 200)"},
         {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
         {"seconds", true, "time per property instead of a case count"},
