@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -290,10 +292,19 @@ TEST_F(Cli, AnEmptyOrAllSkippedTraceWarnsThatNothingWasChecked) {
 TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
     const Outcome directory = kvcheck("replay " + kvcheck_tmp() + " --adapter reference");
     EXPECT_EQ(directory.status, 2) << directory.out;
-    EXPECT_TRUE(contains(directory.stderr_text, "is a directory, not a trace file")) << directory.out;
+    EXPECT_TRUE(contains(directory.stderr_text, "trace file " + kvcheck_tmp() + " is a directory, not a regular file"))
+        << directory.out;
     const Outcome zeros = kvcheck("shrink /dev/zero --adapter reference");
     EXPECT_EQ(zeros.status, 2) << zeros.out;
-    EXPECT_TRUE(contains(zeros.stderr_text, "holds more than the 64 MiB a trace file may hold")) << zeros.out;
+    EXPECT_TRUE(contains(zeros.stderr_text, "trace file /dev/zero is a character device, not a regular file")) << zeros.out;
+    // A file over the bound (sparse: no 64 MiB written) is refused unread.
+    const std::string huge = scratch("huge.trace");
+    write_file(huge, "");
+    fs::resize_file(huge, (std::uintmax_t{64} << 20) + 1);
+    const Outcome big = kvcheck("replay " + huge + " --adapter reference");
+    EXPECT_EQ(big.status, 2) << big.out;
+    EXPECT_TRUE(contains(big.stderr_text, "holds more than the 64 MiB a trace file may hold")) << big.out;
+    fs::remove(huge);
     // Garbage, on a line of 3 MB: named, escaped and cut short.
     const std::string garbage = scratch("garbage.trace");
     write_file(garbage, "add a modern/f32/1:[kv1]\n\x1b[2J\x1b[31mgarbage\x07\xff\xfe" + std::string(3000000, 'x') + "\n");
@@ -302,6 +313,31 @@ TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
     EXPECT_LT(bad.out.size(), 1000u) << "the whole line was echoed";
     EXPECT_EQ(bad.out.find('\x1b'), std::string::npos) << bad.out.substr(0, 500);
     EXPECT_TRUE(contains(bad.stderr_text, "line 2: unknown operation '\\x1b[2J\\x1b[31mgarbage\\x07\\xff\\xfexxx")) << bad.out.substr(0, 500);
+}
+
+// A FIFO is no trace file nor dump (issue 28, item 9): refused at once, exit
+// 2, where open() for reading blocked forever waiting for a writer.
+TEST_F(Cli, AFifoIsRefusedNotWaitedOn) {
+    const std::string fifo = scratch("a-fifo");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    for (const char* command : {"replay", "shrink"}) {
+        const Outcome refused = kvcheck(std::string(command) + " " + fifo + " --adapter reference");
+        EXPECT_EQ(refused.status, 2) << command << ": " << refused.out;
+        EXPECT_TRUE(contains(refused.stderr_text, "trace file " + fifo + " is a FIFO, not a regular file")) << refused.out;
+    }
+    const Outcome dump = kvcheck("check-dump " + fifo);
+    EXPECT_EQ(dump.status, 2) << dump.out;
+    EXPECT_TRUE(contains(dump.stdout_text, "UNREADABLE: the file is a FIFO, not a regular file")) << dump.out;
+    // The dump of a directory, a FIFO in its place.
+    const std::string dir = scratch("fifo-dump-dir");
+    fs::create_directories(dir);
+    ASSERT_EQ(::mkfifo((dir + "/kvcheck-store.pt").c_str(), 0600), 0) << std::strerror(errno);
+    const Outcome in_dir = kvcheck("check-dump --json " + dir);
+    EXPECT_EQ(in_dir.status, 2) << in_dir.out;
+    EXPECT_TRUE(contains(in_dir.stdout_text, "\"valid\": null, \"error\": \"the file is a FIFO, not a regular file\""))
+        << in_dir.out;
+    fs::remove(fifo);
+    fs::remove_all(dir);
 }
 
 // ---- options ---------------------------------------------------------------------
@@ -380,6 +416,25 @@ TEST_F(Cli, AdapterNamesAreMadeSafeFileNames) {
     EXPECT_EQ(files.front(), "a/b/traces/_._.._kvcheck-fault-escape-engine-error.trace");
     EXPECT_TRUE(contains(run.stdout_text, "reproduce: kvcheck replay " + traces + "/_._.._kvcheck-fault-escape-engine-error.trace"))
         << run.out;
+}
+
+// What kvcheck prints on standard output must get there (issue 28, item 8):
+// on a full device, a message and exit 2, not a silent exit 0.
+TEST_F(Cli, AFullStandardOutputIsAnError) {
+    if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+    const std::vector<std::string> commands = {
+        "list",
+        "--version",
+        "run --adapter reference --property store-contract --cases 2 --quiet --trace-dir " + scratch("full-traces"),
+        "check-dump " KVCHECK_SOURCE_DIR "/corpus/dump_load/mixed-three-items.pt",
+    };
+    for (const std::string& command : commands) {
+        const Outcome full = kvcheck(command, "/dev/full");
+        EXPECT_EQ(full.status, 2) << command << ": " << full.out;
+        // (The reason, "No space left on device", only when the failed write
+        // is the last flush: an earlier one leaves no errno to read.)
+        EXPECT_TRUE(contains(full.stderr_text, "kvcheck: cannot write to standard output")) << command << ": " << full.out;
+    }
 }
 
 // ---- interruption and temporary files -----------------------------------------------

@@ -72,11 +72,12 @@ std::vector<std::string> entries(const std::string& dir) {
     return names;
 }
 
-Outcome kvcheck(const std::string& arguments) {
+Outcome kvcheck(const std::string& arguments, const std::string& stdout_path) {
     static int count = 0;
     const std::string out = scratch("stdout-" + std::to_string(count));
     const std::string err = scratch("stderr-" + std::to_string(count++));
-    const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " + out + " 2> " + err;
+    const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " +
+                                (stdout_path.empty() ? out : stdout_path) + " 2> " + err;
     Outcome outcome;
     const int status = std::system(command.c_str());
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

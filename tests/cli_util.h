@@ -19,8 +19,9 @@ struct Outcome {
     std::string stderr_text;  // standard error alone
 };
 
-// `arguments` is a shell fragment after the binary's path.
-Outcome kvcheck(const std::string& arguments);
+// `arguments` is a shell fragment after the binary's path. Standard output
+// goes to `stdout_path` when one is given (then stdout_text is empty).
+Outcome kvcheck(const std::string& arguments, const std::string& stdout_path = "");
 
 // A path under this test binary's scratch directory.
 std::string scratch(const std::string& name);

@@ -289,18 +289,16 @@ PropertySet property_set(const std::vector<Property>& properties) {
 // is half a megabyte.
 constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
 
+// A regular file only (InputFile): a FIFO would block, a device never end.
 Trace read_trace(const std::string& path) {
-    std::error_code error;
-    if (std::filesystem::is_directory(path, error)) throw UsageError(path + " is a directory, not a trace file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
-    // Read with a bound (/dev/zero never ends), and without the stream
-    // iterators that throw on a read error.
-    std::string text(trace_bytes_max + 1, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    if (in.bad()) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    if (text.size() > trace_bytes_max) {
+    const InputFile file(path);
+    if (file.fd() < 0) throw UsageError("trace file " + printable(path, 400) + " " + file.problem());
+    // Read with a bound too: the file may grow while it is read.
+    std::string text;
+    if (file.bytes() <= trace_bytes_max && !file.read(trace_bytes_max, &text)) {
+        throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
+    }
+    if (file.bytes() > trace_bytes_max || text.size() > trace_bytes_max) {
         throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
     }
     try {
