@@ -345,11 +345,14 @@ TEST_F(Cli, AFifoIsRefusedNotWaitedOn) {
 TEST_F(Cli, LimitsThatMakeNoSenseAreRefused) {
     const std::string run = "run --adapter reference --property store-contract --cases 3 --quiet ";
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"--timeout 0", "--timeout must be more than 0"},
+        {"--timeout 0", "--timeout must be at least 1 and at most 604800, not 0"},
+        {"--timeout 1e-9", "--timeout must be at least 1 and at most 604800, not 1e-9"},
+        {"--timeout 0.5", "--timeout must be at least 1"},
         {"--timeout nan", "--timeout takes a number of seconds, not 'nan'"},
         {"--timeout inf", "--timeout takes a number of seconds, not 'inf'"},
-        {"--timeout 1e9", "--timeout must be more than 0 and at most 604800"},
+        {"--timeout 1e9", "--timeout must be at least 1 and at most 604800"},
         {"--total-timeout -1", "--total-timeout must be at least 0"},
+        {"--total-timeout 1e-9", "--total-timeout must be 0 (no limit) or at least 1, not 1e-9"},
         {"--memory-mb 0", "--memory-mb must be between 1 and 16777216, not 0"},
         {"--memory-mb 1", "--memory-mb 1 is too small: an engine process starts as a copy of kvcheck"},
         {"--memory-mb 17592186044416", "--memory-mb must be between 1 and 16777216"},

@@ -131,8 +131,10 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
 
 const std::vector<OptionSpec> isolation_options = {
     {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
-    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30)"},
-    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit (default 3600; run --seconds adds its budget)"},
+    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30,\n"
+                        "                             at least 1)"},
+    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit, else at least 1 (default 3600;\n"
+                              "                             run --seconds adds its budget)"},
     {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
     {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
 };
@@ -196,6 +198,10 @@ constexpr std::uint64_t cases_max = 1'000'000'000;
 constexpr std::uint64_t jobs_max = 256;
 constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
 constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
+// The shortest --timeout and --total-timeout: the limits are polled every
+// 0.2 s, and an engine process takes a good part of a second to start (a
+// Python one, seconds), so a shorter limit would make every engine a fault.
+constexpr double limit_seconds_min = 1;
 constexpr std::uint64_t memory_mb_max = std::uint64_t{1} << 24;  // 16 TiB: the shift to bytes cannot overflow
 // Head room over kvcheck's own resident size that --memory-mb must leave:
 // an engine process starts as a copy of kvcheck.
@@ -217,8 +223,13 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
     if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
     conformance.properties = chosen_properties(options);
-    conformance.limits.silence_seconds = options.real("timeout", conformance.limits.silence_seconds, 0, true, operation_seconds_max);
+    conformance.limits.silence_seconds =
+        options.real("timeout", conformance.limits.silence_seconds, limit_seconds_min, false, operation_seconds_max);
     conformance.limits.total_seconds = options.real("total-timeout", conformance.limits.total_seconds, 0, false, seconds_max);
+    if (conformance.limits.total_seconds > 0 && conformance.limits.total_seconds < limit_seconds_min) {
+        throw UsageError("--total-timeout must be 0 (no limit) or at least " + seconds_text(limit_seconds_min) + ", not " +
+                         options.get("total-timeout", ""));
+    }
     const std::uint64_t memory_mb_min = own_resident_mb() + memory_mb_headroom;
     const std::uint64_t memory_mb = options.number("memory-mb", 4096, 1, memory_mb_max);
     if (memory_mb < memory_mb_min) {
