@@ -340,6 +340,29 @@ TEST_F(Cli, AFifoIsRefusedNotWaitedOn) {
     fs::remove_all(dir);
 }
 
+// What an engine prints reaches the terminal escaped by replay and shrink
+// as by run (issue 28, item 4): no raw NUL, escape sequence or window
+// title. An exec: adapter (stdlib Python, no torch) prints such lines on
+// both streams, then exits at the first operation.
+TEST_F(Cli, ReplayAndShrinkEscapeWhatTheEnginePrints) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string adapter = "--adapter exec:'/usr/bin/python3 " KVCHECK_SOURCE_DIR
+                                "/python/adapter_tests/fault_adapter.py --fault exit --noise 2 --escapes'";
+    const std::string trace = scratch("noisy.trace");
+    write_file(trace, adds(3));
+    const std::string shrunk = scratch("noisy-short.trace");
+    for (const std::string& command : {"replay " + trace, "shrink " + trace + " --out " + shrunk}) {
+        const Outcome noisy = kvcheck(command + " " + adapter);
+        EXPECT_EQ(noisy.status, 1) << command << ": " << noisy.out;
+        EXPECT_TRUE(contains(noisy.stderr_text, "noise line 1 on stderr\\x00\\x1b[2J\\x1b]0;pwned\\x07")) << noisy.out;
+        for (const char raw : {'\0', '\x1b', '\x07'}) {
+            EXPECT_EQ(noisy.out.find(raw), std::string::npos) << command << ": byte " << int(raw) << " raw in\n" << noisy.out;
+        }
+    }
+    fs::remove(trace);
+    fs::remove(shrunk);
+}
+
 // ---- options ---------------------------------------------------------------------
 
 TEST_F(Cli, LimitsThatMakeNoSenseAreRefused) {

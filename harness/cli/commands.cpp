@@ -475,15 +475,8 @@ int command_run(const Args& args) {
 
 namespace {
 
-// The engine's own words, when a failure is reported: the last lines it
-// wrote to stderr (its stdout is in the JSON report of a run).
-void note_engine_stderr(const std::array<CapturedOutput, 2>& output) {
-    const CapturedOutput& err = output[1];
-    if (err.bytes == 0) return;
-    const std::string text = last_lines(err.tail, 20);
-    std::cerr << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
-              << (text.empty() || text.back() == '\n' ? "" : "\n");
-}
+// Lines of the engine's own words replay and shrink show with a failure.
+constexpr std::size_t replay_engine_lines_max = 20;
 
 int replay_or_shrink(const Args& args, bool shrink_it) {
     const std::string command = shrink_it ? "shrink" : "replay";
@@ -529,8 +522,8 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
         return 0;
     }
     const std::string report = format_failure(printable_failure(result.failure), result.trace, reproduce);
-    note_engine_stderr(result.engine_output);
-    if (!result.output.empty()) std::cerr << "the engine's output ended with:\n" << result.output << "\n";
+    // The engine's own words, escaped as the report of a run escapes them.
+    std::cerr << engine_output_text(result.engine_output, result.output, replay_engine_lines_max);
     if (!shrink_it) {
         std::cout << report;
         return 1;

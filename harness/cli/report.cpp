@@ -223,16 +223,7 @@ std::string details_text(const AdapterResult& result, const PropertyResult& p) {
     }
     if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
     if (!p.trace_file_error.empty()) out << "the trace was not written: " << printable(p.trace_file_error, 400) << "\n";
-    const CapturedOutput& err = p.engine_output[1];
-    if (err.bytes > 0) {
-        const std::string text = last_lines(err.tail, engine_lines_max);
-        out << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
-            << (text.empty() || text.back() == '\n' ? "" : "\n");
-    }
-    if (!p.output.empty()) {
-        const std::string text = last_lines(printable(p.output, 20000), engine_lines_max);
-        out << "the engine's output ended with:\n" << text << (text.empty() || text.back() == '\n' ? "" : "\n");
-    }
+    out << engine_output_text(p.engine_output, p.output, engine_lines_max);
     return out.str();
 }
 
@@ -274,6 +265,18 @@ std::string incomplete_note(int interrupted_by) {
 }
 
 }  // namespace
+
+std::string engine_output_text(const std::array<CapturedOutput, 2>& captured, const std::string& output,
+                               std::size_t lines_max) {
+    const auto lines = [](const std::string& text) { return text.empty() || text.back() == '\n' ? text : text + "\n"; };
+    std::string out;
+    const CapturedOutput& err = captured[1];
+    if (err.bytes > 0) {
+        out += "engine stderr (" + std::to_string(err.bytes) + " bytes; the last lines):\n" + lines(last_lines(err.tail, lines_max));
+    }
+    if (!output.empty()) out += "the engine's output ended with:\n" + lines(last_lines(output, lines_max));
+    return out;
+}
 
 ReportFormat parse_report_format(const std::string& name) {
     if (name == "table") return ReportFormat::table;

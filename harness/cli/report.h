@@ -17,6 +17,8 @@
 
 #include "conformance.h"
 
+#include <array>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,16 @@ ReportFormat parse_report_format(const std::string& name);
 // How often each shape of interest occurred in the traces run, per adapter
 // and in all (kvcheck run --stats).
 std::string render_stats(const std::vector<AdapterResult>& results);
+
+// What an engine printed, fit for a terminal: the last `lines_max` lines of
+// its stderr (`captured`, what the sandbox kept of it) and of an
+// out-of-process engine's own last output (Adapter::take_output), escaped
+// by last_lines (text.h: no raw NUL, ESC or OSC sequence reaches the
+// terminal), each under a heading; "" when it printed nothing. The one way
+// engine text reaches kvcheck's own output: the table's details, replay and
+// shrink.
+std::string engine_output_text(const std::array<CapturedOutput, 2>& captured, const std::string& output,
+                               std::size_t lines_max);
 
 // `interrupted_by`: the signal that stopped the run early, 0 when it ran to
 // its end.
