@@ -7,12 +7,15 @@
 //   {"format": "kvcheck-report", "format_version": 2, "kvcheck_version": "0.1.0",
 //    "seed": 20261202, "complete": true, "interrupted_by": null,
 //    "summary": {"adapters": 1, "properties": 9, "pass": 8, "fail": 1, "fault": 0,
-//                "skipped": 0, "not_run": 0, "all_pass": false},
+//                "skipped": 0, "not_run": 0, "blocked": 0, "all_pass": false},
 //    "adapters": [{"adapter": "M3", "source": "bundled", "seed": 20261202,
 //                  "summary": {...}, "properties": [{"id": "single-copy", "verdict": "fail", ...}]}]}
 // A property's verdict is "pass", "fail" (a violation, or a fault: then
-// "fault" says which), "skipped" or "not-run"; summary "fail" counts the
-// violations and "fault" the faults.
+// "fault" says which), "skipped", "blocked" or "not-run"; summary "fail"
+// counts the violations and "fault" the faults. "all_pass" is true only
+// when every property finished and none failed: none not run (an
+// interrupted run) nor blocked; a skipped property does not count against
+// it.
 #pragma once
 
 #include "conformance.h"
