@@ -13,7 +13,7 @@ RunResult run_on(const Adapter& adapter, const Trace& trace, PropertySet propert
     return runner.run(trace);
 }
 
-std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t first_seed, std::size_t traces_max,
+std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t seed, std::size_t traces_max,
                                        const WorkloadOptions& options, PropertySet properties, const ModelDomain& model) {
     Runner runner;
     runner.make = adapter.make;
@@ -22,7 +22,7 @@ std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t fir
     WorkloadOptions workload = options;
     workload.capabilities = adapter.make()->capabilities();
     if (model.declared) workload.capabilities.model = model;
-    return search(runner, {first_seed, traces_max, 0}, workload).finding;
+    return search(runner, {seed, 0, 0, traces_max, 0}, workload).finding;
 }
 
 std::string reproduce_command(const Adapter& adapter, const Trace& trace) {

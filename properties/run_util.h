@@ -14,10 +14,11 @@ namespace kvcheck::props {
 // Runs `trace` on a fresh engine of `adapter`.
 RunResult run_on(const Adapter& adapter, const Trace& trace, PropertySet properties = PropertySet::all());
 
-// Searches seeds first_seed, first_seed+1, ... up to traces_max traces for
-// a failing trace on `adapter`, then shrinks it. A declared `model` is
-// searched instead of the one the engine declares (kvcheck run --model).
-std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t first_seed, std::size_t traces_max,
+// Searches up to traces_max traces of `seed` (kvcheck::trace_seed(seed, 0,
+// i), as kvcheck run --seed searches its first property) for a failing
+// trace on `adapter`, then shrinks it. A declared `model` is searched
+// instead of the one the engine declares (kvcheck run --model).
+std::optional<Finding> find_and_shrink(const Adapter& adapter, std::uint64_t seed, std::size_t traces_max,
                                        const WorkloadOptions& options, PropertySet properties = PropertySet::all(),
                                        const ModelDomain& model = {});
 

@@ -2,8 +2,11 @@
 // exit or print while loading or running; engine text that no report format
 // can carry raw; traces that are long, empty, not files or garbage; limits
 // that make no sense; output paths that cannot be written; a Ctrl-C in the
-// middle of a run; and dumps to check. Each test but one fails (or hangs)
-// on the kvcheck before the fix it covers (the probes of the issue);
+// middle of a run; and dumps to check. Issue 28 added FIFOs given as
+// files, standard output on a full device, engine text in replay and
+// shrink, timeouts too short to mean anything and the summary of an
+// interrupted run. Each test but one fails (or hangs) on the kvcheck
+// before the fix it covers (the probes of the issues);
 // AFailureInALongTraceIsPinnedToItsStep guards the bisection that replaced
 // the quadratic replay.
 #include "cli_util.h"
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -19,6 +23,7 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +82,8 @@ TEST_F(Cli, AnEngineThatExitsIsAFaultAtItsStep) {
     EXPECT_TRUE(contains(run.stdout_text, "store-contract  FAULT")) << run.out;
     EXPECT_TRUE(contains(run.stdout_text, "the engine exited (exit status 0 before its work was done) at step 3 (add)"))
         << run.out;
+    // The traces of a job that died count (it never sent its count).
+    EXPECT_GE(number_before(run.stderr_text, " distinct traces run "), 1u) << run.stderr_text;
 }
 
 // The memory limit is also a hard address-space limit: what the polls of
@@ -290,10 +297,19 @@ TEST_F(Cli, AnEmptyOrAllSkippedTraceWarnsThatNothingWasChecked) {
 TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
     const Outcome directory = kvcheck("replay " + kvcheck_tmp() + " --adapter reference");
     EXPECT_EQ(directory.status, 2) << directory.out;
-    EXPECT_TRUE(contains(directory.stderr_text, "is a directory, not a trace file")) << directory.out;
+    EXPECT_TRUE(contains(directory.stderr_text, "trace file " + kvcheck_tmp() + " is a directory, not a regular file"))
+        << directory.out;
     const Outcome zeros = kvcheck("shrink /dev/zero --adapter reference");
     EXPECT_EQ(zeros.status, 2) << zeros.out;
-    EXPECT_TRUE(contains(zeros.stderr_text, "holds more than the 64 MiB a trace file may hold")) << zeros.out;
+    EXPECT_TRUE(contains(zeros.stderr_text, "trace file /dev/zero is a character device, not a regular file")) << zeros.out;
+    // A file over the bound (sparse: no 64 MiB written) is refused unread.
+    const std::string huge = scratch("huge.trace");
+    write_file(huge, "");
+    fs::resize_file(huge, (std::uintmax_t{64} << 20) + 1);
+    const Outcome big = kvcheck("replay " + huge + " --adapter reference");
+    EXPECT_EQ(big.status, 2) << big.out;
+    EXPECT_TRUE(contains(big.stderr_text, "holds more than the 64 MiB a trace file may hold")) << big.out;
+    fs::remove(huge);
     // Garbage, on a line of 3 MB: named, escaped and cut short.
     const std::string garbage = scratch("garbage.trace");
     write_file(garbage, "add a modern/f32/1:[kv1]\n\x1b[2J\x1b[31mgarbage\x07\xff\xfe" + std::string(3000000, 'x') + "\n");
@@ -304,16 +320,67 @@ TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
     EXPECT_TRUE(contains(bad.stderr_text, "line 2: unknown operation '\\x1b[2J\\x1b[31mgarbage\\x07\\xff\\xfexxx")) << bad.out.substr(0, 500);
 }
 
+// A FIFO is no trace file nor dump (issue 28, item 9): refused at once, exit
+// 2, where open() for reading blocked forever waiting for a writer.
+TEST_F(Cli, AFifoIsRefusedNotWaitedOn) {
+    const std::string fifo = scratch("a-fifo");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    for (const char* command : {"replay", "shrink"}) {
+        const Outcome refused = kvcheck(std::string(command) + " " + fifo + " --adapter reference");
+        EXPECT_EQ(refused.status, 2) << command << ": " << refused.out;
+        EXPECT_TRUE(contains(refused.stderr_text, "trace file " + fifo + " is a FIFO, not a regular file")) << refused.out;
+    }
+    const Outcome dump = kvcheck("check-dump " + fifo);
+    EXPECT_EQ(dump.status, 2) << dump.out;
+    EXPECT_TRUE(contains(dump.stdout_text, "UNREADABLE: the file is a FIFO, not a regular file")) << dump.out;
+    // The dump of a directory, a FIFO in its place.
+    const std::string dir = scratch("fifo-dump-dir");
+    fs::create_directories(dir);
+    ASSERT_EQ(::mkfifo((dir + "/kvcheck-store.pt").c_str(), 0600), 0) << std::strerror(errno);
+    const Outcome in_dir = kvcheck("check-dump --json " + dir);
+    EXPECT_EQ(in_dir.status, 2) << in_dir.out;
+    EXPECT_TRUE(contains(in_dir.stdout_text, "\"valid\": null, \"error\": \"the file is a FIFO, not a regular file\""))
+        << in_dir.out;
+    fs::remove(fifo);
+    fs::remove_all(dir);
+}
+
+// What an engine prints reaches the terminal escaped by replay and shrink
+// as by run (issue 28, item 4): no raw NUL, escape sequence or window
+// title. An exec: adapter (stdlib Python, no torch) prints such lines on
+// both streams, then exits at the first operation.
+TEST_F(Cli, ReplayAndShrinkEscapeWhatTheEnginePrints) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string adapter = "--adapter exec:'/usr/bin/python3 " KVCHECK_SOURCE_DIR
+                                "/python/adapter_tests/fault_adapter.py --fault exit --noise 2 --escapes'";
+    const std::string trace = scratch("noisy.trace");
+    write_file(trace, adds(3));
+    const std::string shrunk = scratch("noisy-short.trace");
+    for (const std::string& command : {"replay " + trace, "shrink " + trace + " --out " + shrunk}) {
+        const Outcome noisy = kvcheck(command + " " + adapter);
+        EXPECT_EQ(noisy.status, 1) << command << ": " << noisy.out;
+        EXPECT_TRUE(contains(noisy.stderr_text, "noise line 1 on stderr\\x00\\x1b[2J\\x1b]0;pwned\\x07")) << noisy.out;
+        for (const char raw : {'\0', '\x1b', '\x07'}) {
+            EXPECT_EQ(noisy.out.find(raw), std::string::npos) << command << ": byte " << int(raw) << " raw in\n" << noisy.out;
+        }
+    }
+    fs::remove(trace);
+    fs::remove(shrunk);
+}
+
 // ---- options ---------------------------------------------------------------------
 
 TEST_F(Cli, LimitsThatMakeNoSenseAreRefused) {
     const std::string run = "run --adapter reference --property store-contract --cases 3 --quiet ";
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"--timeout 0", "--timeout must be more than 0"},
+        {"--timeout 0", "--timeout must be at least 1 and at most 604800, not 0"},
+        {"--timeout 1e-9", "--timeout must be at least 1 and at most 604800, not 1e-9"},
+        {"--timeout 0.5", "--timeout must be at least 1"},
         {"--timeout nan", "--timeout takes a number of seconds, not 'nan'"},
         {"--timeout inf", "--timeout takes a number of seconds, not 'inf'"},
-        {"--timeout 1e9", "--timeout must be more than 0 and at most 604800"},
+        {"--timeout 1e9", "--timeout must be at least 1 and at most 604800"},
         {"--total-timeout -1", "--total-timeout must be at least 0"},
+        {"--total-timeout 1e-9", "--total-timeout must be 0 (no limit) or at least 1, not 1e-9"},
         {"--memory-mb 0", "--memory-mb must be between 1 and 16777216, not 0"},
         {"--memory-mb 1", "--memory-mb 1 is too small: an engine process starts as a copy of kvcheck"},
         {"--memory-mb 17592186044416", "--memory-mb must be between 1 and 16777216"},
@@ -382,6 +449,25 @@ TEST_F(Cli, AdapterNamesAreMadeSafeFileNames) {
         << run.out;
 }
 
+// What kvcheck prints on standard output must get there (issue 28, item 8):
+// on a full device, a message and exit 2, not a silent exit 0.
+TEST_F(Cli, AFullStandardOutputIsAnError) {
+    if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+    const std::vector<std::string> commands = {
+        "list",
+        "--version",
+        "run --adapter reference --property store-contract --cases 2 --quiet --trace-dir " + scratch("full-traces"),
+        "check-dump " KVCHECK_SOURCE_DIR "/corpus/dump_load/mixed-three-items.pt",
+    };
+    for (const std::string& command : commands) {
+        const Outcome full = kvcheck(command, "/dev/full");
+        EXPECT_EQ(full.status, 2) << command << ": " << full.out;
+        // (The reason, "No space left on device", only when the failed write
+        // is the last flush: an earlier one leaves no errno to read.)
+        EXPECT_TRUE(contains(full.stderr_text, "kvcheck: cannot write to standard output")) << command << ": " << full.out;
+    }
+}
+
 // ---- interruption and temporary files -----------------------------------------------
 
 // Ctrl-C (SIGINT to the terminal's process group): the children stop, the
@@ -403,10 +489,15 @@ TEST_F(Cli, CtrlCWritesTheResultsSoFarMarkedIncomplete) {
         ::_exit(127);
     }
     ::setpgid(pid, pid);
-    // Wait until both children run (their first progress lines); the limit
-    // is only there to end the test if kvcheck never gets that far.
+    // Wait until both children have begun traces (their progress lines
+    // count them); the limit is only there to end the test if kvcheck
+    // never gets that far.
+    const auto traces_so_far = [](const std::string& text, const std::string& property) {
+        const std::size_t at = text.rfind(property + ": ");
+        return at == std::string::npos ? 0 : std::strtoul(text.c_str() + at + property.size() + 2, nullptr, 10);
+    };
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-    while (!contains(read_file(err), "dump-safe: ") || !contains(read_file(err), "store-contract: ")) {
+    while (traces_so_far(read_file(err), "dump-safe") == 0 || traces_so_far(read_file(err), "store-contract") == 0) {
         ASSERT_LT(std::chrono::steady_clock::now(), give_up) << read_file(err);
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -419,6 +510,11 @@ TEST_F(Cli, CtrlCWritesTheResultsSoFarMarkedIncomplete) {
     EXPECT_TRUE(contains(json, "\"complete\": false, \"interrupted_by\": \"SIGINT\"")) << json;
     EXPECT_TRUE(contains(json, "\"id\": \"dump-safe\", \"verdict\": \"not-run\"")) << json;
     EXPECT_TRUE(contains(json, "\"message\": \"not finished: interrupted by SIGINT (after ")) << json;
+    // Not a pass: no property finished (engine-error, never searched on its
+    // own, is the one row that passes). The traces the interrupted searches
+    // ran are counted.
+    EXPECT_TRUE(contains(json, "\"not_run\": 2, \"blocked\": 0, \"all_pass\": false}")) << json;
+    EXPECT_GE(number_before(read_file(err), " distinct traces run "), 2u) << read_file(err);
     EXPECT_TRUE(contains(read_file(err), "interrupted by SIGINT: the report holds the results so far, marked incomplete"))
         << read_file(err);
 }

@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,14 @@ std::string kvcheck_tmp() { return (root().path() / "tmp").string(); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+unsigned long number_before(const std::string& text, const std::string& marker) {
+    const std::size_t at = text.find(marker);
+    if (at == std::string::npos) return 0;
+    std::size_t begin = at;
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(text[begin - 1]))) --begin;
+    return begin == at ? 0 : std::stoul(text.substr(begin, at - begin));
+}
+
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -63,11 +72,12 @@ std::vector<std::string> entries(const std::string& dir) {
     return names;
 }
 
-Outcome kvcheck(const std::string& arguments) {
+Outcome kvcheck(const std::string& arguments, const std::string& stdout_path) {
     static int count = 0;
     const std::string out = scratch("stdout-" + std::to_string(count));
     const std::string err = scratch("stderr-" + std::to_string(count++));
-    const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " + out + " 2> " + err;
+    const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " +
+                                (stdout_path.empty() ? out : stdout_path) + " 2> " + err;
     Outcome outcome;
     const int status = std::system(command.c_str());
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

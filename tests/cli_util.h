@@ -19,8 +19,9 @@ struct Outcome {
     std::string stderr_text;  // standard error alone
 };
 
-// `arguments` is a shell fragment after the binary's path.
-Outcome kvcheck(const std::string& arguments);
+// `arguments` is a shell fragment after the binary's path. Standard output
+// goes to `stdout_path` when one is given (then stdout_text is empty).
+Outcome kvcheck(const std::string& arguments, const std::string& stdout_path = "");
 
 // A path under this test binary's scratch directory.
 std::string scratch(const std::string& name);
@@ -29,6 +30,10 @@ std::string kvcheck_tmp();
 
 bool contains(const std::string& text, const std::string& part);
 std::string read_file(const std::string& path);
+// The decimal number that ends just before `marker` in `text`; 0 when the
+// marker is missing or has no number before it. (No <regex>: g++ 12 warns
+// inside it under -O1 with sanitizers, and warnings are errors.)
+unsigned long number_before(const std::string& text, const std::string& marker);
 void write_file(const std::string& path, const std::string& text);
 std::vector<std::string> entries(const std::string& dir);
 

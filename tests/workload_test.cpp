@@ -4,7 +4,10 @@
 // small, so that failures shrink in a few steps; each trace keeps one
 // geometry; an engine without other geometries never gets one; the scope
 // names parse. Floors, not exact figures: a generator that drifts away
-// from what it must reach fails here.
+// from what it must reach fails here. And the seeds traces are drawn from
+// (kvcheck::trace_seed): runs of neighbouring seeds share no trace.
+#include "kvcheck/properties.h"
+#include "kvcheck/search.h"
 #include "kvcheck/trace.h"
 #include "kvcheck/workload.h"
 
@@ -14,6 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
+#include <iterator>
+#include <set>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -133,6 +138,58 @@ TEST(Scope, SlotsStayWithinTheirValueBudget) {
             }
         }
     }
+}
+
+// ---- trace seeds -------------------------------------------------------------
+
+// Runs seeded S and S + 1 share no trace (issue 27): before, trace i of
+// property p was seed + p * 2^32 + i, so the two runs shared all but one
+// trace of each property. Nor do two properties of one run.
+TEST(Seeds, RunsOfNeighbouringSeedsShareNoTrace) {
+    constexpr std::uint64_t seed = 20261202;  // kvcheck run's default
+    constexpr std::uint64_t traces_per_property = 5000;
+    for (const std::uint64_t other : {seed + 1, seed - 1, seed + (std::uint64_t{1} << 32)}) {
+        std::set<std::uint64_t> these, those;
+        for (std::uint64_t p = 0; p < kvcheck::property_count; ++p) {
+            for (std::uint64_t i = 0; i < traces_per_property; ++i) {
+                these.insert(kvcheck::trace_seed(seed, p, i));
+                those.insert(kvcheck::trace_seed(other, p, i));
+            }
+        }
+        EXPECT_EQ(these.size(), kvcheck::property_count * traces_per_property) << "two properties of one run share a trace";
+        std::vector<std::uint64_t> shared;
+        std::set_intersection(these.begin(), these.end(), those.begin(), those.end(), std::back_inserter(shared));
+        EXPECT_TRUE(shared.empty()) << shared.size() << " traces of seed " << seed << " are traces of seed " << other;
+    }
+}
+
+// The traces a search runs, recorded instead of run.
+std::vector<std::string> searched(const kvcheck::Budget& budget) {
+    std::vector<std::string> traces;
+    kvcheck::Runner runner;
+    runner.check = [&traces](const Trace& trace, const kvcheck::RunOptions&) {
+        traces.push_back(kvcheck::format_trace(trace));
+        return kvcheck::RunResult{};
+    };
+    kvcheck::search(runner, budget, WorkloadOptions{});
+    return traces;
+}
+
+// A search (kvcheck run's, resumed past a finding at first_index; the
+// property suites') runs the traces of trace_seed: the same ones for the
+// same seed, others for the next seed.
+TEST(Seeds, ASearchRunsTheTracesOfItsSeeds) {
+    const std::vector<std::string> traces = searched({7, 3, 10, 40, 0});
+    ASSERT_EQ(traces.size(), 40u);
+    for (std::size_t i = 0; i < traces.size(); ++i) {
+        EXPECT_EQ(traces[i], kvcheck::format_trace(kvcheck::trace_for_seed(kvcheck::trace_seed(7, 3, 10 + i), WorkloadOptions{})));
+    }
+    EXPECT_EQ(searched({7, 3, 10, 40, 0}), traces);
+    const std::vector<std::string> next = searched({8, 3, 10, 40, 0});
+    const std::set<std::string> seen(traces.begin(), traces.end());
+    const std::size_t shared = static_cast<std::size_t>(
+        std::count_if(next.begin(), next.end(), [&seen](const std::string& trace) { return seen.count(trace) != 0; }));
+    EXPECT_EQ(shared, 0u);
 }
 
 }  // namespace

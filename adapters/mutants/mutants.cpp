@@ -299,7 +299,8 @@ class M20 final : public ReferenceEngine {
 
 // M21 (ours): get_cache of one id hands out the same copy again while the
 // entry is unchanged (a memo of copies), logging a copy each time: two
-// owned copies then share their storage.
+// owned copies then share their storage, and a copy changed through the
+// first handle (a generation appends to it) is handed out as the entry.
 class M21 final : public ReferenceEngine {
   protected:
     CachePtr store_get_cache(const std::vector<std::string>& ids) override {
@@ -659,7 +660,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M19>("M19", "dump leaves out the items' metadata", {P::dump_safe}),
         mutant<M20>("M20", "from_legacy aliases the legacy tensors instead of copying them",
                     {P::clone_independent, P::single_copy}),
-        mutant<M21>("M21", "get_cache of one id hands out the same copy again (a memo)", {P::owned_marker}),
+        mutant<M21>("M21", "get_cache of one id hands out the same copy again (a memo)",
+                    {P::layout_roundtrip, P::owned_marker}),
         mutant<M22>("M22", "the store stores an equal cache as the one it holds (dedup)", {P::stored_immutable}),
         mutant<M23>("M23", "clone copies twice", {P::single_copy}),
         mutant<M24>("M24", "generation reports only the working K/V set alive", {P::single_copy}),

@@ -5,6 +5,7 @@
 // a usage error).
 #include "adapters.h"
 #include "commands.h"
+#include "output.h"
 #include "text.h"
 
 #include "kv/store.h"
@@ -17,10 +18,6 @@
 #include <iostream>
 #include <set>
 #include <sstream>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace kvcheck::cli {
 namespace {
@@ -200,22 +197,20 @@ int command_check_dump(const Args& args) {
         file = (fs::path(file) / kv::dump_file_name).string();
     }
     const kv::LoadLimits limits;
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return report_problem(file, json, true, std::string("cannot open: ") + std::strerror(errno));
-    struct stat info {};
-    const bool stat_ok = ::fstat(fd, &info) == 0;
-    ::close(fd);
-    if (!stat_ok) return report_problem(file, json, true, std::string("cannot stat: ") + std::strerror(errno));
-    if (!S_ISREG(info.st_mode)) return report_problem(file, json, true, "not a regular file");
-    if (info.st_size > limits.file_bytes_max) {
-        return report_problem(file, json, false, "the file holds " + std::to_string(info.st_size) +
+    // A regular file only (InputFile): a FIFO would block check-dump forever.
+    const InputFile input(file);
+    if (input.fd() < 0) return report_problem(file, json, true, "the file " + input.problem());
+    if (input.bytes() > static_cast<std::uint64_t>(limits.file_bytes_max)) {
+        return report_problem(file, json, false, "the file holds " + std::to_string(input.bytes()) +
                                                      " bytes, over the load limit of " + std::to_string(limits.file_bytes_max));
     }
     std::vector<char> bytes;
-    try {
-        bytes = kv::posix_file_system().read_file(file, limits.file_bytes_max);
-    } catch (const kv::IoError& problem) {
-        return report_problem(file, json, true, problem.what());
+    if (!input.read(static_cast<std::size_t>(limits.file_bytes_max), &bytes)) {
+        return report_problem(file, json, true, std::string("cannot read: ") + std::strerror(errno));
+    }
+    if (bytes.size() > static_cast<std::size_t>(limits.file_bytes_max)) {
+        return report_problem(file, json, false, "the file grew past the load limit of " +
+                                                     std::to_string(limits.file_bytes_max) + " bytes while it was read");
     }
     std::vector<kv::Item> items;
     try {

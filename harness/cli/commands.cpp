@@ -131,8 +131,10 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
 
 const std::vector<OptionSpec> isolation_options = {
     {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
-    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30)"},
-    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit (default 3600; run --seconds adds its budget)"},
+    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30,\n"
+                        "                             at least 1)"},
+    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit, else at least 1 (default 3600;\n"
+                              "                             run --seconds adds its budget)"},
     {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
     {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
 };
@@ -142,7 +144,8 @@ const std::vector<OptionSpec> run_options = [] {
         {"adapter", true, "bundled name (see kvcheck list), plugin path, Python script (x.py ARGS) or exec:COMMAND;\n"
                           "                             repeatable. Default: all bundled adapters"},
         {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
-        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses seed + p*2^32 + i"},
+        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses a seed mixed\n"
+                       "                             from (seed, p, i) by splitmix64: other seeds, other traces"},
         {"cases", true, "traces per property (default 200)"},
         {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
         {"model", true, "search one model's caches only, instead of what each engine declares:\n"
@@ -199,6 +202,10 @@ constexpr std::uint64_t cases_max = 1'000'000'000;
 constexpr std::uint64_t jobs_max = 256;
 constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
 constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
+// The shortest --timeout and --total-timeout: the limits are polled every
+// 0.2 s, and an engine process takes a good part of a second to start (a
+// Python one, seconds), so a shorter limit would make every engine a fault.
+constexpr double limit_seconds_min = 1;
 constexpr std::uint64_t memory_mb_max = std::uint64_t{1} << 24;  // 16 TiB: the shift to bytes cannot overflow
 // Head room over kvcheck's own resident size that --memory-mb must leave:
 // an engine process starts as a copy of kvcheck.
@@ -220,8 +227,13 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
     if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
     conformance.properties = chosen_properties(options);
-    conformance.limits.silence_seconds = options.real("timeout", conformance.limits.silence_seconds, 0, true, operation_seconds_max);
+    conformance.limits.silence_seconds =
+        options.real("timeout", conformance.limits.silence_seconds, limit_seconds_min, false, operation_seconds_max);
     conformance.limits.total_seconds = options.real("total-timeout", conformance.limits.total_seconds, 0, false, seconds_max);
+    if (conformance.limits.total_seconds > 0 && conformance.limits.total_seconds < limit_seconds_min) {
+        throw UsageError("--total-timeout must be 0 (no limit) or at least " + seconds_text(limit_seconds_min) + ", not " +
+                         options.get("total-timeout", ""));
+    }
     const std::uint64_t memory_mb_min = own_resident_mb() + memory_mb_headroom;
     const std::uint64_t memory_mb = options.number("memory-mb", 4096, 1, memory_mb_max);
     if (memory_mb < memory_mb_min) {
@@ -325,18 +337,16 @@ PropertySet property_set(const std::vector<Property>& properties) {
 // is half a megabyte.
 constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
 
+// A regular file only (InputFile): a FIFO would block, a device never end.
 Trace read_trace(const std::string& path) {
-    std::error_code error;
-    if (std::filesystem::is_directory(path, error)) throw UsageError(path + " is a directory, not a trace file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
-    // Read with a bound (/dev/zero never ends), and without the stream
-    // iterators that throw on a read error.
-    std::string text(trace_bytes_max + 1, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    if (in.bad()) throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    if (text.size() > trace_bytes_max) {
+    const InputFile file(path);
+    if (file.fd() < 0) throw UsageError("trace file " + printable(path, 400) + " " + file.problem());
+    // Read with a bound too: the file may grow while it is read.
+    std::string text;
+    if (file.bytes() <= trace_bytes_max && !file.read(trace_bytes_max, &text)) {
+        throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
+    }
+    if (file.bytes() > trace_bytes_max || text.size() > trace_bytes_max) {
         throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
     }
     try {
@@ -502,15 +512,8 @@ int command_run(const Args& args) {
 
 namespace {
 
-// The engine's own words, when a failure is reported: the last lines it
-// wrote to stderr (its stdout is in the JSON report of a run).
-void note_engine_stderr(const std::array<CapturedOutput, 2>& output) {
-    const CapturedOutput& err = output[1];
-    if (err.bytes == 0) return;
-    const std::string text = last_lines(err.tail, 20);
-    std::cerr << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
-              << (text.empty() || text.back() == '\n' ? "" : "\n");
-}
+// Lines of the engine's own words replay and shrink show with a failure.
+constexpr std::size_t replay_engine_lines_max = 20;
 
 int replay_or_shrink(const Args& args, bool shrink_it) {
     const std::string command = shrink_it ? "shrink" : "replay";
@@ -556,8 +559,8 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
         return 0;
     }
     const std::string report = format_failure(printable_failure(result.failure), result.trace, reproduce);
-    note_engine_stderr(result.engine_output);
-    if (!result.output.empty()) std::cerr << "the engine's output ended with:\n" << result.output << "\n";
+    // The engine's own words, escaped as the report of a run escapes them.
+    std::cerr << engine_output_text(result.engine_output, result.output, replay_engine_lines_max);
     if (!shrink_it) {
         std::cout << report;
         return 1;

@@ -217,6 +217,7 @@ class Scheduler {
         result.cases = job.begins;
         result.engine_output = job.output;
         if (adapter.take_output) result.output = adapter.take_output(options_.isolate ? job.pid : 0);
+        bool counted = false;  // a job that finishes sends "stats" with the traces it ran
         for (const Message& message : job.messages) {
             if (message.kind == "pass") {
                 result.verdict = "pass";
@@ -243,12 +244,16 @@ class Scheduler {
                 results_[task.adapter].domain = message.payload;
             } else if (message.kind == "stats") {
                 decode_stats(message.payload, &results_[task.adapter].traces, &results_[task.adapter].coverage);
+                counted = true;
             } else if (message.kind == "error") {
                 result.verdict = "fail";
                 result.fault = "error: " + one_line(message.payload);
                 result.message = "the adapter failed outside any trace: " + one_line(message.payload);
             }
         }
+        // One that crashed, hung or was interrupted sent none: the traces
+        // it began count (their shapes are not known).
+        if (!counted) results_[task.adapter].traces += job.begins;
         if (job.fault) collect_fault(task, result);
         if (result.verdict != "fail") result.output.clear();  // shown with a failure only
         if (result.verdict == "fail" && !result.trace.empty()) write_trace_file(adapter, stems_[task.adapter], result, options_);
@@ -283,7 +288,8 @@ class Scheduler {
 }  // namespace
 
 bool AdapterResult::all_pass() const {
-    return std::none_of(properties.begin(), properties.end(), [](const PropertyResult& p) { return p.verdict == "fail"; });
+    return std::none_of(properties.begin(), properties.end(),
+                        [](const PropertyResult& p) { return p.verdict == "fail" || p.verdict == "not-run"; });
 }
 
 bool AdapterResult::fails(const std::string& property) const {

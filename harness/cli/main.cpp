@@ -2,7 +2,7 @@
 #include "main.h"
 
 #include "commands.h"
-
+#include "output.h"
 #include "text.h"
 
 #include <exception>
@@ -25,7 +25,11 @@ int main(int argc, char** argv, std::vector<Adapter> bundled) {
         return 2;
     }
     try {
-        return command->second(Args(args.begin() + 1, args.end()));
+        const int status = command->second(Args(args.begin() + 1, args.end()));
+        // What a command printed on standard output must have gone through
+        // (a report on a full disk is lost): exit 2 when not, unless
+        // interrupted (128 + N says more).
+        return standard_output_written() || status > 2 ? status : 2;
     } catch (const UsageError& error) {
         std::cerr << "kvcheck: " << error.what() << "\n";
         return 2;

@@ -2,7 +2,9 @@
 
 #include "adapters.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -25,7 +27,77 @@ bool write_all(int fd, const std::string& text) {
     return true;
 }
 
+std::string file_type(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+// Reads `fd` to its end or to bytes_max + 1 bytes into `out` (a string or
+// a vector of char), room made for the `expected` bytes first.
+template <typename Buffer>
+bool read_up_to(int fd, std::uint64_t expected, std::size_t bytes_max, Buffer* out) {
+    out->clear();
+    out->reserve(static_cast<std::size_t>(std::min<std::uint64_t>(expected, bytes_max)) + 1);
+    char buffer[1 << 16];
+    while (out->size() <= bytes_max) {
+        const std::size_t want = std::min(sizeof buffer, bytes_max + 1 - out->size());
+        const ssize_t n = ::read(fd, buffer, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return false;
+        if (n == 0) break;
+        out->insert(out->end(), buffer, buffer + n);
+    }
+    return true;
+}
+
 }  // namespace
+
+InputFile::InputFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        problem_ = std::string("cannot be opened: ") + std::strerror(errno);
+        return;
+    }
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) {
+        problem_ = std::string("cannot be examined: ") + std::strerror(errno);
+        ::close(fd);
+        return;
+    }
+    if (!S_ISREG(info.st_mode)) {
+        problem_ = "is " + file_type(info.st_mode) + ", not a regular file";
+        ::close(fd);
+        return;
+    }
+    // Blocking again: a regular file never blocks, but the flag is not
+    // left to surprise whoever reads it.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    fd_ = fd;
+    bytes_ = static_cast<std::uint64_t>(info.st_size);
+}
+
+InputFile::~InputFile() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+bool InputFile::read(std::size_t bytes_max, std::string* text) const { return read_up_to(fd_, bytes_, bytes_max, text); }
+bool InputFile::read(std::size_t bytes_max, std::vector<char>* bytes) const { return read_up_to(fd_, bytes_, bytes_max, bytes); }
+
+bool standard_output_written() {
+    errno = 0;
+    std::cout.flush();
+    const bool written = std::cout.good() && std::fflush(stdout) == 0 && !std::ferror(stdout);
+    if (!written) {
+        const int error = errno;
+        std::cerr << "kvcheck: cannot write to standard output" << (error != 0 ? std::string(": ") + std::strerror(error) : "")
+                  << ": what kvcheck printed there is lost\n";
+    }
+    return written;
+}
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     if (path_.empty()) return;

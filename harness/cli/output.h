@@ -1,13 +1,17 @@
 // Where results go, checked before a run starts: a run of an hour must not
-// end in "cannot write" and lose what it found.
+// end in "cannot write" and lose what it found. And the files kvcheck reads
+// (trace files, dumps), refused unless they are regular files.
 //
 //   OutputFile report(options.get("out", ""));  // throws UsageError now, not after the run
 //   TraceDir traces("kvcheck-traces");          // the same for the trace directory
 //   ... the run ...
 //   report.write(text);                          // standard output when no path was given
+//   if (!standard_output_written()) return 2;    // a full disk said so, not exit 0
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvcheck::cli {
 
@@ -48,5 +52,41 @@ class TraceDir {
     std::string dir_;
     std::string made_;  // the outermost directory this made, if any
 };
+
+// A file to read, opened only if it is a regular file: opened with
+// O_NONBLOCK (a FIFO with no writer blocks a plain open() for reading
+// forever), then examined with fstat on the descriptor, so what is read is
+// what was examined. Anything else (a FIFO, a directory, a device, a
+// socket) is closed again and refused, with the reason in problem().
+//
+//   const InputFile file(path);
+//   if (file.fd() < 0) throw UsageError(path + " " + file.problem());  // "... is a FIFO, not a regular file"
+class InputFile {
+  public:
+    explicit InputFile(const std::string& path);
+    ~InputFile();
+    InputFile(const InputFile&) = delete;
+    InputFile& operator=(const InputFile&) = delete;
+
+    int fd() const { return fd_; }  // -1 when refused
+    std::uint64_t bytes() const { return bytes_; }
+    // Why it was refused, as a predicate of its path: "cannot be opened:
+    // No such file or directory", "is a FIFO, not a regular file".
+    const std::string& problem() const { return problem_; }
+    // Up to bytes_max + 1 bytes from the current offset (one more than
+    // the bound tells a file over it); false on a read error (errno).
+    bool read(std::size_t bytes_max, std::string* text) const;
+    bool read(std::size_t bytes_max, std::vector<char>* bytes) const;
+
+  private:
+    int fd_ = -1;
+    std::uint64_t bytes_ = 0;
+    std::string problem_;
+};
+
+// Flushes standard output and says whether all that was written to it
+// went through; when not (a full disk, a closed pipe), says so on stderr.
+// kvcheck's commands end with it: a report that was lost is no exit 0.
+bool standard_output_written();
 
 }  // namespace kvcheck::cli

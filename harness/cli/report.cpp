@@ -55,8 +55,13 @@ struct Counts {
         return "\"properties\": " + std::to_string(properties) + ", \"pass\": " + std::to_string(pass) +
                ", \"fail\": " + std::to_string(fail) + ", \"fault\": " + std::to_string(fault) +
                ", \"skipped\": " + std::to_string(skipped) + ", \"not_run\": " + std::to_string(not_run) +
-               ", \"blocked\": " + std::to_string(blocked) + ", \"all_pass\": " + (fail + fault == 0 ? "true" : "false");
+               ", \"blocked\": " + std::to_string(blocked) + ", \"all_pass\": " + (all_pass() ? "true" : "false");
     }
+    // Every property finished and none failed: a property not run (an
+    // interrupted run) or blocked (an engine error cut its search short)
+    // was not shown to hold. A skipped one holds vacuously: the adapter
+    // does not report what it needs.
+    bool all_pass() const { return fail + fault + not_run + blocked == 0; }
 };
 
 Counts counts_of(const AdapterResult& result) {
@@ -224,16 +229,7 @@ std::string details_text(const AdapterResult& result, const PropertyResult& p) {
     }
     if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
     if (!p.trace_file_error.empty()) out << "the trace was not written: " << printable(p.trace_file_error, 400) << "\n";
-    const CapturedOutput& err = p.engine_output[1];
-    if (err.bytes > 0) {
-        const std::string text = last_lines(err.tail, engine_lines_max);
-        out << "engine stderr (" << err.bytes << " bytes; the last lines):\n" << text
-            << (text.empty() || text.back() == '\n' ? "" : "\n");
-    }
-    if (!p.output.empty()) {
-        const std::string text = last_lines(printable(p.output, 20000), engine_lines_max);
-        out << "the engine's output ended with:\n" << text << (text.empty() || text.back() == '\n' ? "" : "\n");
-    }
+    out << engine_output_text(p.engine_output, p.output, engine_lines_max);
     return out.str();
 }
 
@@ -275,6 +271,18 @@ std::string incomplete_note(int interrupted_by) {
 }
 
 }  // namespace
+
+std::string engine_output_text(const std::array<CapturedOutput, 2>& captured, const std::string& output,
+                               std::size_t lines_max) {
+    const auto lines = [](const std::string& text) { return text.empty() || text.back() == '\n' ? text : text + "\n"; };
+    std::string out;
+    const CapturedOutput& err = captured[1];
+    if (err.bytes > 0) {
+        out += "engine stderr (" + std::to_string(err.bytes) + " bytes; the last lines):\n" + lines(last_lines(err.tail, lines_max));
+    }
+    if (!output.empty()) out += "the engine's output ended with:\n" + lines(last_lines(output, lines_max));
+    return out;
+}
 
 ReportFormat parse_report_format(const std::string& name) {
     if (name == "table") return ReportFormat::table;

@@ -7,16 +7,21 @@
 //   {"format": "kvcheck-report", "format_version": 2, "kvcheck_version": "0.1.0",
 //    "seed": 20261202, "complete": true, "interrupted_by": null,
 //    "summary": {"adapters": 1, "properties": 9, "pass": 8, "fail": 1, "fault": 0,
-//                "skipped": 0, "not_run": 0, "all_pass": false},
+//                "skipped": 0, "not_run": 0, "blocked": 0, "all_pass": false},
 //    "adapters": [{"adapter": "M3", "source": "bundled", "seed": 20261202,
 //                  "summary": {...}, "properties": [{"id": "single-copy", "verdict": "fail", ...}]}]}
 // A property's verdict is "pass", "fail" (a violation, or a fault: then
-// "fault" says which), "skipped" or "not-run"; summary "fail" counts the
-// violations and "fault" the faults.
+// "fault" says which), "skipped", "blocked" or "not-run"; summary "fail"
+// counts the violations and "fault" the faults. "all_pass" is true only
+// when every property finished and none failed: none not run (an
+// interrupted run) nor blocked; a skipped property does not count against
+// it.
 #pragma once
 
 #include "conformance.h"
 
+#include <array>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,16 @@ ReportFormat parse_report_format(const std::string& name);
 // How often each shape of interest occurred in the traces run, per adapter
 // and in all (kvcheck run --stats).
 std::string render_stats(const std::vector<AdapterResult>& results);
+
+// What an engine printed, fit for a terminal: the last `lines_max` lines of
+// its stderr (`captured`, what the sandbox kept of it) and of an
+// out-of-process engine's own last output (Adapter::take_output), escaped
+// by last_lines (text.h: no raw NUL, ESC or OSC sequence reaches the
+// terminal), each under a heading; "" when it printed nothing. The one way
+// engine text reaches kvcheck's own output: the table's details, replay and
+// shrink.
+std::string engine_output_text(const std::array<CapturedOutput, 2>& captured, const std::string& output,
+                               std::size_t lines_max);
 
 // `interrupted_by`: the signal that stopped the run early, 0 when it ran to
 // its end.

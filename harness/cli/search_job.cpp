@@ -79,12 +79,6 @@ FoundFailure decode(const std::string& payload) {
 
 // ---- the child's work -------------------------------------------------------------
 
-// Each property searches traces of its own: property i of the run's list
-// takes seeds seed + i * 2^32, seed + i * 2^32 + 1, ...
-std::uint64_t first_seed_of(std::uint64_t seed, std::size_t property_index) {
-    return seed + (static_cast<std::uint64_t>(property_index) << 32);
-}
-
 // Runs traces of `adapter` checking `properties` on fresh engines, each
 // announced to the parent first ("begin": when the child dies, the parent
 // knows which trace killed it) and each operation marked on the channel
@@ -135,7 +129,7 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
 }
 
 // Searches seeded traces for a violation of one property: the property's
-// own traces (first_seed_of), with every property the engine can be judged
+// own traces (stream `index` of the run's seed: kvcheck::trace_seed), with every property the engine can be judged
 // on checked on each, so that a trace is blamed on what it breaks first.
 // Another property found broken is reported as such ("other"), and the
 // search goes on for this one, passing over the traces that break a
@@ -170,7 +164,7 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
         out.send(kind, payload);
     };
     for (;;) {
-        Budget budget{first_seed_of(options.seed, index) + cases, options.cases > cases ? options.cases - cases : 0, 0};
+        Budget budget{options.seed, index, cases, options.cases > cases ? options.cases - cases : 0, 0};
         if (options.seconds > 0) {
             budget.seconds = options.seconds - (monotonic_seconds() - start);
             if (budget.seconds <= 0) break;

@@ -36,10 +36,6 @@ FoundFailure decode(const std::string& payload);
 std::string encode_stats(std::size_t cases, const Coverage& coverage);
 void decode_stats(const std::string& payload, std::size_t* cases, Coverage* coverage);
 
-// The first seed of the search of property `property_index` of the run's
-// list: each property searches traces of its own.
-std::uint64_t first_seed_of(std::uint64_t seed, std::size_t property_index);
-
 // A runner for traces of `adapter` in a job: each trace announced on the
 // channel before it runs ("begin"), each operation marked on it, dumps
 // under the job's own directory.

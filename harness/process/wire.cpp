@@ -277,8 +277,10 @@ Capabilities read_capabilities(const Json& flags) {
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });
     for (const Json::Member& member : members) {
+        // Named references, not a structured binding: C++17 lets no lambda
+        // capture a structured binding (g++ accepts it, clang refuses).
         const std::string& name = member.first;
-        const Json& value = member.second;  // not a structured binding: clang 14 does not capture one in a lambda
+        const Json& value = member.second;
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;

@@ -28,7 +28,7 @@ SearchResult search(const Runner& runner, const Budget& budget, const WorkloadOp
     for (;; ++result.cases) {
         const bool spent = budget.seconds > 0 ? seconds_since(start) >= budget.seconds : result.cases >= budget.cases;
         if (spent) break;
-        const std::uint64_t seed = budget.first_seed + result.cases;
+        const std::uint64_t seed = trace_seed(budget.seed, budget.stream, budget.first_index + result.cases);
         const Trace trace = trace_for_seed(seed, workload);
         const RunResult run = runner.run(trace);
         result.coverage.add(run.coverage);

@@ -21,7 +21,10 @@ other request:
                        adapter of an engine that rejects everything)
 
 --pid-file PATH writes the process id there first; --noise N prints N lines
-on stdout and stderr before the fault (kvcheck shows their tail). --warm
+on stdout and stderr before the fault (kvcheck shows their tail), and
+--escapes ends each with what a terminal must never get raw from an engine
+(a NUL, a clear-screen escape, an OSC sequence that sets the window
+title). --warm
 makes it a fork server when kvcheck offers a fork socket (section 10 of
 the protocol, through the SDK's stdlib-only protocol module): the faults
 then happen in warm copies, which are the server's children, not
@@ -82,6 +85,7 @@ def main():
     parser.add_argument("--fault", required=True)
     parser.add_argument("--pid-file")
     parser.add_argument("--noise", type=int, default=0)
+    parser.add_argument("--escapes", action="store_true")
     parser.add_argument("--warm", action="store_true")
     parser.add_argument("--thread", action="store_true", help="run a second thread (no fork server then)")
     args = parser.parse_args()
@@ -125,9 +129,10 @@ def main():
         elif args.fault in ("none", "reset"):
             send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported", "traceback": ""})
         else:
+            hostile = "\x00\x1b[2J\x1b]0;pwned\x07" if args.escapes else ""
             for i in range(args.noise):
-                print(f"noise line {i} on stdout")
-                print(f"noise line {i} on stderr", file=sys.stderr)
+                print(f"noise line {i} on stdout{hostile}")
+                print(f"noise line {i} on stderr{hostile}", file=sys.stderr)
             sys.stdout.flush()
             fault(args.fault, reply_fd)
 

@@ -6,7 +6,7 @@
 //
 //   kvcheck::Runner runner{adapter.make};
 //   runner.options.properties = kvcheck::PropertySet::only(kvcheck::Property::single_copy);
-//   kvcheck::SearchResult result = kvcheck::search(runner, {seed, 200}, workload);
+//   kvcheck::SearchResult result = kvcheck::search(runner, {seed, 0, 0, 200}, workload);
 //   if (result.finding) std::cout << kvcheck::format_failure(result.finding->reported, result.finding->shrunk.trace,
 //                                                            kvcheck::replay_command(adapter, "t.trace"));
 #pragma once
@@ -14,6 +14,7 @@
 #include "kvcheck/adapter.h"
 #include "kvcheck/executor.h"
 #include "kvcheck/shrink.h"
+#include "kvcheck/splitmix.h"
 #include "kvcheck/workload.h"
 
 #include <cstdint>
@@ -47,16 +48,30 @@ struct Runner {
     RunResult run(const Trace& trace, bool every_entry_every_step = false) const;
 };
 
-// Traces first_seed, first_seed + 1, ...: `cases` of them, or as many as
-// fit in `seconds` when it is positive.
+// The seed of trace `index` of search `stream` of a run seeded `run_seed`
+// (kvcheck run: stream p is the p-th property of the run's list):
+// splitmix64 applied over the three, so that every (run seed, stream) pair
+// has seeds of its own. Runs seeded S and S + 1 share no trace, nor do two
+// streams of one run (both but with chance 2^-64 per pair of traces); the
+// seeds of one stream are all different (splitmix64 is a bijection). The
+// one place a trace's seed is derived: kvcheck run's searches and those of
+// the property suites and benchmarks all come through search().
+constexpr std::uint64_t trace_seed(std::uint64_t run_seed, std::uint64_t stream, std::uint64_t index) {
+    return splitmix64(splitmix64(splitmix64(run_seed) ^ stream) ^ index);
+}
+
+// Traces trace_seed(seed, stream, first_index), then first_index + 1, ...:
+// `cases` of them, or as many as fit in `seconds` when it is positive.
 struct Budget {
-    std::uint64_t first_seed = 0;
+    std::uint64_t seed = 0;         // the run's seed
+    std::uint64_t stream = 0;       // whose traces (kvcheck run: the property's index in the run's list)
+    std::uint64_t first_index = 0;  // a search resumed past a finding goes on from the next index
     std::size_t cases = 200;
     double seconds = 0;
 };
 
 struct Finding {
-    std::uint64_t seed = 0;        // the seed of the first failing trace
+    std::uint64_t seed = 0;        // the seed of the first failing trace (trace_seed), for trace_for_seed
     std::size_t traces_tried = 0;  // traces run until then, itself included
     Trace found;                   // that trace
     Failure found_failure;         // and its failure
