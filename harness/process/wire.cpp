@@ -274,10 +274,11 @@ Capabilities read_capabilities(const Json& flags) {
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });
     for (const auto& [name, value] : members) {
+        const auto& member_value = value;  // clang 14 cannot capture a structured binding in a lambda
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
-            *flag = in_member(known_name, [&] { return value.as_bool(); });
+            *flag = in_member(known_name, [&] { return member_value.as_bool(); });
             found = true;
         }
         if (!found) {
