@@ -7,6 +7,14 @@
 //   trace target (ops/choices-<seed>.bin, layout/choices-<seed>.bin): the
 //   bytes that make the target's ByteChooser repeat the SeededChooser's
 //   choices, so they decode to the same trace (checked here).
+// - for each store below, its dump file again as a seed of the archive
+//   target (dump_archive/<name>.pt), and rebuilt with a ZIP64 end record
+//   that agrees with the classic one (dump_archive/<name>-zip64.pt);
+// - the hostile archives of hostile_archives.h, built around the dump of
+//   one-modern-f32, as seeds of the archive target and of the loader
+//   target (dump_archive/<shape>.pt, dump_load/hostile-<shape>.pt); each
+//   must be refused by kv::read_dump_archive naming its fault (checked
+//   here), every real dump accepted.
 // The text traces of ops/ and layout/ are written by hand.
 //
 // kvcheck_fuzz_seeds --pack RECORDS DUMP: packs a record-form input (a
@@ -18,9 +26,11 @@
 #include "byte_chooser.h"
 #include "dump_records.h"
 #include "generators.h"
+#include "hostile_archives.h"
 #include "reference/reference_engine.h"
 #include "reference/cache_views.h"
 
+#include "kv/archive.h"
 #include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "kvcheck/content.h"
@@ -101,6 +111,34 @@ void write(const fs::path& path, const std::string& bytes) {
 
 }  // namespace
 
+// The archive target's seeds of one real dump; the hostile archives too
+// when `hostile`. Exits when the archive check misjudges one.
+void write_archive_seeds(const fs::path& corpus, const std::string& name, const std::vector<char>& dump, bool hostile) {
+    const std::string real(dump.begin(), dump.end());
+    const auto records = kvcheck::fuzz::read_zip_records(real);
+    const std::string zip64 = kvcheck::fuzz::write_zip({records, {}, true, {}});
+    for (const std::string* sound : {&real, &zip64}) {
+        const std::string problem = kv::read_dump_archive(*sound).problem;
+        if (!problem.empty()) {
+            std::cerr << "kvcheck_fuzz_seeds: the archive check refuses the dump of " << name << ": " << problem << "\n";
+            std::exit(1);
+        }
+    }
+    write(corpus / "dump_archive" / (name + ".pt"), real);
+    write(corpus / "dump_archive" / (name + "-zip64.pt"), zip64);
+    if (!hostile) return;
+    for (const auto& archive : kvcheck::fuzz::hostile_archives(records)) {
+        const std::string problem = kv::read_dump_archive(archive.bytes).problem;
+        if (problem.find(archive.fault) == std::string::npos) {
+            std::cerr << "kvcheck_fuzz_seeds: " << archive.name << " is not refused for '" << archive.fault << "': '"
+                      << problem << "'\n";
+            std::exit(1);
+        }
+        write(corpus / "dump_archive" / archive.name, archive.bytes);
+        write(corpus / "dump_load" / ("hostile-" + archive.name), archive.bytes);
+    }
+}
+
 int pack(const std::string& from, const std::string& to) {
     std::ifstream in(from, std::ios::binary);
     const std::string records((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -147,6 +185,7 @@ int main(int argc, char** argv) {
         write(corpus / "dump_load" / (seed.name + ".pt"), std::string(dump.begin(), dump.end()));
         write(corpus / "dump_load_deep" / (seed.name + ".records"),
               kvcheck::fuzz::join_records(records));
+        write_archive_seeds(corpus, seed.name, dump, seed.name == "one-modern-f32");
     }
     fs::remove_all(scratch);
     for (std::uint64_t seed = 1; seed <= choice_seeds; ++seed) {

@@ -1,18 +1,19 @@
 // Dump encoding and decoding. The file is a torch pickle archive (a zip of
 // stored records), so Python's torch.load reads it. Loading never trusts
-// the file: the zip directory is checked against the file's real size
-// before torch reads a record (a lying size cannot make it allocate), every
-// record's CRC is verified by the reader, and the unpickled value is checked
-// field by field before anything reaches the store.
+// the file: the records torch will read are decided as torch decides, and
+// an ambiguous archive refused (kv/archive.h: which also checks every
+// record against the file's real size, so a lying size cannot make torch
+// allocate, and against its CRC); the pickle torch will unpickle is
+// checked (kv/pickle_check.h); and the unpickled value is checked field by
+// field before anything reaches the store.
 #include "kv/store.h"
 
+#include "kv/archive.h"
 #include "kv/pickle_check.h"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
-#include <array>
-#include <cstring>
 #include <map>
 
 namespace kv {
@@ -174,106 +175,6 @@ class Reader {
     std::int64_t tensor_bytes_ = 0;
 };
 
-// ---- the zip directory, checked before torch reads it ---------------------
-
-std::uint32_t read_u32(const std::vector<char>& bytes, std::size_t at) {
-    std::uint32_t value = 0;
-    for (int i = 3; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
-    return value;
-}
-
-std::uint16_t read_u16(const std::vector<char>& bytes, std::size_t at) {
-    return static_cast<std::uint16_t>(static_cast<unsigned char>(bytes[at]) |
-                                      (static_cast<unsigned char>(bytes[at + 1]) << 8));
-}
-
-std::uint32_t crc32(const char* data, std::size_t size) {
-    static const auto table = [] {
-        std::array<std::uint32_t, 256> t{};
-        for (std::uint32_t i = 0; i < 256; ++i) {
-            std::uint32_t c = i;
-            for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            t[i] = c;
-        }
-        return t;
-    }();
-    std::uint32_t crc = 0xFFFFFFFFu;
-    for (std::size_t i = 0; i < size; ++i) {
-        crc = table[(crc ^ static_cast<unsigned char>(data[i])) & 0xFF] ^ (crc >> 8);
-    }
-    return crc ^ 0xFFFFFFFFu;
-}
-
-// What the zip holds that the pickle check needs: the pickle stream and the
-// size of each storage record, by key.
-struct Archive {
-    std::string pickle;
-    std::map<std::string, std::uint64_t> storage_bytes;
-};
-
-bool ends_with(const std::string& text, const std::string& end) {
-    return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
-}
-
-// Every record must be stored (not compressed), lie inside the file (no
-// record can claim more bytes than the file has) and match its CRC-32:
-// torch's reader checks none of this, and misreads damaged records.
-Archive check_archive(const std::vector<char>& bytes, const Reader& reader) {
-    Archive archive;
-    bool have_pickle = false;
-    constexpr std::size_t eocd_size = 22;
-    constexpr std::size_t central_size = 46;
-    constexpr std::size_t local_size = 30;
-    if (bytes.size() < eocd_size) reader.fail("the file is truncated (" + std::to_string(bytes.size()) + " bytes)");
-    const std::size_t eocd = bytes.size() - eocd_size;  // torch writes no archive comment
-    if (read_u32(bytes, eocd) != 0x06054b50) reader.fail("no zip end record: truncated or not a dump");
-    const std::size_t entries = read_u16(bytes, eocd + 10);
-    const std::size_t directory_size = read_u32(bytes, eocd + 12);
-    std::size_t at = read_u32(bytes, eocd + 16);
-    if (at > eocd || directory_size > eocd - at) reader.fail("the zip directory lies outside the file");
-    for (std::size_t i = 0; i < entries; ++i) {
-        if (at + central_size > eocd || read_u32(bytes, at) != 0x02014b50) {
-            reader.fail("zip directory entry " + std::to_string(i) + " is damaged");
-        }
-        const std::uint16_t flags = read_u16(bytes, at + 8);
-        const std::uint16_t method = read_u16(bytes, at + 10);
-        const std::uint32_t attributes = read_u32(bytes, at + 38);
-        const std::uint32_t crc = read_u32(bytes, at + 16);
-        const std::uint32_t packed = read_u32(bytes, at + 20);
-        const std::uint32_t unpacked = read_u32(bytes, at + 24);
-        const std::size_t name_size = read_u16(bytes, at + 28);
-        const std::size_t extra_size = read_u16(bytes, at + 30);
-        const std::size_t comment_size = read_u16(bytes, at + 32);
-        const std::size_t local = read_u32(bytes, at + 42);
-        const std::string record = "zip record " + std::to_string(i);
-        if (method != 0 || packed != unpacked) reader.fail(record + " is compressed");
-        // Encrypted or directory entries never occur in a dump; miniz would
-        // hand them to torch as empty records.
-        if ((flags & 0x1) != 0 || (attributes & 0x10) != 0) reader.fail(record + " has unexpected flags");
-        if (local + local_size > eocd || unpacked > eocd - local - local_size) {
-            reader.fail(record + " claims " + std::to_string(unpacked) + " bytes the file does not have");
-        }
-        if (read_u32(bytes, local) != 0x04034b50) reader.fail(record + " has a damaged header");
-        const std::size_t data = local + local_size + read_u16(bytes, local + 26) + read_u16(bytes, local + 28);
-        if (data > eocd || unpacked > eocd - data) {
-            reader.fail(record + " claims " + std::to_string(unpacked) + " bytes the file does not have");
-        }
-        if (crc32(bytes.data() + data, unpacked) != crc) reader.fail(record + " fails its CRC-32 check");
-        if (at + central_size + name_size > eocd) reader.fail(record + " has a name past the directory");
-        const std::string name(bytes.data() + at + central_size, name_size);
-        if (ends_with(name, "/data.pkl")) {
-            if (have_pickle) reader.fail("two pickle records");
-            archive.pickle.assign(bytes.data() + data, unpacked);
-            have_pickle = true;
-        }
-        const std::size_t slash = name.rfind("/data/");
-        if (slash != std::string::npos) archive.storage_bytes[name.substr(slash + 6)] = unpacked;
-        at += central_size + name_size + extra_size + comment_size;
-    }
-    if (!have_pickle) reader.fail("no pickle record (data.pkl)");
-    return archive;
-}
-
 }  // namespace
 
 std::vector<char> encode_dump(const std::vector<ItemPtr>& items) {
@@ -289,10 +190,17 @@ std::vector<char> encode_dump(const std::vector<ItemPtr>& items) {
 std::vector<Item> decode_dump(const std::vector<char>& bytes, const std::string& origin,
                               const LoadLimits& limits) {
     Reader reader(origin, limits);
-    const Archive archive = check_archive(bytes, reader);
+    // The records torch will read (kv/archive.h); an archive whose reading
+    // is ambiguous is refused here.
+    const std::string_view file(bytes.data(), bytes.size());
+    const DumpArchive archive = read_dump_archive(file);
+    if (!archive.problem.empty()) reader.fail(archive.problem);
+    std::map<std::string, std::uint64_t> storage_bytes;
+    for (const auto& [key, record] : archive.storages) storage_bytes[key] = record.size;
     // torch's unpickler trusts its input (kv/pickle_check.h): nothing that
     // is not a well-formed dump pickle reaches it.
-    const std::string problem = pickle_problem(archive.pickle, archive.storage_bytes);
+    const std::string pickle(file.substr(archive.pickle.offset, archive.pickle.size));
+    const std::string problem = pickle_problem(pickle, storage_bytes);
     if (!problem.empty()) reader.fail("malformed pickle: " + problem);
     IValue root;
     try {

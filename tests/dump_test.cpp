@@ -1,5 +1,7 @@
 // Dump and load: bit-exact round trips, rejection of bad files with the
 // store unchanged, survival of crashes during a dump, and Python readability.
+#include "hostile_archives.h"
+#include "kv/archive.h"
 #include "kv/pickle_check.h"
 #include "kv/store.h"
 #include "test_util.h"
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <unistd.h>
 
 namespace {
@@ -248,6 +251,93 @@ TEST(Dump, DeeplyNestedTuplesAreRejectedBeforeTorchReadsThem) {
     const std::string dir = fresh_dir("nested");
     std::filesystem::copy_file(KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt", dump_path(dir));
     expect_rejected(dir, "malformed pickle: tuples nested more than 32 deep");
+}
+
+// Issue 28: archives in which torch reads another record than the one a
+// check reading the zip naively (the classic directory, "/data.pkl" with
+// case) would look at. Before kv/archive.h, the 200,000-deep tuple behind a
+// case-variant name or a ZIP64 directory crashed this test binary (SIGSEGV)
+// and the unknown global got past the pickle check; each is now refused,
+// naming the fault, with the store unchanged.
+TEST(Dump, ArchivesThatTorchWouldReadOtherwiseAreRefused) {
+    const std::string dir = fresh_dir("hostile");
+    kv::Store original;
+    original.add({{"a", make_cache(Layout::modern, 2, 3, 41), {{"k", "v"}}}});
+    original.dump(dir);
+    const std::vector<char> real = read_bytes(dump_path(dir));
+    const auto records = kvcheck::fuzz::read_zip_records(std::string(real.begin(), real.end()));
+    // The same records rebuilt, with or without a ZIP64 end record that
+    // agrees with the classic one: one reading, so they load.
+    for (const bool zip64 : {false, true}) {
+        const std::string rebuilt = kvcheck::fuzz::write_zip({records, {}, zip64, {}});
+        write_bytes(dump_path(dir), std::vector<char>(rebuilt.begin(), rebuilt.end()));
+        kv::Store loaded;
+        loaded.load(dir);
+        expect_same_store(original, loaded);
+    }
+    std::set<std::string> names;
+    for (const auto& hostile : kvcheck::fuzz::hostile_archives(records)) {
+        SCOPED_TRACE(hostile.name);
+        write_bytes(dump_path(dir), std::vector<char>(hostile.bytes.begin(), hostile.bytes.end()));
+        expect_rejected(dir, hostile.fault);
+        names.insert(hostile.name);
+    }
+    for (const char* shape : {"case-variant-deep-tuple.pt", "case-variant-unknown-global.pt", "zip64-elsewhere-deep-tuple.pt",
+                              "zip64-elsewhere-unknown-global.pt", "duplicate-pickle.pt", "duplicate-storage.pt",
+                              "local-name-differs.pt"}) {
+        EXPECT_EQ(names.count(shape), 1u) << shape;
+    }
+}
+
+// The rules of kv/archive.h one by one, on the records of a real dump.
+TEST(Dump, TheArchiveRulesNameTheirFault) {
+    kv::Store store;
+    store.add({{"a", make_cache(Layout::legacy, 1, 2, 42), {}}});
+    const std::vector<char> real = kv::encode_dump(store.get_all());
+    const auto records = kvcheck::fuzz::read_zip_records(std::string(real.begin(), real.end()));
+    const auto problem = [](const std::string& file) { return kv::read_dump_archive(file).problem; };
+    const auto expect_problem = [&](const std::string& file, const std::string& part) {
+        const std::string found = problem(file);
+        EXPECT_NE(found.find(part), std::string::npos) << "expected '" << part << "', got '" << found << "'";
+    };
+    const std::string sound = kvcheck::fuzz::write_zip({records, {}, false, {}});
+    ASSERT_EQ(problem(std::string(real.begin(), real.end())), "");
+    ASSERT_EQ(problem(sound), "");
+    const kv::DumpArchive archive = kv::read_dump_archive(sound);
+    EXPECT_EQ(archive.folder, "archive");
+    EXPECT_EQ(archive.pickle.name, "archive/data.pkl");
+    EXPECT_EQ(archive.storages.size(), 2u);
+
+    expect_problem("JUNK" + sound, "does not begin with a zip record");
+    expect_problem(sound + "comment", "no zip end record at the end of the file");
+    auto renamed = [&](std::size_t i, const std::string& name) {
+        auto changed = records;
+        changed.at(i).name = name;
+        return kvcheck::fuzz::write_zip({changed, {}, false, {}});
+    };
+    std::size_t pickle = 0;
+    while (records.at(pickle).name != "archive/data.pkl") ++pickle;
+    expect_problem(renamed(pickle, "archive/Data.pkl"), "differs only in case from 'archive/data.pkl'");
+    expect_problem(renamed(pickle, "ARCHIVE/data.pkl"), "differs only in case from 'archive/data.pkl'");
+    expect_problem(renamed(pickle, "archive/notes.txt"), "is not a record of a dump");
+    expect_problem(renamed(pickle, "other/data.pkl"), "is outside the folder 'archive/'");
+    expect_problem(renamed(0, "top-level"), "zip record 0 ('top-level') is in no folder");
+    expect_problem(renamed(pickle, "archive/data.pkl\x01"), "not printable ASCII");
+    expect_problem(renamed(pickle, "archive/data/9"), "no pickle record (archive/data.pkl)");
+    // A ZIP64 directory agreeing with the classic one is read alike.
+    EXPECT_EQ(problem(kvcheck::fuzz::write_zip({records, {}, true, {}})), "");
+    // The classic directory without the version record, the ZIP64 one with it.
+    std::vector<std::size_t> all, fewer;
+    for (std::size_t i = 0; i < records.size(); ++i) {
+        all.push_back(i);
+        if (records[i].name != "archive/version") fewer.push_back(i);
+    }
+    expect_problem(kvcheck::fuzz::write_zip({records, fewer, true, all}), "disagrees with the classic end record");
+    auto versioned = records;
+    for (auto& record : versioned) {
+        if (record.name == "archive/version") record.bytes = "99\n";
+    }
+    expect_problem(kvcheck::fuzz::write_zip({versioned, {}, false, {}}), "the version record holds '99'");
 }
 
 TEST(Dump, LoadLimitsAreEnforced) {

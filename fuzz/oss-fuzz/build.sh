@@ -30,7 +30,7 @@ src=${SRC:+$SRC/kvcheck}
 [[ -n "${src}" && -f "${src}/CMakeLists.txt" ]] || src=$(cd "$here/../.." && pwd)
 work=${WORK:-$(mktemp -d)}
 build=$work/kvcheck-fuzz-build
-targets=(fuzz_ops fuzz_layout fuzz_dump_load fuzz_dump_load_deep)
+targets=(fuzz_ops fuzz_layout fuzz_dump_load fuzz_dump_load_deep fuzz_dump_archive)
 
 cxxflags=${CXXFLAGS//-stdlib=libc++/}
 mkdir -p "$OUT"

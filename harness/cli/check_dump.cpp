@@ -1,6 +1,8 @@
 // kvcheck check-dump: a dump file validated with the reference's strict
-// loader (kv::decode_dump: the zip directory and CRCs, the pickle's
-// structure before torch reads it, every field), and what it holds.
+// loader (kv::decode_dump: which records torch will read, decided as torch
+// decides, an ambiguous archive refused (kv/archive.h); the CRCs; the
+// structure of the pickle torch will unpickle; every field), and what it
+// holds.
 // Exit codes: 0 valid, 1 invalid (the first fault named), 2 unreadable (or
 // a usage error).
 #include "adapters.h"
@@ -171,8 +173,9 @@ int command_check_dump(const Args& args) {
     for (const std::string& arg : args) {
         if (arg == "--help" || arg == "-h") {
             std::cout << "usage: kvcheck check-dump FILE|DIR [--json]\n\n"
-                         "Validates a kvcheck dump with the same strict loader the reference uses (zip directory and\n"
-                         "CRCs, the pickle's structure before torch reads it, every field, the load limits) and says\n"
+                         "Validates a kvcheck dump with the same strict loader the reference uses (the records torch\n"
+                         "will read, decided as torch does, an archive other readers could read otherwise refused; the\n"
+                         "CRCs; the pickle's structure before torch reads it; every field; the load limits) and says\n"
                          "what it holds: ids, layouts, dtypes, layers, tokens per layer, metadata. DIR: the dump in it\n"
                          "(" + std::string(kv::dump_file_name) + "). Nothing in the file is executed.\n\n"
                          "exit codes: 0 valid, 1 invalid (the first fault is named), 2 unreadable or a usage error.\n\n"

@@ -1,0 +1,39 @@
+// check-dump on the hostile archives of issue 28 (fuzz/hostile_archives.h),
+// in a file of its own: the cli tests' kvcheck() and the kvcheck namespace
+// of the archive builder cannot meet under one using-directive.
+#include "cli_util.h"
+#include "hostile_archives.h"
+
+#include <string>
+
+namespace {
+
+namespace cli = kvtest::cli;
+using Cli = cli::Cli;
+
+// Issue 28: check-dump decides which records torch reads as torch does,
+// and refuses an archive that torch (or another zip reader) could read
+// otherwise. Before, the deep tuple behind a case-variant name or a ZIP64
+// directory killed check-dump (SIGSEGV, exit 139) and the others passed
+// the pickle check.
+TEST_F(Cli, CheckDumpRefusesArchivesThatTorchWouldReadOtherwise) {
+    const std::string real = cli::read_file(KVCHECK_SOURCE_DIR "/corpus/dump_load/one-modern-f32.pt");
+    const auto hostile = kvcheck::fuzz::hostile_archives(kvcheck::fuzz::read_zip_records(real));
+    ASSERT_GE(hostile.size(), 7u);
+    for (const auto& archive : hostile) {
+        SCOPED_TRACE(archive.name);
+        const std::string file = cli::scratch(archive.name);
+        cli::write_file(file, archive.bytes);
+        const cli::Outcome outcome = cli::kvcheck("check-dump " + file);
+        EXPECT_EQ(outcome.status, 1) << outcome.out;
+        EXPECT_TRUE(cli::contains(outcome.stdout_text, "INVALID: corrupt dump " + file + ": ")) << outcome.out;
+        EXPECT_TRUE(cli::contains(outcome.stdout_text, archive.fault)) << outcome.out;
+    }
+    const std::string rebuilt = cli::scratch("rebuilt-zip64.pt");
+    cli::write_file(rebuilt, kvcheck::fuzz::write_zip({kvcheck::fuzz::read_zip_records(real), {}, true, {}}));
+    const cli::Outcome sound = cli::kvcheck("check-dump " + rebuilt);
+    EXPECT_EQ(sound.status, 0) << sound.out;
+    EXPECT_TRUE(cli::contains(sound.stdout_text, "a valid kvcheck dump (format version 1), 1 item")) << sound.out;
+}
+
+}  // namespace
