@@ -8,10 +8,8 @@
 --bug NAME (repeatable) plants one of the store's historic bugs (see
 transformers_memory.BUGS); $KVCHECK_EXAMPLE_BUGS (comma-separated) does the
 same. --print-model prints the model's domain as `kvcheck run --model`
-takes it, and exits. --no-layout-capability leaves the capability
-modern_layout out of the handshake, for a kvcheck that predates it (one
-that refuses an unknown capability; it then also knows no model domain
-and draws caches the model cannot run over: expect engine errors).
+takes it, and exits. (The adapter declares the same domain in its
+handshake: `--model` is only needed to search another one.)
 
 The adapter derives its domain from the model (hello's `model`: the
 layers, K/V heads and head_dim of its config, float32, the installed
@@ -36,7 +34,7 @@ from kvcheck_adapter.adapter import Adapter, Item, serve  # noqa: E402
 from kvcheck_adapter.crash import power_cut  # noqa: E402
 
 
-def capabilities(domain, layout_capability: bool = True):
+def capabilities(domain):
     """What the store over the installed transformers can do: its one
     layout (so no conversions), float32 caches of the model's geometry
     (`domain`: any_geometry says it is not kvcheck's default 2x4; the
@@ -50,16 +48,15 @@ def capabilities(domain, layout_capability: bool = True):
         "uninitialized_layers": False,
         "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
         "generate_stream": False,
+        "modern_layout": hf.LAYOUT == "modern",
     }
-    if layout_capability:
-        flags["modern_layout"] = hf.LAYOUT == "modern"
     return flags
 
 
 class TransformersMemoryAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, bugs=(), model=None, layout_capability=True):
+    def __init__(self, bugs=(), model=None):
         self.bugs = tuple(bugs)
         self.name = "transformers-memory" + "".join("+" + bug for bug in self.bugs)
         self.description = (
@@ -68,7 +65,7 @@ class TransformersMemoryAdapter(Adapter):
         )
         self.store = transformers_memory.TransformersMemory(bugs=self.bugs, model=model)
         self.model = hf.model_domain(self.store.model)
-        self.capabilities = capabilities(self.model, layout_capability)
+        self.capabilities = capabilities(self.model)
 
     # ---- the store ----
 
@@ -143,8 +140,6 @@ def main(argv=None) -> None:
                         help="plant a historic bug (repeatable)")
     parser.add_argument("--print-model", action="store_true",
                         help="print the model's domain as kvcheck run --model takes it, and exit")
-    parser.add_argument("--no-layout-capability", action="store_true",
-                        help="leave modern_layout out of the handshake (for a kvcheck that does not know it)")
     arguments = parser.parse_args(argv)
     model = hf.tiny_model()
     if arguments.print_model:
@@ -159,7 +154,7 @@ def main(argv=None) -> None:
             parser.error(f"bug {bug} cannot occur here: {reason}")
     # One model for every engine of the process: generate keeps no state in
     # it between calls, and making it costs more than a trace.
-    serve(lambda: TransformersMemoryAdapter(bugs, model, not arguments.no_layout_capability))
+    serve(lambda: TransformersMemoryAdapter(bugs, model))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,10 @@ boundary, as a user runs it:
 
     kvcheck run --adapter python/examples/transformers_memory_adapter.py --model <domain>
 
-The kvcheck binary is $KVCHECK, else the repository's default build. A
-kvcheck that knows the model domain (`run --model`) checks the fixed store
-(every property holds) and each bug; one that predates it is told to leave
-out the capability it does not know (--no-layout-capability) and, knowing
-no domain, draws caches the model cannot run over: the test then checks
-that it accepts the adapter and that the first engine error is one of
-those, named."""
+The kvcheck binary is $KVCHECK, else the repository's default build. The
+adapter declares its model's domain in the handshake, so every cache kvcheck
+draws is one the model runs over: the fixed store holds every property, and
+each bug is caught by the property that names it."""
 
 import json
 import os
@@ -48,22 +45,14 @@ def kvcheck_binary():
     return found
 
 
-def knows_model_domain(binary):
-    help_text = subprocess.run([binary, "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
-    return "--model" in help_text
-
-
 def run(tmp_path, adapter_args, *args):
     binary = kvcheck_binary()
     report = tmp_path / "report.json"
-    domain = hf.domain_text(hf.model_domain(hf.tiny_model()))
-    new = knows_model_domain(binary)
-    adapter = " ".join([ADAPTER] + list(adapter_args) + ([] if new else ["--no-layout-capability"]))
+    adapter = " ".join([ADAPTER] + list(adapter_args))
     # --timeout: starting Python with torch and transformers takes seconds,
     # more on a loaded machine, and kvcheck counts it as the first step's.
     command = [binary, "run", "--adapter", adapter, "--python", sys.executable, "--jobs", "2", "--timeout", "120", "--quiet"]
-    command += (["--model", domain] if new else []) + list(args)
-    command += ["--report", "json", "--out", str(report), "--trace-dir", str(tmp_path / "traces")]
+    command += list(args) + ["--report", "json", "--out", str(report), "--trace-dir", str(tmp_path / "traces")]
     # The adapter imports the transformers these tests import, wherever
     # kvcheck starts it.
     import transformers
@@ -76,7 +65,7 @@ def run(tmp_path, adapter_args, *args):
     assert report.is_file(), completed.stdout + completed.stderr
     with open(report) as file:
         found = json.load(file)
-    return new, completed, found["adapters"][0]
+    return completed, found["adapters"][0]
 
 
 def verdicts(report):
@@ -84,32 +73,27 @@ def verdicts(report):
 
 
 def test_the_fixed_store_under_kvcheck(tmp_path):
-    if knows_model_domain(kvcheck_binary()):
-        new, completed, report = run(tmp_path, [], "--cases", "40")
-    else:  # one property: the first generation meets a cache outside the domain
-        new, completed, report = run(tmp_path, [], "--property", "stored-immutable", "--cases", "20")
+    # The model's domain comes from the adapter's handshake (no --model).
+    completed, report = run(tmp_path, [], "--cases", "40")
     results = verdicts(report)
-    if new:
-        assert completed.returncode == 0, completed.stdout + completed.stderr
-        assert {p["verdict"] for p in results.values()} == {"pass"}, results
-        return
-    # A kvcheck without the model domain: the adapter is accepted, and what
-    # stops the search is a cache outside the model's domain, named.
-    assert completed.returncode == 1, completed.stdout + completed.stderr
-    error = results["engine-error"]
-    assert error["verdict"] == "fail", error
-    assert "OutsideDomain" in error["message"], error["message"]
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert {p["verdict"] for p in results.values()} == {"pass"}, results
+    assert report["domain"] == hf.domain_text(hf.model_domain(hf.tiny_model())).replace(",", " "), report["domain"]
+
+
+def test_the_domain_given_on_the_command_line_is_the_one_searched(tmp_path):
+    domain = hf.domain_text(hf.model_domain(hf.tiny_model()))
+    completed, report = run(tmp_path, [], "--model", domain, "--property", "store-contract", "--cases", "10")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert verdicts(report)["store-contract"]["verdict"] == "pass"
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_each_bug_is_caught_by_the_property_that_names_it(tmp_path, bug):
-    binary = kvcheck_binary()
-    if not knows_model_domain(binary):
-        pytest.skip(f"{binary} has no run --model: it draws caches the model cannot run over")
     if bug in transformers_memory.unavailable_bugs():
         pytest.skip(transformers_memory.unavailable_bugs()[bug])
     prop = BUGS[bug]
-    _, completed, report = run(tmp_path, ["--bug", bug], "--property", prop, "--cases", "400")
+    completed, report = run(tmp_path, ["--bug", bug], "--property", prop, "--cases", "400", "--failures", "1")
     assert completed.returncode == 1, completed.stdout + completed.stderr
     result = verdicts(report)[prop]
     assert result["verdict"] == "fail" and result["fault"] is None, result

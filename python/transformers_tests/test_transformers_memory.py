@@ -81,8 +81,6 @@ def test_the_handshake_carries_the_model_domain_and_honest_capabilities(model):
     assert flags["any_geometry"]  # 2 heads of 8: not kvcheck's default 2x4
     assert not flags["one_sided_layers"] and not flags["legacy_slot_names"] and not flags["uninitialized_layers"]
     assert flags["dump"] and flags["dump_crash"] and flags["metadata"] and not flags["generate_stream"]
-    older = Server(lambda: tma.TransformersMemoryAdapter((), model, layout_capability=False))
-    assert "modern_layout" not in older.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})["capabilities"]
 
 
 def test_a_bug_that_cannot_occur_is_refused_with_the_reason(model):
