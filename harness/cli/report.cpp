@@ -409,8 +409,8 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
         << (interrupted_by != 0 ? "; -: not finished" : "")
         << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"
-           "on each: a trace is counted against the property it breaks first; a FAIL lists up to --failures\n"
-           "distinct failures.\n";
+           "on each: a trace is counted against the property it breaks first; a failing property lists up to\n"
+           "--failures distinct failures.\n";
     out << details(results, false);
     return out.str();
 }
