@@ -192,7 +192,8 @@ class PropertySearch {
   private:
     // A failing trace: an engine error joins its group (the first of a
     // group is shrunk, keeping its shape); a failure of this property not
-    // reported yet is shrunk, keeping its shape, and reported; one of
+    // reported yet (by its shape as found, or as the shrink left a reported
+    // one) is shrunk and reported; one of
     // another property not yet found broken is shrunk and reported to be
     // counted there ("other"). Everything else is passed over: what
     // follows a failure proves nothing.
@@ -206,7 +207,13 @@ class PropertySearch {
                 ++repeats_;
                 return;
             }
-            const FoundFailure found = shrunk(runner, trace, failure, seed, own_found_ == 0 ? ShrinkOptions{}.runs_max : later_shrink_runs_max);
+            // The first shrinks as kvcheck always shrank one (to any failure
+            // of the property: --failures 1 reports what it reported), the
+            // later ones keep their shape within a smaller budget, so that
+            // none shrinks into one already reported.
+            const bool first = own_found_ == 0;
+            const FoundFailure found =
+                shrunk(runner, trace, failure, seed, first ? ShrinkOptions{}.runs_max : later_shrink_runs_max, !first);
             own_.insert(shape);
             own_.insert(failure_shape(found.failure));
             ++own_found_;
@@ -234,9 +241,8 @@ class PropertySearch {
         }
     }
 
-    // The failure shrunk (keeping its shape, unless `keep_shape` is false:
-    // another property's failure shrinks as any of that property) and
-    // pinned to its step.
+    // The failure shrunk (keeping its shape, or, when `keep_shape` is
+    // false, to any failure of its property) and pinned to its step.
     FoundFailure shrunk(const Runner& runner, const Trace& trace, const Failure& failure, std::uint64_t seed,
                         std::size_t runs_max, bool keep_shape = true) const {
         ShrinkOptions shrink;
