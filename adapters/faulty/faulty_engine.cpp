@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,8 @@
 #define KVCHECK_FAULT_NOISY 9
 #define KVCHECK_FAULT_NAME_ESCAPE 10
 #define KVCHECK_FAULT_RESERVE 11
+#define KVCHECK_FAULT_RARE 12
+#define KVCHECK_FAULT_OFTEN 13
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -69,16 +72,31 @@
 #elif KVCHECK_FAULT == KVCHECK_FAULT_RESERVE
 #define KVCHECK_FAULT_NAME "kvcheck-fault-reserve"
 #define KVCHECK_FAULT_WHAT "allocates 8 GiB per call and never touches it"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RARE
+#define KVCHECK_FAULT_NAME "kvcheck-fault-rare"
+#define KVCHECK_FAULT_WHAT "throws on an add of a cache of one head (a few traces in a hundred), in two wordings"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
+#define KVCHECK_FAULT_NAME "kvcheck-fault-often"
+#define KVCHECK_FAULT_WHAT "throws on every get_cache of several ids (most traces)"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
 
 namespace {
 
+// What an engine says when it refuses an odd input, as real code says it:
+// the id quoted, numbers and an address that differ from one raise to the
+// next. kvcheck groups such raises by the message's shape.
+[[maybe_unused]] std::string refusal(const char* what, const std::string& id, std::size_t count, const void* at) {
+    char address[32];
+    std::snprintf(address, sizeof address, "%p", at);
+    return std::string(KVCHECK_FAULT_NAME ": ") + what + " '" + id + "' (" + std::to_string(count) + ") at " + address;
+}
+
 // The leak strikes from the first add on, so that every trace leaks and the
 // leak outgrows a memory limit within a few traces; the others from the
 // third, so that their shrunk trace shows an engine failing in mid-trace.
-constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
+[[maybe_unused]] constexpr int fault_call = KVCHECK_FAULT == KVCHECK_FAULT_LEAK ? 1 : 3;
 [[maybe_unused]] constexpr std::size_t leak_bytes_per_call = std::size_t{64} << 20;
 // Never touched, so never resident: only an address-space limit sees it.
 [[maybe_unused]] constexpr std::size_t reserve_bytes_per_call = std::size_t{8} << 30;
@@ -115,7 +133,7 @@ struct CrashOnLoad {
 [[maybe_unused]] const char hostile_text[] =
     "\"quoted\" <tag attr='x'> & \\ \x01\x02\x07\x08\x0b\x0c\x1b[31mred\x1b[0m \x7f \xff\xfe \x80 \xed\xa0\x80 end";
 
-void inject_fault() {
+[[maybe_unused]] void inject_fault() {
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV || KVCHECK_FAULT == KVCHECK_FAULT_LOAD_SEGV
     write_through_null();
 #elif KVCHECK_FAULT == KVCHECK_FAULT_ABORT
@@ -143,7 +161,7 @@ void inject_fault() {
 
 // The noisy engine writes to both standard streams on every add, as a
 // chatty library would, and with the same hostile text it throws.
-void chatter() {
+[[maybe_unused]] void chatter() {
 #if KVCHECK_FAULT == KVCHECK_FAULT_NOISY
     std::printf("{\"noise\": \"stdout\"} ]} %s\n", hostile_text);
     std::fflush(stdout);
@@ -161,6 +179,24 @@ class FaultyEngine final : public vector_engine::VectorEngine {
   public:
     std::string name() const override { return KVCHECK_FAULT_NAME; }
 
+#if KVCHECK_FAULT == KVCHECK_FAULT_RARE || KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
+    // These raise on some inputs only, as std::invalid_argument, and are
+    // otherwise the vector engine (which passes every property).
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
+        if (KVCHECK_FAULT == KVCHECK_FAULT_RARE && content.heads == 1) {
+            const char* what = content.layout == kvcheck::Layout::legacy ? "no single-head legacy caches, refusing"
+                                                                         : "cannot add a single-head cache";
+            throw std::invalid_argument(refusal(what, id, content.layers.size(), &content));
+        }
+        VectorEngine::add(id, content, metadata);
+    }
+    void get_cache(const std::vector<std::string>& ids, kvcheck::Handle out) override {
+        if (KVCHECK_FAULT == KVCHECK_FAULT_OFTEN && ids.size() > 1) {
+            throw std::invalid_argument(refusal("cannot merge, starting at", ids.front(), ids.size(), &ids));
+        }
+        VectorEngine::get_cache(ids, out);
+    }
+#else
     void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
         armed_ = armed_ || ++adds_ >= fault_call;
         chatter();
@@ -188,6 +224,7 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
     int adds_ = 0;
     bool armed_ = false;
+#endif
 };
 
 }  // namespace

@@ -152,6 +152,8 @@ const std::vector<OptionSpec> run_options = [] {
                         "                             layers=N,heads=N,head_dim=N,dtype=f32[+f16+bf16],layout=modern[+legacy]\n"
                         "                             [,odd_layers=yes|no] (heads, head_dim default 2, 4; odd_layers no)"},
         {"seconds", true, "time per property instead of a case count"},
+        {"failures", true, "distinct failures reported per property (default 3): after a failure, the search goes on\n"
+                           "                             within its budget for failures of other checks or messages, each shrunk"},
         {"report", true, "table (default), json, junit or markdown"},
         {"out", true, "write the report to this file instead of standard output"},
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
@@ -200,6 +202,7 @@ std::vector<Property> chosen_properties(const Options& options) {
 // enough that no value overflows or disables a limit.
 constexpr std::uint64_t cases_max = 1'000'000'000;
 constexpr std::uint64_t jobs_max = 256;
+constexpr std::uint64_t failures_per_property_max = 100;  // --failures: each is shrunk and written
 constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
 constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
 // The shortest --timeout and --total-timeout: the limits are polled every
@@ -226,6 +229,7 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.cases = options.number("cases", conformance.cases, 1, cases_max);
     conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
     if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
+    conformance.failures_max = options.number("failures", conformance.failures_max, 1, failures_per_property_max);
     conformance.properties = chosen_properties(options);
     conformance.limits.silence_seconds =
         options.real("timeout", conformance.limits.silence_seconds, limit_seconds_min, false, operation_seconds_max);
@@ -443,8 +447,10 @@ int command_run(const Args& args) {
         std::cout << usage_of("kvcheck run [--adapter NAME|PATH ...] [--property ID ...] [--seed S] [--cases N | --seconds T]\n"
                               "                   [--report FORMAT] [--out FILE]",
                               "Runs every (or each chosen) property against each adapter, in child processes, and\n"
-                              "reports per property: pass, fail (with the shrunk trace and the command that replays\n"
-                              "it) or skipped. With no --adapter: the reference, every mutant and the Python example\n"
+                              "reports per property: pass, fail (up to --failures distinct failures, each with its shrunk\n"
+                              "trace and the command that replays it), blocked (fewer than 90 % of the traces could be\n"
+                              "judged: the others ended in engine errors, grouped by message under engine-error) or\n"
+                              "skipped. With no --adapter: the reference, every mutant and the Python example\n"
                               "store, a self-check of kvcheck itself, which exits 0 when the reference and the example\n"
                               "pass and every mutant is caught.",
                               run_options);

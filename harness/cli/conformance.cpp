@@ -60,6 +60,7 @@ class Scheduler {
             }
         }
         total_ = pending_.size();
+        errors_.resize(adapters.size());
     }
 
     ConformanceRun run() {
@@ -92,43 +93,113 @@ class Scheduler {
             if (interrupted_by() != 0) return stop();
         }
         settle_elsewhere();
+        settle_engine_errors();
         return {results_, 0};
     }
 
   private:
-    // A failure of another property (or an engine error) found while
-    // searching this one: the first found is kept for that property.
+    // The failure of one found by a search, as the report keeps it.
+    FailureReport report_of(const Task& task, const FoundFailure& found) const {
+        FailureReport report;
+        report.message = found.failure.message;
+        report.also = found.failure.also;
+        report.trace = found.trace;
+        report.found_length = found.found_length;
+        report.found_after = found.cases;
+        report.seed = found.seed;
+        report.searching = property_id(properties_[task.property]);
+        report.shape = failure_shape(found.failure);
+        report.output = found.output;
+        return report;
+    }
+
+    // A failure of another property found while searching this one: the
+    // one found by the search earliest in the run's list of properties is
+    // kept for that property (whichever child finishes first).
     void note_elsewhere(const Task& task, const FoundFailure& found) {
         const auto key = std::make_pair(task.adapter, found.failure.property);
-        if (elsewhere_.count(key) != 0) return;
+        const auto kept = elsewhere_.find(key);
+        if (kept != elsewhere_.end() && kept->second.first <= task.property) return;
         PropertyResult result;
         result.id = found.failure.property;
         result.verdict = "fail";
         result.cases = found.cases;
-        result.found_length = found.found_length;
-        result.message = "found while searching " + std::string(property_id(properties_[task.property])) + ": " +
-                         found.failure.message;
-        result.also = found.failure.also;
-        result.trace = found.trace;
+        FailureReport failure = report_of(task, found);
+        failure.message = "found while searching " + failure.searching + ": " + failure.message;
+        result.failures.push_back(std::move(failure));
         // The engine's output is that of the search that found it (its
         // tail: the search may have gone on past the failure).
         result.engine_output = task.job->output;
         result.output = results_[task.adapter].properties[task.property].output;
-        elsewhere_.emplace(key, std::move(result));
+        elsewhere_[key] = {task.property, std::move(result)};
     }
 
-    // A property whose own search passed, or was cut short, but that another
+    // A property whose own search passed, or was blocked, but that another
     // search found broken, fails with what that search found.
     void settle_elsewhere() {
         for (auto& [key, found] : elsewhere_) {
             AdapterResult& adapter = results_[key.first];
             for (PropertyResult& row : adapter.properties) {
                 if (row.id != key.second || row.verdict == "fail" || row.verdict == "not-run") continue;
-                const double seconds = row.seconds;
-                row = found;
-                row.seconds = seconds;
-                write_trace_file(adapter.adapter, stems_[key.first], row, options_);
+                // What its own search ran and judged stays.
+                const PropertyResult own = row;
+                row = found.second;
+                row.seconds = own.seconds;
+                row.cases = own.cases;
+                row.judged = own.judged;
+                row.repeats = own.repeats;
+                settle_failures(adapter.adapter, stems_[key.first], row, options_);
             }
+        }
+    }
+
+    // An engine-error group a search sent ("engine-error"), with the
+    // engine's output of that search.
+    struct ErrorGroup {
+        std::size_t property = 0;  // the index of the search that found it
+        std::size_t sent = 0;      // its place among the groups that search sent
+        FailureReport failure;
+        std::array<CapturedOutput, 2> engine_output;
+        std::string output;
+    };
+
+    // The engine-error row of each adapter: the groups every search sent,
+    // one per message shape, in the order of the run's properties and of
+    // each search (whichever child finished first), their counts summed;
+    // each keeps the first shrunk trace of its shape.
+    void settle_engine_errors() {
+        for (std::size_t a = 0; a < results_.size(); ++a) {
+            std::vector<ErrorGroup> groups = errors_[a];
+            std::stable_sort(groups.begin(), groups.end(), [](const ErrorGroup& x, const ErrorGroup& y) {
+                return std::make_pair(x.property, x.sent) < std::make_pair(y.property, y.sent);
+            });
+            PropertyResult& row = results_[a].properties.back();
+            if (groups.empty() || row.id != engine_error_id) continue;
+            std::map<std::string, std::size_t> by_shape;
+            row.failures.clear();
+            row.cases = 0;
+            for (const ErrorGroup& group : groups) {
+                row.cases += group.failure.count;
+                const auto [at, added] = by_shape.emplace(group.failure.shape, row.failures.size());
+                if (added) {
+                    row.failures.push_back(group.failure);
+                    if (at->second == 0) {
+                        row.engine_output = group.engine_output;
+                        row.output = group.output;
+                    }
+                    continue;
+                }
+                FailureReport& kept = row.failures[at->second];
+                kept.count += group.failure.count;
+                if (kept.trace.empty() && !group.failure.trace.empty()) {
+                    const std::size_t count = kept.count;
+                    kept = group.failure;
+                    kept.count = count;
+                }
+            }
+            row.verdict = "fail";
+            row.judged = row.cases;
+            settle_failures(results_[a].adapter, stems_[a], row, options_);
         }
     }
 
@@ -146,6 +217,7 @@ class Scheduler {
             result.message = "not started: " + why;
         }
         pending_.clear();
+        settle_engine_errors();
         return {results_, signal};
     }
 
@@ -179,34 +251,41 @@ class Scheduler {
         }
     }
 
+    // A fault: the verdict "fail", the fault first among the failures.
     void collect_fault(const Task& task, PropertyResult& result) {
         const Adapter& adapter = adapters_[task.adapter];
         const Job& job = *task.job;
         const Fault& fault = *job.fault;
         if (fault.kind == "stopped") {
+            if (!result.failures.empty()) return;  // the failures found before: a verdict all the same
             result.verdict = "not-run";
             result.message = "not finished: " + fault.detail + " (after " + std::to_string(job.begins) + " traces)";
             return;
         }
         result.verdict = "fail";
-        result.fault = fault.kind + ": " + fault.detail;
+        FailureReport failure;
+        failure.fault = fault.kind + ": " + fault.detail;
+        failure.searching = result.id;
+        failure.found_after = job.begins;
         const ShrunkFault shrunk = shrink_fault(adapter, job.last_begin, fault, job.last_step,
                                                 PropertySet::only(properties_[task.property]), options_, sandbox_);
-        result.trace = shrunk.trace;
-        result.found_length = static_cast<std::size_t>(std::count(job.last_begin.begin(), job.last_begin.end(), '\n'));
-        result.message = fault_message(fault, step_text(shrunk.trace, shrunk.step));
+        failure.trace = shrunk.trace;
+        failure.found_length = static_cast<std::size_t>(std::count(job.last_begin.begin(), job.last_begin.end(), '\n'));
+        failure.message = fault_message(fault, step_text(shrunk.trace, shrunk.step));
         if (!shrunk.recurred) {
-            result.message += " (it did not recur when this trace ran alone in a fresh engine process: it built up over the " +
-                              std::to_string(job.begins - 1) + " traces that process ran before)";
+            failure.message += " (it did not recur when this trace ran alone in a fresh engine process: it built up over the " +
+                               std::to_string(job.begins - 1) + " traces that process ran before)";
         }
-        if (fault.kind != "hang") return;
-        if (job.limits.silence_seconds < options_.limits.silence_seconds) {
-            result.message += " (the limit was cut from " + seconds_text(options_.limits.silence_seconds) + " s to " +
-                              seconds_text(job.limits.silence_seconds) + " s after the adapter hung on " +
-                              hung_on_[task.adapter] + ": kvcheck fails fast after a hang)";
-        } else {
-            note_hang(task.adapter, result.id);
+        if (fault.kind == "hang") {
+            if (job.limits.silence_seconds < options_.limits.silence_seconds) {
+                failure.message += " (the limit was cut from " + seconds_text(options_.limits.silence_seconds) + " s to " +
+                                   seconds_text(job.limits.silence_seconds) + " s after the adapter hung on " +
+                                   hung_on_[task.adapter] + ": kvcheck fails fast after a hang)";
+            } else {
+                note_hang(task.adapter, result.id);
+            }
         }
+        result.failures.insert(result.failures.begin(), std::move(failure));
     }
 
     void collect(const Task& task, double now) {
@@ -214,30 +293,33 @@ class Scheduler {
         PropertyResult& result = results_[task.adapter].properties[task.property];
         const Job& job = *task.job;
         result.seconds = now - task.started;
-        result.cases = job.begins;
+        result.cases = result.judged = job.begins;
         result.engine_output = job.output;
         if (adapter.take_output) result.output = adapter.take_output(options_.isolate ? job.pid : 0);
         bool counted = false;  // a job that finishes sends "stats" with the traces it ran
+        std::vector<std::size_t> sent;  // the engine-error groups of this search, in errors_
         for (const Message& message : job.messages) {
-            if (message.kind == "pass") {
-                result.verdict = "pass";
-                result.cases = std::stoul(message.payload);
+            if (message.kind == "pass" || message.kind == "fail" || message.kind == "blocked") {
+                const SearchSummary summary = decode_summary(message.payload);
+                result.verdict = message.kind;
+                result.cases = summary.cases;
+                result.judged = summary.judged;
+                result.repeats = summary.repeats;
+                if (message.kind == "blocked") result.message = summary.blocked_by;
+                for (std::size_t i = 0; i < sent.size() && i < summary.group_counts.size(); ++i) {
+                    errors_[task.adapter][sent[i]].failure.count = summary.group_counts[i];
+                }
             } else if (message.kind == "skipped") {
                 result.verdict = "skipped";
                 result.message = message.payload;
-            } else if (message.kind == "fail") {
-                const FoundFailure found = decode(message.payload);
+            } else if (message.kind == "failure") {
                 result.verdict = "fail";
-                result.cases = found.cases;
-                result.found_length = found.found_length;
-                result.message = found.failure.property == result.id
-                                     ? found.failure.message
-                                     : found.failure.property + ": " + found.failure.message;
-                result.also = found.failure.also;
-                result.trace = found.trace;
-            } else if (message.kind == "blocked") {
-                result.verdict = "blocked";
-                result.message = message.payload;
+                result.failures.push_back(report_of(task, decode(message.payload)));
+            } else if (message.kind == "engine-error") {
+                ErrorGroup group{task.property, sent.size(), report_of(task, decode(message.payload)), job.output, result.output};
+                group.failure.message = "found while searching " + group.failure.searching + ": " + group.failure.message;
+                sent.push_back(errors_[task.adapter].size());
+                errors_[task.adapter].push_back(std::move(group));
             } else if (message.kind == "other") {
                 note_elsewhere(task, decode(message.payload));
             } else if (message.kind == "domain") {
@@ -247,8 +329,11 @@ class Scheduler {
                 counted = true;
             } else if (message.kind == "error") {
                 result.verdict = "fail";
-                result.fault = "error: " + one_line(message.payload);
-                result.message = "the adapter failed outside any trace: " + one_line(message.payload);
+                FailureReport failure;
+                failure.fault = "error: " + one_line(message.payload);
+                failure.message = "the adapter failed outside any trace: " + one_line(message.payload);
+                failure.searching = result.id;
+                result.failures.insert(result.failures.begin(), std::move(failure));
             }
         }
         // One that crashed, hung or was interrupted sent none: the traces
@@ -256,7 +341,7 @@ class Scheduler {
         if (!counted) results_[task.adapter].traces += job.begins;
         if (job.fault) collect_fault(task, result);
         if (result.verdict != "fail") result.output.clear();  // shown with a failure only
-        if (result.verdict == "fail" && !result.trace.empty()) write_trace_file(adapter, stems_[task.adapter], result, options_);
+        if (result.verdict == "fail") settle_failures(adapter, stems_[task.adapter], result, options_);
         ++finished_;
         if (options_.progress) {
             const std::string verdict = result.fault.empty() ? result.verdict : "FAULT";
@@ -282,7 +367,9 @@ class Scheduler {
     std::size_t name_width_ = 10;
     std::size_t total_ = 0;
     std::size_t finished_ = 0;
-    std::map<std::pair<std::size_t, std::string>, PropertyResult> elsewhere_;  // (adapter, property id)
+    // (adapter, property id) -> the index of the search that found it, and what it found
+    std::map<std::pair<std::size_t, std::string>, std::pair<std::size_t, PropertyResult>> elsewhere_;
+    std::vector<std::vector<ErrorGroup>> errors_;  // per adapter: the engine-error groups sent, as collected
 };
 
 }  // namespace

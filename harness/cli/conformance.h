@@ -10,6 +10,7 @@
 #include "sandbox.h"
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@ struct ConformanceOptions {
     double seconds = 0;       // time per property instead of a case count
     std::vector<Property> properties;  // empty: all
     Limits limits;
+    std::size_t failures_max = 3;  // distinct failures reported per property (--failures)
     std::size_t jobs = 2;     // child processes at once
     bool isolate = true;
     std::string trace_dir = "kvcheck-traces";  // must exist and be writable (the commands check it first)
@@ -34,14 +36,41 @@ struct ConformanceOptions {
     std::optional<ModelDomain> model;
 };
 
+// One distinct failure of a property (another failing check, or another
+// message shape), or a fault; under engine-error, one group of engine
+// errors of one message shape.
+struct FailureReport {
+    std::string message;
+    std::vector<std::string> also; // other properties violated at the failing step
+    std::string fault;             // "", or "crash: SIGSEGV", ... (see PropertyResult::fault)
+    std::string trace;             // the shrunk failing trace; "" for an engine-error group not shrunk
+    std::size_t found_length = 0;  // operations before shrinking
+    std::size_t found_after = 0;   // traces its search had run when it was found, its own included
+    std::uint64_t seed = 0;        // the seed of the trace it was found in (0: unknown)
+    std::size_t count = 1;         // traces that failed this way (an engine-error group's size)
+    std::string searching;         // the property whose search found it
+    std::string shape;             // its identity (kvcheck::failure_shape)
+    std::string trace_file;        // where the trace was written
+    std::string trace_file_error;  // why it could not be (then there is no reproduce command)
+    std::string reproduce;         // the command that replays it
+    std::string output;            // an out-of-process engine's output while its trace ran, as found
+};
+
 struct PropertyResult {
     std::string id;
-    // "pass", "fail", "skipped", "blocked" (the search was cut short by an
-    // engine error, reported under engine-error) or "not-run" (the run was
-    // interrupted before this property finished).
+    // "pass", "fail", "skipped", "blocked" (fewer than 90 % of the search's
+    // traces could be judged: the others ended in engine errors, reported
+    // under engine-error) or "not-run" (the run was interrupted before this
+    // property finished).
     std::string verdict = "pass";
     std::size_t cases = 0;
+    std::size_t judged = 0;   // of the cases, those not ended by an engine error
+    std::size_t repeats = 0;  // failing traces passed over: they failed as a failure reported did
     double seconds = 0;
+    // Every distinct failure, a fault first; under engine-error, the groups.
+    // The fields below, from message to reproduce, are the first's (the
+    // report's shape before several failures were kept).
+    std::vector<FailureReport> failures;
     std::string message;           // the failure, fault or skip reason
     std::vector<std::string> also; // other properties violated at the failing step
     std::string fault;             // "", or "crash: SIGSEGV", "hang: ...", "memory: ...", "exit: ...", "time: ..."

@@ -16,26 +16,47 @@ namespace kvcheck::cli {
 
 namespace fs = std::filesystem;
 
-// Writes the failing trace of `result` to <trace dir>/<stem>-<property>.trace.
-// The reproduce command names the file only once it is written.
-void write_trace_file(const Adapter& adapter, const std::string& stem, PropertyResult& result,
-                      const ConformanceOptions& options) {
-    const std::string file = options.trace_dir + "/" + stem + "-" + result.id + ".trace";
-    const std::string reproduce = replay_command(adapter, file, parse_property(result.id));
+// Writes the trace of `failure`, the `ordinal`-th (from 0) of `property`, to
+// <trace dir>/<stem>-<property>.trace (the first) or ...-<property>-<n>.trace
+// (the n-th). The reproduce command names the file only once it is written.
+void write_trace_file(const Adapter& adapter, const std::string& stem, const std::string& property, std::size_t ordinal,
+                      FailureReport& failure, const ConformanceOptions& options) {
+    const std::string file = options.trace_dir + "/" + stem + "-" + property +
+                             (ordinal == 0 ? "" : "-" + std::to_string(ordinal + 1)) + ".trace";
+    const std::string reproduce = replay_command(adapter, file, parse_property(property));
     std::error_code error;
     fs::create_directories(options.trace_dir, error);  // made by TraceDir, unless removed since
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out << "# kvcheck: " << (result.fault.empty() ? result.id + " fails" : "fault (" + printable(result.fault, 200) + ")")
-        << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(result.message, 2000) << "\n# seed "
+    out << "# kvcheck: " << (failure.fault.empty() ? property + " fails" : "fault (" + printable(failure.fault, 200) + ")")
+        << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(failure.message, 2000) << "\n# seed "
         << options.seed << "\n# reproduce: " << reproduce << "\n"
-        << result.trace;
+        << failure.trace;
     out.close();
     if (!out) {
-        result.trace_file_error = "cannot write " + file + ": " + std::strerror(errno);
+        failure.trace_file_error = "cannot write " + file + ": " + std::strerror(errno);
         return;
     }
-    result.trace_file = file;
-    result.reproduce = reproduce;
+    failure.trace_file = file;
+    failure.reproduce = reproduce;
+}
+
+void settle_failures(const Adapter& adapter, const std::string& stem, PropertyResult& result,
+                     const ConformanceOptions& options) {
+    std::size_t ordinal = 0;
+    for (FailureReport& failure : result.failures) {
+        if (!failure.trace.empty()) write_trace_file(adapter, stem, result.id, ordinal++, failure, options);
+    }
+    if (result.failures.empty()) return;
+    const FailureReport& first = result.failures.front();
+    result.message = first.message;
+    result.also = first.also;
+    result.fault = first.fault;
+    result.trace = first.trace;
+    result.found_length = first.found_length;
+    result.trace_file = first.trace_file;
+    result.trace_file_error = first.trace_file_error;
+    result.reproduce = first.reproduce;
+    if (!first.output.empty()) result.output = first.output;  // the failing trace's, not the search's last
 }
 
 // The operation at `step` of the trace text, for messages: "step 3 (add)".

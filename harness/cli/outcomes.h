@@ -16,10 +16,18 @@
 
 namespace kvcheck::cli {
 
-// Writes the failing trace of `result` to <trace dir>/<stem>-<property>.trace
-// and sets its trace_file and reproduce command, or trace_file_error.
-void write_trace_file(const Adapter& adapter, const std::string& stem, PropertyResult& result,
-                      const ConformanceOptions& options);
+// Writes the trace of `failure`, the `ordinal`-th (from 0) of `property`, to
+// <trace dir>/<stem>-<property>.trace, or <stem>-<property>-<ordinal + 1>.trace
+// after the first, and sets its trace_file and reproduce command, or
+// trace_file_error.
+void write_trace_file(const Adapter& adapter, const std::string& stem, const std::string& property, std::size_t ordinal,
+                      FailureReport& failure, const ConformanceOptions& options);
+
+// Writes the trace of each of the result's failures that has one, in
+// order, and sets the result's top-level fields (message ... reproduce, and
+// the engine's output when the first has it) to its first failure's.
+void settle_failures(const Adapter& adapter, const std::string& stem, PropertyResult& result,
+                     const ConformanceOptions& options);
 
 // The operation at `step` of the trace text, for messages: " at step 3 (add)".
 std::string step_text(const std::string& trace_text, std::optional<std::size_t> step);

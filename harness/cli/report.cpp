@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include "interrupt.h"
+#include "search_job.h"
 #include "text.h"
 
 #include <algorithm>
@@ -15,6 +16,11 @@ namespace {
 constexpr std::size_t engine_lines_max = 8;
 
 std::string json_or_null(const std::string& text) { return text.empty() ? "null" : json_string(text); }
+
+// " (12 traces)" for an engine-error group of several traces.
+std::string count_note(const FailureReport& f) {
+    return f.count > 1 ? " (" + std::to_string(f.count) + " traces)" : "";
+}
 
 std::string seconds_text(double seconds) {
     char text[32];
@@ -76,6 +82,23 @@ std::string json_output(const std::array<CapturedOutput, 2>& output) {
            ", \"stderr\": " + json_string(output[1].tail) + ", \"stderr_bytes\": " + std::to_string(output[1].bytes) + "}";
 }
 
+std::string json_list(const std::vector<std::string>& texts) {
+    std::string list;
+    for (const std::string& text : texts) list += (list.empty() ? "" : ", ") + json_string(text);
+    return "[" + list + "]";
+}
+
+std::string json_failure(const FailureReport& f) {
+    std::ostringstream out;
+    out << "{\"message\": " << json_or_null(f.message) << ", \"also\": " << json_list(f.also)
+        << ", \"fault\": " << json_or_null(f.fault) << ", \"trace\": " << json_or_null(f.trace)
+        << ", \"found_length\": " << f.found_length << ", \"found_after\": " << f.found_after << ", \"seed\": " << f.seed
+        << ", \"count\": " << f.count << ", \"found_while_searching\": " << json_or_null(f.searching)
+        << ", \"trace_file\": " << json_or_null(f.trace_file) << ", \"trace_file_error\": " << json_or_null(f.trace_file_error)
+        << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_or_null(f.output) << "}";
+    return out.str();
+}
+
 std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
     std::ostringstream out;
     out << "    {\"adapter\": " << json_string(result.adapter.name) << ", \"source\": " << json_string(result.adapter.source)
@@ -88,17 +111,17 @@ std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
     out << "}, \"properties\": [";
     for (std::size_t i = 0; i < result.properties.size(); ++i) {
         const PropertyResult& p = result.properties[i];
-        std::string also;
-        for (const std::string& other : p.also) also += (also.empty() ? "" : ", ") + json_string(other);
         out << (i ? "," : "") << "\n      {\"id\": " << json_string(p.id) << ", \"verdict\": " << json_string(p.verdict)
-            << ", \"cases\": " << p.cases << ", \"seconds\": " << seconds_text(p.seconds)
+            << ", \"cases\": " << p.cases << ", \"judged\": " << p.judged << ", \"repeats\": " << p.repeats
+            << ", \"seconds\": " << seconds_text(p.seconds)
             << ", \"trace\": " << json_or_null(p.trace) << ", \"found_length\": " << p.found_length
-            << ", \"message\": " << json_or_null(p.message) << ", \"also\": [" << also << "]"
+            << ", \"message\": " << json_or_null(p.message) << ", \"also\": " << json_list(p.also)
             << ", \"fault\": " << json_or_null(p.fault) << ", \"trace_file\": " << json_or_null(p.trace_file)
             << ", \"trace_file_error\": " << json_or_null(p.trace_file_error)
             << ", \"reproduce\": " << json_or_null(p.reproduce) << ", \"engine_output\": " << json_output(p.engine_output)
-            << ", \"output\": " << json_or_null(p.output)
-            << "}";
+            << ", \"output\": " << json_or_null(p.output) << ", \"failures\": [";
+        for (std::size_t f = 0; f < p.failures.size(); ++f) out << (f ? ", " : "") << json_failure(p.failures[f]);
+        out << "]}";
     }
     out << "\n    ]}";
     return out.str();
@@ -120,6 +143,19 @@ std::string render_json(const std::vector<AdapterResult>& results, std::uint64_t
     return out.str();
 }
 
+// A failing testcase's text: every failure (the first is the message's),
+// each with its trace and the command that replays it.
+std::string junit_body(const PropertyResult& p) {
+    if (p.failures.size() <= 1) return p.trace + (p.reproduce.empty() ? "" : "reproduce: " + p.reproduce);
+    std::string body;
+    for (std::size_t i = 0; i < p.failures.size(); ++i) {
+        const FailureReport& f = p.failures[i];
+        body += "failure " + std::to_string(i + 1) + " of " + std::to_string(p.failures.size()) + count_note(f) + ": " +
+                printable(f.message, 2000) + "\n" + f.trace + (f.reproduce.empty() ? "" : "reproduce: " + f.reproduce + "\n");
+    }
+    return body;
+}
+
 std::string render_junit(const std::vector<AdapterResult>& results, int interrupted_by) {
     std::ostringstream out;
     out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kvcheck\">\n";
@@ -129,7 +165,8 @@ std::string render_junit(const std::vector<AdapterResult>& results, int interrup
         for (const auto& p : result.properties) time += p.seconds;
         // JUnit has no "not run": those count as skipped, with a message.
         out << "  <testsuite name=\"" << xml_text(result.adapter.name, true) << "\" tests=\"" << result.properties.size()
-            << "\" failures=\"" << counts.fail + counts.fault << "\" skipped=\"" << counts.skipped + counts.not_run
+            << "\" failures=\"" << counts.fail + counts.fault << "\" errors=\"" << counts.blocked
+            << "\" skipped=\"" << counts.skipped + counts.not_run
             << "\" time=\"" << seconds_text(time) << "\">\n";
         if (interrupted_by != 0) {
             out << "    <properties><property name=\"kvcheck.complete\" value=\"false\"/><property name=\"kvcheck.interrupted_by\" "
@@ -140,8 +177,9 @@ std::string render_junit(const std::vector<AdapterResult>& results, int interrup
                 << "\" time=\"" << seconds_text(p.seconds) << "\">";
             if (p.verdict == "fail") {
                 out << "\n      <failure message=\"" << xml_text(p.message, true) << "\" type=\""
-                    << (p.fault.empty() ? "property" : "fault") << "\">" << xml_text(p.trace)
-                    << (p.reproduce.empty() ? "" : "reproduce: " + xml_text(p.reproduce)) << "</failure>";
+                    << (p.fault.empty() ? "property" : "fault") << "\">" << xml_text(junit_body(p)) << "</failure>";
+            } else if (p.verdict == "blocked") {
+                out << "\n      <error message=\"" << xml_text(p.message, true) << "\" type=\"blocked\"/>";
             } else if (p.verdict == "skipped" || p.verdict == "not-run") {
                 out << "\n      <skipped message=\"" << xml_text(p.message, true) << "\"/>";
             }
@@ -217,34 +255,82 @@ std::size_t operations_in(const std::string& trace) {
     return static_cast<std::size_t>(std::count(trace.begin(), trace.end(), '\n'));
 }
 
+// The details' heading words after "adapter / property".
+std::string heading(const PropertyResult& p) {
+    if (p.id == engine_error_id && !p.failures.empty()) {
+        return " (" + std::to_string(p.failures.size()) + (p.failures.size() == 1 ? " group" : " groups") + " by message, " +
+               std::to_string(p.cases) + " traces)";
+    }
+    if (p.failures.size() > 1) return " (" + std::to_string(p.failures.size()) + " distinct failures)";
+    return "";
+}
+
+// What the search judged, when engine errors or repeats are worth a line.
+std::string judged_note(const PropertyResult& p) {
+    std::string note;
+    if (p.id != engine_error_id && p.verdict != "blocked" && p.judged < p.cases) {
+        note += "judged on " + std::to_string(p.judged) + " of " + std::to_string(p.cases) +
+                " traces: the others ended in an engine error (see engine-error)";
+    }
+    if (p.repeats > 0) {
+        note += std::string(note.empty() ? "" : "; ") + std::to_string(p.repeats) +
+                (p.repeats == 1 ? " more trace" : " more traces") + " failed as one above (passed over)";
+    }
+    return note;
+}
+
+std::string shrunk_note(const FailureReport& f) {
+    if (f.trace.empty()) {
+        return "not shrunk (only the first " + std::to_string(error_groups_shrunk_max) + " groups of a search are): seed " +
+               std::to_string(f.seed) + ", trace " + std::to_string(f.found_after) + " of the search";
+    }
+    std::string note = "shrunk from " + std::to_string(f.found_length) + " to " + std::to_string(operations_in(f.trace)) +
+                       " operations, found after " + std::to_string(f.found_after) + " traces";
+    return f.seed != 0 ? note + " (seed " + std::to_string(f.seed) + ")" : note;
+}
+
+std::string failure_text(const PropertyResult& p, const FailureReport& f) {
+    std::ostringstream out;
+    out << "ERROR: " << p.id << ": " << printable(f.message, 2000) << count_note(f) << "\n";
+    for (const std::string& other : f.also) out << "also: " << printable(other, 2000) << "\n";
+    out << f.trace;
+    if (!f.trace.empty() || f.seed != 0) out << shrunk_note(f) << "\n";
+    if (!f.reproduce.empty()) out << "reproduce: " << f.reproduce << "\n";
+    if (!f.trace_file_error.empty()) out << "the trace was not written: " << printable(f.trace_file_error, 400) << "\n";
+    return out.str();
+}
+
 std::string details_text(const AdapterResult& result, const PropertyResult& p) {
     std::ostringstream out;
-    out << "\n== " << printable(result.adapter.name, 200) << " / " << p.id << "\n";
-    out << "ERROR: " << p.id << ": " << printable(p.message, 2000) << "\n";
-    for (const std::string& other : p.also) out << "also: " << printable(other, 2000) << "\n";
-    if (!p.trace.empty()) {
-        out << p.trace;
-        out << "shrunk from " << p.found_length << " to " << operations_in(p.trace) << " operations, found after "
-            << p.cases << " traces\n";
-    }
-    if (!p.reproduce.empty()) out << "reproduce: " << p.reproduce << "\n";
-    if (!p.trace_file_error.empty()) out << "the trace was not written: " << printable(p.trace_file_error, 400) << "\n";
+    out << "\n== " << printable(result.adapter.name, 200) << " / " << p.id << heading(p) << "\n";
+    if (p.verdict == "blocked") out << "BLOCKED: " << p.id << ": " << printable(p.message, 2000) << "\n";
+    for (std::size_t i = 0; i < p.failures.size(); ++i) out << (i ? "\n" : "") << failure_text(p, p.failures[i]);
+    if (p.verdict == "fail" && p.failures.empty()) out << "ERROR: " << p.id << ": " << printable(p.message, 2000) << "\n";
+    const std::string note = judged_note(p);
+    if (!note.empty()) out << note << "\n";
     out << engine_output_text(p.engine_output, p.output, engine_lines_max);
+    return out.str();
+}
+
+std::string failure_markdown(const PropertyResult& p, const FailureReport& f) {
+    std::ostringstream out;
+    out << "- **ERROR**: " << p.id << ": " << markdown_text(f.message) << count_note(f) << "\n";
+    for (const std::string& other : f.also) out << "- also: " << markdown_text(other) << "\n";
+    if (!f.trace.empty() || f.seed != 0) out << "- " << shrunk_note(f) << "\n";
+    if (!f.reproduce.empty()) out << "- reproduce: `" << f.reproduce << "`\n";
+    if (!f.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(f.trace_file_error) << "\n";
+    if (!f.trace.empty()) out << "\n```\n" << f.trace << "```\n";
     return out.str();
 }
 
 std::string details_markdown(const AdapterResult& result, const PropertyResult& p) {
     std::ostringstream out;
-    out << "\n### " << markdown_text(result.adapter.name) << " / " << p.id << "\n\n";
-    out << "- **ERROR**: " << p.id << ": " << markdown_text(p.message) << "\n";
-    for (const std::string& other : p.also) out << "- also: " << markdown_text(other) << "\n";
-    if (!p.trace.empty()) {
-        out << "- shrunk from " << p.found_length << " to " << operations_in(p.trace) << " operations, found after "
-            << p.cases << " traces\n";
-    }
-    if (!p.reproduce.empty()) out << "- reproduce: `" << p.reproduce << "`\n";
-    if (!p.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(p.trace_file_error) << "\n";
-    if (!p.trace.empty()) out << "\n```\n" << p.trace << "```\n";
+    out << "\n### " << markdown_text(result.adapter.name) << " / " << p.id << markdown_text(heading(p)) << "\n\n";
+    if (p.verdict == "blocked") out << "- **BLOCKED**: " << p.id << ": " << markdown_text(p.message) << "\n";
+    for (std::size_t i = 0; i < p.failures.size(); ++i) out << (i ? "\n" : "") << failure_markdown(p, p.failures[i]);
+    if (p.verdict == "fail" && p.failures.empty()) out << "- **ERROR**: " << p.id << ": " << markdown_text(p.message) << "\n";
+    const std::string note = judged_note(p);
+    if (!note.empty()) out << "\n" << markdown_text(note) << "\n";
     const CapturedOutput& err = p.engine_output[1];
     if (err.bytes > 0) {
         const std::string text = last_lines(err.tail, engine_lines_max);
@@ -254,11 +340,17 @@ std::string details_markdown(const AdapterResult& result, const PropertyResult& 
     return out.str();
 }
 
+// A property's details: its failures, why it is blocked, or how much of
+// its search could be judged when not all of it could.
+bool has_details(const PropertyResult& p) {
+    return p.verdict == "fail" || p.verdict == "blocked" || (p.verdict == "pass" && !judged_note(p).empty());
+}
+
 std::string details(const std::vector<AdapterResult>& results, bool markdown) {
     std::string out;
     for (const AdapterResult& result : results) {
         for (const PropertyResult& p : result.properties) {
-            if (p.verdict == "fail") out += markdown ? details_markdown(result, p) : details_text(result, p);
+            if (has_details(p)) out += markdown ? details_markdown(result, p) : details_text(result, p);
         }
     }
     return out;
@@ -340,8 +432,10 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
            "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs"
         << (interrupted_by != 0 ? "; -: not finished" : "")
-        << ";\nblocked: an engine error cut the search short. Each property searches traces of its own, with every\n"
-           "property checked on each: a trace is counted against the property it breaks first.\n";
+        << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
+           "by message under engine-error). Each property searches traces of its own, with every property checked\n"
+           "on each: a trace is counted against the property it breaks first; a failing property lists up to\n"
+           "--failures distinct failures.\n";
     out << details(results, false);
     return out.str();
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -54,7 +56,7 @@ std::string encode(const FoundFailure& found) {
     out << "cases " << found.cases << "\nfound " << found.found_length << "\nstep " << found.failure.step
         << "\nproperty " << found.failure.property << "\nmessage " << escape_lines(found.failure.message) << "\n";
     for (const std::string& other : found.failure.also) out << "also " << escape_lines(other) << "\n";
-    out << "trace\n" << found.trace;
+    out << "seed " << found.seed << "\noutput " << escape_lines(found.output) << "\ntrace\n" << found.trace;
     return out.str();
 }
 
@@ -72,9 +74,36 @@ FoundFailure decode(const std::string& payload) {
         if (key == "property") found.failure.property = value;
         if (key == "message") found.failure.message = unescape_lines(value);
         if (key == "also") found.failure.also.push_back(unescape_lines(value));
+        if (key == "seed") found.seed = std::stoull(value);
+        if (key == "output") found.output = unescape_lines(value);
     }
     found.trace.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     return found;
+}
+
+std::string encode(const SearchSummary& summary) {
+    std::ostringstream out;
+    out << "cases " << summary.cases << "\njudged " << summary.judged << "\nrepeats " << summary.repeats << "\n";
+    for (const std::size_t count : summary.group_counts) out << "group " << count << "\n";
+    if (!summary.blocked_by.empty()) out << "blocked-by " << escape_lines(summary.blocked_by) << "\n";
+    return out.str();
+}
+
+SearchSummary decode_summary(const std::string& payload) {
+    SearchSummary summary;
+    std::istringstream in(payload);
+    std::string line;
+    while (std::getline(in, line)) {
+        const std::size_t space = line.find(' ');
+        const std::string key = line.substr(0, space);
+        const std::string value = space == std::string::npos ? "" : line.substr(space + 1);
+        if (key == "cases") summary.cases = std::stoul(value);
+        if (key == "judged") summary.judged = std::stoul(value);
+        if (key == "repeats") summary.repeats = std::stoul(value);
+        if (key == "group") summary.group_counts.push_back(std::stoul(value));
+        if (key == "blocked-by") summary.blocked_by = unescape_lines(value);
+    }
+    return summary;
 }
 
 // ---- the child's work -------------------------------------------------------------
@@ -128,14 +157,170 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
     }
 }
 
-// Searches seeded traces for a violation of one property: the property's
+namespace {
+
+// One search's bookkeeping: the failures it reported, by identity
+// (failure_shape), and the engine errors it met, by group.
+class PropertySearch {
+  public:
+    PropertySearch(const Adapter& adapter, Property property, std::size_t index, const ConformanceOptions& options,
+                   Channel& out)
+        : adapter_(adapter), property_(property), index_(index), options_(options), out_(out) {}
+
+    void run(PropertySet checked, const WorkloadOptions& workload) {
+        model_ = workload.capabilities.model;  // what the search draws in, the shrinker keeps to
+        Runner runner = runner_for(adapter_, checked, out_);
+        const double start = monotonic_seconds();
+        while (own_found_ < std::max<std::size_t>(options_.failures_max, 1)) {
+            const bool spent = options_.seconds > 0 ? monotonic_seconds() - start >= options_.seconds : cases_ >= options_.cases;
+            if (spent) break;
+            const std::uint64_t seed = trace_seed(options_.seed, index_, cases_);
+            const Trace trace = trace_for_seed(seed, workload);
+            const RunResult run = runner.run(trace);
+            ++cases_;
+            coverage_.add(run.coverage);
+            if (run.failure) triage(runner, trace, *run.failure, seed);
+        }
+        finish();
+    }
+
+  private:
+    // A failing trace: an engine error joins its group (the first of a
+    // group is shrunk, keeping its shape); a failure of this property not
+    // reported yet (by its shape as found, or as the shrink left a reported
+    // one) is shrunk and reported; one of
+    // another property not yet found broken is shrunk and reported to be
+    // counted there ("other"). Everything else is passed over: what
+    // follows a failure proves nothing.
+    void triage(const Runner& runner, const Trace& trace, const Failure& failure, std::uint64_t seed) {
+        const std::string shape = failure_shape(failure);
+        if (failure.property == engine_error_id) {
+            ++errors_;
+            engine_error(runner, trace, failure, shape, seed);
+        } else if (parse_property(failure.property) == property_) {
+            if (own_.count(shape) != 0) {
+                ++repeats_;
+                return;
+            }
+            // The first shrinks as kvcheck always shrank one (to any failure
+            // of the property: --failures 1 reports what it reported), the
+            // later ones keep their shape within a smaller budget, so that
+            // none shrinks into one already reported.
+            const bool first = own_found_ == 0;
+            const FoundFailure found =
+                shrunk(runner, trace, failure, seed, first ? ShrinkOptions{}.runs_max : later_shrink_runs_max, !first);
+            own_.insert(shape);
+            own_.insert(failure_shape(found.failure));
+            ++own_found_;
+            out_.send("failure", encode(found));
+        } else if (others_.insert(failure.property).second) {
+            out_.send("other", encode(shrunk(runner, trace, failure, seed, ShrinkOptions{}.runs_max, false)));
+        }
+    }
+
+    void engine_error(const Runner& runner, const Trace& trace, const Failure& failure, const std::string& shape,
+                      std::uint64_t seed) {
+        const auto known = groups_.find(shape);
+        if (known != groups_.end()) {
+            ++counts_[known->second];
+            return;
+        }
+        groups_.emplace(shape, counts_.size());
+        counts_.push_back(1);
+        firsts_.push_back({cases_, seed, shape});
+        if (counts_.size() <= error_groups_shrunk_max) {
+            out_.send("engine-error", encode(shrunk(runner, trace, failure, seed, later_shrink_runs_max)));
+        } else {
+            const std::string output = adapter_.take_output ? adapter_.take_output(0) : "";
+            out_.send("engine-error", encode(FoundFailure{cases_, trace.size(), failure, "", seed, output}));
+        }
+    }
+
+    // The failure shrunk (keeping its shape, or, when `keep_shape` is
+    // false, to any failure of its property) and pinned to its step.
+    FoundFailure shrunk(const Runner& runner, const Trace& trace, const Failure& failure, std::uint64_t seed,
+                        std::size_t runs_max, bool keep_shape = true) const {
+        ShrinkOptions shrink;
+        shrink.runs_max = runs_max;
+        shrink.model = model_;
+        if (keep_shape) {
+            const std::string shape = failure_shape(failure);
+            shrink.keeps = [shape](const Failure& candidate) { return failure_shape(candidate) == shape; };
+        }
+        // What the engine said while the trace ran, before the shrink's
+        // runs replace it.
+        const std::string output = adapter_.take_output ? adapter_.take_output(0) : "";
+        const Finding finding = shrink_failure(runner, trace, failure, shrink);
+        return {cases_, trace.size(), finding.reported, format_trace(finding.shrunk.trace), seed, output};
+    }
+
+    // The verdict: fail when a failure of this property was found; else
+    // blocked when engine errors ended more than the share of traces a
+    // verdict may leave unjudged; else pass.
+    void finish() {
+        SearchSummary summary;
+        summary.cases = cases_;
+        summary.judged = cases_ - errors_;
+        summary.repeats = repeats_;
+        summary.group_counts = counts_;
+        const bool blocked = cases_ > 0 && static_cast<double>(summary.judged) < judged_share_min * static_cast<double>(cases_);
+        if (blocked && own_found_ == 0) summary.blocked_by = blocked_by(summary.judged);
+        out_.send("stats", encode_stats(cases_, coverage_));
+        out_.send(own_found_ > 0 ? "fail" : blocked ? "blocked" : "pass", encode(summary));
+    }
+
+    // Why a search is blocked: the group that ended most traces (the
+    // first found, of equal counts) and the first trace it ended.
+    std::string blocked_by(std::size_t judged) const {
+        std::size_t most = 0;
+        for (std::size_t i = 1; i < counts_.size(); ++i) {
+            if (counts_[i] > counts_[most]) most = i;
+        }
+        const First& first = firsts_[most];
+        std::ostringstream out;
+        out << "only " << judged << " of " << cases_ << " traces could be judged (at least "
+            << static_cast<int>(judged_share_min * 100) << " % must be): " << errors_ << " ended in an engine error; "
+            << counts_[most] << " of them in the group \"" << first.shape << "\", first at trace " << first.trace
+            << " of this search (seed " << first.seed << "; see engine-error)";
+        return out.str();
+    }
+
+    struct First {
+        std::size_t trace = 0;  // 1-based, in this search
+        std::uint64_t seed = 0;
+        std::string shape;
+    };
+
+    const Adapter& adapter_;
+    const Property property_;
+    const std::size_t index_;
+    const ConformanceOptions& options_;
+    Channel& out_;
+    ModelDomain model_;  // the domain searched (the engine's, or --model)
+    std::size_t cases_ = 0;
+    std::size_t errors_ = 0;   // traces ended by an engine error
+    std::size_t repeats_ = 0;  // traces that failed as a reported failure of this property did
+    std::size_t own_found_ = 0;
+    Coverage coverage_;
+    std::set<std::string> own_;     // shapes of this property's failures reported, as found and as shrunk
+    std::set<std::string> others_;  // other properties found broken
+    std::map<std::string, std::size_t> groups_;  // engine-error shape -> its group
+    std::vector<std::size_t> counts_;             // per group: traces
+    std::vector<First> firsts_;                   // per group: its first trace
+};
+
+}  // namespace
+
+// Searches seeded traces for violations of one property: the property's
 // own traces (stream `index` of the run's seed: kvcheck::trace_seed), with every property the engine can be judged
-// on checked on each, so that a trace is blamed on what it breaks first.
-// Another property found broken is reported as such ("other"), and the
-// search goes on for this one, passing over the traces that break a
-// property already found broken first (what follows such a break proves
-// nothing); an engine error ends it ("blocked": the property could not be
-// judged past it).
+// on checked on each, so that a trace is blamed on what it breaks first
+// (PropertySearch::triage). Engine errors never end a search: each is
+// counted in its group (by message shape), and the property is judged on
+// the other traces, "blocked" only when fewer than judged_share_min of
+// them could be judged. After a failure of this property the search goes
+// on, within the same budget of traces or seconds, for failures that
+// differ from those reported (another shape), until options.failures_max
+// are found.
 void search_property(const Adapter& adapter, Property property, std::size_t index, const ConformanceOptions& options,
                      Channel& out) {
     const std::shared_ptr<Engine> probe = adapter.make();
@@ -154,47 +339,7 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     }
     out.send("domain", domain_text(workload.capabilities.model));
     workload.dump_kill = property == Property::dump_safe;
-    const PropertySet checked = checkable(capabilities);
-    std::vector<std::string> known;  // the properties found broken so far
-    const double start = monotonic_seconds();
-    std::size_t cases = 0;
-    Coverage coverage;
-    const auto finish = [&](const std::string& kind, const std::string& payload) {
-        out.send("stats", encode_stats(cases, coverage));
-        out.send(kind, payload);
-    };
-    for (;;) {
-        Budget budget{options.seed, index, cases, options.cases > cases ? options.cases - cases : 0, 0};
-        if (options.seconds > 0) {
-            budget.seconds = options.seconds - (monotonic_seconds() - start);
-            if (budget.seconds <= 0) break;
-        } else if (budget.cases == 0) {
-            break;
-        }
-        Runner runner = runner_for(adapter, checked, out);
-        runner.passes_over = [&known](const Failure& failure) {
-            return std::find(known.begin(), known.end(), failure.property) != known.end();
-        };
-        const SearchResult result = search(runner, budget, workload);
-        cases += result.cases;
-        coverage.add(result.coverage);
-        if (!result.finding) break;
-        const Finding& finding = *result.finding;
-        const FoundFailure found{cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)};
-        const std::optional<Property> broken = parse_property(finding.reported.property);
-        if (broken == property) {
-            finish("fail", encode(found));
-            return;
-        }
-        out.send("other", encode(found));
-        if (!broken) {
-            finish("blocked", "the engine errors (see engine-error) at trace " + std::to_string(cases) +
-                                  " of the search; this property was not judged past it");
-            return;
-        }
-        known.push_back(finding.reported.property);
-    }
-    finish("pass", std::to_string(cases));
+    PropertySearch(adapter, property, index, options, out).run(checkable(capabilities), workload);
 }
 
 }  // namespace kvcheck::cli

@@ -1,6 +1,7 @@
 #include "kvcheck/search.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 
 namespace kvcheck {
@@ -85,7 +86,8 @@ Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& 
     const Oracle oracle = [&](const Trace& candidate) -> std::optional<Failure> {
         if (runner.shrink_accepts && !runner.shrink_accepts(candidate)) return std::nullopt;
         std::optional<Failure> found = runner.run(candidate).failure;
-        if (found && found->property == failure.property && candidate.size() < shortest) {
+        const bool same = found && (options.keeps ? options.keeps(*found) : found->property == failure.property);
+        if (same && candidate.size() < shortest) {
             shortest = candidate.size();
             if (runner.on_shorter) runner.on_shorter(shortest);
         }
@@ -96,6 +98,94 @@ Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& 
     finding.shrink_seconds = seconds_since(start);
     return finding;
 }
+
+namespace {
+
+bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
+bool hex_digit(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+bool digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+// Where a quoted part of `line` that opens at `open` closes, or npos. A
+// single quote opens one only after a non-word character (an apostrophe
+// follows a letter: "the adapter's"), and closes before one.
+std::size_t quote_end(const std::string& line, std::size_t open) {
+    const char quote = line[open];
+    if (quote == '\'' && open > 0 && word_char(line[open - 1])) return std::string::npos;
+    for (std::size_t at = open + 1; at < line.size(); ++at) {
+        if (line[at] == '\\') {
+            ++at;
+        } else if (line[at] == quote && (quote == '"' || at + 1 == line.size() || !word_char(line[at + 1]))) {
+            return at;
+        }
+    }
+    return std::string::npos;
+}
+
+// Where the bracket that opens at `open` ('[' or '{') closes on the line,
+// nested ones skipped, or npos.
+std::size_t bracket_end(const std::string& line, std::size_t open) {
+    const char opening = line[open];
+    const char closing = opening == '[' ? ']' : '}';
+    std::size_t depth = 0;
+    for (std::size_t at = open; at < line.size(); ++at) {
+        if (line[at] == opening) ++depth;
+        if (line[at] == closing && --depth == 0) return at;
+    }
+    return std::string::npos;
+}
+
+// The message's first line: an engine's own words come first (a Python
+// adapter's error reply is "Type: message", its traceback after it).
+std::string first_line(const std::string& message) {
+    const std::size_t end = message.find('\n');
+    return end == std::string::npos ? message : message.substr(0, end);
+}
+
+}  // namespace
+
+std::string message_shape(const std::string& message) {
+    const std::string line = first_line(message);
+    std::string shape;
+    for (std::size_t at = 0; at < line.size() && shape.size() < message_shape_chars_max;) {
+        const char c = line[at];
+        const bool starts_word = at == 0 || !word_char(line[at - 1]);
+        if ((c == '[' || c == '{') && bracket_end(line, at) != std::string::npos) {
+            // A list or a mapping (ids, a tensor's shape, tokens, metadata):
+            // what it holds varies with the trace.
+            shape += c;
+            shape += '_';
+            shape += line[bracket_end(line, at)];
+            at = bracket_end(line, at) + 1;
+        } else if ((c == '"' || c == '\'') && quote_end(line, at) != std::string::npos) {
+            shape += c;
+            shape += '_';
+            shape += c;
+            at = quote_end(line, at) + 1;
+        } else if (c == '0' && at + 2 < line.size() && (line[at + 1] == 'x' || line[at + 1] == 'X') && hex_digit(line[at + 2]) &&
+                   starts_word) {
+            shape += "0x_";
+            for (at += 2; at < line.size() && hex_digit(line[at]);) ++at;
+        } else if (c == '/' && starts_word && (at == 0 || line[at - 1] == ' ' || line[at - 1] == '(' || line[at - 1] == '=')) {
+            shape += "<path>";  // a path ends at a space, a colon, a comma, a quote or a bracket
+            while (at < line.size() && std::string(" :,'\")]").find(line[at]) == std::string::npos) ++at;
+        } else if (digit(c)) {
+            // A number, with its sign, decimals and exponent; a list of
+            // numbers ([2, 4, 5] or 2x4) is one number, whatever its length.
+            shape += 'N';
+            while (at < line.size() && (digit(line[at]) || line[at] == '.' || line[at] == 'e' || line[at] == '-' ||
+                                        ((line[at] == ',' || line[at] == 'x' || line[at] == ' ') && at + 1 < line.size() &&
+                                         (digit(line[at + 1]) || (line[at + 1] == ' ' && at + 2 < line.size() && digit(line[at + 2])))))) {
+                ++at;
+            }
+        } else {
+            shape += c;
+            ++at;
+        }
+    }
+    return shape;
+}
+
+std::string failure_shape(const Failure& failure) { return failure.property + ": " + message_shape(failure.message); }
 
 std::string shell_quoted(const std::string& text) {
     const bool plain = !text.empty() && text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -215,11 +215,15 @@ class Shrinker {
         if (!budget_left() || candidate.empty()) return false;
         ++runs_;
         std::optional<Failure> failure = oracle_(candidate);
-        if (!failure || failure->property != failure_.property) return false;
+        if (!failure || !same_failure(*failure)) return false;
         best_ = candidate;
         failure_ = *failure;
         cut_after_failure();
         return true;
+    }
+
+    bool same_failure(const Failure& failure) const {
+        return options_.keeps ? options_.keeps(failure) : failure.property == failure_.property;
     }
 
     void cut_after_failure() {

@@ -142,12 +142,23 @@ def test_a_command_that_cannot_run_is_refused(kvcheck, scratch_dir):
 
 
 def test_an_engine_that_rejects_everything_fails_by_engine_error_not_fault(kvcheck):
+    # Every trace ends in an engine error at its first step: the searches
+    # go on to their end all the same, no trace can be judged, and the
+    # properties are blocked; the errors are grouped by message shape, one
+    # group per operation refused, their counts every trace of both searches.
     run = run_properties(kvcheck, fault_adapter("none"))
     assert run.status == 1
     for prop in PROPERTIES:
         result = run.result(prop)
         assert result["fault"] is None and result["verdict"] == "blocked", result
-        assert "the engine errors (see engine-error)" in result["message"], result
+        assert result["cases"] == 5 and result["judged"] == 0, result
+        assert result["message"].startswith("only 0 of 5 traces could be judged (at least 90 % must be): 5 ended in an engine error; "), result
+        assert "is not supported\", first at trace " in result["message"], result
     errors = run.result("engine-error")
     assert errors["verdict"] == "fail" and errors["fault"] is None, errors
     assert "is not supported" in errors["message"], errors
+    groups = errors["failures"]
+    assert sum(group["count"] for group in groups) == 10, groups
+    refused = [group["message"].split("RuntimeError: ")[1] for group in groups]
+    assert len(set(refused)) == len(refused), refused
+    assert all(group["trace"] and group["reproduce"] for group in groups), groups

@@ -77,15 +77,23 @@ def _failure_text(report: Dict[str, Any]) -> str:
     for result in report["properties"]:
         lines.append(f"  {result['id']:24} {'FAULT' if result.get('fault') else result['verdict']}")
     for result in report["properties"]:
+        if result["verdict"] == "blocked":
+            lines.append("")
+            lines.append(f"== {result['id']}")
+            lines.append(f"BLOCKED: {result['id']}: {result.get('message') or ''}")
         if result["verdict"] != "fail":
             continue
         lines.append("")
         lines.append(f"== {result['id']}")
-        lines.append(f"ERROR: {result['id']}: {result.get('message') or ''}")
-        if result.get("trace"):
-            lines.append(result["trace"].rstrip("\n"))
-        if result.get("reproduce"):
-            lines.append(f"reproduce: {result['reproduce']}")
+        # Every distinct failure (an engine-error row: every group), each
+        # with its trace and the command that replays it.
+        for failure in result.get("failures") or [result]:
+            count = failure.get("count", 1)
+            lines.append(f"ERROR: {result['id']}: {failure.get('message') or ''}" + (f" ({count} traces)" if count > 1 else ""))
+            if failure.get("trace"):
+                lines.append(failure["trace"].rstrip("\n"))
+            if failure.get("reproduce"):
+                lines.append(f"reproduce: {failure['reproduce']}")
         if result.get("output"):
             lines.append("the engine's output ended with:")
             lines.append(result["output"])

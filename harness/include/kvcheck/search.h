@@ -104,6 +104,21 @@ Failure pin_failure(const Runner& runner, const Trace& trace, const Failure& fou
 Finding shrink_failure(const Runner& runner, const Trace& trace, const Failure& failure,
                        const ShrinkOptions& options = {});
 
+// A failure's message with what differs between two occurrences of one
+// bug made alike: its first line only (a Python adapter's error reply is
+// "Type: message", then the traceback), every number, list of numbers, hex
+// address, bracketed list ([b c], [1,2,4]) or mapping ({turn=3}), quoted
+// identifier and path replaced by a placeholder; at most
+// message_shape_chars_max characters.
+//   message_shape("entry \"a7\" layer 3 keys [1,4] at 0x7f3a") == "entry \"_\" layer N keys [_] at 0x_"
+inline constexpr std::size_t message_shape_chars_max = 300;
+std::string message_shape(const std::string& message);
+
+// A failure's identity, as distinct failures are told apart (as Hypothesis
+// tells bugs apart by their origin): its property and its message's shape,
+// "<property>: <shape>". Engine errors are grouped by it.
+std::string failure_shape(const Failure& failure);
+
 // `text` as one word of a POSIX shell command line (quoted when it must be).
 std::string shell_quoted(const std::string& text);
 

@@ -4,7 +4,7 @@
 // geometry of every cache of the trace at once (a trace has one), and
 // simplifies each operation (smaller caches, token counts toward a power
 // of two, fewer layers, fewer ids, shorter prompts), keeping every change
-// under which the same property still fails.
+// under which the same property still fails (or the failure ShrinkOptions::keeps).
 //
 //   auto oracle = [&](const Trace& t) { return execute(t, *make_engine()).failure; };
 //   ShrinkResult small = shrink(trace, failure, oracle);
@@ -28,6 +28,12 @@ struct ShrinkOptions {
     // least 1, its geometry, dtypes and layouts the model's). Undeclared:
     // anything simpler goes.
     ModelDomain model;
+    // Which failures of a candidate count as the failure being shrunk;
+    // unset: any failure of the same property. A search that tells
+    // failures apart by their message's shape (kvcheck/search.h,
+    // failure_shape) keeps that shape, so that one failure does not shrink
+    // into another it already reported.
+    std::function<bool(const Failure&)> keeps;
 };
 
 struct ShrinkResult {
