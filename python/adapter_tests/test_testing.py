@@ -1,6 +1,8 @@
 """check_engine, the one call a Python project's tests make: it passes
 quietly on a correct engine and fails with kvcheck's report on a bug."""
 
+import os
+
 import pytest
 
 from conftest import kvcheck_binary
@@ -36,3 +38,12 @@ def test_a_local_class_cannot_be_served():
 
     with pytest.raises(ValueError, match="cannot be served from another process"):
         check_engine(Local, kvcheck=kvcheck_binary())
+
+
+def test_the_build_trees_kvcheck_is_found_without_path_or_environment(monkeypatch, scratch_dir):
+    from conftest import REPO
+    from kvcheck_adapter.testing import find_kvcheck
+
+    monkeypatch.delenv("KVCHECK", raising=False)
+    monkeypatch.setenv("PATH", scratch_dir)  # no kvcheck on PATH
+    assert find_kvcheck() == os.path.join(REPO, "build", "default", "bin", "kvcheck")

@@ -15,7 +15,7 @@ level of an importable module file (kvcheck runs it in a process of its own:
 this module's `--serve` loads the file and serves `adapter(*args,
 **kwargs)`), or the path of an adapter script ("my_adapter.py --flag").
 The kvcheck binary is `kvcheck`, else $KVCHECK, else `kvcheck` on PATH, else
-the build tree's (build/default/harness/cli/kvcheck next to this SDK).
+the build tree's (build/default/bin/kvcheck next to this SDK).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def find_kvcheck(kvcheck: Optional[str] = None) -> str:
     """The kvcheck binary to run (see the module doc); FileNotFoundError
     naming the places looked at."""
     candidates = [kvcheck, os.environ.get("KVCHECK"), shutil.which("kvcheck"),
-                  os.path.join(os.path.dirname(_SDK_ROOT), "build", "default", "harness", "cli", "kvcheck")]
+                  os.path.join(os.path.dirname(_SDK_ROOT), "build", "default", "bin", "kvcheck")]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
