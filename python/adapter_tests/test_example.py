@@ -31,7 +31,7 @@ def test_the_fixed_store_holds_every_property(kvcheck):
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
     prop = BUGS[bug]
-    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug {bug}", "--property", prop, "--cases", "400")
+    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug {bug}", "--property", prop, "--cases", "400", "--failures", "1")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result(prop)
     assert result["verdict"] == "fail" and result["fault"] is None, result
@@ -41,7 +41,7 @@ def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
 
 def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
     adapter = f"{EXAMPLE} --bug double_copy"
-    run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400")
+    run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400", "--failures", "1")
     result = run.result("single-copy")
     trace_file = os.path.join(scratch_dir, "traces", "activation-memory+double_copy-single-copy.trace")
     assert os.path.isfile(trace_file)
