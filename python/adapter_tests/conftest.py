@@ -16,6 +16,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
 EXAMPLE = os.path.join(PYTHON_DIR, "examples", "activation_memory_adapter.py")
+STRICT_EXAMPLE = os.path.join(PYTHON_DIR, "examples", "strict_memory_adapter.py")
+# The property that names each historic bug of the example stores
+# (activation_memory.BUGS; docs/semantics.md#known-bugs: M1, M2, M7, M9, M3).
+BUG_PROPERTIES = {
+    "stored_to_generation": "stored-immutable",
+    "single_id_returns_stored": "stored-immutable",
+    "merge_uninitialized": "merge-correct",
+    "shallow_clone": "clone-independent",
+    "double_copy": "single-copy",
+}
 FAULT_ADAPTER = os.path.join(HERE, "fault_adapter.py")
 # The interpreter of the adapter processes these tests start: the one running
 # the tests (ctest runs them under Debian's torch 1.13 and under .venv's

@@ -160,6 +160,11 @@ class ActivationMemory:
                     setattr(twin, name, getattr(source, name, None))
         return copy
 
+    def _merge(self, parts: Sequence):
+        """The parts concatenated along tokens: a new owned cache, every
+        layer initialized (kv.concat)."""
+        return kv.concat(parts)
+
     def get_cache(self, ids: Sequence[str]):
         """The ids that exist and hold tokens, in request order (repeats
         kept); none -> None. One: an owned clone of its cache. Several: an
@@ -171,7 +176,7 @@ class ActivationMemory:
             if "single_id_returns_stored" in self.bugs:
                 return parts[0]
             return self._clone(parts[0])
-        merged = kv.concat(parts)
+        merged = self._merge(parts)
         if "merge_uninitialized" in self.bugs:
             for layer in getattr(merged, "layers", []):
                 layer.is_initialized = False
