@@ -17,15 +17,6 @@ PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
 EXAMPLE = os.path.join(PYTHON_DIR, "examples", "activation_memory_adapter.py")
 STRICT_EXAMPLE = os.path.join(PYTHON_DIR, "examples", "strict_memory_adapter.py")
-# The property that names each historic bug of the example stores
-# (activation_memory.BUGS; docs/semantics.md#known-bugs: M1, M2, M7, M9, M3).
-BUG_PROPERTIES = {
-    "stored_to_generation": "stored-immutable",
-    "single_id_returns_stored": "stored-immutable",
-    "merge_uninitialized": "merge-correct",
-    "shallow_clone": "clone-independent",
-    "double_copy": "single-copy",
-}
 FAULT_ADAPTER = os.path.join(HERE, "fault_adapter.py")
 # The interpreter of the adapter processes these tests start: the one running
 # the tests (ctest runs them under Debian's torch 1.13 and under .venv's
@@ -36,6 +27,8 @@ os.environ["KVCHECK_PYTHON"] = ADAPTER_PYTHON
 for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+from activation_memory import BUG_PROPERTIES  # noqa: E402,F401 - the tests' map of bug -> property
 
 
 def kvcheck_binary():

@@ -57,6 +57,16 @@ BUGS = (
     "double_copy",
 )
 
+# The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
+# M1, M2, M7, M9, M3): what catches it, as the example's tests check.
+BUG_PROPERTIES = {
+    "stored_to_generation": "stored-immutable",
+    "single_id_returns_stored": "stored-immutable",
+    "merge_uninitialized": "merge-correct",
+    "shallow_clone": "clone-independent",
+    "double_copy": "single-copy",
+}
+
 DUMP_FILE_NAME = "activation-memory.pt"
 DUMP_TAG = "kvcheck-example.activation-memory"
 DUMP_VERSION = 2

@@ -1,6 +1,6 @@
 """kvcheck's adapter for the strict example store (strict_memory.py), which
-raises on any cache its model could not have made: the glue, with the
-model's domain.
+raises where it uses a cache its model could not have made: the glue, with
+the model's domain.
 
     kvcheck run --adapter python/examples/strict_memory_adapter.py
     kvcheck run --adapter 'python/examples/strict_memory_adapter.py --bug double_copy'
@@ -11,7 +11,8 @@ its layers, heads and head_dim, float32, the modern layout, no odd
 layers), so that every cache kvcheck makes is one the store takes.
 --undeclared (or $KVCHECK_STRICT_UNDECLARED=1) leaves the declaration out:
 kvcheck then draws caches of any layer count and token counts, and reports
-the store's refusals as engine errors. The capabilities say what the store
+the store's refusals as engine errors, grouped by message (about a quarter
+of the traces end in one, so the properties are blocked). The capabilities say what the store
 never takes in either case (the legacy layout, half dtypes, odd layer
 shapes, geometries other than 2x4), so kvcheck never sends those.
 
