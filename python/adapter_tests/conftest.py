@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
 EXAMPLE = os.path.join(PYTHON_DIR, "examples", "activation_memory_adapter.py")
+STRICT_EXAMPLE = os.path.join(PYTHON_DIR, "examples", "strict_memory_adapter.py")
 FAULT_ADAPTER = os.path.join(HERE, "fault_adapter.py")
 # The interpreter of the adapter processes these tests start: the one running
 # the tests (ctest runs them under Debian's torch 1.13 and under .venv's
@@ -26,6 +27,8 @@ os.environ["KVCHECK_PYTHON"] = ADAPTER_PYTHON
 for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+from activation_memory import BUG_PROPERTIES  # noqa: E402,F401 - the tests' map of bug -> property
 
 
 def kvcheck_binary():

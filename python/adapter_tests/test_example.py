@@ -7,16 +7,7 @@ import os
 
 import pytest
 
-from conftest import EXAMPLE, HERE, ADAPTER_PYTHON
-
-# The property that names each bug of activation_memory.BUGS.
-BUGS = {
-    "stored_to_generation": "stored-immutable",
-    "single_id_returns_stored": "stored-immutable",
-    "merge_uninitialized": "merge-correct",
-    "shallow_clone": "clone-independent",
-    "double_copy": "single-copy",
-}
+from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE
 
 
 def test_the_fixed_store_holds_every_property(kvcheck):

@@ -57,6 +57,16 @@ BUGS = (
     "double_copy",
 )
 
+# The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
+# M1, M2, M7, M9, M3): what catches it, as the example's tests check.
+BUG_PROPERTIES = {
+    "stored_to_generation": "stored-immutable",
+    "single_id_returns_stored": "stored-immutable",
+    "merge_uninitialized": "merge-correct",
+    "shallow_clone": "clone-independent",
+    "double_copy": "single-copy",
+}
+
 DUMP_FILE_NAME = "activation-memory.pt"
 DUMP_TAG = "kvcheck-example.activation-memory"
 DUMP_VERSION = 2
@@ -160,6 +170,11 @@ class ActivationMemory:
                     setattr(twin, name, getattr(source, name, None))
         return copy
 
+    def _merge(self, parts: Sequence):
+        """The parts concatenated along tokens: a new owned cache, every
+        layer initialized (kv.concat)."""
+        return kv.concat(parts)
+
     def get_cache(self, ids: Sequence[str]):
         """The ids that exist and hold tokens, in request order (repeats
         kept); none -> None. One: an owned clone of its cache. Several: an
@@ -171,7 +186,7 @@ class ActivationMemory:
             if "single_id_returns_stored" in self.bugs:
                 return parts[0]
             return self._clone(parts[0])
-        merged = kv.concat(parts)
+        merged = self._merge(parts)
         if "merge_uninitialized" in self.bugs:
             for layer in getattr(merged, "layers", []):
                 layer.is_initialized = False

@@ -110,15 +110,26 @@ class ActivationMemoryAdapter(Adapter):
         return kv.from_legacy(cache)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of an example adapter: --bug NAME (repeatable)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=[], choices=activation_memory.BUGS,
                         help="plant a historic bug (repeatable)")
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def bugs_of(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> list:
+    """The bugs to plant: --bug's, then $KVCHECK_EXAMPLE_BUGS's (comma-separated)."""
     bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
     unknown = sorted(set(bugs).difference(activation_memory.BUGS))
     if unknown:
         parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(activation_memory.BUGS)})")
+    return bugs
+
+
+def main(argv=None) -> None:
+    parser = argument_parser(__doc__)
+    bugs = bugs_of(parser, parser.parse_args(argv))
     # One model for every engine of the process: it keeps no state between
     # calls (decoder.py), and making its weights costs a tenth of a trace.
     model = models.Decoder()
