@@ -15,7 +15,10 @@
 //
 // Each child is a process group of its own (a Ctrl-C at the terminal reaches
 // kvcheck, which stops its children and writes what it has), dies with its
-// parent, writes no core file, and gets a fresh directory of its own
+// parent, is a subreaper (PR_SET_CHILD_SUBREAPER, as kvcheck is: a process
+// the engine starts stays below it even after a double fork and setsid,
+// counted against the memory limit and killed when the job ends), writes
+// no core file, and gets a fresh directory of its own
 // (Channel::work_dir) that the parent removes when the child ends, however
 // it ends. Its standard output and error go to pipes: the parent keeps the
 // last bytes of each (Job::output) for the report.
