@@ -368,6 +368,123 @@ TEST_F(Cli, ReplayAndShrinkEscapeWhatTheEnginePrints) {
     fs::remove(shrunk);
 }
 
+// ---- fault diagnostics (issue 28, item 11) ------------------------------------------
+
+// The torch-free fault adapter of python/adapter_tests, doing `fault`.
+std::string fault_adapter(const std::string& fault) {
+    return "--adapter exec:'/usr/bin/python3 " KVCHECK_SOURCE_DIR "/python/adapter_tests/fault_adapter.py --fault " + fault +
+           "'";
+}
+
+// An adapter that closes its reply pipe and goes on running is killed by
+// kvcheck, and that SIGKILL is kvcheck's own: the fault says what the
+// adapter did (a protocol fault), not "killed by SIGKILL".
+TEST_F(Cli, AnAdapterThatClosesItsReplyPipeIsNotReportedAsKilled) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string trace = scratch("one-add.trace");
+    write_file(trace, adds(1));
+    const Outcome replay = kvcheck("replay " + trace + " " + fault_adapter("close-reply"));
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "fault:protocol: the adapter process ")) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "closed its reply pipe before answering a request but went on running "
+                                             "(kvcheck killed it 2 s later) at step 1 (add)"))
+        << replay.out;
+    EXPECT_FALSE(contains(replay.out, "SIGKILL")) << replay.out;
+    fs::remove(trace);
+}
+
+// An allocation the address-space limit refused (Python's MemoryError) is
+// the memory fault docs/protocol.md promises, not the step's engine error.
+TEST_F(Cli, AnAllocationRefusedAtTheLimitIsAMemoryFault) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string trace = scratch("one-add.trace");
+    write_file(trace, adds(1));
+    const Outcome replay = kvcheck("replay " + trace + " " + fault_adapter("memory-error"));
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "fault:memory: an allocation failed in the adapter process, ")) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "the adapter raised MemoryError")) << replay.out;
+    EXPECT_FALSE(contains(replay.stdout_text, "engine-error")) << replay.out;
+    fs::remove(trace);
+}
+
+// A plugin that exits while its third engine is made (the search's probe
+// and one trace ran in that process), or in the destructor of an engine
+// after its trace's last step: the fault says so, and is not pinned on the
+// trace's first step (run names no step; replay names the last).
+TEST_F(Cli, AnExitWhileAnEngineIsMadeOrDestroyedIsPinnedOnNoStep) {
+    const Outcome create = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_EXIT_CREATE +
+                                   " --property store-contract --cases 3 --quiet --trace-dir " + scratch("create-traces"));
+    EXPECT_EQ(create.status, 1) << create.out;
+    EXPECT_TRUE(contains(create.stdout_text, "store-contract  FAULT")) << create.out;
+    EXPECT_TRUE(contains(create.stdout_text, "exit status 0 before its work was done, while the engine for the trace below "
+                                             "was being made (before its first step))"))
+        << create.out;
+    EXPECT_FALSE(contains(create.stdout_text, " at step ")) << create.out;
+    const std::string trace = scratch("two-adds.trace");
+    write_file(trace, adds(2));
+    const Outcome destroy = kvcheck("replay " + trace + " --adapter " + KVCHECK_FAULT_EXIT_DESTROY);
+    EXPECT_EQ(destroy.status, 1) << destroy.out;
+    // A replay's report names a step all the same: the last, after which
+    // the destructor ran, not the first.
+    EXPECT_TRUE(contains(destroy.stdout_text, "ERROR: fault:exit: exit status 0 before its work was done, while the engine of "
+                                              "the trace below was being destroyed (after its last step) at step 2 (add)"))
+        << destroy.out;
+    fs::remove(trace);
+}
+
+// A process an adapter starts that leaves it (a double fork and setsid:
+// its parent exits, it is in no process group of kvcheck's) is still
+// kvcheck's: its memory counts against the limit (1280 MiB held under a
+// limit of 1024: a memory fault) and it does not outlive the job.
+TEST_F(Cli, AProcessThatEscapesItsAdapterIsCountedAndKilled) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string trace = scratch("one-add.trace");
+    write_file(trace, adds(1));
+    const std::string pid_file = scratch("escaped.pid");
+    const Outcome replay = kvcheck("replay " + trace + " --memory-mb 1024 " +
+                                   fault_adapter("escape --escape-mb 1280 --pid-file " + pid_file));
+    const pid_t escaped = static_cast<pid_t>(std::atol(read_file(pid_file).c_str()));
+    ASSERT_GT(escaped, 0) << replay.out;
+    const std::string state_file = "/proc/" + std::to_string(escaped) + "/stat";
+    const std::string stat = read_file(state_file);
+    const bool alive = !stat.empty() && stat.find(") Z") == std::string::npos;
+    EXPECT_FALSE(alive) << "the escaped process " << escaped << " outlived kvcheck: " << stat;
+    if (alive) ::kill(escaped, SIGKILL);
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "fault:memory: ")) << replay.out;
+    EXPECT_TRUE(contains(replay.stdout_text, "over the limit of 1024 MiB")) << replay.out;
+    fs::remove(trace);
+    fs::remove(pid_file);
+}
+
+// An adapter's output file (its stdout and stderr) keeps at most 16 MiB:
+// one that writes 20 MiB in one operation finds it cut (with a note of what
+// was dropped) while kvcheck still waits for its reply.
+TEST_F(Cli, AnAdaptersOutputFileIsCapped) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string trace = scratch("one-add.trace");
+    write_file(trace, adds(1));
+    const Outcome replay = kvcheck("replay " + trace + " " + fault_adapter("flood"));
+    EXPECT_EQ(replay.status, 1) << replay.out.substr(0, 4000);
+    const std::size_t holds = replay.stdout_text.find("my output file holds ");
+    ASSERT_NE(holds, std::string::npos) << replay.out.substr(0, 4000);
+    EXPECT_LT(std::stoul(replay.stdout_text.substr(holds + 21)), std::size_t{16} << 20) << replay.out.substr(0, 4000);
+    EXPECT_TRUE(contains(replay.out, "bytes of the adapter's output dropped so far: an output file keeps at most 16 MiB"))
+        << replay.out.substr(0, 4000);
+    fs::remove(trace);
+}
+
+// A right-to-left override in an adapter's name would reorder its row of
+// the table on a terminal: it is shown escaped, as engine output is.
+TEST_F(Cli, BidiControlsInAnAdaptersNameAreEscapedInTheTable) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const Outcome run = kvcheck("run " + fault_adapter("none --bidi-name") + " --property store-contract --cases 2 --trace-dir " +
+                                scratch("bidi-traces"));
+    EXPECT_EQ(run.status, 1) << run.out;
+    EXPECT_TRUE(contains(run.stdout_text, "fault-\\u{202e}none")) << run.out;
+    EXPECT_FALSE(contains(run.out, "\xe2\x80\xae")) << run.out;
+}
+
 // ---- options ---------------------------------------------------------------------
 
 TEST_F(Cli, LimitsThatMakeNoSenseAreRefused) {
@@ -539,6 +656,47 @@ TEST_F(Cli, JobDirectoriesOfDeadRunsAreRemoved) {
 }
 
 // ---- check-dump ------------------------------------------------------------------
+
+// kvcheck killed outright (SIGKILL: no handler runs) in mid-run: --out is
+// not left empty (the report is written beside it and renamed when
+// complete), and the next kvcheck removes the directories the dead one
+// left in $TMPDIR, its adapter process's output directory among them.
+TEST_F(Cli, AKilledRunLeavesNoEmptyReportAndItsDirectoriesGoNextTime) {
+    if (!have("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+    const std::string report = scratch("killed.json");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::setenv("TMPDIR", kvcheck_tmp().c_str(), 1);
+        const std::string adapter = "exec:/usr/bin/python3 " KVCHECK_SOURCE_DIR "/python/adapter_tests/fault_adapter.py --fault hang";
+        const std::string traces = scratch("killed-traces");
+        ::execl(KVCHECK_BINARY, KVCHECK_BINARY, "run", "--adapter", adapter.c_str(), "--property", "store-contract", "--cases",
+                "5", "--timeout", "600", "--quiet", "--report", "json", "--out", report.c_str(), "--trace-dir", traces.c_str(),
+                static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    // Both directories exist once the job has started (the limit only ends
+    // the test if kvcheck never gets that far).
+    const auto made = [](const std::string& prefix) {
+        for (const std::string& name : entries(kvcheck_tmp())) {
+            if (name.rfind(prefix, 0) == 0) return true;
+        }
+        return false;
+    };
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (!made("kvcheck-adapter-") || !made("kvcheck-job-")) {
+        ASSERT_LT(std::chrono::steady_clock::now(), give_up);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    EXPECT_FALSE(fs::exists(report)) << "an empty report was left at --out";
+    for (const std::string& name : entries(scratch(""))) EXPECT_EQ(name.find(".kvcheck-"), std::string::npos) << name;
+    EXPECT_TRUE(made("kvcheck-adapter-"));
+    const Outcome next = kvcheck("run --adapter reference --property store-contract --cases 1 --quiet --trace-dir " + scratch("t"));
+    EXPECT_EQ(next.status, 0) << next.out;
+    EXPECT_FALSE(made("kvcheck-adapter-")) << "the dead run's adapter directory is still there";
+    EXPECT_FALSE(made("kvcheck-job-")) << "the dead run's job directory is still there";
+}
 
 TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
     const std::string corpus = KVCHECK_SOURCE_DIR "/corpus/dump_load/";

@@ -35,6 +35,18 @@ TEST(Text, PrintableShowsEveryByteAndCutsLongText) {
     EXPECT_EQ(printable(std::string(1000, 'x'), 10), "xxxxxxxxxx ... (990 more bytes)");
 }
 
+// Issue 28: valid UTF-8 a terminal still acts on. A name holding U+202E
+// (right-to-left override) would reorder the rest of its table row; U+009B
+// is a CSI, as ESC [ is. Other characters (here U+00E9, U+2028) pass.
+TEST(Text, PrintableEscapesBidiAndC1Controls) {
+    EXPECT_EQ(printable("evil\xe2\x80\xaetxt.exe"), "evil\\u{202e}txt.exe");
+    EXPECT_EQ(printable("\xe2\x81\xa6x\xe2\x81\xa9 \xe2\x80\x8f \xd8\x9c"), "\\u{2066}x\\u{2069} \\u{200f} \\u{061c}");
+    EXPECT_EQ(printable("\xc2\x9b" "2J"), "\\u{009b}2J");
+    EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x80\xa8"), "caf\xc3\xa9 \xe2\x80\xa8");
+    EXPECT_EQ(last_lines("x\xe2\x80\xae\ny\n", 1), "y\n");
+    EXPECT_EQ(last_lines("x\xe2\x80\xae\n", 1), "x\\u{202e}\n");
+}
+
 TEST(Text, JsonStringsAreValidJsonAndValidUtf8) {
     EXPECT_EQ(json_string(hostile),
               "\"\\\"q\\\" <a b='c'> & \\\\ \\u0001\\t\\n\\u001b[31m\\u007f \\\\x80\\\\xff \\\\xc0\\\\xaf \\\\xed\\\\xa0\\\\x80 "

@@ -36,6 +36,8 @@
 #define KVCHECK_FAULT_RESERVE 11
 #define KVCHECK_FAULT_RARE 12
 #define KVCHECK_FAULT_OFTEN 13
+#define KVCHECK_FAULT_EXIT_CREATE 14
+#define KVCHECK_FAULT_EXIT_DESTROY 15
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -78,6 +80,12 @@
 #elif KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
 #define KVCHECK_FAULT_NAME "kvcheck-fault-often"
 #define KVCHECK_FAULT_WHAT "throws on every get_cache of several ids (most traces)"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_EXIT_CREATE
+#define KVCHECK_FAULT_NAME "kvcheck-fault-exit-create"
+#define KVCHECK_FAULT_WHAT "calls exit(0) when the third engine of its process is made"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_EXIT_DESTROY
+#define KVCHECK_FAULT_NAME "kvcheck-fault-exit-destroy"
+#define KVCHECK_FAULT_WHAT "calls exit(0) in the destructor of an engine that ran an add"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
@@ -179,7 +187,26 @@ class FaultyEngine final : public vector_engine::VectorEngine {
   public:
     std::string name() const override { return KVCHECK_FAULT_NAME; }
 
-#if KVCHECK_FAULT == KVCHECK_FAULT_RARE || KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
+#if KVCHECK_FAULT == KVCHECK_FAULT_EXIT_CREATE || KVCHECK_FAULT == KVCHECK_FAULT_EXIT_DESTROY
+    // These strike outside any operation: in the making of an engine (the
+    // plugin's create, the third in a process), or in
+    // the destruction of one that served an add (after its trace's last
+    // step). Otherwise the vector engine.
+    FaultyEngine() {
+        static int made = 0;
+        if (KVCHECK_FAULT == KVCHECK_FAULT_EXIT_CREATE && ++made == 3) std::exit(0);
+    }
+    ~FaultyEngine() override {
+        if (KVCHECK_FAULT == KVCHECK_FAULT_EXIT_DESTROY && added_) std::exit(0);
+    }
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
+        added_ = true;
+        VectorEngine::add(id, content, metadata);
+    }
+
+  private:
+    bool added_ = false;
+#elif KVCHECK_FAULT == KVCHECK_FAULT_RARE || KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
     // These raise on some inputs only, as std::invalid_argument, and are
     // otherwise the vector engine (which passes every property).
     void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {

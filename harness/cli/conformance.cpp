@@ -322,6 +322,8 @@ class Scheduler {
                 errors_[task.adapter].push_back(std::move(group));
             } else if (message.kind == "other") {
                 note_elsewhere(task, decode(message.payload));
+            } else if (message.kind == "not-applied") {
+                result.not_applied = message.payload;
             } else if (message.kind == "domain") {
                 results_[task.adapter].domain = message.payload;
             } else if (message.kind == "stats") {

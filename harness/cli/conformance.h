@@ -81,6 +81,10 @@ struct PropertyResult {
     std::string reproduce;         // the command that replays it
     std::array<CapturedOutput, 2> engine_output;  // what the engine printed (stdout, stderr): the last bytes
     std::string output;            // an out-of-process engine's last output (Adapter::take_output)
+    // Checks of the property that could not be applied to this engine, and
+    // why ("kill/power-cut: not applied, because ..."): a pass holds
+    // without them. Empty: all were.
+    std::string not_applied;
 };
 
 struct AdapterResult {

@@ -138,7 +138,9 @@ ShrunkFault shrink_fault(const Adapter& adapter, const std::string& trace_text, 
         limits.model = *adapter.model;
     }
     const ShrinkResult shrunk = shrink(trace, *alone, oracle, limits);
-    return {format_trace(shrunk.trace), shrunk.failure.step, true};
+    // A fault that struck outside any step (while an engine was made or
+    // destroyed) stays pinned on none.
+    return {format_trace(shrunk.trace), step ? std::optional<std::size_t>(shrunk.failure.step) : std::nullopt, true};
 }
 
 std::string fault_message(const Fault& fault, const std::string& where) {

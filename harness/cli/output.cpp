@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -101,10 +103,37 @@ bool standard_output_written() {
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     if (path_.empty()) return;
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
     struct stat info {};
-    if (::fstat(fd_, &info) == 0 && S_ISDIR(info.st_mode)) throw UsageError("--out " + path_ + " is a directory");
+    if (::stat(path_.c_str(), &info) == 0) {
+        if (S_ISDIR(info.st_mode)) throw UsageError("--out " + path_ + " is a directory");
+        if (!S_ISREG(info.st_mode)) {
+            // A device or a pipe (/dev/stdout, a FIFO): written in place.
+            fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+            if (fd_ < 0) {
+                throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
+            }
+            return;
+        }
+        const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0) throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
+        ::close(fd);
+        char resolved[PATH_MAX];
+        if (::realpath(path_.c_str(), resolved) != nullptr) target_ = resolved;  // a symbolic link's file is replaced
+    }
+    if (target_.empty()) target_ = path_;
+    // The report is written to a file beside it and renamed over it when
+    // complete: a kvcheck killed in mid-run leaves no empty or partial
+    // report (nor creates one before the end).
+    const std::filesystem::path target(target_);
+    temporary_ = (target.parent_path() / ("." + target.filename().string() + ".kvcheck-" + std::to_string(::getpid()) + ".tmp"))
+                     .string();
+    const int probe = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (probe < 0) {
+        throw UsageError("cannot write --out " + path_ + ": " + temporary_ + ": " + std::strerror(errno) +
+                         " (checked before the run)");
+    }
+    ::close(probe);
+    ::unlink(temporary_.c_str());
 }
 
 OutputFile::~OutputFile() {
@@ -112,16 +141,24 @@ OutputFile::~OutputFile() {
 }
 
 bool OutputFile::write(const std::string& text) {
-    if (fd_ < 0) {
+    if (path_.empty()) {
         std::cout << text << std::flush;
         return true;
     }
-    struct stat info {};
-    const bool regular = ::fstat(fd_, &info) == 0 && S_ISREG(info.st_mode);
-    bool ok = !regular || ::ftruncate(fd_, 0) == 0;
-    ok = ok && (!regular || ::lseek(fd_, 0, SEEK_SET) == 0);
-    ok = ok && write_all(fd_, text);
-    ok = ok && (!regular || ::fsync(fd_) == 0);
+    bool ok = false;
+    if (fd_ >= 0) {
+        ok = write_all(fd_, text);
+    } else {
+        const int fd = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        ok = fd >= 0 && write_all(fd, text) && ::fsync(fd) == 0;
+        const int error = errno;
+        if (fd >= 0) ok = ::close(fd) == 0 && ok;
+        ok = ok && ::rename(temporary_.c_str(), target_.c_str()) == 0;
+        if (!ok) {
+            ::unlink(temporary_.c_str());
+            errno = error != 0 ? error : errno;
+        }
+    }
     if (ok) {
         std::cerr << "report written to " << path_ << "\n";
         return true;

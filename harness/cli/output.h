@@ -17,9 +17,12 @@ namespace kvcheck::cli {
 
 class OutputFile {
   public:
-    // Opens `path` for writing now (created if missing, not yet truncated),
-    // or standard output when `path` is empty. Throws UsageError naming the
-    // path and the reason when it cannot be written.
+    // Checks now that `path` can be written (nothing is created yet), or
+    // standard output when `path` is empty. Throws UsageError naming the
+    // path and the reason when it cannot be written. A regular file (or a
+    // path where none is yet) is written whole to a temporary file beside
+    // it, then renamed over it: a kvcheck killed before write() leaves the
+    // path as it was. A device or a pipe is written in place.
     explicit OutputFile(std::string path);
     ~OutputFile();
     OutputFile(const OutputFile&) = delete;
@@ -34,7 +37,9 @@ class OutputFile {
 
   private:
     std::string path_;
-    int fd_ = -1;
+    std::string target_;     // the file replaced (a symbolic link's target)
+    std::string temporary_;  // written, then renamed to target_
+    int fd_ = -1;            // a device or a pipe, written in place
 };
 
 // The directory failing traces go to: created if need be and checked, by

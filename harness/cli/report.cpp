@@ -36,7 +36,7 @@ std::string cell(const PropertyResult& result) {
     if (result.verdict == "skipped") return "skip";
     if (result.verdict == "not-run") return "-";
     if (result.verdict == "blocked") return "blocked";
-    return "pass";
+    return result.not_applied.empty() ? "pass" : "pass*";
 }
 
 struct Counts {
@@ -119,7 +119,8 @@ std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
             << ", \"fault\": " << json_or_null(p.fault) << ", \"trace_file\": " << json_or_null(p.trace_file)
             << ", \"trace_file_error\": " << json_or_null(p.trace_file_error)
             << ", \"reproduce\": " << json_or_null(p.reproduce) << ", \"engine_output\": " << json_output(p.engine_output)
-            << ", \"output\": " << json_or_null(p.output) << ", \"failures\": [";
+            << ", \"output\": " << json_or_null(p.output) << ", \"not_applied\": " << json_or_null(p.not_applied)
+            << ", \"failures\": [";
         for (std::size_t f = 0; f < p.failures.size(); ++f) out << (f ? ", " : "") << json_failure(p.failures[f]);
         out << "]}";
     }
@@ -308,6 +309,7 @@ std::string details_text(const AdapterResult& result, const PropertyResult& p) {
     if (p.verdict == "fail" && p.failures.empty()) out << "ERROR: " << p.id << ": " << printable(p.message, 2000) << "\n";
     const std::string note = judged_note(p);
     if (!note.empty()) out << note << "\n";
+    if (!p.not_applied.empty()) out << "NOT APPLIED: " << p.id << ": " << p.not_applied << "\n";
     out << engine_output_text(p.engine_output, p.output, engine_lines_max);
     return out.str();
 }
@@ -331,6 +333,7 @@ std::string details_markdown(const AdapterResult& result, const PropertyResult& 
     if (p.verdict == "fail" && p.failures.empty()) out << "- **ERROR**: " << p.id << ": " << markdown_text(p.message) << "\n";
     const std::string note = judged_note(p);
     if (!note.empty()) out << "\n" << markdown_text(note) << "\n";
+    if (!p.not_applied.empty()) out << "\n- **NOT APPLIED**: " << p.id << ": " << markdown_text(p.not_applied) << "\n";
     const CapturedOutput& err = p.engine_output[1];
     if (err.bytes > 0) {
         const std::string text = last_lines(err.tail, engine_lines_max);
@@ -343,7 +346,8 @@ std::string details_markdown(const AdapterResult& result, const PropertyResult& 
 // A property's details: its failures, why it is blocked, or how much of
 // its search could be judged when not all of it could.
 bool has_details(const PropertyResult& p) {
-    return p.verdict == "fail" || p.verdict == "blocked" || (p.verdict == "pass" && !judged_note(p).empty());
+    return p.verdict == "fail" || p.verdict == "blocked" ||
+           (p.verdict == "pass" && (!judged_note(p).empty() || !p.not_applied.empty()));
 }
 
 std::string details(const std::vector<AdapterResult>& results, bool markdown) {
@@ -435,7 +439,8 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
         << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"
            "on each: a trace is counted against the property it breaks first; a failing property lists up to\n"
-           "--failures distinct failures.\n";
+           "--failures distinct failures. pass*: passed the checks that could be applied (NOT APPLIED below says\n"
+           "which could not, and why).\n";
     out << details(results, false);
     return out.str();
 }

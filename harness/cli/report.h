@@ -15,7 +15,10 @@
 // counts the violations and "fault" the faults. "all_pass" is true only
 // when every property finished and none failed: none not run (an
 // interrupted run) nor blocked; a skipped property does not count against
-// it.
+// it. A property's "not_applied" is null, or says which of its checks
+// could not be applied to the engine and why ("kill/power-cut: not
+// applied, because ..." on dump-safe for an adapter process): a pass
+// then holds without them (the table shows "pass*").
 #pragma once
 
 #include "conformance.h"

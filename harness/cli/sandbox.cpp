@@ -109,6 +109,59 @@ std::int64_t tree_resident_bytes(int pid, int depth = 0) {
     return total;
 }
 
+// Every process below `pid` (its children, theirs, ...), found as above;
+// a process that escaped its parent (a double fork and setsid) is among
+// them, because every sandbox child and kvcheck itself are subreapers
+// (PR_SET_CHILD_SUBREAPER): an orphan below them is given to them, not to
+// init.
+void collect_descendants(int pid, std::vector<int>& found, int depth = 0) {
+    if (depth >= 64) return;
+    std::error_code error;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+        std::ifstream children(task.path() / "children");
+        int child = 0;
+        while (children >> child) {
+            found.push_back(child);
+            collect_descendants(child, found, depth + 1);
+        }
+    }
+}
+
+// The parent process of `pid` from /proc (0 when it is gone).
+int parent_of(int pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::size_t close = text.rfind(')');
+    if (close == std::string::npos) return 0;
+    char state = 0;
+    int parent = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &parent) != 2) return 0;
+    return parent;
+}
+
+// In a sandbox child at the end of its work: kills and reaps every process
+// below it, escaped ones too (they are its children by then), so that
+// nothing an engine started outlives its job.
+void end_descendants() {
+    for (int round = 0; round < 200; ++round) {
+        std::vector<int> below;
+        collect_descendants(::getpid(), below);
+        for (const int pid : below) ::kill(pid, SIGKILL);
+        bool any = false;
+        for (;;) {
+            const pid_t reaped = ::waitpid(-1, nullptr, WNOHANG);
+            if (reaped > 0) {
+                any = true;
+                continue;
+            }
+            if (reaped < 0 && errno == EINTR) continue;
+            if (reaped < 0) return;  // ECHILD: none left
+            break;                   // some still dying
+        }
+        if (!any) ::usleep(5000);
+    }
+}
+
 // The exit status of a child that reported a fault (exit_with_fault).
 constexpr int fault_exit_status = 4;
 
@@ -147,6 +200,9 @@ void limit_child(std::int64_t memory_bytes) {
 void detach_child(pid_t parent) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // What the engine starts stays below this process, even a process that
+    // leaves its parent and its session (end_descendants kills it).
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     if (::getppid() != parent) ::_exit(70);  // the parent died before the line above
     for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) std::signal(signal, SIG_DFL);
     for (const int fd : parent_fds()) ::close(fd);
@@ -157,17 +213,22 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 
 std::string job_dir_prefix() { return "kvcheck-job-" + std::to_string(::getpid()) + "-"; }
 
-// The directories of jobs whose kvcheck was killed outright (kill -9, a
-// second Ctrl-C) before it could remove them: kvcheck-job-<pid>-* of pids
-// that no longer run.
+// The directories kvcheck makes in $TMPDIR whose kvcheck was killed
+// outright (kill -9, a second Ctrl-C) before it could remove them:
+// kvcheck-job-<pid>-* (a job's) and kvcheck-adapter-<pid>-* (an adapter
+// process's output files, process_engine.cpp) of pids that no longer run.
 void remove_stale_job_dirs() {
     std::error_code error;
     for (fs::directory_iterator it(fs::temp_directory_path(error), error), end; !error && it != end; it.increment(error)) {
         const std::string name = it->path().filename().string();
-        if (name.rfind("kvcheck-job-", 0) != 0) continue;
-        const std::size_t dash = name.find('-', 12);
-        if (dash == std::string::npos || dash == 12 || dash - 12 > 9) continue;
-        const std::string pid_text = name.substr(12, dash - 12);
+        std::size_t prefix = 0;
+        for (const char* kind : {"kvcheck-job-", "kvcheck-adapter-"}) {
+            if (name.rfind(kind, 0) == 0) prefix = std::strlen(kind);
+        }
+        if (prefix == 0) continue;
+        const std::size_t dash = name.find('-', prefix);
+        if (dash == std::string::npos || dash == prefix || dash - prefix > 9) continue;
+        const std::string pid_text = name.substr(prefix, dash - prefix);
         if (pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
         const auto pid = static_cast<pid_t>(std::stol(pid_text));
         if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
@@ -201,8 +262,20 @@ void Channel::send(const std::string& kind, const std::string& payload) {
 
 void Channel::step(std::size_t index) {
     if (progress_ == nullptr) return;
-    progress_->position.store((traces_ << 32) | std::min<std::uint64_t>(index, 0xffffffffu));
+    progress_->position.store((traces_ << 32) | std::min<std::uint64_t>(index, Progress::step_max));
     progress_->ticks.fetch_add(1);
+}
+
+std::uint64_t Channel::engine_phase(bool making) {
+    if (progress_ == nullptr) return 0;
+    const std::uint64_t before = progress_->position.load();
+    progress_->position.store((traces_ << 32) | (making ? Progress::making_engine : Progress::destroying_engine));
+    progress_->ticks.fetch_add(1);
+    return before;
+}
+
+void Channel::restore(std::uint64_t position) {
+    if (progress_ != nullptr) progress_->position.store(position);
 }
 
 void CapturedOutput::append(const char* data, std::size_t size) {
@@ -214,6 +287,10 @@ void CapturedOutput::append(const char* data, std::size_t size) {
 Sandbox::Sandbox(Limits limits) : limits_(limits) {
     static const bool swept = (remove_stale_job_dirs(), true);
     (void)swept;
+    // A child killed (or crashed) leaves what its engine started to
+    // kvcheck rather than to init: finish() kills what it last saw of the
+    // job's tree.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 }
 
 Sandbox::~Sandbox() {
@@ -267,6 +344,7 @@ std::shared_ptr<Job> Sandbox::start(const std::function<void(Channel&)>& body,
         }
         channel.send("end", "");
         std::fflush(nullptr);
+        end_descendants();
         ::_exit(status);  // no atexit handlers, no destructors of the parent's objects
     }
     ::setpgid(pid, pid);  // also here: the child may not have run its own call yet when we signal the group
@@ -351,11 +429,58 @@ void Sandbox::read_output(Job& job, std::size_t stream) {
     }
 }
 
+namespace {
+
+// How a child that kvcheck did not kill ended, when it is a fault.
+std::optional<Fault> ending_fault(const Job& job, int status, const struct rusage& usage) {
+    const bool said_memory = std::any_of(job.messages.begin(), job.messages.end(),
+                                         [](const Message& m) { return m.kind == "memory"; });
+    if (WIFEXITED(status) && WEXITSTATUS(status) == fault_exit_status) {
+        const auto reported = std::find_if(job.messages.rbegin(), job.messages.rend(),
+                                           [](const Message& m) { return m.kind == "fault"; });
+        if (reported != job.messages.rend()) {
+            const std::size_t newline = reported->payload.find('\n');
+            return Fault{reported->payload.substr(0, newline),
+                         newline == std::string::npos ? "" : reported->payload.substr(newline + 1)};
+        }
+    }
+    if (said_memory && WIFEXITED(status) && WEXITSTATUS(status) == memory_exit_status) {
+        return Fault{"memory", "an allocation failed at the address-space limit that backs the memory limit of " +
+                                   mebibytes(job.limits.memory_bytes)};
+    }
+    // The peak, not only what the polls saw: a child may cross the limit
+    // and finish between two polls.
+    const std::int64_t peak = static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+    if (peak > job.limits.memory_bytes) {
+        return Fault{"memory", "peak resident memory " + mebibytes(peak) + " over the limit of " +
+                                   mebibytes(job.limits.memory_bytes)};
+    }
+    if (WIFSIGNALED(status)) return Fault{"crash", signal_name(WTERMSIG(status))};
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) {
+        return Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status))};
+    }
+    if (!job.ended) return Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status)) + " before its work was done"};
+    return std::nullopt;
+}
+
+}  // namespace
+
 void Sandbox::finish(Job& job) {
     int status = 0;
     struct rusage usage {};
     while (::wait4(job.pid, &status, 0, &usage) < 0 && errno == EINTR) {
     }
+    // What the child left behind (it crashed, or was killed) is kvcheck's
+    // now: killed and reaped. Only kvcheck's own children are touched, so
+    // a pid reused since the last poll is safe.
+    for (const int pid : job.tree) {
+        const bool a_job = std::any_of(jobs_.begin(), jobs_.end(), [pid](const auto& other) { return other->pid == pid; });
+        if (a_job || parent_of(pid) != ::getpid()) continue;
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+    }
+    job.tree.clear();
     // Whatever the child wrote before it ended is in the pipes.
     if (job.fd >= 0) read_from(job);
     for (std::size_t stream = 0; stream < 2; ++stream) {
@@ -365,49 +490,35 @@ void Sandbox::finish(Job& job) {
     close_fd(job.fd);
     // The step is known only for the trace whose "begin" the parent read.
     const std::uint64_t position = job.progress->position.load();
-    if (job.begins > 0 && Progress::trace_of(position) == job.begins) job.last_step = Progress::step_of(position);
+    std::string phase;
+    if (job.begins > 0 && Progress::trace_of(position) == job.begins) {
+        const std::uint64_t step = Progress::step_of(position);
+        if (step == Progress::making_engine) {
+            phase = ", while the engine for the trace below was being made (before its first step)";
+        } else if (step == Progress::destroying_engine) {
+            phase = ", while the engine of the trace below was being destroyed (after its last step)";
+        } else {
+            job.last_step = step;
+        }
+    }
     ::munmap(job.progress, sizeof(Progress));
     job.progress = nullptr;
     std::error_code ignored;
     fs::remove_all(job.work_dir, ignored);
     job.done = true;
-    if (job.fault) return;  // killed by us: the fault says why
-    const bool said_memory = std::any_of(job.messages.begin(), job.messages.end(),
-                                         [](const Message& m) { return m.kind == "memory"; });
-    if (WIFEXITED(status) && WEXITSTATUS(status) == fault_exit_status) {
-        const auto reported = std::find_if(job.messages.rbegin(), job.messages.rend(),
-                                           [](const Message& m) { return m.kind == "fault"; });
-        if (reported != job.messages.rend()) {
-            const std::size_t newline = reported->payload.find('\n');
-            job.fault = Fault{reported->payload.substr(0, newline),
-                              newline == std::string::npos ? "" : reported->payload.substr(newline + 1)};
-            return;
-        }
-    }
-    if (said_memory && WIFEXITED(status) && WEXITSTATUS(status) == memory_exit_status) {
-        job.fault = Fault{"memory", "an allocation failed at the address-space limit that backs the memory limit of " +
-                                        mebibytes(job.limits.memory_bytes)};
-        return;
-    }
-    // The peak, not only what the polls saw: a child may cross the limit
-    // and finish between two polls.
-    const std::int64_t peak = static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
-    if (peak > job.limits.memory_bytes) {
-        job.fault = Fault{"memory", "peak resident memory " + mebibytes(peak) + " over the limit of " +
-                                        mebibytes(job.limits.memory_bytes)};
-        return;
-    }
-    if (WIFSIGNALED(status)) {
-        job.fault = Fault{"crash", signal_name(WTERMSIG(status))};
-    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) {
-        job.fault = Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status))};
-    } else if (!job.ended) {
-        job.fault = Fault{"exit", "exit status " + std::to_string(WEXITSTATUS(status)) + " before its work was done"};
-    }
+    // Killed by us, the fault already says why.
+    if (!job.fault) job.fault = ending_fault(job, status, usage);
+    if (job.fault && !phase.empty()) job.fault->detail += phase;
 }
 
 void Sandbox::kill_with(Job& job, Fault fault) {
     job.fault = std::move(fault);
+    // The tree first (a process that left the group and the session is
+    // still below the child, a subreaper), then the group and the child.
+    std::vector<int> below;
+    collect_descendants(job.pid, below);
+    job.tree.insert(job.tree.end(), below.begin(), below.end());
+    for (const int pid : below) ::kill(pid, SIGKILL);
     ::kill(-job.pid, SIGKILL);  // the group: whatever the engine started dies too
     ::kill(job.pid, SIGKILL);
     finish(job);
@@ -419,6 +530,10 @@ void Sandbox::check_limits(Job& job, double now) {
         job.ticks_seen = ticks;
         job.last_heard = now;
     }
+    // The tree as last seen: what finish() kills if the child dies and
+    // leaves it to kvcheck.
+    job.tree.clear();
+    collect_descendants(job.pid, job.tree);
     // Memory first: a leaking engine is slow too, and would read as hung.
     std::int64_t resident = tree_resident_bytes(job.pid);
     for (const int pid : job.adopted) resident += tree_resident_bytes(pid);

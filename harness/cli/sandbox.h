@@ -15,7 +15,10 @@
 //
 // Each child is a process group of its own (a Ctrl-C at the terminal reaches
 // kvcheck, which stops its children and writes what it has), dies with its
-// parent, writes no core file, and gets a fresh directory of its own
+// parent, is a subreaper (PR_SET_CHILD_SUBREAPER, as kvcheck is: a process
+// the engine starts stays below it even after a double fork and setsid,
+// counted against the memory limit and killed when the job ends), writes
+// no core file, and gets a fresh directory of its own
 // (Channel::work_dir) that the parent removes when the child ends, however
 // it ends. Its standard output and error go to pipes: the parent keeps the
 // last bytes of each (Job::output) for the report.
@@ -56,6 +59,11 @@ struct Progress {
     std::atomic<std::uint64_t> position{0};
     static std::uint64_t trace_of(std::uint64_t position) { return position >> 32; }
     static std::uint64_t step_of(std::uint64_t position) { return position & 0xffffffffu; }
+    // In place of a step: the trace's engine is being made (before its
+    // first step) or destroyed (after its last).
+    static constexpr std::uint64_t making_engine = 0xfffffffeu;
+    static constexpr std::uint64_t destroying_engine = 0xffffffffu;
+    static constexpr std::uint64_t step_max = 0xfffffffdu;
 };
 
 // Where a job sends its messages: the pipe to the parent in a child, or a
@@ -69,6 +77,11 @@ class Channel {
     void send(const std::string& kind, const std::string& payload);
     // Called before operation `index` of the current trace runs.
     void step(std::size_t index);
+    // Called before the current trace's engine is made (`making`) or
+    // destroyed: a death there is not pinned on a step. Returns the
+    // position to restore after (restore).
+    std::uint64_t engine_phase(bool making);
+    void restore(std::uint64_t position);
     // A directory of this job's own, removed by the parent when the job
     // ends; "" when the job runs in-process (the executor makes its own).
     const std::string& work_dir() const { return work_dir_; }
@@ -105,7 +118,9 @@ struct Job {
     std::string last_begin;         // payload of the last "begin" message
     std::size_t begins = 0;
     // The operation of the last trace that was running when the child
-    // ended (from its progress page); nullopt when it had not begun one.
+    // ended (from its progress page); nullopt when it had not begun one,
+    // or when it ended while the trace's engine was made or destroyed
+    // (the fault's detail says which).
     std::optional<std::size_t> last_step;
     double started = 0;             // monotonic seconds
     double last_heard = 0;
@@ -120,6 +135,9 @@ struct Job {
     // descendants (warm adapter copies, children of a fork server): their
     // memory counts with the child's.
     std::vector<int> adopted;
+    // The processes below the child at the last poll (sandbox.cpp kills
+    // those the child leaves to kvcheck when it ends).
+    std::vector<int> tree;
 };
 
 class Sandbox {

@@ -116,7 +116,19 @@ SearchSummary decode_summary(const std::string& payload) {
 // however the child ends.
 Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out) {
     Runner runner;
-    runner.make = adapter.make;
+    // The engine's making and destruction are marked too: a death in a
+    // plugin's create or an engine's destructor is not pinned on a step.
+    runner.make = [&out, make = adapter.make]() -> std::shared_ptr<Engine> {
+        const std::uint64_t before = out.engine_phase(true);
+        std::shared_ptr<Engine> engine = make();
+        out.restore(before);
+        Engine* const raw = engine.get();
+        return std::shared_ptr<Engine>(raw, [&out, engine = std::move(engine)](Engine*) mutable {
+            const std::uint64_t at = out.engine_phase(false);
+            engine.reset();
+            out.restore(at);
+        });
+    };
     runner.options.properties = properties;
     runner.options.on_step = [&out](std::size_t step) { out.step(step); };
     if (!out.work_dir().empty()) runner.options.work_dir = out.work_dir() + "/run";
@@ -338,6 +350,16 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
         return;
     }
     out.send("domain", domain_text(workload.capabilities.model));
+    if (property == Property::dump_safe && !capabilities.dump_kill) {
+        // Said on the dump-safe row: a pass there did not kill a dump.
+        out.send("not-applied",
+                 std::string("kill/power-cut: not applied, because ") +
+                     (adapter.take_output ? "the engine runs in an adapter process of its own, which kvcheck does not fork"
+                                          : "the engine declares that its dump cannot run in a fork (Capabilities::dump_kill)") +
+                     ": its dumps were not killed at each call nor cut by a power failure, only dumped and loaded (and "
+                     "interrupted by the engine itself, with dump_crash); a dump that never fsyncs can pass "
+                     "(docs/durability.md)");
+    }
     workload.dump_kill = property == Property::dump_safe;
     PropertySearch(adapter, property, index, options, out).run(checkable(capabilities), workload);
 }

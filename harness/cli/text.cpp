@@ -21,6 +21,21 @@ unsigned code_point(const std::string& text, std::size_t at, std::size_t length)
     return value;
 }
 
+// Characters a terminal acts on though they are valid UTF-8: the C1
+// controls (U+009B is a CSI, as ESC [ is) and the bidirectional controls,
+// which reorder the text around them (an adapter named "x\u202e..." would
+// make the table lie about what follows).
+bool terminal_control(unsigned point) {
+    return (point >= 0x80 && point <= 0x9f) || point == 0x061c || point == 0x200e || point == 0x200f ||
+           (point >= 0x202a && point <= 0x202e) || (point >= 0x2066 && point <= 0x2069);
+}
+
+std::string code_point_escape(unsigned point) {
+    char text[16];
+    std::snprintf(text, sizeof text, "\\u{%04x}", point);
+    return text;
+}
+
 }  // namespace
 
 std::size_t utf8_sequence_length(const std::string& text, std::size_t at) {
@@ -68,6 +83,11 @@ std::string printable(const std::string& text, std::size_t bytes_max, bool keep_
         if (length == 0) {
             out += hex_byte(c);
             ++at;
+            continue;
+        }
+        if (const unsigned point = code_point(text, at, length); terminal_control(point)) {
+            out += code_point_escape(point);
+            at += length;
             continue;
         }
         out.append(text, at, length);

@@ -22,7 +22,9 @@ namespace kvcheck::cli {
 std::size_t utf8_sequence_length(const std::string& text, std::size_t at);
 
 // For a terminal: control bytes (all of them, newlines and tabs too, unless
-// `keep_newlines`), DEL and bytes that are not UTF-8 as \xNN. Longer than
+// `keep_newlines`), DEL and bytes that are not UTF-8 as \xNN; the C1
+// controls and the bidirectional controls (U+202E, which would reorder what
+// follows it on the line) as \u{NNNN}. Longer than
 // `bytes_max` input bytes: cut there, with a note of how much was left out.
 std::string printable(const std::string& text, std::size_t bytes_max = 400, bool keep_newlines = false);
 

@@ -158,6 +158,13 @@ class FileLock {
     int fd_;
 };
 
+// How much of an adapter's standard output and error its output file may
+// hold: only its tail is ever shown, and an engine that writes without end
+// must not fill the disk. Over it, the file is emptied but for a note.
+constexpr std::int64_t output_bytes_max = std::int64_t{16} << 20;
+// While kvcheck waits for a reply, it looks at the output file this often.
+constexpr int output_check_ms = 500;
+
 // How long a fork server may take to answer a fork request: it forks and
 // answers, nothing more, but the machine may be loaded.
 constexpr double fork_answer_seconds = 30;
@@ -402,6 +409,7 @@ void AdapterProcess::handshake(double seconds) {
 Json AdapterProcess::call(const std::string& request) {
     send(request);
     const std::string frame = receive(0);
+    limit_output();
     Json reply;
     try {
         reply = Json::parse(frame);
@@ -422,7 +430,7 @@ void AdapterProcess::send(const std::string& payload) {
     while (done < frame.size()) {
         const ssize_t n = ::write(request_fd_, frame.data() + done, frame.size() - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) died(hello_.protocol == 0 ? "before answering the handshake" : "while kvcheck sent it a request");
+        if (n < 0) died(hello_.protocol == 0 ? "before answering the handshake" : "while kvcheck sent it a request", "request");
         done += static_cast<std::size_t>(n);
     }
 }
@@ -453,11 +461,20 @@ std::string AdapterProcess::receive(double deadline) {
                 std::snprintf(seconds, sizeof seconds, "%g", handshake_seconds_);
                 fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " + seconds + " s");
             }
+        } else {
+            // A long operation may be one that writes without end.
+            pollfd ready{reply_fd_, POLLIN, 0};
+            const int polled = ::poll(&ready, 1, output_check_ms);
+            if (polled < 0 && errno == EINTR) continue;
+            if (polled == 0) {
+                limit_output();
+                continue;
+            }
         }
         char chunk[65536];
         const ssize_t n = ::read(reply_fd_, chunk, sizeof chunk);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) died(hello_.protocol == 0 ? "before answering the handshake" : "before answering a request");
+        if (n <= 0) died(hello_.protocol == 0 ? "before answering the handshake" : "before answering a request", "reply");
         buffer_.append(chunk, static_cast<std::size_t>(n));
     }
 }
@@ -476,6 +493,7 @@ void AdapterProcess::reap(double grace_seconds) {
             ::kill(-pid_, SIGKILL);
             ::kill(pid_, SIGKILL);
             while (::waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {}
+            killed_here_ = true;
             break;
         }
         ::usleep(2000);
@@ -509,6 +527,7 @@ void AdapterProcess::reap_forked(double grace_seconds) {
         return true;
     };
     if (!wait_for_status(grace_seconds)) {
+        killed_here_ = true;  // closing the life pipe has the server kill it
         close_quietly(life_fd_);
         if (!wait_for_status(10)) {
             // The server is gone or stuck: kill the copy from here.
@@ -536,14 +555,23 @@ void AdapterProcess::fail(const std::string& kind, const std::string& detail) {
     throw ProcessError(fault);
 }
 
-void AdapterProcess::died(const std::string& when) {
+void AdapterProcess::died(const std::string& when, const char* pipe) {
     close_quietly(request_fd_);
     close_quietly(reply_fd_);
-    reap(5);
+    // A process that is ending closes its pipes moments before it can be
+    // reaped; one still running after this long closed its pipe and went on.
+    constexpr double grace_seconds = 2;
+    reap(grace_seconds);
     const std::string who = "the adapter process '" + command_text_ + "' (pid " + std::to_string(pid_) + ")";
     std::string kind = "exit";
     std::string detail;
-    if (WIFSIGNALED(wait_status_)) {
+    if (killed_here_) {
+        // kvcheck's own SIGKILL says nothing of the adapter: what it did was
+        // close its pipe and go on running.
+        kind = "protocol";
+        detail = who + " closed its " + pipe + " pipe " + when + " but went on running (kvcheck killed it " +
+                 std::to_string(static_cast<int>(grace_seconds)) + " s later)";
+    } else if (WIFSIGNALED(wait_status_)) {
         kind = "crash";
         detail = who + " was killed by " + posix::signal_name(WTERMSIG(wait_status_)) + " " + when;
     } else {
@@ -584,10 +612,27 @@ std::string file_tail(const std::string& path, std::size_t bytes_max) {
     return tail;
 }
 
+void AdapterProcess::limit_output() {
+    struct stat info {};
+    if (::stat(output_path_.c_str(), &info) != 0 || info.st_size <= output_bytes_max) return;
+    // The adapter appends (O_APPEND): what it writes next lands after the note.
+    if (::truncate(output_path_.c_str(), 0) != 0) return;
+    output_dropped_ += static_cast<std::uint64_t>(info.st_size);
+    const std::string note = "[kvcheck: " + std::to_string(output_dropped_) +
+                             " bytes of the adapter's output dropped so far: an output file keeps at most " +
+                             std::to_string(output_bytes_max >> 20) + " MiB]\n";
+    const int fd = ::open(output_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return;
+    const ssize_t ignored = ::write(fd, note.data(), note.size());
+    (void)ignored;
+    ::close(fd);
+}
+
 void AdapterProcess::clear_output() {
     // A failure leaves more than the last trace's output in the tail: harmless.
     const int ignored = ::truncate(output_path_.c_str(), 0);
     (void)ignored;
+    output_dropped_ = 0;
 }
 
 }  // namespace kvcheck::process

@@ -116,6 +116,10 @@ class AdapterProcess {
     std::string output_tail(std::size_t bytes_max = 4096) const;
     // Empties the output file (the next tail shows only what follows).
     void clear_output();
+    // Empties the output file, but for a note of what was dropped, when it
+    // holds more than kvcheck keeps (16 MiB); done after every reply and
+    // twice a second while a reply is awaited.
+    void limit_output();
 
   private:
     void start(const ProcessCommand& command, bool offer_fork);
@@ -125,8 +129,10 @@ class AdapterProcess {
     // The next reply frame; `deadline` > 0: give up at that monotonic time.
     std::string receive(double deadline);
     [[noreturn]] void fail(const std::string& kind, const std::string& detail);
-    // After the reply pipe closed: how the process ended, as a fault.
-    [[noreturn]] void died(const std::string& when);
+    // After `pipe` ("reply" or "request") closed: how the process ended, as
+    // a fault; a process still running is killed, and its fault says that
+    // it closed the pipe, not that kvcheck killed it.
+    [[noreturn]] void died(const std::string& when, const char* pipe);
     void reap(double grace_seconds);
     void reap_forked(double grace_seconds);
 
@@ -140,6 +146,7 @@ class AdapterProcess {
     bool reaped_ = false;
     double handshake_seconds_ = 0;
     int wait_status_ = 0;
+    bool killed_here_ = false;  // reap had to kill it (it had not ended by itself)
     // A warm copy: the wait status arrives on status_fd_ from the fork
     // server; life_fd_ is held open while the copy may live.
     bool forked_ = false;
@@ -147,6 +154,7 @@ class AdapterProcess {
     int life_fd_ = -1;
     int fork_socket_ = -1;  // this end of a fork server's socket
     std::string buffer_;
+    std::uint64_t output_dropped_ = 0;  // bytes of output limit_output dropped since clear_output
     Hello hello_;
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <unordered_map>
 
@@ -39,6 +40,33 @@ std::string engine_error_text(const Json& reply) {
 // no more use.
 [[noreturn]] void reset_failed(AdapterProcess& process, const Json& reply, const FaultHandler& on_fault) {
     const ProcessFault fault{"start", "the adapter could not make a fresh engine: " + engine_error_text(reply)};
+    process.shut_down();
+    if (on_fault) on_fault(fault);
+    throw ProcessError(fault);
+}
+
+// An error reply that says an allocation was refused: Python's MemoryError
+// (the SDK words it "MemoryError: ..."), or "out_of_memory": true from an
+// adapter in any language (docs/protocol.md section 9). Under kvcheck run
+// the adapter process lives under the address-space limit that backs the
+// memory limit: such a refusal is the memory fault, not the engine's error.
+bool refused_memory(const Json& reply) {
+    const Json* flag = reply.find("out_of_memory");
+    if (flag != nullptr && flag->type() == Json::Type::boolean && flag->as_bool()) return true;
+    const Json* error = reply.find("error");
+    return error != nullptr && error->type() == Json::Type::string && error->as_string().rfind("MemoryError", 0) == 0;
+}
+
+[[noreturn]] void memory_fault(AdapterProcess& process, const Json& reply, const FaultHandler& on_fault) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_AS, &limit);
+    const std::string where = limit.rlim_cur == RLIM_INFINITY
+                                  ? "the system refused it"
+                                  : "refused at the address-space limit that backs the memory limit (" +
+                                        std::to_string(limit.rlim_cur >> 20) + " MiB of address space)";
+    const std::string error = engine_error_text(reply);
+    const ProcessFault fault{"memory", "an allocation failed in the adapter process, " + where + ": " +
+                                           error.substr(0, error.find('\n'))};
     process.shut_down();
     if (on_fault) on_fault(fault);
     throw ProcessError(fault);
@@ -346,6 +374,7 @@ class ProcessEngine final : public Engine {
         connection_->reset_due = false;
         if (!reply.at("ok").as_bool()) {
             if (resetting && reply.find("reset_failed") != nullptr) reset_failed(*connection_->process, reply, on_fault_);
+            if (refused_memory(reply)) memory_fault(*connection_->process, reply, on_fault_);
             throw std::runtime_error(engine_error_text(reply));
         }
         return reply;
@@ -476,8 +505,11 @@ class ProcessEngine final : public Engine {
 ProcessLauncher::ProcessLauncher(ProcessCommand command, LaunchOptions options)
     : command_(std::move(command)), options_(std::move(options)), owner_(::getpid()),
       connection_(std::make_shared<Connection>()) {
+    // Named after this process: a later kvcheck removes it if this one is
+    // killed before its destructor runs (sandbox.cpp, remove_stale_job_dirs).
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/kvcheck-adapter-XXXXXX";
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/kvcheck-adapter-" +
+                          std::to_string(::getpid()) + "-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
         throw ProcessError({"start", "cannot make a directory for the adapter's output (" + pattern + "): " + std::strerror(errno)});
     }

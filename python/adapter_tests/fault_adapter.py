@@ -11,15 +11,26 @@ other request:
     --fault hang       never answer
     --fault memory     allocate memory until killed (up to 3 GiB, then hang)
     --fault garbage    write text that is not a frame on the reply pipe
+    --fault close-reply  close the reply pipe and go on running (never exit)
+    --fault memory-error  answer with the error reply of a refused allocation
+                       (MemoryError, as the SDK words it: what Python raises
+                       when the address-space limit refuses memory)
     --fault not-json   answer with a frame that is not JSON
     --fault no-ok      answer with a JSON object without "ok"
     --fault version    answer the handshake with protocol version 99
     --fault refuse     refuse the handshake (an engine that cannot start)
     --fault reset      fail every reset (an engine that cannot be made again);
                        answer every other request as --fault none
+    --fault escape     start a process that leaves it (a double fork and
+                       setsid), holds --escape-mb MiB resident and writes
+                       its pid to --pid-file; then answer as --fault none
+    --fault flood      write 20 MiB to stdout, wait (up to 60 s) until its
+                       output file is cut, then answer with an error saying so
     --fault none       answer every request with an error (a well-behaved
                        adapter of an engine that rejects everything)
 
+--bidi-name names it "fault-<U+202E>KIND" in the handshake (a right-to-left
+override, which a terminal would obey if kvcheck's table printed it raw).
 --pid-file PATH writes the process id there first; --noise N prints N lines
 on stdout and stderr before the fault (kvcheck shows their tail), and
 --escapes ends each with what a terminal must never get raw from an engine
@@ -74,16 +85,59 @@ def fault(kind, reply_fd):
         os.write(reply_fd, b"Hello from the adapter: this is not a protocol frame\n")
         while True:
             time.sleep(3600)
+    elif kind == "close-reply":
+        os.close(reply_fd)
+        while True:
+            time.sleep(3600)
+    elif kind == "memory-error":
+        try:
+            bytearray(1 << 46)  # 64 TiB: refused under any address-space limit kvcheck sets
+            send(reply_fd, {"ok": False, "error": "RuntimeError: 64 TiB were granted: no address-space limit?"})
+        except MemoryError as error:
+            send(reply_fd, {"ok": False, "error": f"MemoryError: {error}", "traceback": "Traceback: bytearray(1 << 46)"})
+    elif kind == "flood":
+        written = 20 << 20
+        sys.stdout.flush()
+        os.write(1, b"flood\n" * (written // 6))
+        waited = 0
+        while os.fstat(1).st_size >= written // 2 and waited < 60:
+            time.sleep(0.05)
+            waited += 0.05
+        size = os.fstat(1).st_size
+        send(reply_fd, {"ok": False, "error": f"RuntimeError: after writing {written} bytes, my output file holds {size}"})
     elif kind == "not-json":
         os.write(reply_fd, (9).to_bytes(4, "big") + b"not json!")
     elif kind == "no-ok":
         send(reply_fd, {"tokens": []})
 
 
+def escape(pid_file, megabytes):
+    """A grandchild in a session of its own whose parent has exited: to
+    anything that follows parents or process groups, it is gone."""
+    ready_read, ready_write = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pid_file, "w") as out:
+                out.write(str(os.getpid()))
+            held = bytearray(megabytes << 20)
+            held[::4096] = b"\x01" * len(held[::4096])  # every page written: resident
+            os.write(ready_write, b"x")
+            time.sleep(120)  # should nothing kill it
+            os._exit(0)
+        os._exit(0)
+    os.close(ready_write)
+    os.read(ready_read, 1)
+    os.waitpid(middle, 0)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--fault", required=True)
     parser.add_argument("--pid-file")
+    parser.add_argument("--bidi-name", action="store_true")
+    parser.add_argument("--escape-mb", type=int, default=0)
     parser.add_argument("--noise", type=int, default=0)
     parser.add_argument("--escapes", action="store_true")
     parser.add_argument("--warm", action="store_true")
@@ -106,7 +160,7 @@ def main():
         if copy is None:
             return  # the server, shut down
         request_fd, reply_fd = copy._requests.fileno(), copy._reply_fd
-    if args.pid_file:
+    if args.pid_file and args.fault != "escape":
         with open(args.pid_file, "w") as out:
             out.write(str(os.getpid()))
     while True:
@@ -119,14 +173,16 @@ def main():
             send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
         elif op == "hello":
             version = 99 if args.fault == "version" else 3
-            send(reply_fd, {"ok": True, "protocol": version, "name": f"fault-{args.fault}"})
+            send(reply_fd, {"ok": True, "protocol": version, "name": ("fault-\u202e" if args.bidi_name else "fault-") + args.fault})
         elif args.fault == "reset" and (op == "reset" or request.get("reset") is True):
             send(reply_fd, {"ok": False, "error": "RuntimeError: the store is locked", "reset_failed": True})
         elif op in ("reset", "shutdown"):
             send(reply_fd, {"ok": True})
             if op == "shutdown":
                 return
-        elif args.fault in ("none", "reset"):
+        elif args.fault in ("none", "reset", "escape"):
+            if args.fault == "escape" and args.pid_file and not os.path.exists(args.pid_file):
+                escape(args.pid_file, args.escape_mb)
             send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported", "traceback": ""})
         else:
             hostile = "\x00\x1b[2J\x1b]0;pwned\x07" if args.escapes else ""
