@@ -553,6 +553,9 @@ std::shared_ptr<Engine> ProcessLauncher::make_isolated() {
     // An inherited process (a forked child's copy) only closes its
     // descriptors here; one this process started is stopped.
     connection_->process.reset();
+    // What the stopped process printed (its shutdown included) is not the
+    // fresh one's.
+    std::remove(output_path(std::to_string(::getpid())).c_str());
     return make();
 }
 

@@ -34,9 +34,8 @@ def test_state_shared_across_engines_is_reported_with_a_two_part_reproducer(kvch
     assert failure["message"].startswith("shared-state: engines share state across instances"), failure["message"]
     assert os.path.isfile(reproduction["prefix_file"]) and reproduction["prefix"]
     assert f"--prefix {reproduction['prefix_file']}" in failure["reproduce"]
-    # Its trace alone passes: the prefix is what makes it fail.
-    alone = kvcheck("replay", failure["trace_file"], "--adapter", adapter("shared_default"))
-    assert alone.status == 0, alone.stdout + alone.stderr
+    # Its trace alone passed its 3 replays (above); after the prefix, in one
+    # engine process, it fails.
     both = kvcheck("replay", failure["trace_file"], "--adapter", adapter("shared_default"), "--prefix",
                    reproduction["prefix_file"])
     assert both.status == 1 and "ERROR: generation-equivalent:" in both.stdout, both.stdout + both.stderr
@@ -60,7 +59,7 @@ def test_a_missing_cache_is_store_contracts_not_an_engine_error(kvcheck):
     # get_cache of several ids hands out nothing: merge-correct's follow-up
     # reading of that handle is not asked, and the engine never refuses.
     run = kvcheck("run", "--adapter", adapter("empty_handle"), "--property", "merge-correct", "--property",
-                  "store-contract", "--cases", "40", "--failures", "1")
+                  "store-contract", "--cases", "20", "--failures", "1")
     failure = only_failure(run, "store-contract")
     assert "holds no cache, expected one" in failure["message"], failure
     assert failure["reproduction"]["kind"] == "reproduced"
