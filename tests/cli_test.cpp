@@ -287,6 +287,22 @@ TEST_F(Cli, EngineErrorsOnAFewTracesLeaveThePropertiesJudged) {
     EXPECT_TRUE(contains(table.stdout_text, "/ engine-error (2 groups by message, ")) << table.stdout_text;
 }
 
+// Every finding is replayed on a fresh engine before it is reported
+// (docs/semantics.md#reproduction): a deterministic mutant's reproduces on
+// every replay; --replays 0 leaves it unverified.
+TEST_F(Cli, FindingsAreReplayVerified) {
+    const std::string args = " --adapter M12 --property store-contract --cases 50 --failures 1 --quiet --report json --trace-dir " +
+                             scratch("replayed-traces");
+    const Outcome run = kvcheck("run" + args);
+    const std::string json = property_json(run.stdout_text, "store-contract");
+    EXPECT_TRUE(contains(json, "\"reproduction\": {\"kind\": \"reproduced\", \"replays\": 3, \"failed\": 3, \"prefix\": null"))
+        << json;
+    const Outcome unverified = kvcheck("run --replays 0" + args);
+    const std::string plain = property_json(unverified.stdout_text, "store-contract");
+    EXPECT_TRUE(contains(plain, "\"reproduction\": null")) << plain;
+    EXPECT_EQ(kvcheck("run --replays -1" + args).status, 2);
+}
+
 // An engine that raises on most traces (every merge of several ids): the
 // properties are blocked (fewer than 90 % of their traces judged), each
 // naming the group that blocked most and its first trace; the raises of

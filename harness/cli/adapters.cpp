@@ -7,10 +7,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 namespace kvcheck::cli {
 namespace {
+
+// The launchers of the process adapters loaded, by their source (Adapter::source).
+std::map<std::string, std::weak_ptr<process::ProcessLauncher>>& launchers() {
+    static std::map<std::string, std::weak_ptr<process::ProcessLauncher>> known;
+    return known;
+}
 
 std::vector<Adapter>& bundled_list() {
     static std::vector<Adapter> list;
@@ -136,11 +143,22 @@ Adapter load_process_adapter(const process::ProcessCommand& command) {
     } catch (const process::ProcessError& error) {
         throw UsageError(error.fault().detail + start_hint(error.fault().detail, command));
     }
+    launchers()[exec_prefix + command.text] = launcher;
     return {hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
             [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
 }
 
 }  // namespace
+
+EngineFactory isolated_factory(const Adapter& adapter) {
+    const auto found = launchers().find(adapter.source);
+    if (found != launchers().end()) {
+        if (const std::shared_ptr<process::ProcessLauncher> launcher = found->second.lock()) {
+            return [launcher] { return launcher->make_isolated(); };
+        }
+    }
+    return adapter.make;
+}
 
 void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std::move(adapters); }
 

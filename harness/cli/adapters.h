@@ -39,6 +39,13 @@ Adapter load_adapter(const std::string& name_or_path, const AdapterOptions& opti
 // reference and the mutants at start-up, through cli::main).
 void set_bundled_adapters(std::vector<Adapter> adapters);
 
+// How to make an engine of `adapter` that nothing earlier reached: for a
+// process adapter, an engine in a fresh adapter process (the current one
+// stopped); for an engine loaded in kvcheck's process (bundled, plugin), a
+// fresh instance (adapter.make). What a finding's replays run on
+// (PropertySearch, docs/semantics.md#reproduction).
+EngineFactory isolated_factory(const Adapter& adapter);
+
 using kvcheck::shell_quoted;
 std::vector<Adapter> bundled_adapters();
 

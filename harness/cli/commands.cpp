@@ -154,6 +154,8 @@ const std::vector<OptionSpec> run_options = [] {
         {"seconds", true, "time per property instead of a case count"},
         {"failures", true, "distinct failures reported per property (default 3): after a failure, the search goes on\n"
                            "                             within its budget for failures of other checks or messages, each shrunk"},
+        {"replays", true, "replays of each shrunk failure on a fresh engine before it is reported (default 3; 0: none):\n"
+                          "                             some failing: flaky; none: the earlier trace that makes it fail (shared-state)"},
         {"report", true, "table (default), json, junit or markdown"},
         {"out", true, "write the report to this file instead of standard output"},
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
@@ -170,6 +172,8 @@ const std::vector<OptionSpec> replay_options = [] {
     std::vector<OptionSpec> specs = {
         {"adapter", true, "bundled name, plugin path, Python script or exec:COMMAND (required)"},
         {"property", true, "check only these properties; repeatable. Default: all"},
+        {"prefix", true, "a trace file run first, on its own engine in the same engine process (the first part of\n"
+                         "                             a shared-state finding's reproducer)"},
         {"quiet", false, "no progress lines on standard error"},
         {"progress-seconds", true, "seconds between progress lines (default 5; 0: at every step of progress)"},
     };
@@ -178,7 +182,10 @@ const std::vector<OptionSpec> replay_options = [] {
 }();
 
 const std::vector<OptionSpec> shrink_options = [] {
-    std::vector<OptionSpec> specs = replay_options;
+    std::vector<OptionSpec> specs;
+    for (const OptionSpec& spec : replay_options) {
+        if (spec.name != "prefix") specs.push_back(spec);
+    }
     specs.push_back({"out", true, "write the shrunk trace to this file (default: standard output, the report then on stderr)"});
     specs.push_back({"model", true, "keep the shrunk trace's caches in this model (as run --model; default: what the engine declares)"});
     return specs;
@@ -203,6 +210,7 @@ std::vector<Property> chosen_properties(const Options& options) {
 constexpr std::uint64_t cases_max = 1'000'000'000;
 constexpr std::uint64_t jobs_max = 256;
 constexpr std::uint64_t failures_per_property_max = 100;  // --failures: each is shrunk and written
+constexpr std::uint64_t replays_max = 1000;               // --replays: each a fresh engine process
 constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
 constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
 // The shortest --timeout and --total-timeout: the limits are polled every
@@ -230,6 +238,7 @@ ConformanceOptions conformance_options(const Options& options) {
     conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
     if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
     conformance.failures_max = options.number("failures", conformance.failures_max, 1, failures_per_property_max);
+    conformance.replays = options.number("replays", conformance.replays, 0, replays_max);
     conformance.properties = chosen_properties(options);
     conformance.limits.silence_seconds =
         options.real("timeout", conformance.limits.silence_seconds, limit_seconds_min, false, operation_seconds_max);
@@ -539,6 +548,8 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
     const ConformanceOptions conformance = conformance_options(options);
     const std::string path = options.positional().front();
     const Trace trace = read_trace(path);
+    std::optional<Trace> prefix;
+    if (options.has("prefix")) prefix = read_trace(options.get("prefix", ""));
     const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
     std::optional<OutputFile> shrunk_out;
     if (shrink_it) shrunk_out.emplace(options.get("out", ""));
@@ -546,13 +557,14 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
     ReplayResult result;
     {
         const EngineStdoutToStderr guard(!conformance.isolate);
-        result = replay_trace(adapter, trace, property_set(conformance.properties), shrink_it, conformance);
+        result = replay_trace(adapter, trace, property_set(conformance.properties), shrink_it, conformance, prefix);
     }
     if (result.interrupted_by != 0) {
         std::cerr << "kvcheck " << command << ": interrupted by " << signal_name(result.interrupted_by) << "\n";
         return 128 + result.interrupted_by;
     }
-    const std::string reproduce = replay_command(adapter, path);
+    std::string reproduce = replay_command(adapter, path);
+    if (prefix) reproduce += " --prefix " + shell_quoted(options.get("prefix", ""));
     if (!result.failed) {
         if (trace.empty()) {
             std::cerr << "kvcheck: warning: " << path << " holds no operations: nothing was checked\n";
@@ -561,7 +573,8 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
                       << " operations was skipped (each names a handle no earlier operation made, or cannot apply): "
                          "nothing was checked\n";
         }
-        std::cout << "kvcheck: " << trace.size() << " operations, every property holds on " << printable(adapter.name, 80) << "\n";
+        std::cout << "kvcheck: " << trace.size() << " operations" << (prefix ? " (after the prefix's " + std::to_string(prefix->size()) + ")" : "")
+                  << ", every property holds on " << printable(adapter.name, 80) << "\n";
         return 0;
     }
     const std::string report = format_failure(printable_failure(result.failure), result.trace, reproduce);

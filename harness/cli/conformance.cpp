@@ -110,6 +110,9 @@ class Scheduler {
         report.searching = property_id(properties_[task.property]);
         report.shape = failure_shape(found.failure);
         report.output = found.output;
+        report.reproduction = found.reproduction;
+        const std::string label = found.reproduction.label();
+        if (!label.empty()) report.message = label + ": " + report.message;
         return report;
     }
 

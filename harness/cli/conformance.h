@@ -34,6 +34,30 @@ struct ConformanceOptions {
     // --model: the model domain searched, instead of the one each engine
     // declares (kvcheck/domain.h).
     std::optional<ModelDomain> model;
+    // --replays: how many times a finding's shrunk trace is replayed on an
+    // engine nothing earlier reached before it is reported
+    // (docs/semantics.md#reproduction); 0: not verified.
+    std::size_t replays = 3;
+};
+
+// How a finding reproduced (docs/semantics.md#reproduction): its shrunk
+// trace replayed on engines nothing earlier reached (a fresh adapter
+// process; a fresh instance of an engine loaded in kvcheck's process).
+struct Reproduction {
+    // "reproduced": every replay failed as found. "flaky": some did (or
+    // none, and no earlier trace run first made it fail again).
+    // "shared-state": none did, but it fails after `prefix` ran first in
+    // the same engine process: engines share state across instances.
+    // "": not verified (--replays 0, or nothing to replay).
+    std::string kind;
+    std::size_t replays = 0;  // replays of the trace alone
+    std::size_t failed = 0;   // of them, those that failed as found
+    std::string prefix;       // shared-state: the trace run first, in the text format
+    std::size_t prefix_replays = 0;  // replays of prefix then trace, in one process
+    std::size_t prefix_failed = 0;   // of them, those that failed as found
+    // How it reads in a report: "" when reproduced (or not verified), else
+    // "flaky: failed 1 of 3 replays ..." or "shared-state: ...".
+    std::string label() const;
 };
 
 // One distinct failure of a property (another failing check, or another
@@ -54,6 +78,8 @@ struct FailureReport {
     std::string trace_file_error;  // why it could not be (then there is no reproduce command)
     std::string reproduce;         // the command that replays it
     std::string output;            // an out-of-process engine's output while its trace ran, as found
+    Reproduction reproduction;     // how its replays went
+    std::string prefix_file;       // shared-state: where the prefix trace was written
 };
 
 struct PropertyResult {
@@ -122,7 +148,9 @@ struct ReplayResult {
     std::array<CapturedOutput, 2> engine_output;
     std::string output;  // an out-of-process engine's last output (Adapter::take_output)
 };
+// `prefix`: a trace run first, on its own engine in the same engine
+// process, its result ignored (a shared-state finding's first part).
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
-                          const ConformanceOptions& options);
+                          const ConformanceOptions& options, const std::optional<Trace>& prefix = std::nullopt);
 
 }  // namespace kvcheck::cli

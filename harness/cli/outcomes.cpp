@@ -16,16 +16,46 @@ namespace kvcheck::cli {
 
 namespace fs = std::filesystem;
 
+std::string Reproduction::label() const {
+    const std::string alone = std::to_string(failed) + " of " + std::to_string(replays) + " replays on a fresh engine";
+    if (kind == "flaky") {
+        return "flaky: failed " + alone +
+               (failed == 0 ? " (and no earlier trace run first in the same process made it fail again)" : "");
+    }
+    if (kind == "shared-state") {
+        return "shared-state: engines share state across instances: the trace fails " + alone +
+               ", but fails after the prefix trace ran first in the same engine process (" + std::to_string(prefix_failed) +
+               " of " + std::to_string(prefix_replays) + " replays)";
+    }
+    return "";
+}
+
 // Writes the trace of `failure`, the `ordinal`-th (from 0) of `property`, to
 // <trace dir>/<stem>-<property>.trace (the first) or ...-<property>-<n>.trace
 // (the n-th). The reproduce command names the file only once it is written.
 void write_trace_file(const Adapter& adapter, const std::string& stem, const std::string& property, std::size_t ordinal,
                       FailureReport& failure, const ConformanceOptions& options) {
-    const std::string file = options.trace_dir + "/" + stem + "-" + property +
-                             (ordinal == 0 ? "" : "-" + std::to_string(ordinal + 1)) + ".trace";
-    const std::string reproduce = replay_command(adapter, file, parse_property(property));
+    const std::string name = options.trace_dir + "/" + stem + "-" + property + (ordinal == 0 ? "" : "-" + std::to_string(ordinal + 1));
+    const std::string file = name + ".trace";
+    std::string reproduce = replay_command(adapter, file, parse_property(property));
     std::error_code error;
     fs::create_directories(options.trace_dir, error);  // made by TraceDir, unless removed since
+    // A shared-state finding's first part: the trace that, run first in the
+    // same engine process, makes the other fail (kvcheck replay --prefix).
+    if (!failure.reproduction.prefix.empty()) {
+        const std::string prefix_file = name + ".prefix.trace";
+        std::ofstream prefix(prefix_file, std::ios::binary | std::ios::trunc);
+        prefix << "# kvcheck: run first, in the same engine process, it makes " << file << " fail " << property
+               << " on adapter " << printable(adapter.name, 200) << "\n"
+               << failure.reproduction.prefix;
+        prefix.close();
+        if (!prefix) {
+            failure.trace_file_error = "cannot write " + prefix_file + ": " + std::strerror(errno);
+            return;
+        }
+        failure.prefix_file = prefix_file;
+        reproduce += " --prefix " + shell_quoted(prefix_file);
+    }
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     out << "# kvcheck: " << (failure.fault.empty() ? property + " fails" : "fault (" + printable(failure.fault, 200) + ")")
         << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(failure.message, 2000) << "\n# seed "

@@ -29,9 +29,10 @@ void note_progress(const Job& job, bool shrink_it, std::size_t trace_length, std
 }  // namespace
 
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
-                          const ConformanceOptions& options) {
+                          const ConformanceOptions& options, const std::optional<Trace>& prefix) {
     auto body = [&](Channel& out) {
         const Runner runner = runner_for(adapter, properties, out);
+        if (prefix) runner.run(*prefix);
         const RunResult run = runner.run(trace);
         if (!run.failure) {
             out.send("pass", std::to_string(run.steps_run) + " " + std::to_string(run.coverage.ops_skipped));

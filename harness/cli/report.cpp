@@ -88,6 +88,17 @@ std::string json_list(const std::vector<std::string>& texts) {
     return "[" + list + "]";
 }
 
+// How a finding's replays went (docs/semantics.md#reproduction); null when
+// it was not verified.
+std::string json_reproduction(const Reproduction& r, const std::string& prefix_file) {
+    if (r.kind.empty()) return "null";
+    std::ostringstream out;
+    out << "{\"kind\": " << json_string(r.kind) << ", \"replays\": " << r.replays << ", \"failed\": " << r.failed
+        << ", \"prefix\": " << json_or_null(r.prefix) << ", \"prefix_file\": " << json_or_null(prefix_file)
+        << ", \"prefix_replays\": " << r.prefix_replays << ", \"prefix_failed\": " << r.prefix_failed << "}";
+    return out.str();
+}
+
 std::string json_failure(const FailureReport& f) {
     std::ostringstream out;
     out << "{\"message\": " << json_or_null(f.message) << ", \"also\": " << json_list(f.also)
@@ -95,7 +106,8 @@ std::string json_failure(const FailureReport& f) {
         << ", \"found_length\": " << f.found_length << ", \"found_after\": " << f.found_after << ", \"seed\": " << f.seed
         << ", \"count\": " << f.count << ", \"found_while_searching\": " << json_or_null(f.searching)
         << ", \"trace_file\": " << json_or_null(f.trace_file) << ", \"trace_file_error\": " << json_or_null(f.trace_file_error)
-        << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_or_null(f.output) << "}";
+        << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_or_null(f.output)
+        << ", \"reproduction\": " << json_reproduction(f.reproduction, f.prefix_file) << "}";
     return out.str();
 }
 
@@ -290,11 +302,18 @@ std::string shrunk_note(const FailureReport& f) {
     return f.seed != 0 ? note + " (seed " + std::to_string(f.seed) + ")" : note;
 }
 
+// A shared-state finding's first part, run before its trace.
+std::string prefix_note(const FailureReport& f) {
+    if (f.reproduction.prefix.empty()) return "";
+    return "after this prefix, run first in the same engine process" +
+           (f.prefix_file.empty() ? std::string() : " (" + f.prefix_file + ")") + ":\n" + f.reproduction.prefix;
+}
+
 std::string failure_text(const PropertyResult& p, const FailureReport& f) {
     std::ostringstream out;
     out << "ERROR: " << p.id << ": " << printable(f.message, 2000) << count_note(f) << "\n";
     for (const std::string& other : f.also) out << "also: " << printable(other, 2000) << "\n";
-    out << f.trace;
+    out << f.trace << prefix_note(f);
     if (!f.trace.empty() || f.seed != 0) out << shrunk_note(f) << "\n";
     if (!f.reproduce.empty()) out << "reproduce: " << f.reproduce << "\n";
     if (!f.trace_file_error.empty()) out << "the trace was not written: " << printable(f.trace_file_error, 400) << "\n";
@@ -322,6 +341,7 @@ std::string failure_markdown(const PropertyResult& p, const FailureReport& f) {
     if (!f.reproduce.empty()) out << "- reproduce: `" << f.reproduce << "`\n";
     if (!f.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(f.trace_file_error) << "\n";
     if (!f.trace.empty()) out << "\n```\n" << f.trace << "```\n";
+    if (!f.reproduction.prefix.empty()) out << "\n```\n" << prefix_note(f) << "```\n";
     return out.str();
 }
 

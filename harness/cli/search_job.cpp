@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -56,7 +58,13 @@ std::string encode(const FoundFailure& found) {
     out << "cases " << found.cases << "\nfound " << found.found_length << "\nstep " << found.failure.step
         << "\nproperty " << found.failure.property << "\nmessage " << escape_lines(found.failure.message) << "\n";
     for (const std::string& other : found.failure.also) out << "also " << escape_lines(other) << "\n";
-    out << "seed " << found.seed << "\noutput " << escape_lines(found.output) << "\ntrace\n" << found.trace;
+    out << "seed " << found.seed << "\noutput " << escape_lines(found.output) << "\n";
+    const Reproduction& r = found.reproduction;
+    if (!r.kind.empty()) {
+        out << "reproduction " << r.kind << " " << r.replays << " " << r.failed << " " << r.prefix_replays << " "
+            << r.prefix_failed << "\nprefix " << escape_lines(r.prefix) << "\n";
+    }
+    out << "trace\n" << found.trace;
     return out.str();
 }
 
@@ -76,6 +84,11 @@ FoundFailure decode(const std::string& payload) {
         if (key == "also") found.failure.also.push_back(unescape_lines(value));
         if (key == "seed") found.seed = std::stoull(value);
         if (key == "output") found.output = unescape_lines(value);
+        if (key == "reproduction") {
+            Reproduction& r = found.reproduction;
+            std::istringstream(value) >> r.kind >> r.replays >> r.failed >> r.prefix_replays >> r.prefix_failed;
+        }
+        if (key == "prefix") found.reproduction.prefix = unescape_lines(value);
     }
     found.trace.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     return found;
@@ -188,11 +201,15 @@ class PropertySearch {
             if (spent) break;
             const std::uint64_t seed = trace_seed(options_.seed, index_, cases_);
             const Trace trace = trace_for_seed(seed, workload);
+            const bool first_in_process = history_.empty();
             const RunResult run = runner.run(trace);
             ++cases_;
             coverage_.add(run.coverage);
+            history_.push_back(trace);
+            if (!run.failure && first_in_process) alone_ = Alone{trace, seed};
             if (run.failure) triage(runner, trace, *run.failure, seed);
         }
+        check_independence(runner);
         finish();
     }
 
@@ -249,9 +266,10 @@ class PropertySearch {
     }
 
     // The failure shrunk (keeping its shape, or, when `keep_shape` is
-    // false, to any failure of its property) and pinned to its step.
+    // false, to any failure of its property), pinned to its step and
+    // replay-verified (verify).
     FoundFailure shrunk(const Runner& runner, const Trace& trace, const Failure& failure, std::uint64_t seed,
-                        std::size_t runs_max, bool keep_shape = true) const {
+                        std::size_t runs_max, bool keep_shape = true) {
         ShrinkOptions shrink;
         shrink.runs_max = runs_max;
         shrink.model = model_;
@@ -263,7 +281,109 @@ class PropertySearch {
         // runs replace it.
         const std::string output = adapter_.take_output ? adapter_.take_output(0) : "";
         const Finding finding = shrink_failure(runner, trace, failure, shrink);
-        return {cases_, trace.size(), finding.reported, format_trace(finding.shrunk.trace), seed, output};
+        const Reproduction reproduction = verify(runner, trace, finding.shrunk.trace, finding.reported);
+        return {cases_, trace.size(), finding.reported, format_trace(finding.shrunk.trace), seed, output, reproduction};
+    }
+
+    // ---- reproduction (docs/semantics.md#reproduction) ----
+
+    // Runs `trace` on an engine nothing earlier reached (the first engine
+    // of the run: isolated_factory; any later one the trace makes, as a
+    // dump_safe kill test does, from the same process).
+    RunResult run_isolated(const Runner& runner, const Trace& trace) {
+        Runner once = runner;
+        auto first = std::make_shared<bool>(true);
+        once.make = [first, isolated = isolated_factory(adapter_), make = runner.make] {
+            if (!*first) return make();
+            *first = false;
+            return isolated();
+        };
+        const RunResult run = once.run(trace);
+        // The engine process is a fresh one now: what ran before is gone.
+        history_.clear();
+        history_.push_back(trace);
+        alone_.reset();
+        return run;
+    }
+
+    // Whether `trace` fails, run on a fresh engine process after `prefix`
+    // (each on its own engine), as `failure` did: the same property.
+    bool fails_after(const Runner& runner, const Trace& prefix, const Trace& trace, const Failure& failure) {
+        run_isolated(runner, prefix);
+        const RunResult run = runner.run(trace);
+        history_.push_back(trace);
+        return run.failure && run.failure->property == failure.property;
+    }
+
+    // The shrunk trace replayed options_.replays times on engines nothing
+    // earlier reached. None failing: the failure needs what ran before it
+    // in the engine's process; the shortest prefix found (one earlier
+    // trace, shrunk) makes it shared-state, none found, flaky.
+    Reproduction verify(const Runner& runner, const Trace& found, const Trace& trace, const Failure& failure) {
+        Reproduction result;
+        if (options_.replays == 0 || trace.empty()) return result;
+        const std::vector<Trace> before = history_;  // this process's traces, the failing one last
+        result.replays = options_.replays;
+        for (std::size_t i = 0; i < result.replays; ++i) {
+            const RunResult run = run_isolated(runner, trace);
+            if (run.failure && run.failure->property == failure.property) ++result.failed;
+        }
+        result.kind = result.failed == result.replays ? "reproduced" : "flaky";
+        if (result.failed > 0) return result;
+        // The trace as found first (it ran everything the shrunk one did),
+        // then the latest traces before it.
+        std::vector<const Trace*> candidates{&found};
+        for (auto it = before.rbegin(); it != before.rend() && candidates.size() < prefix_candidates_max; ++it) {
+            if (*it != found) candidates.push_back(&*it);
+        }
+        for (const Trace* candidate : candidates) {
+            if (!fails_after(runner, *candidate, trace, failure)) continue;
+            const Trace prefix = shrink_prefix(runner, *candidate, trace, failure);
+            result.kind = "shared-state";
+            result.prefix = format_trace(prefix);
+            result.prefix_replays = options_.replays;
+            for (std::size_t i = 0; i < result.prefix_replays; ++i) {
+                if (fails_after(runner, prefix, trace, failure)) ++result.prefix_failed;
+            }
+            return result;
+        }
+        return result;
+    }
+
+    // The prefix made shorter while `trace` still fails after it: chunks
+    // of operations removed, halves first, down to single operations
+    // (ddmin), within prefix_shrink_runs_max runs. Any subsequence runs: an
+    // operation that names what no earlier one made is skipped.
+    Trace shrink_prefix(const Runner& runner, Trace prefix, const Trace& trace, const Failure& failure) {
+        std::size_t runs = 0;
+        for (std::size_t chunk = std::max<std::size_t>(prefix.size() / 2, 1); chunk >= 1; chunk /= 2) {
+            for (std::size_t at = 0; at < prefix.size() && runs < prefix_shrink_runs_max;) {
+                Trace candidate(prefix.begin(), prefix.begin() + static_cast<std::ptrdiff_t>(at));
+                candidate.insert(candidate.end(), prefix.begin() + static_cast<std::ptrdiff_t>(std::min(at + chunk, prefix.size())),
+                                 prefix.end());
+                ++runs;
+                if (fails_after(runner, candidate, trace, failure)) {
+                    prefix = std::move(candidate);
+                } else {
+                    at += chunk;
+                }
+            }
+            if (chunk == 1) break;
+        }
+        return prefix;
+    }
+
+    // Engine independence: the first trace that passed on a fresh engine
+    // process, run again after all the others in that process; a failure
+    // now is state one engine left for another (triage shrinks and
+    // verifies it: its replays pass, its prefix is found). One run per
+    // search: sampled, cheap.
+    void check_independence(const Runner& runner) {
+        if (!alone_ || history_.size() < 2 || options_.replays == 0) return;
+        const Alone alone = *alone_;
+        const RunResult again = runner.run(alone.trace);
+        history_.push_back(alone.trace);
+        if (again.failure) triage(runner, alone.trace, *again.failure, alone.seed);
     }
 
     // The verdict: fail when a failure of this property was found; else
@@ -319,6 +439,14 @@ class PropertySearch {
     std::map<std::string, std::size_t> groups_;  // engine-error shape -> its group
     std::vector<std::size_t> counts_;             // per group: traces
     std::vector<First> firsts_;                   // per group: its first trace
+    // The traces run in the engine process since it was last a fresh one,
+    // in order (for in-process engines: since the search began).
+    std::vector<Trace> history_;
+    struct Alone {
+        Trace trace;
+        std::uint64_t seed = 0;
+    };
+    std::optional<Alone> alone_;  // the first trace that passed in that process
 };
 
 }  // namespace

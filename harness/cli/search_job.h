@@ -30,6 +30,7 @@ struct FoundFailure {
     std::string trace;       // the shrunk trace, in the text format; "" for an engine-error group not shrunk
     std::uint64_t seed = 0;  // the seed of the trace as found
     std::string output{};    // an out-of-process engine's output while that trace ran (Adapter::take_output)
+    Reproduction reproduction{};  // how its replays went (PropertySearch::verify)
 };
 
 std::string encode(const FoundFailure& found);
@@ -57,6 +58,13 @@ inline constexpr std::size_t error_groups_shrunk_max = 5;
 // cost a bounded share of the run (the first failure keeps the shrinker's
 // full budget, ShrinkOptions::runs_max).
 inline constexpr std::size_t later_shrink_runs_max = 500;
+// A finding whose replays all pass: the earlier traces of the search's
+// engine process tried as the prefix that makes it fail again (the trace
+// as found first, then the latest ones), and the shrinker's runs of the
+// prefix found.
+inline constexpr std::size_t prefix_candidates_max = 8;
+inline constexpr std::size_t prefix_shrink_runs_max = 150;
+
 // A property is judged when at least this share of its search's traces
 // ran without an engine error; below it, "blocked".
 inline constexpr double judged_share_min = 0.9;

@@ -581,6 +581,16 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
     return std::make_shared<ProcessEngine>(connection_, connection.session, options_.on_fault);
 }
 
+std::shared_ptr<Engine> ProcessLauncher::make_isolated() {
+    // An inherited process (a forked child's copy) only closes its
+    // descriptors here; one this process started is stopped.
+    connection_->process.reset();
+    // What the stopped process printed (its shutdown included) is not the
+    // fresh one's.
+    std::remove(output_path(std::to_string(::getpid())).c_str());
+    return make();
+}
+
 int ProcessLauncher::process_id() const {
     const AdapterProcess* process = connection_->process.get();
     return process != nullptr && process->owned_here() && process->alive() ? process->pid() : -1;

@@ -77,6 +77,11 @@ class ProcessLauncher {
     // the next ones reset it (with their first request: a reset that fails
     // is a "start" ProcessError of that request).
     std::shared_ptr<Engine> make();
+    // A fresh engine in a fresh adapter process: the current one is
+    // stopped first, so that nothing an earlier engine left in the process
+    // (module state, a cache of objects by address) can reach it. What
+    // replays a finding to verify it (docs/semantics.md#reproduction).
+    std::shared_ptr<Engine> make_isolated();
     // Whether the adapter processes of make() are warm copies.
     bool warm() const;
     // What the adapter process started by process `pid` printed (its last

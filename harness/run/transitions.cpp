@@ -155,7 +155,9 @@ template <>
 std::optional<Fact> Transitions::apply(const op::Get& op) {
     engine_.get(op.id, op.out.value);
     const std::optional<ObjectId> entry = audit_.entry(op.id);
-    audit_.bind(op.out.value, entry);
+    // No cache for a stored id: store-contract's (the fact keeps the entry);
+    // the handle is followed as holding none (as get_cache's).
+    audit_.bind(op.out.value, entry && readings_.handle(op.out.value).exists ? entry : std::nullopt);
     checkers::Made fact = made(MadeBy::get, op.out.value, entry);
     fact.id = op.id;
     return fact;
@@ -203,9 +205,18 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         count_copy_of(audit_.object(parts.front()).content);
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
     }
-    audit_.bind(op.out.value, fact.object);
     expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
                   audit_.object(*fact.object).content);
+    // No cache where one was expected: store-contract's to report (the
+    // fact keeps the object it expected). The handle is followed as holding
+    // none, so nothing more is asked of what the engine never made
+    // (docs/semantics.md#reproduction), and no copy is owed.
+    if (!readings_.handle(op.out.value).exists) {
+        audit_.bind(op.out.value, std::nullopt);
+        copies_.min = 0;
+        return fact;
+    }
+    audit_.bind(op.out.value, fact.object);
     return fact;
 }
 

@@ -16,9 +16,11 @@ of some keys and values. Either
   - a *copy*: the storages written by the copy operators of one recording
     (one engine operation) at one depth of copying: the copies of tracked
     tensors made before the recording are depth 1, copies of those made in
-    the same recording depth 2, and so on. Each source storage is copied
-    into a set at most once: copying it again at the same depth begins a
-    new set (two clones in one operation are two sets).
+    the same recording depth 2, and so on. Each source region (a storage
+    and the elements of it a tensor views) is copied into a set at most
+    once: copying it again at the same depth begins a new set (two clones
+    in one operation are two sets); tensors packed into one storage (an
+    arena, a pool) are distinct regions, so copying each once is one set.
 The model's appends continue a set: after a model forward, a slot of the
 cache whose tensor the model replaced (update rebinds a slot to the cat of
 its tensor with the new tokens) belongs to the set its tensor belonged to
@@ -242,7 +244,7 @@ class CopyTracker:
         self._storages: Dict[int, Tuple[_KvSet, StorageWeakRef]] = {}
         self._sweep_at = 1024
         self._recording: Optional[Recording] = None
-        self._open: Dict[int, Tuple[_KvSet, Set[int]]] = {}  # depth -> (set, sources copied into it)
+        self._open: Dict[int, Tuple[_KvSet, Set[tuple]]] = {}  # depth -> (set, sources copied into it)
         self._made_here: Dict[int, int] = {}  # set id -> depth, for the sets this recording made
         self._set_copies: Dict[int, SetCopy] = {}
         self._model_depth = 0
@@ -410,7 +412,7 @@ class CopyTracker:
         if recording is not None:
             recording.peak_sets_on_path = max(recording.peak_sets_on_path, self.sets_on_path(cache, tensor_sets))
 
-    def _copy_target(self, sources: List[_KvSet], source_keys: List[int]) -> _KvSet:
+    def _copy_target(self, sources: List[_KvSet], source_keys: List[tuple]) -> _KvSet:
         """The set a copy from `sources` writes into (see the module doc)."""
         depth = 1 + max((self._made_here.get(s.set_id, 0) for s in sources), default=0)
         opened = self._open.get(depth)
@@ -451,7 +453,7 @@ class CopyTracker:
             if name == "cat":
                 self._join(target, tracked[0])
             return
-        kv_set = self._copy_target(_unique(tracked), [self._key(t) for t in sources])
+        kv_set = self._copy_target(_unique(tracked), [_region(self._key(t), t) for t in sources])
         self._join(target, kv_set)
         copy = self._set_copies[kv_set.set_id]
         copy.tensors += 1
@@ -459,6 +461,14 @@ class CopyTracker:
         self._recording.tensor_copies.append(
             TensorCopy(name, _nbytes(target), tuple(s.set_id for s in _unique(tracked)), kv_set.set_id)
         )
+
+
+def _region(storage_key: int, tensor: torch.Tensor) -> Tuple[int, int, Tuple[int, ...], Tuple[int, ...]]:
+    """What a copy reads from: the storage and the elements of it the
+    tensor views. Tensors packed into one storage (an arena, a pool) are
+    distinct sources: copying each of them once is one copy of the K/V,
+    not a copy per tensor (copies are counted by what was written)."""
+    return (storage_key, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
 
 
 def _unique(sets) -> List[_KvSet]:

@@ -85,6 +85,35 @@ def test_two_clones_of_one_source_are_two_sets(tracker):
     assert [event.sources for event in recording.copies] == [(source_set,), (source_set,)]
 
 
+def in_arena(cache):
+    """The cache with every tensor moved into one shared storage (an arena,
+    as a load that packs its tensors does): each slot a view of it."""
+    slots = [(layer, name) for layer in cache.layers for name in ("keys", "values")]
+    tensors = [getattr(layer, name) for layer, name in slots]
+    arena = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype)
+    at = 0
+    for (layer, name), tensor in zip(slots, tensors):
+        view = arena[at:at + tensor.numel()].view(tensor.shape)
+        view.copy_(tensor)
+        setattr(layer, name, view)
+        at += tensor.numel()
+    return cache
+
+
+def test_a_clone_of_tensors_sharing_an_arena_is_one_copy(tracker):
+    # Copies are counted by what was written: the arena is not copied once
+    # per tensor it holds (issue 33: "made 2 copies" of one get_cache).
+    source = in_arena(materialized("modern/f32/2:[kv3 kv3]"))
+    assert len({t.untyped_storage().data_ptr() for t in copies._cache_tensors(source)}) == 1
+    source_set = tracker.track(source)
+    with tracker.record() as recording:
+        copy_ = kv.clone(source)
+    assert len(recording.copies) == 1
+    assert recording.copies[0].sources == (source_set,)
+    assert recording.bytes_copied == kv.footprint(copy_)[1]
+    assert len(recording.tensor_copies) == 4
+
+
 def test_no_copy_is_zero_copies(tracker):
     source, _ = stored(tracker)
     with tracker.record() as recording:

@@ -1,0 +1,77 @@
+"""Every reported failure reproduces (issue 33, docs/semantics.md#reproduction):
+a failure that needs an earlier engine of the process is reported as
+shared-state with a two-part reproducer that fails on replay; one that comes
+and goes, flaky with its rate; a refusal that follows a missing cache, by
+store-contract; copies of an arena, counted by what was written.
+The engines: reproduction_adapter.py."""
+
+import os
+
+from conftest import HERE
+
+ADAPTER = os.path.join(HERE, "reproduction_adapter.py")
+
+
+def adapter(case):
+    return f"{ADAPTER} --case {case}"
+
+
+def only_failure(run, prop):
+    result = run.result(prop)
+    assert result["verdict"] == "fail", run.stdout + run.stderr
+    assert len(result["failures"]) == 1, result["failures"]
+    return result["failures"][0]
+
+
+def test_state_shared_across_engines_is_reported_with_a_two_part_reproducer(kvcheck, scratch_dir):
+    run = kvcheck("run", "--adapter", adapter("shared_default"), "--property", "generation-equivalent", "--cases", "40",
+                  "--failures", "1")
+    failure = only_failure(run, "generation-equivalent")
+    reproduction = failure["reproduction"]
+    assert reproduction["kind"] == "shared-state", failure
+    assert (reproduction["replays"], reproduction["failed"]) == (3, 0)
+    assert reproduction["prefix_failed"] == reproduction["prefix_replays"] == 3
+    assert failure["message"].startswith("shared-state: engines share state across instances"), failure["message"]
+    assert os.path.isfile(reproduction["prefix_file"]) and reproduction["prefix"]
+    assert f"--prefix {reproduction['prefix_file']}" in failure["reproduce"]
+    # Its trace alone passed its 3 replays (above); after the prefix, in one
+    # engine process, it fails.
+    both = kvcheck("replay", failure["trace_file"], "--adapter", adapter("shared_default"), "--prefix",
+                   reproduction["prefix_file"])
+    assert both.status == 1 and "ERROR: generation-equivalent:" in both.stdout, both.stdout + both.stderr
+    assert "--prefix" in both.stdout  # its own reproduce line
+
+
+def test_a_failure_that_comes_and_goes_is_reported_flaky_with_its_rate(kvcheck, scratch_dir, monkeypatch):
+    # Broken in two adapter processes of three, by their order of start:
+    # the search's fails, and two of the three replays.
+    monkeypatch.setenv("KVCHECK_TEST_PROCESS_COUNTER", os.path.join(scratch_dir, "processes"))
+    run = kvcheck("run", "--adapter", adapter("flaky"), "--property", "generation-equivalent", "--cases", "40",
+                  "--failures", "1")
+    failure = only_failure(run, "generation-equivalent")
+    reproduction = failure["reproduction"]
+    assert reproduction["kind"] == "flaky", failure
+    assert (reproduction["replays"], reproduction["failed"]) == (3, 2)
+    assert failure["message"].startswith("flaky: failed 2 of 3 replays on a fresh engine: "), failure["message"]
+
+
+def test_a_missing_cache_is_store_contracts_not_an_engine_error(kvcheck):
+    # get_cache of several ids hands out nothing: merge-correct's follow-up
+    # reading of that handle is not asked, and the engine never refuses.
+    run = kvcheck("run", "--adapter", adapter("empty_handle"), "--property", "merge-correct", "--property",
+                  "store-contract", "--cases", "20", "--failures", "1")
+    failure = only_failure(run, "store-contract")
+    assert "holds no cache, expected one" in failure["message"], failure
+    assert failure["reproduction"]["kind"] == "reproduced"
+    assert run.result("merge-correct")["verdict"] == "pass", run.result("merge-correct")
+    errors = run.result("engine-error")
+    assert errors["verdict"] == "pass" and not errors["failures"], errors
+
+
+def test_an_arena_is_not_counted_as_copies(kvcheck):
+    # A load packs every tensor of one dtype into one storage; a get_cache
+    # of one entry then copies each of its tensors once: one copy.
+    run = kvcheck("run", "--adapter", adapter("arena"), "--property", "single-copy", "--cases", "60", "--failures", "1")
+    result = run.result("single-copy")
+    assert result["verdict"] == "pass", result
+    assert run.status == 0, run.stdout + run.stderr
