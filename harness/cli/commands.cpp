@@ -8,6 +8,7 @@
 #include "output.h"
 #include "report.h"
 #include "text.h"
+#include "wire.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -412,7 +413,8 @@ int command_help(const Args&) {
 int command_version(const Args&) {
     std::cout << "kvcheck " KVCHECK_VERSION "\n"
               << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
-              << ", dump format " << kv::dump_format_version << "\n";
+              << ", dump format " << kv::dump_format_version << ", adapter protocol " << process::protocol_version
+              << "\n";
     return 0;
 }
 
