@@ -7,6 +7,7 @@
 #include "kvcheck/plugin.h"
 #include "output.h"
 #include "report.h"
+#include "report_html.h"
 #include "text.h"
 #include "wire.h"
 
@@ -155,7 +156,7 @@ const std::vector<OptionSpec> run_options = [] {
         {"seconds", true, "time per property instead of a case count"},
         {"failures", true, "distinct failures reported per property (default 3): after a failure, the search goes on\n"
                            "                             within its budget for failures of other checks or messages, each shrunk"},
-        {"report", true, "table (default), json, junit or markdown"},
+        {"report", true, "table (default), json, junit, markdown or html (one page, each failure drawn step by step)"},
         {"out", true, "write the report to this file instead of standard output"},
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
         {"jobs", true, "engine processes at once (default: the number of cores)"},
@@ -490,7 +491,12 @@ int command_run(const Args& args) {
         const EngineStdoutToStderr guard(!conformance.isolate);
         run = check_adapters(adapters, conformance);
     }
-    const bool written = report.write(render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    // The HTML report draws each failure step by step: its trace replayed
+    // once more per step (report_html.h).
+    const bool written = report.write(
+        format == ReportFormat::html
+            ? render_html(run.adapters, conformance.seed, run.interrupted_by, picture_failures(run.adapters, conformance))
+            : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::size_t distinct = 0, operations = 0;
     for (const AdapterResult& result : run.adapters) {
