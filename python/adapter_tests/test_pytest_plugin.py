@@ -57,8 +57,9 @@ def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pyt
                       for word in line.split() if word.endswith(".trace"))
     assert os.path.isfile(os.path.join(str(pytester.path), trace_file)), trace_file
     cases = ElementTree.parse(os.path.join(str(pytester.path), "report.xml")).getroot().iter("testcase")
+    # (pytest 7 names the testcase by the whole node id past the file, pytest 9 by the item's name.)
     failed = [case.get("name") for case in cases if case.find("failure") is not None]
-    assert failed == ["clone-independent"], failed
+    assert len(failed) == 1 and failed[0].endswith("clone-independent"), failed
 
 
 def test_a_test_file_names_its_adapter_with_the_marker(run, pytester):
