@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <cctype>
 #include <set>
 #include <sstream>
@@ -242,16 +243,28 @@ std::string coverage_html(const std::vector<AdapterResult>& results) {
 
 Pictures picture_failures(const std::vector<AdapterResult>& results, const ConformanceOptions& options,
                           std::size_t per_property_max) {
-    Pictures pictures;
+    // A property's failure with a shrunk trace; not a fault, nor an
+    // engine-error group.
+    std::vector<PictureKey> drawn;
     for (std::size_t a = 0; a < results.size(); ++a) {
         for (std::size_t i = 0; i < results[a].properties.size(); ++i) {
             const PropertyResult& p = results[a].properties[i];
-            const std::size_t count = std::min(p.failures.size(), per_property_max);
-            for (std::size_t f = 0; f < count && interrupted_by() == 0; ++f) {
-                if (auto picture = picture_failure(results[a].adapter, p.id, p.failures[f], options)) {
-                    pictures.emplace(PictureKey{a, i, f}, std::move(*picture));
-                }
+            for (std::size_t f = 0; f < std::min(p.failures.size(), per_property_max); ++f) {
+                const FailureReport& failure = p.failures[f];
+                if (parse_property(p.id) && !failure.trace.empty() && failure.fault.empty()) drawn.emplace_back(a, i, f);
             }
+        }
+    }
+    if (options.progress && !drawn.empty()) {
+        std::cerr << "kvcheck run: drawing " << drawn.size() << (drawn.size() == 1 ? " failure" : " failures")
+                  << " for the HTML report (each trace replayed once per step)\n";
+    }
+    Pictures pictures;
+    for (const auto& [a, i, f] : drawn) {
+        if (interrupted_by() != 0) break;
+        const PropertyResult& p = results[a].properties[i];
+        if (auto picture = picture_failure(results[a].adapter, p.id, p.failures[f], options)) {
+            pictures.emplace(PictureKey{a, i, f}, std::move(*picture));
         }
     }
     return pictures;

@@ -3,6 +3,7 @@ a user runs it: each property an item, a violation a FAILED item whose text
 is kvcheck's report, -k selecting, the options passed through to kvcheck."""
 
 import os
+import shutil
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -17,6 +18,14 @@ PLUGIN = ["-p", "kvcheck_adapter.pytest_plugin"]
 def sdk_importable(monkeypatch):
     """The pytest processes import the SDK from the source tree."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [PYTHON_DIR, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(pytester):
+    """pytester's directory (the runs' files, traces and reports) goes with
+    the test: pytest would keep the last runs' around."""
+    yield
+    shutil.rmtree(str(pytester.path), ignore_errors=True)
 
 
 @pytest.fixture
