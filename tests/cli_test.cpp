@@ -65,6 +65,31 @@ TEST_F(Cli, TheReferencePassesAndExitsZero) {
     EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
 }
 
+// The line of the (index)-th property finished, "" when there is none.
+std::string finished_line(const std::string& text, const std::string& index) {
+    const std::size_t at = text.find("[" + index + "] ");
+    return at == std::string::npos ? "" : text.substr(at, text.find('\n', at) - at);
+}
+
+// Progress lines say how long the run has left once it has lasted
+// --progress-seconds (0 here: from the first line on): from the time the
+// finished properties took, or from a --seconds budget; the last line,
+// with nothing left, says nothing of it.
+TEST_F(Cli, ProgressLinesEstimateTheTimeLeft) {
+    const std::string three = "run --adapter reference --property single-copy --property store-contract "
+                              "--property clone-independent --jobs 1 --progress-seconds 0 --trace-dir " + scratch("traces");
+    const Outcome counted = kvcheck(three + " --cases 5");
+    EXPECT_EQ(counted.status, 0) << counted.out;
+    EXPECT_TRUE(contains(finished_line(counted.stderr_text, "  1/3"), " s left")) << counted.stderr_text;
+    EXPECT_TRUE(contains(finished_line(counted.stderr_text, "  2/3"), "; about ")) << counted.stderr_text;
+    EXPECT_FALSE(contains(finished_line(counted.stderr_text, "  3/3"), "left")) << counted.stderr_text;
+    const Outcome budget = kvcheck(three + " --seconds 0.2");
+    EXPECT_EQ(budget.status, 0) << budget.out;
+    EXPECT_TRUE(contains(finished_line(budget.stderr_text, "  1/3"), "; about 1 s left")) << budget.stderr_text;
+    const Outcome quiet = kvcheck(three + " --cases 5 --progress-seconds 60");
+    EXPECT_FALSE(contains(quiet.stderr_text, "left")) << quiet.stderr_text;
+}
+
 // --model: the domain searched instead of the engine's, said in the run's
 // first line and the report; a bad key or value is a usage error naming it.
 TEST_F(Cli, ModelOverridesTheDomainAndIsParsedStrictly) {

@@ -92,6 +92,17 @@ std::string python_of(const AdapterOptions& options) {
     return chosen != nullptr && *chosen != '\0' ? chosen : default_python;
 }
 
+// The Python SDK of this kvcheck: the one installed beside it
+// (<prefix>/share/kvcheck/python, cmake/kvcheckPackage.cmake), else the
+// source tree's it was built from; "" when neither is there.
+std::string sdk_dir() {
+    std::error_code ignored;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ignored);
+    const std::filesystem::path installed = self.parent_path().parent_path() / "share" / "kvcheck" / "python";
+    if (!self.empty() && std::filesystem::is_directory(installed / "kvcheck_adapter", ignored)) return installed.string();
+    return std::filesystem::is_directory(KVCHECK_PYTHON_SDK_DIR, ignored) ? KVCHECK_PYTHON_SDK_DIR : "";
+}
+
 // The command an adapter argument names, or nullopt when it names no
 // process: "exec:COMMAND" as given; "x.py ARGS" run by the interpreter.
 std::optional<process::ProcessCommand> process_command(const std::string& text, const AdapterOptions& options) {
@@ -107,11 +118,11 @@ std::optional<process::ProcessCommand> process_command(const std::string& text, 
         command.argv = std::move(words);
     }
     for (const std::string& word : command.argv) command.text += (command.text.empty() ? "" : " ") + shell_quoted(word);
-    // The SDK of this source tree, importable as kvcheck_adapter.
-    if (std::filesystem::is_directory(KVCHECK_PYTHON_SDK_DIR)) {
+    // The SDK of this kvcheck, importable as kvcheck_adapter.
+    const std::string sdk = sdk_dir();
+    if (!sdk.empty()) {
         const char* path = std::getenv("PYTHONPATH");
-        command.extra_env.push_back(std::string("PYTHONPATH=") + KVCHECK_PYTHON_SDK_DIR +
-                                    (path != nullptr && *path != '\0' ? ":" + std::string(path) : ""));
+        command.extra_env.push_back("PYTHONPATH=" + sdk + (path != nullptr && *path != '\0' ? ":" + std::string(path) : ""));
     }
     return command;
 }

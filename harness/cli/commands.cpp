@@ -7,7 +7,9 @@
 #include "kvcheck/plugin.h"
 #include "output.h"
 #include "report.h"
+#include "report_html.h"
 #include "text.h"
+#include "wire.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -156,7 +158,7 @@ const std::vector<OptionSpec> run_options = [] {
                            "                             within its budget for failures of other checks or messages, each shrunk"},
         {"replays", true, "replays of each shrunk failure on a fresh engine before it is reported (default 3; 0: none):\n"
                           "                             some failing: flaky; none: the earlier trace that makes it fail (shared-state)"},
-        {"report", true, "table (default), json, junit or markdown"},
+        {"report", true, "table (default), json, junit, markdown or html (one page, each failure drawn step by step)"},
         {"out", true, "write the report to this file instead of standard output"},
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
         {"jobs", true, "engine processes at once (default: the number of cores)"},
@@ -421,7 +423,8 @@ int command_help(const Args&) {
 int command_version(const Args&) {
     std::cout << "kvcheck " KVCHECK_VERSION "\n"
               << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
-              << ", dump format " << kv::dump_format_version << "\n";
+              << ", dump format " << kv::dump_format_version << ", adapter protocol " << process::protocol_version
+              << "\n";
     return 0;
 }
 
@@ -497,7 +500,12 @@ int command_run(const Args& args) {
         const EngineStdoutToStderr guard(!conformance.isolate);
         run = check_adapters(adapters, conformance);
     }
-    const bool written = report.write(render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    // The HTML report draws each failure step by step: its trace replayed
+    // once more per step (report_html.h).
+    const bool written = report.write(
+        format == ReportFormat::html
+            ? render_html(run.adapters, conformance.seed, run.interrupted_by, picture_failures(run.adapters, conformance))
+            : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::size_t distinct = 0, operations = 0;
     for (const AdapterResult& result : run.adapters) {

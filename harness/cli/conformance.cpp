@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <iostream>
 #include <map>
@@ -64,6 +65,7 @@ class Scheduler {
     }
 
     ConformanceRun run() {
+        run_started_ = monotonic_seconds();
         while (!pending_.empty() || !running_.empty()) {
             while (!pending_.empty() && running_.size() < std::max<std::size_t>(options_.jobs, 1) && interrupted_by() == 0) {
                 running_.push_back(start(pending_.front()));
@@ -85,7 +87,8 @@ class Scheduler {
                 if (options_.progress && now - it->last_progress >= options_.progress_seconds) {
                     it->last_progress = now;
                     std::cerr << "         " << printable(adapters_[it->adapter].name, 40) << " / "
-                              << property_id(properties_[it->property]) << ": " << it->job->begins << " traces so far\n";
+                              << property_id(properties_[it->property]) << ": " << it->job->begins << " traces so far"
+                              << time_left_note(now) << "\n";
                 }
                 ++it;
             }
@@ -348,6 +351,11 @@ class Scheduler {
         if (result.verdict != "fail") result.output.clear();  // shown with a failure only
         if (result.verdict == "fail") settle_failures(adapter, stems_[task.adapter], result, options_);
         ++finished_;
+        if (result.verdict == "skipped") {
+            ++not_timed_;
+        } else {
+            finished_seconds_ += result.seconds;
+        }
         if (options_.progress) {
             const std::string verdict = result.fault.empty() ? result.verdict : "FAULT";
             char line[128];
@@ -355,9 +363,31 @@ class Scheduler {
                           result.cases, result.seconds);
             std::string name = printable(adapter.name, 40);
             name.resize(std::max(name.size(), name_width_), ' ');
+            if (finished_ < total_) line[std::strlen(line) - 1] = '\0';  // the time left follows
             std::cerr << "[" << std::string(finished_ < 10 ? 2 : finished_ < 100 ? 1 : 0, ' ') << finished_ << "/"
-                      << total_ << "] " << name << " " << line;
+                      << total_ << "] " << name << " " << line << (finished_ < total_ ? time_left_note(now) + "\n" : "");
         }
+    }
+
+    // The run's estimated time left, once it has run for progress_seconds:
+    // every task still pending or running takes what a task takes (its
+    // --seconds budget, else the mean of those finished), spread over the
+    // jobs; "" before there is anything to estimate from.
+    std::string time_left_note(double now) const {
+        if (now - run_started_ < options_.progress_seconds) return "";
+        const std::size_t done = finished_ - std::min(finished_, not_timed_);
+        if (options_.seconds <= 0 && done == 0) return "";
+        const double task_seconds = options_.seconds > 0 ? options_.seconds : finished_seconds_ / static_cast<double>(done);
+        double work = static_cast<double>(pending_.size()) * task_seconds;
+        for (const Task& task : running_) work += std::max(0.0, task_seconds - (now - task.started));
+        const double left = work / static_cast<double>(std::max<std::size_t>(options_.jobs, 1));
+        char note[64];
+        if (left >= 90) {
+            std::snprintf(note, sizeof note, "; about %.0f min left", left / 60);
+        } else {
+            std::snprintf(note, sizeof note, "; about %.0f s left", std::max(1.0, left));
+        }
+        return note;
     }
 
     const std::vector<Adapter>& adapters_;
@@ -372,6 +402,9 @@ class Scheduler {
     std::size_t name_width_ = 10;
     std::size_t total_ = 0;
     std::size_t finished_ = 0;
+    double run_started_ = 0;
+    double finished_seconds_ = 0;  // the time the finished tasks took, together
+    std::size_t not_timed_ = 0;    // finished tasks not in it (skipped: they took no time of their own)
     // (adapter, property id) -> the index of the search that found it, and what it found
     std::map<std::pair<std::size_t, std::string>, std::pair<std::size_t, PropertyResult>> elsewhere_;
     std::vector<std::vector<ErrorGroup>> errors_;  // per adapter: the engine-error groups sent, as collected

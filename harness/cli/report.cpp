@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include "interrupt.h"
+#include "report_html.h"
 #include "search_job.h"
 #include "text.h"
 
@@ -405,7 +406,8 @@ ReportFormat parse_report_format(const std::string& name) {
     if (name == "json") return ReportFormat::json;
     if (name == "junit") return ReportFormat::junit;
     if (name == "markdown") return ReportFormat::markdown;
-    throw UsageError("unknown report format '" + printable(name, 40) + "': table, json, junit or markdown");
+    if (name == "html") return ReportFormat::html;
+    throw UsageError("unknown report format '" + printable(name, 40) + "': table, json, junit, markdown or html");
 }
 
 std::string render_stats(const std::vector<AdapterResult>& results) {
@@ -443,6 +445,7 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
                           int interrupted_by) {
     if (format == ReportFormat::json) return render_json(results, seed, interrupted_by);
     if (format == ReportFormat::junit) return render_junit(results, interrupted_by);
+    if (format == ReportFormat::html) return render_html(results, seed, interrupted_by, {});  // no pictures: see report_html.h
     if (results.empty()) return incomplete_note(interrupted_by);
     if (format == ReportFormat::markdown) {
         const std::string domains = domains_text(results);

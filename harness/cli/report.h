@@ -1,5 +1,5 @@
 // Reports of a conformance run: a human table (property x adapter), JSON,
-// JUnit XML (so CI systems show it natively) and Markdown. Each is valid
+// JUnit XML (so CI systems show it natively), Markdown and HTML (report_html.h). Each is valid
 // whatever the engines said or printed (text.h escapes it for the format),
 // and says when the run was interrupted before it finished.
 //
@@ -30,7 +30,7 @@
 
 namespace kvcheck::cli {
 
-enum class ReportFormat { table, json, junit, markdown };
+enum class ReportFormat { table, json, junit, markdown, html };  // html: report_html.h
 
 // The version of the JSON report's shape: 1 was an object for one adapter
 // and an array for several, with no summary.

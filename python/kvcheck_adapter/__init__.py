@@ -14,3 +14,9 @@ ships with):
 Modules are imported by name (`from kvcheck_adapter import content`); this
 file imports none of them, so that importing one costs only what it needs.
 """
+
+# The SDK's version is kvcheck's (the top CMakeLists.txt's project version;
+# a test keeps them equal), and it speaks the adapter protocol of the
+# kvcheck of that version: protocol.PROTOCOL_VERSION. kvcheck_adapter.locate
+# finds the kvcheck binary and tells a mismatch in one message.
+__version__ = "0.1.0"

@@ -54,6 +54,7 @@ from . import cache as _cache
 from . import copies as _copies
 from . import protocol as _protocol
 from . import wire as _wire
+from . import __version__
 
 Cache = Any
 
@@ -378,7 +379,9 @@ class Server:
             return {
                 "ok": False,
                 "protocol": _protocol.PROTOCOL_VERSION,
-                "error": f"this adapter speaks protocol version {_protocol.PROTOCOL_VERSION}; kvcheck asked for {theirs}",
+                "error": f"this adapter's SDK, kvcheck-adapter {__version__}, speaks protocol version "
+                         f"{_protocol.PROTOCOL_VERSION}; kvcheck {request.get('kvcheck') or '(version unknown)'} asked for "
+                         f"{theirs}: install the SDK of the same version as kvcheck (pip install ./python from its sources)",
             }
         self._session = _Session(self._factory())
         engine = self._session.engine

@@ -15,7 +15,8 @@ level of an importable module file (kvcheck runs it in a process of its own:
 this module's `--serve` loads the file and serves `adapter(*args,
 **kwargs)`), or the path of an adapter script ("my_adapter.py --flag").
 The kvcheck binary is `kvcheck`, else $KVCHECK, else `kvcheck` on PATH, else
-the build tree's (build/default/bin/kvcheck next to this SDK).
+the build tree's (build/default/bin/kvcheck next to this SDK): see
+kvcheck_adapter.locate.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
+from .locate import locate_kvcheck
+
 _SDK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,17 +42,11 @@ class KvcheckError(RuntimeError):
 
 
 def find_kvcheck(kvcheck: Optional[str] = None) -> str:
-    """The kvcheck binary to run (see the module doc); FileNotFoundError
-    naming the places looked at."""
-    candidates = [kvcheck, os.environ.get("KVCHECK"), shutil.which("kvcheck"),
-                  os.path.join(os.path.dirname(_SDK_ROOT), "build", "default", "bin", "kvcheck")]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    raise FileNotFoundError(
-        "no kvcheck binary: pass kvcheck=PATH, set $KVCHECK, put kvcheck on PATH, or build it "
-        "(cmake --preset default && cmake --build --preset default)"
-    )
+    """The kvcheck binary to run (kvcheck_adapter.locate: the path given,
+    else $KVCHECK, else `kvcheck` on PATH, else the source tree's build);
+    KvcheckNotFound (a FileNotFoundError) naming the places looked at, and
+    KvcheckMismatch when it speaks another protocol than this SDK."""
+    return locate_kvcheck(kvcheck).path
 
 
 def _adapter_command(adapter: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> str:
