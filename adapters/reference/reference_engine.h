@@ -61,6 +61,11 @@ class ReferenceEngine : public Engine {
                                              const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens) override;
 
+    GenerateResult generate_returning(Handle handle, const std::vector<std::int64_t>& prompt,
+                                      std::int64_t max_new_tokens, Handle out) override;
+    void extract(const std::string& id, const std::vector<std::int64_t>& prompt) override;
+    CacheView fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) override;
+
     void make(const CacheContent& content, Handle out) override;
     void clone(Handle source, Handle out) override;
     void concat(const std::vector<Handle>& parts, Handle out) override;
@@ -96,6 +101,17 @@ class ReferenceEngine : public Engine {
                                                      const std::vector<std::int64_t>& prompt,
                                                      std::int64_t max_new_tokens, bool stream,
                                                      kv::GenerationStats& stats);
+
+    // The cache the model writes into for a generation from `past` (the
+    // boundary's), and the model's run on it; generate_returning hands the
+    // cache out, extract stores it.
+    virtual kv::CachePtr working_cache(const kv::ConstCachePtr& past);
+    virtual void run_on(kv::Cache& working, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                        std::vector<std::int64_t>& tokens, kv::GenerationStats& stats);
+    // The memory extract stores: the model's prefill over `prompt`.
+    virtual kv::CachePtr extracted(const std::vector<std::int64_t>& prompt);
+    // Binds a handle (for generate_returning's result).
+    void bind(Handle h, kv::ConstCachePtr cache) { handles_[h] = std::move(cache); }
 
     kv::ConstCachePtr handle(Handle h) const;  // null for unknown or empty handles
     kv::ConstCachePtr stored(const std::string& id) const;  // throws for a missing id
