@@ -16,7 +16,7 @@ Capabilities ReferenceEngine::capabilities() const {
     Capabilities capabilities;
     capabilities.entry_versions = true;
     capabilities.metadata = true;
-    capabilities.returned_caches = true;
+    capabilities.returned_caches = returned_caches_;
     capabilities.owned_marker = owned_marker_;
     return capabilities;
 }

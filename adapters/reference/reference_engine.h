@@ -42,6 +42,9 @@ class ReferenceEngine : public Engine {
     // its storage identities (docs/semantics.md#ownership). Its behaviour
     // is unchanged: the boundary still reads its own marker.
     void drop_owned_marker() { owned_marker_ = false; }
+    // Makes it claim no returned caches (Capabilities::returned_caches):
+    // kvcheck then never draws turn or extract for it.
+    void drop_returned_caches() { returned_caches_ = false; }
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -126,6 +129,7 @@ class ReferenceEngine : public Engine {
   private:
     std::string name_ = "reference";
     bool owned_marker_ = true;  // reported (drop_owned_marker)
+    bool returned_caches_ = true;  // claimed (drop_returned_caches)
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

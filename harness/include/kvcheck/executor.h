@@ -54,8 +54,7 @@ struct Failure {
     X(failed_load, "a load the engine refused")                                                   \
     X(returned_cache_reused, "a trace that generated from or stored a cache a generation returned") \
     X(extracted_memory, "a memory the model made, stored by extract")                              \
-    X(store_64_items, "a trace whose store held 64 items or more")                                 \
-    X(store_256_items, "a trace whose store held 256 items or more")
+    X(store_64_items, "a trace whose store held 64 items or more")
 
 enum class Shape : std::uint8_t {
 #define KVCHECK_SHAPE_ENUM(name, text) name,
