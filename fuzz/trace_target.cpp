@@ -147,6 +147,8 @@ std::string over_limits(const Trace& trace, const TextLimits& limits, const Mode
         if (field == "max") return value >= 0 && value <= limits.new_tokens_max;
         if (field == "slot") return value >= 0 && value <= limits.dump_slot_max;
         if (field == "bytes") return value >= 0 && value <= limits.dump_crash_bytes_max;
+        if (field == "count") return value >= 0 && value <= limits.fill_items_max;
+        if (field == "first") return value >= 0 && value <= limits.fill_first_max;
         return true;  // offsets wrap, switches are tested for zero
     };
     for (const Op& operation : trace) {

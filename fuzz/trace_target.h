@@ -56,6 +56,8 @@ struct TextLimits {
     std::size_t ids_max = 8;
     std::int64_t dump_slot_max = 7;
     std::int64_t dump_crash_bytes_max = std::int64_t{1} << 20;
+    std::int64_t fill_items_max = 64;        // a fill's count (the default scope's)
+    std::int64_t fill_first_max = 1 << 16;   // and its first id
 };
 
 // Makes a trace from choices; the options carry the adapter's capabilities.

@@ -488,6 +488,19 @@ std::int64_t content_bytes(const CacheContent& content) {
     return bytes;
 }
 
+std::int64_t view_bytes(const CacheView& view) {
+    std::int64_t bytes = 0;
+    for (const LayerView& layer : view.layers) {
+        for (const SlotView& slot : layer.slots) {
+            if (!slot.present || slot.shape.empty()) continue;
+            std::int64_t elements = 1;
+            for (const std::int64_t size : slot.shape) elements *= size;
+            bytes += elements * (slot.dtype == Dtype::f32 ? 4 : 2);
+        }
+    }
+    return bytes;
+}
+
 bool content_holds_tokens(const CacheContent& content) {
     for (std::size_t i = 0; i < content.layers.size(); ++i) {
         for (Slot side : {keys, values}) {

@@ -122,6 +122,8 @@ std::size_t field_hash(const std::vector<T>& values) {
 
 }  // namespace
 
+std::string op::fill_id(std::int64_t index) { return "i" + std::to_string(index); }
+
 Metadata item_metadata(MetaSeed seed) {
     Metadata metadata;
     if (seed.value == 0) return metadata;
@@ -167,6 +169,7 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
         return false;
     }
     if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
+    if ((needs & needs_returned) && !capabilities.returned_caches) return false;
     return true;
 }
 

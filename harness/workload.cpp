@@ -210,6 +210,7 @@ Scope scope_named(const std::string& name) {
     if (name == "small") {
         scope.name = "small";
         scope.small_percent = 100;
+        scope.store_items_max = 0;
         return scope;
     }
     if (name == "large") {
@@ -220,6 +221,7 @@ Scope scope_named(const std::string& name) {
         scope.heads_max = 16;
         scope.head_dim_max = 128;
         scope.slot_values_max = 65536;
+        scope.store_items_max = 1024;
         return scope;
     }
     throw std::invalid_argument("unknown scope '" + name + "' (expected small, default or large)");
@@ -227,11 +229,12 @@ Scope scope_named(const std::string& name) {
 
 std::string describe_scope(const Scope& scope) {
     std::string text = std::string("scope ") + scope.name + ": ";
-    if (scope.small_percent >= 100) return text + "small caches only";
+    const std::string fills = scope.store_items_max > 0 ? ", fills of up to " + std::to_string(scope.store_items_max) + " items" : "";
+    if (scope.small_percent >= 100) return text + "small caches only" + fills;
     return text + std::to_string(scope.small_percent) + "% small traces, the others up to " +
            std::to_string(scope.cache_layers_max) + " layers x " + std::to_string(scope.layer_tokens_max) +
            " tokens, heads up to " + std::to_string(scope.heads_max) + " x head_dim up to " +
-           std::to_string(scope.head_dim_max) + ", at most " + std::to_string(scope.slot_values_max) + " values a slot";
+           std::to_string(scope.head_dim_max) + ", at most " + std::to_string(scope.slot_values_max) + " values a slot" + fills;
 }
 
 Swarm uniform_swarm(const WorkloadOptions& options) {
@@ -253,6 +256,7 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.weights[kind<op::DumpKill>()] = options.dump_kill ? 1 : 0;  // three processes each: a few per trace find what they find
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
+    swarm.weights[kind<op::Fill>()] = options.scope.store_items_max > 0 ? 1 : 0;
     // An operation the engine cannot run is never generated.
     for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
         if (!engine_supports(c, op_needs(kind_index))) swarm.weights[kind_index] = 0;
@@ -281,6 +285,9 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     // draw it, at the lowest weight (no extra choice: the draw above decides).
     std::uint8_t& kill = swarm.weights[kind<op::DumpKill>()];
     kill = (kill == 1 || kill == 2) ? 1 : 0;
+    // A fill is many adds: one now and then loads the store.
+    std::uint8_t& fill = swarm.weights[kind<op::Fill>()];
+    fill = std::min<std::uint8_t>(fill, 1);
     const Capabilities& c = options.capabilities;
     const ModelDomain& model = c.model;
     if (model.declared) {
@@ -516,6 +523,63 @@ op::Release draw(Drawing& d, op::Release*) {
         break;
     }
     return {handle};
+}
+
+// A chat turn from any handle, as generate. Its cache is then often stored
+// back (a memory updated by the conversation) or continued from at once
+// (a second turn).
+op::Turn draw(Drawing& d, op::Turn*) {
+    const HandleName source = pick_handle(d.choose, d.draft);
+    const Layout layout = source.value == 0 ? Layout::modern : layout_of(d.draft, source);
+    op::Turn turn{new_handle(d.draft, layout), source, pick_prompt(d.choose, d.options),
+                  d.choose.between(1, d.options.new_tokens_max)};
+    switch (d.choose.below(3)) {
+        case 0: {
+            if (!d.enabled(kind<op::AddHandle>())) break;
+            std::string id = d.id();
+            d.draft.stored[id] = layout;
+            d.follow_up = op::AddHandle{std::move(id), turn.out};
+            break;
+        }
+        case 1:
+            d.follow_up = op::Turn{new_handle(d.draft, layout), turn.out, pick_prompt(d.choose, d.options),
+                                   d.choose.between(1, d.options.new_tokens_max)};
+            break;
+        default: break;
+    }
+    return turn;
+}
+
+// A memory the model makes of a prompt; then, half the time, a generation
+// that starts a new conversation (no cache): an engine that keeps the
+// model's working cache around shows there.
+op::Extract draw(Drawing& d, op::Extract*) {
+    std::string id = d.id();
+    d.draft.stored[id] = Layout::modern;
+    if (d.enabled(kind<op::Generate>()) && d.choose.one_in(2)) {
+        d.follow_up = op::Generate{{0}, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)};
+    }
+    return {std::move(id), pick_prompt(d.choose, d.options)};
+}
+
+// A store under load: a fill of one of the sizes stores switch at (8, 16,
+// 32, 64, 256, 1024 items, up to the scope's), a quarter of the time one
+// item off; its ids start at 0 or overlap an earlier fill's. Its caches
+// are small: the load is in the items.
+op::Fill draw(Drawing& d, op::Fill*) {
+    static constexpr std::array<std::int64_t, 6> sizes{8, 16, 32, 64, 256, 1024};
+    const std::int64_t most = std::max<std::int64_t>(d.options.scope.store_items_max, 1);
+    std::size_t fitting = 0;
+    while (fitting < sizes.size() && sizes[fitting] <= most) ++fitting;
+    std::int64_t count = fitting == 0 ? most : sizes[d.choose.below(fitting)];
+    if (d.choose.one_in(4)) count = std::clamp<std::int64_t>(count + (d.choose.one_in(2) ? 1 : -1), 1, op::Fill::count_max);
+    const std::int64_t first = d.choose.one_in(2) ? 0 : d.choose.between(0, count);
+    Swarm small = d.swarm;
+    small.tokens_max = std::min<std::int64_t>(small.tokens_max, 4);
+    if (!d.options.capabilities.model.declared) small.layers_max = std::min<std::int64_t>(small.layers_max, 2);
+    CacheSpec spec = random_cache_spec(d.choose, small, d.options);
+    for (std::int64_t k = 0; k < count; ++k) d.draft.stored[op::fill_id(first + k)] = spec.layout;
+    return {spec, first, count};
 }
 
 template <std::size_t K>

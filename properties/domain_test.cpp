@@ -77,6 +77,22 @@ class ModelEngine final : public adapters::ReferenceEngine {
         return ReferenceEngine::generate_fresh(content, prompt, max_new_tokens);
     }
 
+  protected:
+    // A legacy-only engine starts its own caches legacy: the cache a turn
+    // from none writes into, and the memory extract makes.
+    kv::CachePtr working_cache(const kv::ConstCachePtr& past) override {
+        if (past || modern_layout_) return ReferenceEngine::working_cache(past);
+        kv::CachePtr fresh = kv::Cache::make(kv::Layout::legacy);
+        fresh->set_owned(true);
+        return fresh;
+    }
+    kv::CachePtr extracted(const std::vector<std::int64_t>& prompt) override {
+        if (modern_layout_) return ReferenceEngine::extracted(prompt);
+        kv::CachePtr memory = kv::Cache::make(kv::Layout::legacy);
+        ReferenceEngine::model_.forward(prompt, *memory);
+        return memory;
+    }
+
   private:
     void require(const CacheContent& content) const {
         if (!modern_layout_ && content.layout == Layout::modern) {

@@ -32,7 +32,9 @@ TEST_P(Mutant, IsCaughtByAPropertyItBreaksAndShrunk) {
     const RunResult again = run_on(*adapter, replayed);
     ASSERT_TRUE(again.failure);
     EXPECT_EQ(again.failure->property, shrunk.failure.property);
-    EXPECT_LE(shrunk.trace.size(), 4u) << format_trace(shrunk.trace);
+    // 4 operations, or 5 when an item is made by a turn and stored back
+    // (two operations where an add is one: the shrinker keeps what it found).
+    EXPECT_LE(shrunk.trace.size(), 5u) << format_trace(shrunk.trace);
     std::cout << "[ mutant   ] " << adapter->name << ": " << shrunk.failure.property << " after "
               << finding->traces_tried << " traces (seed " << finding->seed << "), shrunk " << finding->found.size()
               << " -> " << shrunk.trace.size() << " ops in " << shrunk.runs << " runs; find "

@@ -74,9 +74,24 @@ TEST(DerivedOwnedMarker, CatchesWhatSharesTheStoreOrAnotherCopy) {
 }
 
 // What a derived marker cannot see: a marker that is kept where it should
-// be cleared (M8) is no fault of an engine that has no marker.
+// be cleared (M8) is no fault of an engine that has no marker, as long as
+// the engine hands back no cache a model wrote into. When it does, a turn
+// from the stored item hands back the stored object itself, which the
+// derived marker sees (docs/semantics.md#returned-caches).
 TEST(DerivedOwnedMarker, AMarkerKeptOnStoringIsNotTheDerivedMarkersToSee) {
-    expect_no_failure(without_marker(*adapters::find_bundled("M8")), PropertySet::only(Property::owned_marker));
+    Adapter unmarked = without_marker(*adapters::find_bundled("M8"));
+    Adapter without_turns = unmarked;
+    without_turns.make = [make = unmarked.make] {
+        std::shared_ptr<Engine> engine = make();
+        dynamic_cast<adapters::ReferenceEngine&>(*engine).drop_returned_caches();
+        return engine;
+    };
+    expect_no_failure(without_turns, PropertySet::only(Property::owned_marker));
+    const auto finding = find_and_shrink(unmarked, first_seed, traces_max, WorkloadOptions{},
+                                         PropertySet::only(Property::owned_marker));
+    ASSERT_TRUE(finding) << "M8 without a marker, returning the caches its model wrote into, is not caught";
+    EXPECT_NE(finding->shrunk.failure.message.find("shares storage with stored entry"), std::string::npos)
+        << finding->shrunk.failure.message;
 }
 
 // ---- the empty get_cache --------------------------------------------------------

@@ -22,6 +22,7 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
         const int size = *rc::gen::withSize([](int s) { return rc::gen::just(s); });
         WorkloadOptions options;
         options.trace_ops_max = 4 + static_cast<std::size_t>(size) / 3;
+        options.capabilities.returned_caches = true;  // the reference's: turn and extract are drawn
         const Trace trace = trace_for_seed(seed, options);
         const RunResult result = run_on(reference(), trace);
         ++cases;

@@ -28,7 +28,8 @@ TEST(Workload, ReachesEveryShapeOfInterest) {
         {Shape::conversion_of_owned, 6},  {Shape::generation_from_owned, 18}, {Shape::merge, 70},
         {Shape::mixed_merge, 5},          {Shape::slot_64_tokens, 65},      {Shape::slot_256_tokens, 12},
         {Shape::other_geometry, 110},     {Shape::interrupted_dump, 95},    {Shape::corrupted_dump, 28},
-        {Shape::failed_load, 110},
+        {Shape::failed_load, 110},        {Shape::returned_cache_reused, 25}, {Shape::extracted_memory, 80},
+        {Shape::store_64_items, 6},
     };
     ASSERT_EQ(floors.size(), shape_count) << "every shape needs a floor";
     for (const auto& [shape, floor] : floors) {

@@ -63,6 +63,10 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::FromLegacy{HandleName{8}, HandleName{7}}, "h8 = from_legacy h7"},
         {op::Release{HandleName{8}}, "release h8"},
         {op::DumpKill{1, 4}, "dump_kill slot=1 point=4"},
+        {op::Turn{HandleName{9}, HandleName{0}, {5, 7}, 3}, "h9 = turn h0 prompt=5,7 max=3"},
+        {op::Extract{"m", {1, 2}}, "extract m prompt=1,2"},
+        {op::Fill{CacheSpec{Layout::modern, Dtype::f32, 3, {LayerSpec{0b0011, true, 2}}}, 8, 64},
+         "fill modern/f32/3:[kv2] first=8 count=64"},
     };
 }
 

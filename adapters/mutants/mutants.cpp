@@ -389,6 +389,95 @@ class M29 final : public ReferenceEngine {
     }
 };
 
+// M30 (ours): the cache a turn returns lost its last token: every slot
+// cut by one at the end (an off-by-one in handing back past_key_values).
+class M30 final : public ReferenceEngine {
+  public:
+    GenerateResult generate_returning(Handle h, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                                      Handle out) override {
+        GenerateResult result = ReferenceEngine::generate_returning(h, prompt, max_new_tokens, out);
+        const CachePtr returned = std::const_pointer_cast<Cache>(handle(out));
+        const auto cut = [](at::Tensor& t) {
+            if (t.defined() && t.dim() == 4 && t.size(2) > 0) t = t.narrow(2, 0, t.size(2) - 1);
+        };
+        if (returned->layout() == kv::Layout::modern) {
+            for (const kv::LayerPtr& layer : *returned->layers()) {
+                for (at::Tensor* slot : {&layer->keys, &layer->values, &layer->key_cache, &layer->value_cache}) cut(*slot);
+            }
+        } else {
+            for (at::Tensor& slot : *returned->key_cache()) cut(slot);
+            for (at::Tensor& slot : *returned->value_cache()) cut(slot);
+        }
+        return result;
+    }
+};
+
+// M31 (ours): a chat session keeps the cache its turn returned as its
+// own: the next generation from it continues in it, even once the caller
+// has stored it (the store cleared its marker, the session never looks).
+class M31 final : public ReferenceEngine {
+  public:
+    GenerateResult generate_returning(Handle h, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                                      Handle out) override {
+        GenerateResult result = ReferenceEngine::generate_returning(h, prompt, max_new_tokens, out);
+        sessions_.push_back(handle(out));
+        return result;
+    }
+
+  protected:
+    CachePtr working_cache(const ConstCachePtr& past) override {
+        for (const std::weak_ptr<const Cache>& session : sessions_) {
+            if (past && session.lock() == past) return std::const_pointer_cast<Cache>(past);
+        }
+        return ReferenceEngine::working_cache(past);
+    }
+    std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
+                                             std::int64_t max_new_tokens, bool, kv::GenerationStats& stats) override {
+        const CachePtr working = working_cache(past);
+        std::vector<std::int64_t> tokens;
+        run_on(*working, prompt, max_new_tokens, tokens, stats);
+        return tokens;
+    }
+
+  private:
+    std::vector<std::weak_ptr<const Cache>> sessions_;
+};
+
+// M32 (ours): extract stores the model's working cache and keeps it as
+// the session's: the next generation from no cache continues in it,
+// writing into the stored memory.
+class M32 final : public ReferenceEngine {
+  protected:
+    CachePtr extracted(const std::vector<std::int64_t>& prompt) override {
+        session_ = ReferenceEngine::extracted(prompt);
+        return session_;
+    }
+    std::vector<std::int64_t> run_generation(const ConstCachePtr& past, const std::vector<std::int64_t>& prompt,
+                                             std::int64_t max_new_tokens, bool stream, kv::GenerationStats& stats) override {
+        if (past || !session_) return ReferenceEngine::run_generation(past, prompt, max_new_tokens, stream, stats);
+        std::vector<std::int64_t> tokens;
+        run_on(*session_, prompt, max_new_tokens, tokens, stats);
+        return tokens;
+    }
+
+  private:
+    CachePtr session_;
+};
+
+// M33 (ours): the store bounds its size at 48 items and silently evicts
+// the oldest to make room (an LRU cap nobody asked for).
+class M33 final : public ReferenceEngine {
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        ReferenceEngine::store_add(id, cache, metadata);
+        std::vector<kv::ItemPtr> items = store_.get_all();
+        if (items.size() > capacity) remove({items.front()->id});
+    }
+
+  private:
+    static constexpr std::size_t capacity = 48;
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -648,7 +737,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M10>("M10", "dump writes in place (no temporary file and rename)", {P::dump_safe}),
         mutant<M11>("M11", "the boundary copy drops the last cached token", {P::generation_equivalent}),
         mutant<M12>("M12", "get_all lists ids sorted instead of in insertion order", {P::store_contract}),
-        mutant<M13>("M13", "clone routes bfloat16 through float16 (keeps the tag, loses bits)", {P::layout_roundtrip}),
+        mutant<M13>("M13", "clone routes bfloat16 through float16 (keeps the tag, loses bits)",
+                    {P::layout_roundtrip, P::generation_equivalent}),
         mutant<M14>("M14", "clone copies slots of 64 tokens or more in chunks that overlap by a row",
                     {P::layout_roundtrip, P::generation_equivalent}),
         mutant<M15>("M15", "clone shares slots of 256 tokens or more with its source instead of copying them",
@@ -671,6 +761,13 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M28>("M28", "get_cache of one id keeps the copy it hands out as the stored item",
                     {P::owned_marker, P::stored_immutable, P::single_copy}),
         mutant<M29>("M29", "get_cache of ids holding no tokens hands out a cache around the stored lists",
+                    {P::stored_immutable, P::store_contract}),
+        mutant<M30>("M30", "the cache a turn returns lost its last token", {P::generation_equivalent}),
+        mutant<M31>("M31", "a stored returned cache stays the session's: the next turn from it writes into the store",
+                    {P::stored_immutable, P::single_copy}),
+        mutant<M32>("M32", "extract keeps the model's working cache: the next generation from none writes into the memory",
+                    {P::stored_immutable, P::generation_equivalent}),
+        mutant<M33>("M33", "the store keeps at most 48 items and silently evicts the oldest",
                     {P::stored_immutable, P::store_contract}),
     };
 }

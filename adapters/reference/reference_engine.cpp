@@ -16,6 +16,7 @@ Capabilities ReferenceEngine::capabilities() const {
     Capabilities capabilities;
     capabilities.entry_versions = true;
     capabilities.metadata = true;
+    capabilities.returned_caches = returned_caches_;
     capabilities.owned_marker = owned_marker_;
     return capabilities;
 }
@@ -153,6 +154,52 @@ std::vector<std::int64_t> ReferenceEngine::generate_fresh(const CacheContent& co
     kv::run_model(model_, prompt, *fresh, max_new_tokens,
                   [&tokens](std::int64_t token) { tokens.push_back(token); }, &ignored);
     return tokens;
+}
+
+kv::CachePtr ReferenceEngine::working_cache(const kv::ConstCachePtr& past) {
+    const kv::CachePtr working = kv::own_for_generation(past, *copier_);
+    // A fresh cache (no past) shares nothing with anything stored: the
+    // caller owns it as it owns the boundary's copy.
+    working->set_owned(true);
+    return working;
+}
+
+void ReferenceEngine::run_on(kv::Cache& working, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                             std::vector<std::int64_t>& tokens, kv::GenerationStats& stats) {
+    kv::run_model(model_, prompt, working, max_new_tokens,
+                  [&tokens](std::int64_t token) { tokens.push_back(token); }, &stats);
+}
+
+// docs/semantics.md#returned-caches: the boundary's cache, written into by
+// the model, handed to the caller.
+GenerateResult ReferenceEngine::generate_returning(Handle h, const std::vector<std::int64_t>& prompt,
+                                                   std::int64_t max_new_tokens, Handle out) {
+    kv::GenerationStats stats;
+    GenerateResult result;
+    const kv::CachePtr working = working_cache(handle(h));
+    run_on(*working, prompt, max_new_tokens, result.tokens, stats);
+    result.peak_live_sets = stats.peak_live_sets;
+    bind(out, working);
+    return result;
+}
+
+kv::CachePtr ReferenceEngine::extracted(const std::vector<std::int64_t>& prompt) {
+    if (prompt.empty()) throw std::invalid_argument("extract: the prompt is empty");
+    const kv::CachePtr memory = kv::Cache::make(kv::Layout::modern);
+    model_.forward(prompt, *memory);
+    return memory;
+}
+
+// The store takes the cache the prefill wrote into and clears its marker:
+// nothing else holds it.
+void ReferenceEngine::extract(const std::string& id, const std::vector<std::int64_t>& prompt) {
+    store_add(id, extracted(prompt), {});
+}
+
+CacheView ReferenceEngine::fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) {
+    const kv::CachePtr fresh = materialize(content);
+    if (!tokens.empty()) model_.forward(tokens, *fresh);
+    return view_of(*fresh);
 }
 
 void ReferenceEngine::make(const CacheContent& content, Handle out) { handles_[out] = materialize(content); }

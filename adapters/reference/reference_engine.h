@@ -42,6 +42,9 @@ class ReferenceEngine : public Engine {
     // its storage identities (docs/semantics.md#ownership). Its behaviour
     // is unchanged: the boundary still reads its own marker.
     void drop_owned_marker() { owned_marker_ = false; }
+    // Makes it claim no returned caches (Capabilities::returned_caches):
+    // kvcheck then never draws turn or extract for it.
+    void drop_returned_caches() { returned_caches_ = false; }
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -60,6 +63,11 @@ class ReferenceEngine : public Engine {
     std::vector<std::int64_t> generate_fresh(const CacheContent& content,
                                              const std::vector<std::int64_t>& prompt,
                                              std::int64_t max_new_tokens) override;
+
+    GenerateResult generate_returning(Handle handle, const std::vector<std::int64_t>& prompt,
+                                      std::int64_t max_new_tokens, Handle out) override;
+    void extract(const std::string& id, const std::vector<std::int64_t>& prompt) override;
+    CacheView fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) override;
 
     void make(const CacheContent& content, Handle out) override;
     void clone(Handle source, Handle out) override;
@@ -97,6 +105,17 @@ class ReferenceEngine : public Engine {
                                                      std::int64_t max_new_tokens, bool stream,
                                                      kv::GenerationStats& stats);
 
+    // The cache the model writes into for a generation from `past` (the
+    // boundary's), and the model's run on it; generate_returning hands the
+    // cache out, extract stores it.
+    virtual kv::CachePtr working_cache(const kv::ConstCachePtr& past);
+    virtual void run_on(kv::Cache& working, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                        std::vector<std::int64_t>& tokens, kv::GenerationStats& stats);
+    // The memory extract stores: the model's prefill over `prompt`.
+    virtual kv::CachePtr extracted(const std::vector<std::int64_t>& prompt);
+    // Binds a handle (for generate_returning's result).
+    void bind(Handle h, kv::ConstCachePtr cache) { handles_[h] = std::move(cache); }
+
     kv::ConstCachePtr handle(Handle h) const;  // null for unknown or empty handles
     kv::ConstCachePtr stored(const std::string& id) const;  // throws for a missing id
     // The same, without taking a reference: for the observations, which
@@ -110,6 +129,7 @@ class ReferenceEngine : public Engine {
   private:
     std::string name_ = "reference";
     bool owned_marker_ = true;  // reported (drop_owned_marker)
+    bool returned_caches_ = true;  // claimed (drop_returned_caches)
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

@@ -23,7 +23,25 @@ ObjectId Auditor::copy_object(ObjectId source, Origin origin, bool expect_owned,
     const std::optional<std::uint64_t> digest = objects_.at(source).digest;
     const ObjectId id = new_object(objects_.at(source).content, origin, expect_owned, 0, chain_sets, copy_lineage({source}));
     objects_.at(id).digest = digest;
+    if (const std::optional<std::vector<std::int64_t>>& fed = objects_.at(source).fed) {
+        CacheView view = *objects_.at(source).view;
+        set_fed(id, *fed, std::move(view));
+    }
     return id;
+}
+
+void Auditor::set_fed(ObjectId id, std::vector<std::int64_t> fed, CacheView view) {
+    Object& object = objects_.at(id);
+    object.fed = std::move(fed);
+    object.digest = view_digest(view);
+    object.view = std::move(view);
+    object.known = true;
+}
+
+std::int64_t Auditor::bytes_of(ObjectId id) const {
+    const Object& object = objects_.at(id);
+    if (!object.fed) return content_bytes(object.content);
+    return view_bytes(*object.view);
 }
 
 Lineage Auditor::copy_lineage(const std::vector<ObjectId>& sources) const {
@@ -142,7 +160,13 @@ Snapshot Auditor::snapshot() const {
     snapshot.order = order_;
     entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
     snapshot.metadata = metadata_;
-    entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.objects[id] = object; });
+    entries_.for_each([&](const std::string& id, ObjectId object) {
+        snapshot.objects[id] = object;
+        const Object& entry = objects_.at(object);
+        if (!entry.fed) return;
+        snapshot.fed[id] = *entry.fed;
+        snapshot.views[id] = *entry.view;
+    });
     return snapshot;
 }
 
@@ -156,6 +180,8 @@ void Auditor::restore(const Snapshot& snapshot) {
             object = made.at(original->second);
         } else {
             object = new_object(snapshot.entries.at(id), Origin::stored_item, false);
+            const auto fed = snapshot.fed.find(id);
+            if (fed != snapshot.fed.end()) set_fed(object, fed->second, snapshot.views.at(id));
             if (original != snapshot.objects.end()) made[original->second] = object;
         }
         store(id, object, snapshot.metadata.at(id));

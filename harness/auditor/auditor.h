@@ -36,6 +36,11 @@ struct Object {
     std::optional<CacheView> view;
     std::optional<std::uint64_t> digest;
     bool known = true;         // false once a model may have written into it
+    // A cache the model made (docs/semantics.md#returned-caches): `content`
+    // is what it started from, and it holds after it the K/V of these
+    // tokens, which only the engine's model knows. Its `view` is then set
+    // when it is made, from the engine's fed_view.
+    std::optional<std::vector<std::int64_t>> fed;
     bool expect_owned = false;
     Origin origin = Origin::make;
     ObjectId alias_parent = 0;  // the object a conversion result may share storage with
@@ -56,6 +61,9 @@ struct Snapshot {
     // Ids that held one cache object: a load gives them one object again
     // (a dump writes a shared object once).
     std::map<std::string, ObjectId> objects;
+    // The entries the model made: the tokens fed and their expected view.
+    std::map<std::string, std::vector<std::int64_t>> fed;
+    std::map<std::string, CacheView> views;
 };
 
 // What a dump slot may hold: after a crash during a dump, either the
@@ -73,6 +81,11 @@ class Auditor {
     // A new object with the content of `source` (a clone, the copy of an
     // entry get_cache hands out), and its digest if made already.
     ObjectId copy_object(ObjectId source, Origin origin, bool expect_owned, std::int64_t chain_sets);
+    // Makes `object` a cache the model made: `content` plus the K/V of `fed`,
+    // expected to read as `view`.
+    void set_fed(ObjectId object, std::vector<std::int64_t> fed, CacheView view);
+    // The bytes of K/V a copy of `object` holds.
+    std::int64_t bytes_of(ObjectId object) const;
     // The lineage of a copy of `sources`.
     Lineage copy_lineage(const std::vector<ObjectId>& sources) const;
     // How many levels of `lineage` hold an object the trace still

@@ -29,7 +29,8 @@ std::string metadata_text(const Metadata& metadata) {
 }
 
 std::string generation_text(const Generated& generation) {
-    return std::string(generation.stream ? "generate_stream" : "generate") + " from " +
+    const char* what = generation.returned != 0 ? "turn" : generation.stream ? "generate_stream" : "generate";
+    return std::string(what) + " from " +
            (generation.source == 0 ? std::string("no cache") : handle_text(generation.source));
 }
 

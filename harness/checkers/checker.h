@@ -81,6 +81,10 @@ struct Generated {
     bool stream = false;
     bool owned = false;       // the source was an owned copy: no copy is due
     CacheContent fresh;       // what a fresh deep copy of the source holds
+    // The tokens the model was fed on top of `fresh` when the source is a
+    // cache it made (docs/semantics.md#returned-caches): a fresh copy
+    // generates over them and the prompt.
+    Tokens history;
     Tokens prompt;
     std::int64_t max = 0;
     GenerateResult result;
@@ -89,6 +93,11 @@ struct Generated {
     // still references (the engine may keep more alive, never fewer).
     std::int64_t sets_min = 0;
     std::int64_t sets_max = 0;
+    // turn: the handle of the cache the model wrote into, and what it must
+    // hold (the engine's fed_view of `fresh` fed history, prompt and every
+    // generated token but the last).
+    std::int64_t returned = 0;
+    std::optional<ObjectId> returned_object;
 };
 
 // The copies an operation logged (Engine::take_copies, read right after

@@ -4,7 +4,10 @@
 // dropped, duplicated or lost to an uninitialized layer changes them).
 //
 // Checked: every generation's tokens against the engine's generate_fresh
-// of the content the auditor expects the source to hold.
+// of the content the auditor expects the source to hold (a cache the model
+// made: what it started from, fed the tokens fed since, then the prompt);
+// the cache a turn returns against the engine's fed_view of the same
+// (docs/semantics.md#returned-caches).
 // Not checked here: what the generation did to the store (stored-immutable)
 // or how many copies it made (single-copy).
 #include "checkers/checker.h"
@@ -18,11 +21,23 @@ class GenerationEquivalent final : public Checker {
 
     void generated(const Generated& generation, Probe& probe) override {
         if (!checking(probe)) return;
-        const std::vector<std::int64_t> reference = probe.engine().generate_fresh(generation.fresh, generation.prompt, generation.max);
+        // From a cache the model made: a fresh copy of what it started
+        // from, fed what the model was fed since, then the prompt (turn 2
+        // from turn 1's cache is one generation over both turns).
+        Tokens prompt = generation.history;
+        prompt.insert(prompt.end(), generation.prompt.begin(), generation.prompt.end());
+        const std::vector<std::int64_t> reference = probe.engine().generate_fresh(generation.fresh, prompt, generation.max);
         expect(probe, generation.result.tokens == reference, [&] {
             return generation_text(generation) + " gave tokens " + tokens_text(generation.result.tokens) +
-                   ", a fresh copy gives " + tokens_text(reference);
+                   ", a fresh copy gives " + tokens_text(reference) +
+                   (generation.history.empty() ? "" : " (fed " + tokens_text(generation.history) + " first)");
         });
+        if (!generation.returned_object || !checking(probe)) return;
+        const std::string difference = probe.handle_difference(generation.returned, *generation.returned_object);
+        if (!difference.empty()) {
+            fail(probe, "the cache " + generation_text(generation) + " returned as " + handle_text(generation.returned) +
+                            " is not the source's K/V followed by those of the tokens fed: " + difference);
+        }
     }
 };
 

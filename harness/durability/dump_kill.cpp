@@ -121,7 +121,8 @@ using Digests = std::map<std::string, std::uint64_t>;
 Digests digests_of(const Snapshot& snapshot, bool metadata) {
     Digests digests;
     for (const auto& [id, content] : snapshot.entries) {
-        const std::uint64_t digest = expected_digest(content);
+        const auto view = snapshot.views.find(id);  // an entry the model made
+        const std::uint64_t digest = view != snapshot.views.end() ? view_digest(view->second) : expected_digest(content);
         digests[id] = metadata ? with_metadata(digest, snapshot.metadata.at(id)) : digest;
     }
     return digests;

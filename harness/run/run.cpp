@@ -211,6 +211,8 @@ void Run::record_state(const Op& op) {
     Coverage& coverage = result_.coverage;
     const auto size = static_cast<std::uint32_t>(audit_.order().size());
     coverage.store_size_max = std::max(coverage.store_size_max, size);
+    // Once a trace: it counts traces.
+    if (size >= 64 && coverage.count_of(Shape::store_64_items) == 0) coverage.count(Shape::store_64_items);
     if (!options_.record_states) return;
     const std::uint32_t bucket = size == 0 ? 0 : size == 1 ? 1 : size <= 3 ? 2 : 3;
     const std::int64_t out = created_handle(op);

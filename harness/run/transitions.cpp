@@ -36,6 +36,23 @@ std::optional<std::string> run_merge(bool mixed, Call&& call) {
     return std::nullopt;
 }
 
+// A turn's cache is followed by what a fresh copy fed the same tokens in
+// one forward holds: right unless a layer holds a side only under its
+// legacy name, which the first update leaves behind (it starts the modern
+// slot), so that what the cache holds depends on how the tokens were
+// batched (docs/semantics.md#returned-caches).
+bool batching_free(const CacheContent& content) {
+    if (content.layout != Layout::modern) return true;
+    for (const LayerContent& layer : content.layers) {
+        if (!layer.initialized) continue;
+        if ((!layer.slots[keys].present && layer.slots[key_cache].present) ||
+            (!layer.slots[values].present && layer.slots[value_cache].present)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object) {
     checkers::Made fact;
     fact.by = by;
@@ -47,9 +64,13 @@ checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object)
 }  // namespace
 
 void Transitions::expect_copies(std::string what, std::size_t count, const CacheContent& content) {
+    expect_copies(std::move(what), count, content_bytes(content));
+}
+
+void Transitions::expect_copies(std::string what, std::size_t count, std::int64_t bytes) {
     copies_.what = std::move(what);
     copies_.min = copies_.max = count;
-    copies_.bytes = content_bytes(content);
+    copies_.bytes = bytes;
 }
 
 void Transitions::count_merge(bool mixed, bool refused) {
@@ -67,6 +88,11 @@ void Transitions::refused_copies(std::string what) {
     copies_.min = 0;
     copies_.max = 1;
     copies_.bytes.reset();
+}
+
+// Counts traces, not uses.
+void Transitions::count_reuse() {
+    if (coverage_.count_of(Shape::returned_cache_reused) == 0) coverage_.count(Shape::returned_cache_reused);
 }
 
 void Transitions::count_layout(Layout layout) {
@@ -142,6 +168,7 @@ std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
     const std::optional<ObjectId> object = known_source(op.handle.value, &none);
     // Storing a conversion's view of another cache is outside the contract.
     if (!object || audit_.object(*object).alias_parent != 0) return std::nullopt;
+    if (audit_.object(*object).fed) count_reuse();
     engine_.add_handle(op.id, op.handle.value);
     added_specs_.erase(op.id);
     audit_.store(op.id, *object);
@@ -175,13 +202,18 @@ template <>
 std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     std::vector<ObjectId> parts;  // the entries that hold tokens
     std::vector<CacheContent> contents;
+    std::size_t made_by_model = 0;
     for (const std::string& id : op.ids) {
         const std::optional<ObjectId> entry = audit_.entry(id);
-        if (entry && content_holds_tokens(audit_.object(*entry).content)) {
+        if (!entry) continue;
+        if (audit_.object(*entry).fed) ++made_by_model;
+        if (audit_.object(*entry).fed || content_holds_tokens(audit_.object(*entry).content)) {
             parts.push_back(*entry);
             contents.push_back(audit_.object(*entry).content);
         }
     }
+    // A merge with a cache the model made: its K/V only the model knows.
+    if (made_by_model != 0 && parts.size() > 1) return std::nullopt;
     if (!merged_geometry_ok(contents)) return std::nullopt;
     const bool mixed = dtypes_mixed(contents);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
@@ -206,7 +238,7 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
     }
     expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
-                  audit_.object(*fact.object).content);
+                  audit_.bytes_of(*fact.object));
     // No cache where one was expected: store-contract's to report (the
     // fact keeps the object it expected). The handle is followed as holding
     // none, so nothing more is asked of what the engine never made
@@ -291,9 +323,25 @@ std::optional<Fact> Transitions::apply(const op::DeleteAll&) {
     return Fact{};
 }
 
+// A run of adds: each item as `add` stores it.
+template <>
+std::optional<Fact> Transitions::apply(const op::Fill& op) {
+    for (std::int64_t k = 0; k < op.count; ++k) {
+        CacheSpec spec = op.cache;
+        spec.seed += static_cast<std::uint64_t>(k);
+        const std::string id = op::fill_id(op.first + k);
+        CacheContent content = expand(spec);
+        engine_.add(id, content, {});
+        added_specs_[id] = spec;
+        audit_.store(id, audit_.new_object(std::move(content), Origin::stored_item, false));
+    }
+    return Fact{};
+}
+
 // ---- generation -----------------------------------------------------------------
 
-std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream) {
+std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream,
+                                          std::int64_t out) {
     bool none = false;
     const std::optional<ObjectId> object = known_source(source.value, &none);
     if (!object && !none) return std::nullopt;
@@ -302,11 +350,17 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     // that takes no modern cache is never handed one.
     if (object) {
         fact.fresh = audit_.object(*object).content;
+        if (const auto& fed = audit_.object(*object).fed) {
+            fact.history = *fed;
+            count_reuse();
+        }
     } else {
         fact.fresh.layout = fresh_layout_;
     }
     if (!generation_compatible(fact.fresh) || prompt.empty()) return std::nullopt;
+    if (out != 0 && !batching_free(fact.fresh)) return std::nullopt;
     fact.source = none ? 0 : source.value;
+    fact.returned = out;
     fact.stream = stream;
     fact.owned = object && audit_.object(*object).expect_owned;
     fact.prompt = prompt;
@@ -326,10 +380,52 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     } else {
         fact.sets_max = fact.sets_min = 1;
     }
-    fact.result = engine_.generate(fact.source, prompt, max, stream);
-    if (fact.owned) audit_.consumed(*object);
-    expect_copies(checkers::generation_text(fact), copied ? 1 : 0, fact.fresh);
+    const std::int64_t bytes = object ? audit_.bytes_of(*object) : 0;
+    if (out != 0) {
+        fact.result = engine_.generate_returning(fact.source, prompt, max, out);
+    } else {
+        fact.result = engine_.generate(fact.source, prompt, max, stream);
+    }
+    if (fact.owned) {
+        audit_.consumed(*object);
+        // Another handle of this very cache (a turn's result and its owned
+        // source are one cache) changed too: what was read of it is stale.
+        for (const auto& [handle, bound] : audit_.handles()) {
+            if (bound == object) readings_.forget_handle(handle);
+        }
+    }
+    expect_copies(checkers::generation_text(fact), copied ? 1 : 0, bytes);
+    if (out != 0) bind_returned(fact, object, out);
     return fact;
+}
+
+// docs/semantics.md#returned-caches: the cache the model wrote into holds
+// the source's K/V, then those of every token the model was fed. From an
+// owned source it is that object itself (the source's handle and `out`
+// hold one cache); otherwise a new owned cache, the boundary's copy (or
+// the fresh cache of a generation from none). What the fed tokens' K/V
+// are only the engine's model knows: fed_view gives them, from a fresh
+// copy, as generate_fresh gives the tokens.
+void Transitions::bind_returned(checkers::Generated& fact, std::optional<ObjectId> source, std::int64_t out) {
+    Tokens fed = fact.history;
+    if (fact.max > 0) {
+        fed.insert(fed.end(), fact.prompt.begin(), fact.prompt.end());
+        const Tokens& made = fact.result.tokens;
+        if (!made.empty()) fed.insert(fed.end(), made.begin(), made.end() - 1);  // the last is never fed back
+    }
+    CacheView view = engine_.fed_view(fact.fresh, fed);
+    ObjectId object = 0;
+    if (fact.owned) {
+        object = *source;
+    } else {
+        const bool copied = source.has_value();
+        const std::int64_t chain = copied ? audit_.object(*source).chain_sets + 1 : 1;
+        object = audit_.new_object(fact.fresh, Origin::clone, true, 0, chain, copied ? audit_.copy_lineage({*source}) : Lineage{});
+    }
+    audit_.set_fed(object, std::move(fed), std::move(view));
+    audit_.bind(out, object);
+    fact.returned = out;
+    fact.returned_object = object;
 }
 
 template <>
@@ -337,6 +433,27 @@ std::optional<Fact> Transitions::apply(const op::Generate& op) { return generate
 
 template <>
 std::optional<Fact> Transitions::apply(const op::GenerateStream& op) { return generate(op.source, op.prompt, op.max, true); }
+
+template <>
+std::optional<Fact> Transitions::apply(const op::Turn& op) { return generate(op.source, op.prompt, op.max, false, op.out.value); }
+
+// docs/semantics.md#returned-caches: the model's prefill over the prompt on
+// a fresh cache, stored: the store's copy is read-only, and holds what a
+// fresh cache fed the prompt holds.
+template <>
+std::optional<Fact> Transitions::apply(const op::Extract& op) {
+    if (op.prompt.empty()) return std::nullopt;
+    engine_.extract(op.id, op.prompt);
+    CacheContent fresh;
+    fresh.layout = fresh_layout_;
+    CacheView view = engine_.fed_view(fresh, op.prompt);
+    const ObjectId object = audit_.new_object(std::move(fresh), Origin::stored_item, false);
+    audit_.set_fed(object, op.prompt, std::move(view));
+    added_specs_.erase(op.id);
+    audit_.store(op.id, object);
+    coverage_.count(Shape::extracted_memory);
+    return Fact{};
+}
 
 // ---- dumps ------------------------------------------------------------------------
 
@@ -436,7 +553,7 @@ std::optional<Fact> Transitions::apply(const op::Clone& op) {
     engine_.clone(op.source.value, op.out.value);
     checkers::Made fact = made(MadeBy::clone, op.out.value, std::nullopt);
     expect_copies("clone " + checkers::handle_text(op.source.value) + " -> " + checkers::handle_text(op.out.value), 1,
-                  audit_.object(*source).content);
+                  audit_.bytes_of(*source));
     fact.object = audit_.copy_object(*source, Origin::clone, true, audit_.object(*source).chain_sets + 1);
     fact.sources = {op.source.value};
     audit_.bind(op.out.value, fact.object);
@@ -454,6 +571,7 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
         const std::optional<ObjectId> object = known_source(part.value, &none);
         if (!object && !none) return std::nullopt;
         if (!object) continue;
+        if (audit_.object(*object).fed) return std::nullopt;  // its K/V only the model knows
         parts.push_back(audit_.object(*object).content);
         sources.push_back(part.value);
         objects.push_back(*object);
@@ -482,7 +600,7 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
 std::optional<Fact> Transitions::convert(std::int64_t source_handle, std::int64_t out, Layout from) {
     bool none = false;
     const std::optional<ObjectId> source = known_source(source_handle, &none);
-    if (!source || audit_.object(*source).content.layout != from) return std::nullopt;
+    if (!source || audit_.object(*source).content.layout != from || audit_.object(*source).fed) return std::nullopt;
     const CacheContent& content = audit_.object(*source).content;
     const bool to_legacy = from == Layout::modern;
     if (audit_.object(*source).expect_owned) coverage_.count(Shape::conversion_of_owned);

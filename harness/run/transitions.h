@@ -50,7 +50,10 @@ class Transitions {
     template <typename O>
     std::optional<Fact> apply(const O& op);
 
-    std::optional<Fact> generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream);
+    // `out` != 0: a turn, which binds out to the cache the model wrote into.
+    std::optional<Fact> generate(const HandleName& source, const Tokens& prompt, std::int64_t max, bool stream,
+                                 std::int64_t out = 0);
+    void bind_returned(checkers::Generated& fact, std::optional<ObjectId> source, std::int64_t out);
     std::optional<Fact> convert(std::int64_t source, std::int64_t out, Layout from);
     // get_cache of ids that exist, none holding tokens: what the engine
     // gave (none, or an empty cache) bound to the handle.
@@ -60,8 +63,10 @@ class Transitions {
     std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;
     // The operation makes `count` copies of `content`'s K/V.
     void expect_copies(std::string what, std::size_t count, const CacheContent& content);
+    void expect_copies(std::string what, std::size_t count, std::int64_t bytes);
     void refused_copies(std::string what);
     void count_layout(Layout layout);
+    void count_reuse();
     void count_content(const CacheContent& content);
     void count_copy_of(const CacheContent& content);
     void count_merge(bool mixed, bool refused);

@@ -298,6 +298,8 @@ bool content_holds_tokens(const CacheContent& content);
 // The bytes of K/V a copy of `content` holds: every present slot's
 // elements at the content's dtype (4 bytes for f32, 2 for f16 and bf16).
 std::int64_t content_bytes(const CacheContent& content);
+// The same of a view: every present slot's elements at its dtype.
+std::int64_t view_bytes(const CacheView& view);
 std::int64_t content_seq_length(const CacheContent& content, std::size_t layer = 0);
 
 }  // namespace kvcheck

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,10 @@ struct Capabilities {
     // dump_kill: the engine's dump may run in a fork of kvcheck's process
     // (an engine loaded in process; not one behind a process boundary).
     bool dump_kill = true;
+    // generate_returning, extract and fed_view (docs/semantics.md#returned-caches):
+    // caches the model wrote into, handed back and stored. Off unless an
+    // engine claims it.
+    bool returned_caches = false;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
 };
@@ -159,6 +164,30 @@ class Engine {
     virtual std::vector<std::int64_t> generate_fresh(const CacheContent& content,
                                                      const std::vector<std::int64_t>& prompt,
                                                      std::int64_t max_new_tokens) = 0;
+
+    // ---- caches the model makes (docs/semantics.md#returned-caches) ----
+    // With Capabilities::returned_caches; the defaults throw.
+    // generate(handle, prompt, max_new_tokens), and `out` then points at the
+    // cache the model wrote into: the input's K/V, then those of every token
+    // the model was fed (the prompt and each generated token but the last),
+    // in every layer. The caller owns it: it may read it, generate from it
+    // again (a second turn) and store it (add_handle).
+    virtual GenerateResult generate_returning(Handle /*handle*/, const std::vector<std::int64_t>& /*prompt*/,
+                                              std::int64_t /*max_new_tokens*/, Handle /*out*/) {
+        throw std::logic_error("generate_returning: not supported by this engine");
+    }
+    // Stores under id the memory the model makes of `prompt`: its prefill
+    // over the prompt on a fresh cache.
+    virtual void extract(const std::string& /*id*/, const std::vector<std::int64_t>& /*prompt*/) {
+        throw std::logic_error("extract: not supported by this engine");
+    }
+    // The view of a fresh deep copy of `content` once the engine's model has
+    // been fed `tokens` (none: the copy as it is): what a returned cache or
+    // an extracted memory must hold, as generate_fresh is what a generation
+    // must give.
+    virtual CacheView fed_view(const CacheContent& /*content*/, const std::vector<std::int64_t>& /*tokens*/) {
+        throw std::logic_error("fed_view: not supported by this engine");
+    }
 
     // ---- cache-level ----
     virtual void make(const CacheContent& content, Handle out) = 0;  // not stored, not owned

@@ -51,7 +51,10 @@ struct Failure {
     X(other_geometry, "a cache of other heads or head_dim than 2 x 4")                             \
     X(interrupted_dump, "a dump interrupted part way")                                             \
     X(corrupted_dump, "a dump file corrupted or truncated")                                        \
-    X(failed_load, "a load the engine refused")
+    X(failed_load, "a load the engine refused")                                                   \
+    X(returned_cache_reused, "a trace that generated from or stored a cache a generation returned") \
+    X(extracted_memory, "a memory the model made, stored by extract")                              \
+    X(store_64_items, "a trace whose store held 64 items or more")
 
 enum class Shape : std::uint8_t {
 #define KVCHECK_SHAPE_ENUM(name, text) name,

@@ -79,6 +79,7 @@ enum Needs : std::uint8_t {
     needs_stream = 1 << 2,       // Capabilities::generate_stream
     needs_conversions = 1 << 3,  // Capabilities::conversions, legacy_layout and modern_layout
     needs_dump_kill = 1 << 4,    // Capabilities::dump_kill
+    needs_returned = 1 << 5,     // Capabilities::returned_caches
 };
 
 namespace op {
@@ -329,12 +330,64 @@ struct Release {
     bool well_formed() const { return handle.value != 0; }
 };
 
+// ---- caches the model makes (docs/semantics.md#returned-caches) ----
+// A chat turn: generates from `source` as `generate` does, and binds `out`
+// to the cache the model wrote into (a second turn generates from it; it
+// may be stored with add_handle).
+struct Turn {
+    static constexpr const char* name = "turn";
+    static constexpr std::array<const char*, 4> fields{"out", "source", "prompt", "max"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_returned;
+    static constexpr std::size_t list_min = 0;
+    HandleName out;
+    HandleName source;
+    Tokens prompt;
+    std::int64_t max = 0;
+    bool well_formed() const { return out.value != 0 && !(out == source); }
+};
+// The store makes a memory: the model's prefill over `prompt` on a fresh
+// cache, stored under id.
+struct Extract {
+    static constexpr const char* name = "extract";
+    static constexpr std::array<const char*, 2> fields{"id", "prompt"};
+    static constexpr StoreReach reach = StoreReach::replaces_named;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_returned;
+    static constexpr std::size_t list_min = 0;
+    std::string id;
+    Tokens prompt;
+    bool well_formed() const { return true; }
+};
+
+// ---- stores under load ----
+// Adds `count` items at once, ids i<first> to i<first + count - 1>, item k
+// holding `cache` with the seed cache.seed + k: a store of many items in
+// one line (a run of adds, each stored as `add` stores).
+struct Fill {
+    static constexpr const char* name = "fill";
+    static constexpr std::array<const char*, 3> fields{"cache", "first", "count"};
+    static constexpr StoreReach reach = StoreReach::whole_store;
+    static constexpr bool changes_ids = true;
+    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
+    static constexpr std::int64_t count_max = 1024;
+    CacheSpec cache;
+    std::int64_t first = 0;
+    std::int64_t count = 0;
+    bool well_formed() const { return first >= 0 && count >= 0 && count <= count_max; }
+};
+// The id of item k of a fill.
+std::string fill_id(std::int64_t index);
+
 }  // namespace op
 
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
                         op::Generate, op::GenerateStream, op::Delete, op::DeleteAll, op::Dump,
                         op::DumpCrash, op::Load, op::Corrupt, op::Make, op::Clone, op::Concat,
-                        op::ToLegacy, op::FromLegacy, op::Release, op::DumpKill>;
+                        op::ToLegacy, op::FromLegacy, op::Release, op::DumpKill,
+                        op::Turn, op::Extract, op::Fill>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;

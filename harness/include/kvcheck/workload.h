@@ -71,11 +71,15 @@ struct Scope {
     std::int64_t heads_max = 8;
     std::int64_t head_dim_max = 32;
     std::int64_t slot_values_max = 8192;
+    // The most items a fill adds at once (stores under load): fills draw
+    // among 8, 16, 32, 64, 256 and 1024 items up to it (0: no fill).
+    std::int64_t store_items_max = 64;
 };
 
-// "small" (every trace small, as the first version drew them), "default"
-// (above), "large" (for nightly runs: 16 layers, 2048 tokens, slots of up to
-// 64 Ki values); throws std::invalid_argument for another name.
+// "small" (every trace small, as the first version drew them; no fill),
+// "default" (above; fills of up to 64 items), "large" (for nightly runs: 16
+// layers, 2048 tokens, slots of up to 64 Ki values, fills of up to 1024
+// items); throws std::invalid_argument for another name.
 Scope scope_named(const std::string& name);
 // The scope in one line, for the header of a run.
 std::string describe_scope(const Scope& scope);
