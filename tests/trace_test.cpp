@@ -63,6 +63,16 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::FromLegacy{HandleName{8}, HandleName{7}}, "h8 = from_legacy h7"},
         {op::Release{HandleName{8}}, "release h8"},
         {op::DumpKill{1, 4}, "dump_kill slot=1 point=4"},
+        {op::PagedAlloc{1, {1, 2, 3}, 0}, "paged_alloc seq=1 tokens=1,2,3 salt=0"},
+        {op::PagedAppend{1, 2}, "paged_append seq=1 count=2"},
+        {op::PagedFork{1, 2}, "paged_fork parent=1 child=2"},
+        {op::PagedFree{2}, "paged_free seq=2"},
+        {op::PagedLookup{{1, 2}, 1}, "paged_lookup tokens=1,2 salt=1"},
+        {op::PagedEvict{}, "paged_evict"},
+        {op::PagedReset{}, "paged_reset"},
+        {op::PagedStep{}, "paged_step"},
+        {op::PagedImport{3, CacheSpec{Layout::modern, Dtype::f32, 7, {LayerSpec{0b11, true, 3}}}}, "paged_import seq=3 modern/f32/7:[kv3]"},
+        {op::PagedExport{3}, "paged_export seq=3"},
     };
 }
 

@@ -14,7 +14,7 @@
 
 #include "kvcheck/engine.h"
 
-#define KVCHECK_PLUGIN_ABI_VERSION 7
+#define KVCHECK_PLUGIN_ABI_VERSION 8
 #define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v7"
 
 extern "C" {
