@@ -56,6 +56,11 @@ struct FailureReport {
     std::string output;            // an out-of-process engine's output while its trace ran, as found
 };
 
+// The verdict message of a property of the paged family for an engine that
+// is no paged engine (Capabilities::paged): the table shows it as n/a.
+inline constexpr const char* paged_not_applicable =
+    "n/a: a property of paged caches, and the adapter is no paged engine (Capabilities::paged)";
+
 struct PropertyResult {
     std::string id;
     // "pass", "fail", "skipped", "blocked" (fewer than 90 % of the search's

@@ -431,7 +431,8 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
     out << "kvcheck conformance, seed " << seed << "\n" << domains_text(results) << "\n" << incomplete_note(interrupted_by)
         << matrix(results, false);
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
-           "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs"
+           "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs; n/a: a\n"
+           "property of the other cache family (paged or contiguous)"
         << (interrupted_by != 0 ? "; -: not finished" : "")
         << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"

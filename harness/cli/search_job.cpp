@@ -327,7 +327,7 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     const Capabilities capabilities = probe->capabilities();
     if (!checkable(capabilities).has(property)) {
         if (!capabilities.paged && !checkable(Capabilities{}).has(property)) {
-            out.send("skipped", "n/a: a property of paged caches, and the adapter is no paged engine (Capabilities::paged)");
+            out.send("skipped", paged_not_applicable);
             return;
         }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
