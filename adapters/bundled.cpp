@@ -1,6 +1,7 @@
 #include "bundled.h"
 
 #include "mutants/mutants.h"
+#include "reference/paged_reference.h"
 #include "reference/reference_engine.h"
 
 namespace kvcheck::adapters {
@@ -10,6 +11,13 @@ const std::vector<Adapter>& bundled() {
         std::vector<Adapter> all = {{"reference", "the reference implementation", "bundled", {},
                                      [] { return std::shared_ptr<Engine>(std::make_shared<ReferenceEngine>()); }}};
         for (Adapter& mutant : mutant_adapters()) all.push_back(std::move(mutant));
+        all.push_back({"paged-reference", "the paged reference: a block pool with a prefix index (and the reference store)",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<PagedReference>();
+                           engine->rename("paged-reference");
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
+        for (Adapter& mutant : paged_mutant_adapters()) all.push_back(std::move(mutant));
         return all;
     }();
     return adapters;

@@ -93,7 +93,9 @@ void mix(std::size_t& seed, std::size_t value) {
 }
 
 std::size_t field_hash(HandleName handle) { return std::hash<std::int64_t>{}(handle.value); }
-std::size_t field_hash(std::int64_t value) { return std::hash<std::int64_t>{}(value); }
+// Mixed: the paged operations' fields are small numbers side by side
+// (seq, parent, child), which an identity hash combined by `mix` collides.
+std::size_t field_hash(std::int64_t value) { return static_cast<std::size_t>(splitmix64(static_cast<std::uint64_t>(value))); }
 std::size_t field_hash(const std::string& id) { return std::hash<std::string>{}(id); }
 std::size_t field_hash(MetaSeed meta) { return std::hash<std::int64_t>{}(meta.value); }
 
@@ -170,6 +172,7 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     }
     if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
     if ((needs & needs_returned) && !capabilities.returned_caches) return false;
+    if ((needs & needs_paged) && !capabilities.paged) return false;
     return true;
 }
 

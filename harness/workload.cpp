@@ -27,6 +27,11 @@ struct Draft {
     std::vector<std::int64_t> handles;     // handles that likely hold a cache
     std::vector<Layout> layouts;           // their layouts
     std::int64_t next_handle = 1;
+    // The paged family: sequences likely alive, and the token lists
+    // allocated so far (new requests often share their prefixes).
+    std::vector<std::int64_t> seqs;
+    std::vector<Tokens> requests;
+    std::int64_t next_seq = 1;
 };
 
 std::string pick_id(Chooser& choose, const Draft& draft, const WorkloadOptions& options) {
@@ -257,6 +262,8 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.weights[kind<op::GetCache>()] = 4;
     swarm.weights[kind<op::Generate>()] = 3;
     swarm.weights[kind<op::Fill>()] = options.scope.store_items_max > 0 ? 1 : 0;
+    swarm.weights[kind<op::PagedAlloc>()] = 6;  // a pool needs sequences to be interesting
+    swarm.weights[kind<op::PagedStep>()] = 3;
     // An operation the engine cannot run is never generated.
     for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
         if (!engine_supports(c, op_needs(kind_index))) swarm.weights[kind_index] = 0;
@@ -288,6 +295,16 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
     // A fill is many adds: one now and then loads the store.
     std::uint8_t& fill = swarm.weights[kind<op::Fill>()];
     fill = std::min<std::uint8_t>(fill, 1);
+    // A paged engine: allocations like adds, and half its traces only paged
+    // (an engine without Capabilities::paged draws none of this).
+    if (options.capabilities.paged) {
+        swarm.weights[kind<op::PagedAlloc>()] = static_cast<std::uint8_t>(choose.between(3, 8));
+        if (choose.one_in(2)) {
+            for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
+                if ((op_needs(kind_index) & needs_paged) == 0) swarm.weights[kind_index] = 0;
+            }
+        }
+    }
     const Capabilities& c = options.capabilities;
     const ModelDomain& model = c.model;
     if (model.declared) {
@@ -581,6 +598,84 @@ op::Fill draw(Drawing& d, op::Fill*) {
     for (std::int64_t k = 0; k < count; ++k) d.draft.stored[op::fill_id(first + k)] = spec.layout;
     return {spec, first, count};
 }
+
+// ---- the paged family ----
+
+// Tokens of a new request: a few from a small alphabet, so that requests
+// share prefixes and hit; often a past request's prefix, extended.
+Tokens paged_tokens(Drawing& d) {
+    Tokens tokens;
+    if (!d.draft.requests.empty() && !d.choose.one_in(3)) {
+        const Tokens& past = d.draft.requests[d.choose.below(d.draft.requests.size())];
+        tokens.assign(past.begin(), past.begin() + static_cast<std::ptrdiff_t>(d.choose.between(1, static_cast<std::int64_t>(past.size()))));
+    }
+    const std::int64_t more = d.choose.between(tokens.empty() ? 1 : 0, 4);
+    for (std::int64_t i = 0; i < more; ++i) tokens.push_back(d.choose.between(1, 3));
+    return tokens;
+}
+
+std::int64_t paged_salt(Drawing& d) { return d.choose.one_in(4) ? 1 : 0; }
+
+// A sequence likely alive; now and then one that is not.
+std::int64_t pick_seq(Drawing& d) {
+    if (!d.draft.seqs.empty() && !d.choose.one_in(8)) return d.draft.seqs[d.choose.below(d.draft.seqs.size())];
+    return d.choose.between(1, d.draft.next_seq);
+}
+
+std::int64_t new_seq(Drawing& d) {
+    const std::int64_t seq = d.draft.next_seq++;
+    d.draft.seqs.push_back(seq);
+    return seq;
+}
+
+op::PagedAlloc draw(Drawing& d, op::PagedAlloc*) {
+    Tokens tokens = paged_tokens(d);
+    d.draft.requests.push_back(tokens);
+    op::PagedAlloc alloc{new_seq(d), std::move(tokens), paged_salt(d)};
+    // The worker boundary after it: what it computed becomes hittable.
+    if (d.enabled(kind<op::PagedStep>()) && d.choose.one_in(2)) d.follow_up = op::PagedStep{};
+    return alloc;
+}
+
+op::PagedAppend draw(Drawing& d, op::PagedAppend*) { return {pick_seq(d), d.choose.between(1, 3)}; }
+
+op::PagedFork draw(Drawing& d, op::PagedFork*) {
+    const std::int64_t parent = pick_seq(d);
+    op::PagedFork fork{parent, new_seq(d)};
+    // A write into the blocks now shared: copy-on-write.
+    if (d.enabled(kind<op::PagedAppend>()) && !d.choose.one_in(3)) {
+        d.follow_up = op::PagedAppend{d.choose.one_in(2) ? parent : fork.child, d.choose.between(1, 3)};
+    }
+    return fork;
+}
+
+op::PagedFree draw(Drawing& d, op::PagedFree*) {
+    const std::int64_t seq = pick_seq(d);
+    d.draft.seqs.erase(std::remove(d.draft.seqs.begin(), d.draft.seqs.end(), seq), d.draft.seqs.end());
+    return {seq};
+}
+
+op::PagedLookup draw(Drawing& d, op::PagedLookup*) { return {paged_tokens(d), paged_salt(d)}; }
+
+op::PagedEvict draw(Drawing&, op::PagedEvict*) { return {}; }
+
+op::PagedReset draw(Drawing&, op::PagedReset*) { return {}; }
+
+op::PagedStep draw(Drawing&, op::PagedStep*) { return {}; }
+
+op::PagedImport draw(Drawing& d, op::PagedImport*) {
+    // An activation memory of the paged reference's model: 2 layers of the
+    // default geometry, float32, one length (another pool refuses it).
+    CacheSpec spec;
+    spec.seed = d.choose.below(1000);
+    const std::int64_t tokens = d.choose.between(1, 6);
+    spec.layers.assign(2, LayerSpec{0b11, true, tokens});
+    op::PagedImport import{new_seq(d), spec};
+    if (d.enabled(kind<op::PagedExport>()) && d.choose.one_in(2)) d.follow_up = op::PagedExport{import.seq};
+    return import;
+}
+
+op::PagedExport draw(Drawing& d, op::PagedExport*) { return {pick_seq(d)}; }
 
 template <std::size_t K>
 Op draw_kind(Drawing& d) {

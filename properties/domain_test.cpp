@@ -202,10 +202,12 @@ TEST_P(MutantInAModel, IsCaughtByAPropertyItBreaks) {
               << (narrow_enough ? "" : " (not in the narrow model: " + outside_the_narrow_model.at(adapter->name) + ")") << "\n";
 }
 
+// The contiguous family's mutants: a model domain bounds the caches a
+// store holds, not a paged pool's (the paged mutants are mutant.all's).
 std::vector<std::string> mutant_names() {
     std::vector<std::string> names;
     for (const auto& adapter : adapters::bundled()) {
-        if (!adapter.breaks.empty()) names.push_back(adapter.name);
+        if (!adapter.breaks.empty() && !adapter.make()->capabilities().paged) names.push_back(adapter.name);
     }
     return names;
 }

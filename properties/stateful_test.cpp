@@ -44,7 +44,9 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
     EXPECT_TRUE(ok);
     // Distribution: a generator that stops producing a kind, or one layout,
     // makes every property above vacuous for it.
+    // (The paged family's kinds are PagedStateful's: the reference is no paged engine.)
     for (std::size_t k = 0; k < op_kind_count; ++k) {
+        if ((op_needs(k) & needs_paged) != 0) continue;
         EXPECT_GT(total.ops_run[k], 0u) << op_kind_name(k) << " never ran in " << cases << " cases";
     }
     EXPECT_GT(total.modern_caches, 0u);
@@ -81,6 +83,26 @@ TEST(Stateful, MergesOfMixedDtypesOccurAndTheReferencePromotesThem) {
               << " of mixed dtypes (in " << traces_mixing << " traces), " << total.refused_merges << " refused\n";
     EXPECT_GE(traces_mixing, seeds / 100);
     EXPECT_EQ(total.refused_merges, 0u);
+}
+
+// The paged reference, over seeded traces of a paged engine: every
+// property holds after every step, and every paged kind runs.
+TEST(PagedStateful, PagedReferenceKeepsEveryPropertyAndRunsEveryPagedKind) {
+    const Adapter& paged = *adapters::find_bundled("paged-reference");
+    WorkloadOptions options;
+    options.capabilities = paged.make()->capabilities();
+    Coverage total;
+    for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+        const Trace trace = trace_for_seed(seed, options);
+        const RunResult result = run_on(paged, trace);
+        ASSERT_FALSE(result.failure) << "seed " << seed << ":\n"
+                                     << format_failure(*result.failure, trace, reproduce_command(paged, trace));
+        for (std::size_t k = 0; k < op_kind_count; ++k) total.ops_run[k] += result.coverage.ops_run[k];
+    }
+    for (std::size_t k = 0; k < op_kind_count; ++k) {
+        if ((op_needs(k) & needs_paged) == 0) continue;
+        EXPECT_GT(total.ops_run[k], 0u) << op_kind_name(k) << " never ran in 200 traces";
+    }
 }
 
 }  // namespace

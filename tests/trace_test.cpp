@@ -67,6 +67,16 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::Extract{"m", {1, 2}}, "extract m prompt=1,2"},
         {op::Fill{CacheSpec{Layout::modern, Dtype::f32, 3, {LayerSpec{0b0011, true, 2}}}, 8, 64},
          "fill modern/f32/3:[kv2] first=8 count=64"},
+        {op::PagedAlloc{1, {1, 2, 3}, 0}, "paged_alloc seq=1 tokens=1,2,3 salt=0"},
+        {op::PagedAppend{1, 2}, "paged_append seq=1 count=2"},
+        {op::PagedFork{1, 2}, "paged_fork parent=1 child=2"},
+        {op::PagedFree{2}, "paged_free seq=2"},
+        {op::PagedLookup{{1, 2}, 1}, "paged_lookup tokens=1,2 salt=1"},
+        {op::PagedEvict{}, "paged_evict"},
+        {op::PagedReset{}, "paged_reset"},
+        {op::PagedStep{}, "paged_step"},
+        {op::PagedImport{3, CacheSpec{Layout::modern, Dtype::f32, 7, {LayerSpec{0b11, true, 3}}}}, "paged_import seq=3 modern/f32/7:[kv3]"},
+        {op::PagedExport{3}, "paged_export seq=3"},
     };
 }
 

@@ -10,5 +10,7 @@
 namespace kvcheck::adapters {
 
 std::vector<Adapter> mutant_adapters();
+// The paged reference's mutants (paged_mutants.cpp).
+std::vector<Adapter> paged_mutant_adapters();
 
 }  // namespace kvcheck::adapters

@@ -22,7 +22,9 @@
 //   listing     the store's ids are due for comparison (after a change of
 //               membership, and at every full read);
 //   HandleFact  a live handle is to be checked against the store's storage
-//               (the handles a step names or reaches, all at a full read).
+//               (the handles a step names or reaches, all at a full read);
+//   Paged       a paged operation ran (the paged family, kvcheck/paged.h):
+//               the pool as the engine reported it before and after.
 // What each property asserts: docs/semantics.md#properties.
 //
 //   class MyChecker final : public Checker {
@@ -34,6 +36,7 @@
 
 #include "auditor/auditor.h"
 #include "kvcheck/engine.h"
+#include "kvcheck/paged.h"
 #include "kvcheck/properties.h"
 #include "kvcheck/trace.h"
 
@@ -173,6 +176,31 @@ struct HandleReading {
     std::vector<std::uint64_t> storage;
 };
 
+// A paged operation, with the pool before and after it
+// (docs/semantics.md#paged-caches).
+enum class PagedBy : std::uint8_t { alloc, append, fork, free, lookup, evict, reset, step, import, exported };
+
+struct Paged {
+    PagedBy by = PagedBy::step;
+    std::string what;                    // the operation, as messages name it: "paged_alloc seq=1 tokens=1,2 salt=0"
+    std::int64_t seq = 0;                // alloc, append, free, import, export; fork: the child
+    std::int64_t parent = 0;             // fork
+    Tokens tokens;                       // alloc, lookup
+    std::int64_t salt = 0;               // alloc, lookup
+    std::optional<std::string> refused;  // alloc, append, fork, import: the engine's refusal
+    std::int64_t cached = 0;             // alloc, lookup: the tokens reported cached
+    Tokens appended;                     // append: the tokens decoded
+    std::int64_t blocks = 0;             // the pool's blocks, the null block included (N)
+    PagedState before;
+    PagedState after;
+    // export: what the engine gave, and what the sequence must hold: the
+    // imported content (a sequence only imported, forked or not), or the
+    // model's K/V on its tokens (`computed`: every token known).
+    std::optional<PagedExported> exported;
+    std::optional<CacheContent> imported;
+    bool computed = false;
+};
+
 // ---- what a checker may read ---------------------------------------------
 
 class Probe {
@@ -251,6 +279,7 @@ class Checker {
     virtual void entry(const EntryFact&, Probe&) {}
     virtual void listing(bool full_read, Probe&) {}
     virtual void handle(const HandleFact&, Probe&) {}
+    virtual void paged(const Paged&, Probe&) {}
 
   protected:
     bool checking(const Probe& probe) const { return probe.checking(property_); }
@@ -297,6 +326,14 @@ std::string kv_held(const CacheView& view);
 // The first of `sources` whose storage `out` shares, if any (needs the
 // engine's storage identities).
 std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const std::vector<std::int64_t>& sources);
+
+// The paged family's helpers (checkers/paged_util.cpp).
+// "block 3 (count 2, key [1 2], tokens [1 2], 2 written)".
+std::string block_text(const PagedState& state, std::int64_t block);
+// How many tables hold `block`, and how many pending copies read it.
+std::int64_t tables_holding(const PagedState& state, std::int64_t block);
+std::int64_t copies_reading(const PagedState& state, std::int64_t block);
+bool in_free_queue(const PagedState& state, std::int64_t block);
 
 }  // namespace checkers
 }  // namespace kvcheck

@@ -57,7 +57,8 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_storage_identity) && !capabilities.storage_identity) ||
                              ((info.needs & property_needs_dump) && !capabilities.dump) ||
                              ((info.needs & property_needs_ownership) && !capabilities.owned_marker &&
-                              !capabilities.storage_identity);
+                              !capabilities.storage_identity) ||
+                             ((info.needs & property_needs_paged) && !capabilities.paged);
         if (missing) set.remove(info.property);
     }
     return set;

@@ -28,6 +28,14 @@ struct Task {
 
 class Scheduler {
   public:
+    // A property of the paged family and an adapter known, without making
+    // an engine, to be no paged engine: a process adapter (its handshake
+    // gave its model; the wire protocol has no paged requests). Its verdict
+    // is n/a without a job (each job of a process adapter starts one).
+    static bool known_unpaged(const Adapter& adapter, Property property) {
+        return adapter.model.has_value() && !checkable(Capabilities{}).has(property);
+    }
+
     Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
         : adapters_(adapters), options_(options), sandbox_(options.limits), hung_on_(adapters.size()) {
         properties_ = options.properties;
@@ -39,6 +47,10 @@ class Scheduler {
             for (Property p : properties_) {
                 PropertyResult property;
                 property.id = property_id(p);
+                if (known_unpaged(adapter, p)) {
+                    property.verdict = "skipped";
+                    property.message = paged_not_applicable;
+                }
                 result.properties.push_back(std::move(property));
             }
             PropertyResult errors;
@@ -54,6 +66,7 @@ class Scheduler {
         }
         for (std::size_t a = 0; a < adapters.size(); ++a) {
             for (std::size_t p = 0; p < properties_.size(); ++p) {
+                if (known_unpaged(adapters[a], properties_[p])) continue;  // no job: n/a
                 Task task;
                 task.adapter = a;
                 task.property = p;

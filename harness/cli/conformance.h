@@ -82,6 +82,11 @@ struct FailureReport {
     std::string prefix_file;       // shared-state: where the prefix trace was written
 };
 
+// The verdict message of a property of the paged family for an engine that
+// is no paged engine (Capabilities::paged): the table shows it as n/a.
+inline constexpr const char* paged_not_applicable =
+    "n/a: a property of paged caches, and the adapter is no paged engine (Capabilities::paged)";
+
 struct PropertyResult {
     std::string id;
     // "pass", "fail", "skipped", "blocked" (fewer than 90 % of the search's

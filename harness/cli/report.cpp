@@ -34,7 +34,8 @@ bool is_fault(const PropertyResult& result) { return result.verdict == "fail" &&
 std::string cell(const PropertyResult& result) {
     if (is_fault(result)) return "FAULT";
     if (result.verdict == "fail") return "FAIL";
-    if (result.verdict == "skipped") return "skip";
+    // A property of the other cache family (search_job.cpp says "n/a: ...").
+    if (result.verdict == "skipped") return result.message.rfind("n/a", 0) == 0 ? "n/a" : "skip";
     if (result.verdict == "not-run") return "-";
     if (result.verdict == "blocked") return "blocked";
     return result.not_applied.empty() ? "pass" : "pass*";
@@ -457,7 +458,8 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
     out << "kvcheck conformance, seed " << seed << "\n" << domains_text(results) << "\n" << incomplete_note(interrupted_by)
         << matrix(results, false);
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
-           "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs"
+           "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs; n/a: a\n"
+           "property of the other cache family (paged or contiguous)"
         << (interrupted_by != 0 ? "; -: not finished" : "")
         << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"

@@ -466,6 +466,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     const std::shared_ptr<Engine> probe = adapter.make();
     const Capabilities capabilities = probe->capabilities();
     if (!checkable(capabilities).has(property)) {
+        if (!capabilities.paged && !checkable(Capabilities{}).has(property)) {
+            out.send("skipped", paged_not_applicable);
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

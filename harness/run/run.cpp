@@ -200,6 +200,7 @@ void Run::deliver(const Fact& fact) {
                 if constexpr (std::is_same_v<F, checkers::DumpKilled>) checker->dump_killed(f, *this);
                 if constexpr (std::is_same_v<F, checkers::GotByIds>) checker->got_by_ids(f, *this);
                 if constexpr (std::is_same_v<F, checkers::GotAll>) checker->got_all(f, *this);
+                if constexpr (std::is_same_v<F, checkers::Paged>) checker->paged(f, *this);
             }
         },
         fact);

@@ -26,7 +26,7 @@
 namespace kvcheck {
 
 using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
-                          checkers::GotAll, checkers::DumpKilled>;
+                          checkers::GotAll, checkers::DumpKilled, checkers::Paged>;
 
 class Transitions {
   public:
@@ -83,6 +83,27 @@ class Transitions {
     std::set<std::string> deleted_ids_;
     std::map<std::string, CacheSpec> added_specs_;
     std::function<std::shared_ptr<Engine>()> fresh_engine_;
+    // The paged family (run/paged_transitions.cpp): the sequences alive,
+    // and what each must hold.
+    struct PagedSequence {
+        std::optional<CacheContent> imported;  // only imported (and forked): exactly this
+        bool computed = true;                  // every token known: the model's K/V on them
+    };
+    std::map<std::int64_t, PagedSequence> paged_sequences_;
+    template <typename Call>
+    std::optional<Fact> run_paged(checkers::Paged fact, bool may_refuse, Call&& call);
 };
+
+// The paged transitions (run/paged_transitions.cpp).
+template <> std::optional<Fact> Transitions::apply(const op::PagedAlloc& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedAppend& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedFork& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedFree& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedLookup& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedEvict& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedReset& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedStep& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedImport& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedExport& op);
 
 }  // namespace kvcheck

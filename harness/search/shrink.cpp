@@ -144,6 +144,7 @@ std::vector<std::int64_t> simpler_integers(std::string_view field, std::int64_t 
     if (field == "max" && value > 1) return {1};
     if (field == "bytes" && value > 0) return {value / 2, 0};
     if (field == "offset" && value > 0) return {0};
+    if (field == "count" && value > 1) return {1};   // paged_append
     return {};
 }
 

@@ -105,6 +105,10 @@ struct Capabilities {
     bool returned_caches = false;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
+    // A paged block manager (kvcheck/paged.h): Engine::paged() answers, the
+    // paged operations are drawn and the paged properties checked. Off
+    // unless an engine claims it.
+    bool paged = false;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.
@@ -128,6 +132,8 @@ struct HandleFacts {
     bool exists = false;
     bool owned = false;  // the owned-copy marker (ignored without Capabilities::owned_marker)
 };
+
+class PagedEngine;  // kvcheck/paged.h
 
 class Engine {
   public:
@@ -266,6 +272,10 @@ class Engine {
         }
         return facts;
     }
+
+    // ---- the paged family ----
+    // The engine's paged interface (with Capabilities::paged), else null.
+    virtual PagedEngine* paged() { return nullptr; }
 };
 
 }  // namespace kvcheck

@@ -14,8 +14,8 @@
 
 #include "kvcheck/engine.h"
 
-#define KVCHECK_PLUGIN_ABI_VERSION 8
-#define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v8"
+#define KVCHECK_PLUGIN_ABI_VERSION 9
+#define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v9"
 
 extern "C" {
 
@@ -31,7 +31,7 @@ struct kvcheck_plugin {
 
 // Defines the entry point for an engine type with a default constructor.
 #define KVCHECK_PLUGIN(EngineType, Name, Description)                                     \
-    extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* kvcheck_plugin_v8() { \
+    extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* kvcheck_plugin_v9() { \
         static const kvcheck_plugin plugin = {                                           \
             KVCHECK_PLUGIN_ABI_VERSION, Name, Description,                              \
             []() -> kvcheck::Engine* { return new EngineType(); },                      \

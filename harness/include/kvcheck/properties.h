@@ -25,6 +25,7 @@ enum PropertyNeeds : std::uint8_t {
     property_needs_dump = 1 << 2,              // Capabilities::dump
     // Capabilities::owned_marker, or storage_identity to derive "owned" from.
     property_needs_ownership = 1 << 3,
+    property_needs_paged = 1 << 4,  // Capabilities::paged: a property of the paged family
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -46,7 +47,31 @@ enum PropertyNeeds : std::uint8_t {
     X(generation_equivalent, "generation-equivalent",                                                              \
       "generating via the store equals generating from a fresh copy", property_needs_nothing)                      \
     X(dump_safe, "dump-safe", "dumps round-trip; bad or interrupted dumps never lose data", property_needs_dump)   \
-    X(store_contract, "store-contract", "ids, order and missing ids of the store API", property_needs_nothing)
+    X(store_contract, "store-contract", "ids, order and missing ids of the store API", property_needs_nothing)      \
+    /* the paged family (kvcheck/paged.h) */                                                                       \
+    X(op_atomic, "op-atomic", "a refused alloc, append, fork or import changes nothing", property_needs_paged)      \
+    X(refcount_exact, "refcount-exact", "a block's count is the tables holding it plus the copies reading it",    \
+      property_needs_paged)                                                                                        \
+    X(free_iff_unreferenced, "free-iff-unreferenced", "a block is free, once, exactly when its count is 0",        \
+      property_needs_paged)                                                                                        \
+    X(index_consistent, "index-consistent", "every key maps only to blocks holding that identity and its tokens",  \
+      property_needs_paged)                                                                                        \
+    X(published_after_written, "published-after-written", "a block is hittable only once every slot is written",  \
+      property_needs_paged)                                                                                        \
+    X(published_immutable, "published-immutable", "a published or shared block is never written",                \
+      property_needs_paged)                                                                                        \
+    X(cow_exact, "cow-exact", "a write into a shared block copies exactly that block, once, into a fresh one",     \
+      property_needs_paged)                                                                                        \
+    X(no_reuse_while_read, "no-reuse-while-read", "a block a pending copy reads is never freed or taken",          \
+      property_needs_paged)                                                                                        \
+    X(prefix_hit_exact, "prefix-hit-exact", "a hit ends on a block boundary and equals a fresh computation",       \
+      property_needs_paged)                                                                                        \
+    X(hit_consumed, "hit-consumed", "the cached tokens reported are the K/V attached; the rest is computed",       \
+      property_needs_paged)                                                                                        \
+    X(no_leak, "no-leak", "with no sequence left, after a step, every count is 0 and every block free",           \
+      property_needs_paged)                                                                                        \
+    X(paged_roundtrip, "paged-roundtrip", "export gives exactly the sequence's K/V, sharing nothing with the pool", \
+      property_needs_paged)
 
 enum class Property : std::uint8_t {
 #define KVCHECK_PROPERTY_ENUM(name, id, summary, needs) name,

@@ -80,6 +80,7 @@ enum Needs : std::uint8_t {
     needs_conversions = 1 << 3,  // Capabilities::conversions, legacy_layout and modern_layout
     needs_dump_kill = 1 << 4,    // Capabilities::dump_kill
     needs_returned = 1 << 5,     // Capabilities::returned_caches
+    needs_paged = 1 << 6,        // Capabilities::paged (kvcheck/paged.h)
 };
 
 namespace op {
@@ -381,13 +382,130 @@ struct Fill {
 // The id of item k of a fill.
 std::string fill_id(std::int64_t index);
 
+
+// ---- the paged family (kvcheck/paged.h, docs/semantics.md#paged-operations) ----
+// Sequences are numbered (seq=N); `salt` stands for the extra keys (0:
+// none). They name no stored id and no handle: the store is not read
+// around them. Each needs Capabilities::paged.
+struct PagedAlloc {
+    static constexpr const char* name = "paged_alloc";
+    static constexpr std::array<const char*, 3> fields{"seq", "tokens", "salt"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    Tokens tokens;
+    std::int64_t salt = 0;
+    bool well_formed() const { return !tokens.empty(); }
+};
+// Decodes `count` tokens on top of a sequence.
+struct PagedAppend {
+    static constexpr const char* name = "paged_append";
+    static constexpr std::array<const char*, 2> fields{"seq", "count"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    std::int64_t count = 1;
+    bool well_formed() const { return count >= 1; }
+};
+struct PagedFork {
+    static constexpr const char* name = "paged_fork";
+    static constexpr std::array<const char*, 2> fields{"parent", "child"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t parent = 0;
+    std::int64_t child = 0;
+    bool well_formed() const { return parent != child; }
+};
+// Ends a sequence: finished, preempted or aborted alike.
+struct PagedFree {
+    static constexpr const char* name = "paged_free";
+    static constexpr std::array<const char*, 1> fields{"seq"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    bool well_formed() const { return true; }
+};
+struct PagedLookup {
+    static constexpr const char* name = "paged_lookup";
+    static constexpr std::array<const char*, 2> fields{"tokens", "salt"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    Tokens tokens;
+    std::int64_t salt = 0;
+    bool well_formed() const { return !tokens.empty(); }
+};
+struct PagedEvict {
+    static constexpr const char* name = "paged_evict";
+    static constexpr std::array<const char*, 0> fields{};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    bool well_formed() const { return true; }
+};
+// Run only when no sequence or pending copy holds a block (else skipped).
+struct PagedReset {
+    static constexpr const char* name = "paged_reset";
+    static constexpr std::array<const char*, 0> fields{};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    bool well_formed() const { return true; }
+};
+// The worker boundary.
+struct PagedStep {
+    static constexpr const char* name = "paged_step";
+    static constexpr std::array<const char*, 0> fields{};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    bool well_formed() const { return true; }
+};
+// A contiguous cache (an activation memory) becomes a sequence's blocks.
+struct PagedImport {
+    static constexpr const char* name = "paged_import";
+    static constexpr std::array<const char*, 2> fields{"seq", "cache"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    CacheSpec cache;
+    bool well_formed() const { return true; }
+};
+struct PagedExport {
+    static constexpr const char* name = "paged_export";
+    static constexpr std::array<const char*, 1> fields{"seq"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    bool well_formed() const { return true; }
+};
+
 }  // namespace op
 
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
                         op::Generate, op::GenerateStream, op::Delete, op::DeleteAll, op::Dump,
                         op::DumpCrash, op::Load, op::Corrupt, op::Make, op::Clone, op::Concat,
                         op::ToLegacy, op::FromLegacy, op::Release, op::DumpKill,
-                        op::Turn, op::Extract, op::Fill>;
+                        op::Turn, op::Extract, op::Fill,
+                        // the paged family
+                        op::PagedAlloc, op::PagedAppend, op::PagedFork, op::PagedFree, op::PagedLookup,
+                        op::PagedEvict, op::PagedReset, op::PagedStep, op::PagedImport, op::PagedExport>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;

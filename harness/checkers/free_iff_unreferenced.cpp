@@ -1,0 +1,49 @@
+// free-iff-unreferenced (paged): after every paged operation, a block is in
+// the free queue exactly when its count is 0, and at most once; the null
+// block never is. So free blocks plus referenced blocks make N - 1.
+//
+// Checked: the pool as the engine reports it after each paged operation.
+// Not checked here: whether the counts are right (refcount-exact).
+#include "checkers/checker.h"
+
+#include <algorithm>
+
+namespace kvcheck::checkers {
+namespace {
+
+class FreeIffUnreferenced final : public Checker {
+  public:
+    FreeIffUnreferenced() : Checker(Property::free_iff_unreferenced) {}
+
+    void paged(const Paged& fact, Probe& probe) override {
+        if (!checking(probe)) return;
+        const PagedState& s = fact.after;
+        for (const std::int64_t block : s.free_queue) {
+            if (block < 1 || block >= static_cast<std::int64_t>(s.blocks.size())) {
+                fail(probe, "after " + fact.what + ": the free queue holds " + block_text(s, block));
+                return;
+            }
+        }
+        for (std::size_t b = 1; b < s.blocks.size(); ++b) {
+            const auto block = static_cast<std::int64_t>(b);
+            const auto times = std::count(s.free_queue.begin(), s.free_queue.end(), block);
+            const bool unreferenced = s.blocks[b].count == 0;
+            if (!expect(probe, times == (unreferenced ? 1 : 0), [&] {
+                    return "after " + fact.what + ": " + block_text(s, block) + " is in the free queue " +
+                           std::to_string(times) + " times; expected " + (unreferenced ? "once" : "never") +
+                           " (free queue " + tokens_text(s.free_queue) + ")";
+                })) {
+                return;
+            }
+        }
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::free_iff_unreferenced>() {
+    return std::make_unique<FreeIffUnreferenced>();
+}
+
+}  // namespace kvcheck::checkers

@@ -1,0 +1,63 @@
+// hit-consumed (paged): the cached tokens an alloc reports are exactly the
+// K/V it attached: its table starts with that many tokens' worth of blocks
+// that were cached (published) before it, the rest are blocks it took
+// fresh, and the sequence's K/V, read through its table, equal the
+// engine's model on all its tokens.
+//
+// Checked: at each successful alloc.
+// Not checked here: the hit blocks' own content (prefix-hit-exact), K/V
+// after appends (paged-roundtrip, at export).
+#include "checkers/checker.h"
+
+namespace kvcheck::checkers {
+namespace {
+
+class HitConsumed final : public Checker {
+  public:
+    HitConsumed() : Checker(Property::hit_consumed) {}
+
+    void paged(const Paged& fact, Probe& probe) override {
+        if (fact.by != PagedBy::alloc || fact.refused || !checking(probe)) return;
+        const std::int64_t b = fact.before.block_tokens;
+        const auto length = static_cast<std::int64_t>(fact.tokens.size());
+        const auto table = fact.after.tables.find(fact.seq);
+        if (b < 1 || table == fact.after.tables.end()) {
+            fail(probe, fact.what + " succeeded but the pool has no table for sequence " + std::to_string(fact.seq));
+            return;
+        }
+        const std::int64_t blocks = (length + b - 1) / b;
+        if (!expect(probe, static_cast<std::int64_t>(table->second.size()) == blocks, [&] {
+                return fact.what + ": the table holds " + std::to_string(table->second.size()) + " blocks for " +
+                       std::to_string(length) + " tokens (" + std::to_string(blocks) + " due)";
+            })) {
+            return;
+        }
+        for (std::int64_t i = 0; i < blocks; ++i) {
+            const std::int64_t block = table->second[static_cast<std::size_t>(i)];
+            if (block < 1 || block >= fact.blocks) continue;  // refcount-exact's
+            const PagedBlock& was = fact.before.blocks[static_cast<std::size_t>(block)];
+            const bool hit = i * b < fact.cached;
+            if (!expect(probe, hit ? was.keyed : in_free_queue(fact.before, block), [&] {
+                    return fact.what + " reported " + std::to_string(fact.cached) + " cached tokens; its block " + std::to_string(i) +
+                           " was " + block_text(fact.before, block) + " before it: " + (hit ? "not a cached block" : "not free");
+                })) {
+                return;
+            }
+        }
+        PagedEngine& paged = *probe.engine().paged();
+        const std::string difference = view_difference(paged.paged_sequence_view(fact.seq), paged.paged_fresh_view(fact.tokens, 0, length));
+        expect(probe, difference.empty(), [&] {
+            return fact.what + " reported " + std::to_string(fact.cached) +
+                   " cached tokens; the sequence's K/V are not the model's on its tokens: " + difference;
+        });
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::hit_consumed>() {
+    return std::make_unique<HitConsumed>();
+}
+
+}  // namespace kvcheck::checkers
