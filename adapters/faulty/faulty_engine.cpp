@@ -258,7 +258,7 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_LOAD_EXIT
 // The entry point KVCHECK_PLUGIN would define, exiting before it returns.
-extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* kvcheck_plugin_v8() {
+extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* KVCHECK_PLUGIN_ENTRY() {
     std::exit(0);
 }
 #else

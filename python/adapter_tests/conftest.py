@@ -61,6 +61,16 @@ class Run:
     def result(self, property_id):
         return next(p for p in self.report["properties"] if p["id"] == property_id)
 
+    def applicable(self):
+        """The properties that apply to the adapter: not those of the other
+        cache family, whose verdict is n/a (skipped, "n/a: ...")."""
+        return [p for p in self.report["properties"] if not is_other_family(p)]
+
+
+def is_other_family(result):
+    """A property of the other cache family: no job ran (docs/semantics.md)."""
+    return result["verdict"] == "skipped" and (result["message"] or "").startswith("n/a")
+
 
 @pytest.fixture
 def kvcheck(scratch_dir):

@@ -13,7 +13,7 @@ from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE
 def test_the_fixed_store_holds_every_property(kvcheck):
     run = kvcheck("run", "--adapter", EXAMPLE, "--cases", "60", "--jobs", "2")
     assert run.status == 0, run.stdout + run.stderr
-    verdicts = {p["id"]: p["verdict"] for p in run.report["properties"]}
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert set(verdicts.values()) == {"pass"}, verdicts
     # Issue 28: the dump of an adapter process is not killed nor cut by a
     # power failure (docs/durability.md): its pass says so, and no other does.

@@ -16,6 +16,9 @@
 
 #define KVCHECK_PLUGIN_ABI_VERSION 9
 #define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v9"
+// The entry point's name, KVCHECK_PLUGIN_SYMBOL as an identifier: one
+// place to bump with the version.
+#define KVCHECK_PLUGIN_ENTRY kvcheck_plugin_v9
 
 extern "C" {
 
@@ -31,7 +34,7 @@ struct kvcheck_plugin {
 
 // Defines the entry point for an engine type with a default constructor.
 #define KVCHECK_PLUGIN(EngineType, Name, Description)                                     \
-    extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* kvcheck_plugin_v9() { \
+    extern "C" __attribute__((visibility("default"))) const kvcheck_plugin* KVCHECK_PLUGIN_ENTRY() { \
         static const kvcheck_plugin plugin = {                                           \
             KVCHECK_PLUGIN_ABI_VERSION, Name, Description,                              \
             []() -> kvcheck::Engine* { return new EngineType(); },                      \
