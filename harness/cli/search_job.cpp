@@ -336,9 +336,10 @@ class PropertySearch {
         for (auto it = before.rbegin(); it != before.rend() && candidates.size() < prefix_candidates_max; ++it) {
             if (*it != found) candidates.push_back(&*it);
         }
-        for (const Trace* candidate : candidates) {
-            if (!fails_after(runner, *candidate, trace, failure)) continue;
-            const Trace prefix = shrink_prefix(runner, *candidate, trace, failure);
+        for (const Trace* found_before : candidates) {
+            const Trace candidate = runnable_prefix(runner, *found_before);
+            if (!fails_after(runner, candidate, trace, failure)) continue;
+            const Trace prefix = shrink_prefix(runner, candidate, trace, failure);
             result.kind = "shared-state";
             result.prefix = format_trace(prefix);
             result.prefix_replays = options_.replays;
@@ -348,6 +349,16 @@ class PropertySearch {
             return result;
         }
         return result;
+    }
+
+    // A candidate as a prefix: the steps it runs without a failure of its
+    // own. One that fails (the trace as found does, in a process that
+    // shares state) ends its run at that step, and the engine it ran on
+    // with it, so what it left is not what the trace after it meets.
+    Trace runnable_prefix(const Runner& runner, const Trace& candidate) {
+        const RunResult run = run_isolated(runner, candidate);
+        if (!run.failure || run.steps_run == 0) return candidate;
+        return Trace(candidate.begin(), candidate.begin() + static_cast<std::ptrdiff_t>(run.steps_run - 1));
     }
 
     // The prefix made shorter while `trace` still fails after it: chunks
