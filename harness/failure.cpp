@@ -27,6 +27,7 @@ const char* shape_summary(Shape shape) { return shape_table[static_cast<std::siz
 
 void Coverage::add(const Coverage& other) {
     for (std::size_t i = 0; i < ops_run.size(); ++i) ops_run[i] += other.ops_run[i];
+    for (std::size_t i = 0; i < merges_run.size(); ++i) merges_run[i] += other.merges_run[i];
     for (std::size_t i = 0; i < shapes.size(); ++i) shapes[i] += other.shapes[i];
     ops_skipped += other.ops_skipped;
     modern_caches += other.modern_caches;

@@ -226,11 +226,15 @@ TEST_F(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
         for (const char* expected : fault.expected) found = found || contains(run.out, expected);
         EXPECT_TRUE(found) << run.out;
         // Both properties have a verdict: the fault did not end the run. An
-        // engine error is counted under engine-error, and blocks a search
-        // when it ends more than a tenth of its traces.
+        // engine error is counted under engine-error, and the trace judged
+        // without the operations that raised (a pass, when that run
+        // completes), or blocks a search when more than a tenth of its
+        // traces still raise.
         for (const std::string id : {"stored-immutable", "store-contract"}) {
             const std::string prefix = "\"id\": \"" + id + "\", \"verdict\": ";
-            EXPECT_TRUE(contains(run.out, prefix + "\"fail\"") || contains(run.out, prefix + "\"blocked\"")) << id << "\n" << run.out;
+            EXPECT_TRUE(contains(run.out, prefix + "\"fail\"") || contains(run.out, prefix + "\"blocked\"") ||
+                        contains(run.out, prefix + "\"pass\""))
+                << id << "\n" << run.out;
         }
         EXPECT_TRUE(contains(run.out, "\"trace\": \"")) << "the triggering trace is reported\n" << run.out;
     }
@@ -328,30 +332,26 @@ TEST_F(Cli, FindingsAreReplayVerified) {
     EXPECT_EQ(kvcheck("run --replays -1" + args).status, 2);
 }
 
-// An engine that raises on most traces (every merge of several ids): the
-// properties are blocked (fewer than 90 % of their traces judged), each
-// naming the group that blocked most and its first trace; the raises of
-// both searches are one group.
-TEST_F(Cli, EngineErrorsOnMostTracesBlockNamingTheGroup) {
+// An engine that raises on most traces (every merge of several ids): each
+// trace is judged without the merges that raised, so the properties are
+// judged on nearly every trace; no get_cache merge ever ran, so their pass
+// is starred, naming what was not applied; the raises of both searches are
+// one group, counted once per trace they raised in.
+TEST_F(Cli, EngineErrorsOnMostTracesAreJudgedWithoutTheOperationsThatRaised) {
     const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_OFTEN +
                                 " --property merge-correct --property store-contract --cases 40 --quiet --report json "
                                 "--trace-dir " + scratch("often-traces"));
     EXPECT_EQ(run.status, 1) << run.out;
-    unsigned long unjudged = 0;
     for (const std::string id : {"merge-correct", "store-contract"}) {
         const std::string json = property_json(run.stdout_text, id);
-        EXPECT_TRUE(contains(json, "\"verdict\": \"blocked\", \"cases\": 40, \"judged\": ")) << json;
-        const unsigned long judged = json_number(json, "judged");
-        EXPECT_LT(judged, 36u) << json;
-        unjudged += 40 - judged;
-        EXPECT_TRUE(contains(json, "\"message\": \"only " + std::to_string(judged) + " of 40 traces could be judged (at least 90 % must be)"))
-            << json;
-        EXPECT_TRUE(contains(json, "in the group \\\"engine-error: the engine threw: kvcheck-fault-often: cannot merge, starting at '_' (N) at 0x_\\\", first at trace "))
-            << json;
+        EXPECT_TRUE(contains(json, "\"verdict\": \"pass\", \"cases\": 40, \"judged\": ")) << json;
+        EXPECT_GE(json_number(json, "judged"), 36u) << json;
+        EXPECT_TRUE(contains(json, "\"not_applied\": \"get_cache of several parts (a merge): each of the ")) << json;
     }
     const std::string errors = property_json(run.stdout_text, "engine-error");
     EXPECT_EQ(occurrences(errors, "\"found_while_searching\": "), 1u) << errors;
-    EXPECT_EQ(counts_summed(errors), unjudged) << errors;
+    EXPECT_TRUE(contains(errors, "kvcheck-fault-often: cannot merge, starting at")) << errors;
+    EXPECT_GE(counts_summed(errors), 8u) << errors;
 }
 
 // M3 breaks single-copy two ways: generate and generate_stream (two paths

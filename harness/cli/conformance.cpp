@@ -342,7 +342,7 @@ class Scheduler {
             } else if (message.kind == "other") {
                 note_elsewhere(task, decode(message.payload));
             } else if (message.kind == "not-applied") {
-                result.not_applied = message.payload;
+                result.not_applied += (result.not_applied.empty() ? "" : "; ") + message.payload;
             } else if (message.kind == "domain") {
                 results_[task.adapter].domain = message.payload;
             } else if (message.kind == "stats") {

@@ -1,6 +1,7 @@
 #include "search_job.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -224,8 +225,8 @@ class PropertySearch {
     void triage(const Runner& runner, const Trace& trace, const Failure& failure, std::uint64_t seed) {
         const std::string shape = failure_shape(failure);
         if (failure.property == engine_error_id) {
-            ++errors_;
             engine_error(runner, trace, failure, shape, seed);
+            judge_without_raising_ops(runner, trace, failure, seed);
         } else if (parse_property(failure.property) == property_) {
             if (own_.count(shape) != 0) {
                 ++repeats_;
@@ -245,6 +246,40 @@ class PropertySearch {
         } else if (others_.insert(failure.property).second) {
             out_.send("other", encode(shrunk(runner, trace, failure, seed, ShrinkOptions{}.runs_max, false)));
         }
+    }
+
+    // A trace an engine error ended is judged on the rest of it: run again
+    // on a fresh engine without the operation that raised (the handles only
+    // it would have made are never made, and the operations that name them
+    // are skipped), up to raised_ops_dropped_max times, while an operation
+    // is left that runs. An engine that
+    // refuses what its model cannot hold (an undeclared domain) is still
+    // judged on everything else; one that raised on every operation of a
+    // kind is blocked (finish), so that no property passes on a kind of
+    // operation that never ran.
+    void judge_without_raising_ops(const Runner& runner, const Trace& trace, const Failure& failure,
+                                   std::uint64_t seed) {
+        Trace rest = trace;
+        Failure raised = failure;
+        for (std::size_t dropped = 0; dropped < raised_ops_dropped_max; ++dropped) {
+            if (raised.step >= rest.size()) break;
+            ++raised_[raised_kind(rest[raised.step])];
+            rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(raised.step));
+            const RunResult again = runner.run(rest);
+            coverage_.add(again.coverage);
+            history_.push_back(rest);
+            // Judged only if the engine did something: a trace whose every
+            // operation raised (or was skipped with them) proves nothing.
+            const auto& ran = again.coverage.ops_run;
+            if (!again.failure && std::all_of(ran.begin(), ran.end(), [](std::uint32_t n) { return n == 0; })) break;
+            if (!again.failure) return;
+            if (again.failure->property != engine_error_id) {
+                triage(runner, rest, *again.failure, seed);
+                return;
+            }
+            raised = *again.failure;
+        }
+        ++errors_;
     }
 
     void engine_error(const Runner& runner, const Trace& trace, const Failure& failure, const std::string& shape,
@@ -408,6 +443,8 @@ class PropertySearch {
         summary.group_counts = counts_;
         const bool blocked = cases_ > 0 && static_cast<double>(summary.judged) < judged_share_min * static_cast<double>(cases_);
         if (blocked && own_found_ == 0) summary.blocked_by = blocked_by(summary.judged);
+        const std::string never_ran = kinds_never_ran();
+        if (!never_ran.empty()) out_.send("not-applied", never_ran);
         out_.send("stats", encode_stats(cases_, coverage_));
         out_.send(own_found_ > 0 ? "fail" : blocked ? "blocked" : "pass", encode(summary));
     }
@@ -422,10 +459,38 @@ class PropertySearch {
         const First& first = firsts_[most];
         std::ostringstream out;
         out << "only " << judged << " of " << cases_ << " traces could be judged (at least "
-            << static_cast<int>(judged_share_min * 100) << " % must be): " << errors_ << " ended in an engine error; "
-            << counts_[most] << " of them in the group \"" << first.shape << "\", first at trace " << first.trace
+            << static_cast<int>(judged_share_min * 100) << " % must be): " << errors_
+            << " still raised with up to " << raised_ops_dropped_max << " operations that raised left out; "
+            << "the group raised most often, in " << counts_[most] << " traces, is \"" << first.shape << "\", first at trace " << first.trace
             << " of this search (seed " << first.seed << "; see engine-error)";
         return out.str();
+    }
+
+    // The kinds of operation the engine raised on every time it was asked
+    // (none ran): the property's pass says nothing of them, and the row
+    // says so ("pass*", not applied).
+    std::string kinds_never_ran() const {
+        std::ostringstream out;
+        for (std::size_t i = 0; i < raised_.size(); ++i) {
+            const bool merges = i >= op_kind_count;
+            const std::size_t kind = merges ? i - op_kind_count : i;
+            const std::size_t ran = merges ? coverage_.merges_run[kind] : coverage_.ops_run[kind];
+            if (raised_[i] == 0 || ran != 0) continue;
+            out << (out.tellp() == 0 ? "" : "; ") << op_kind_name(kind) << (merges ? " of several parts (a merge)" : "")
+                << ": each of the " << raised_[i] << " asked raised and none ran, so the traces were judged without it"
+                << " (see engine-error)";
+        }
+        return out.str();
+    }
+
+    // What a raised operation is counted as (raised_): its kind, or, for a
+    // get_cache of several ids or a concat of several parts, that kind's
+    // merges (op_kind_count + its kind), which ran only if a merge did.
+    static std::size_t raised_kind(const Op& operation) {
+        const auto* get = std::get_if<op::GetCache>(&operation);
+        const auto* concat = std::get_if<op::Concat>(&operation);
+        const bool merge = (get != nullptr && get->ids.size() > 1) || (concat != nullptr && concat->parts.size() > 1);
+        return (merge ? op_kind_count : 0) + operation.index();
     }
 
     struct First {
@@ -441,7 +506,8 @@ class PropertySearch {
     Channel& out_;
     ModelDomain model_;  // the domain searched (the engine's, or --model)
     std::size_t cases_ = 0;
-    std::size_t errors_ = 0;   // traces ended by an engine error
+    std::size_t errors_ = 0;   // traces an engine error left unjudged (judge_without_raising_ops)
+    std::array<std::size_t, 2 * op_kind_count> raised_{};  // operations dropped because they raised, by raised_kind
     std::size_t repeats_ = 0;  // traces that failed as a reported failure of this property did
     std::size_t own_found_ = 0;
     Coverage coverage_;
@@ -466,9 +532,10 @@ class PropertySearch {
 // own traces (stream `index` of the run's seed: kvcheck::trace_seed), with every property the engine can be judged
 // on checked on each, so that a trace is blamed on what it breaks first
 // (PropertySearch::triage). Engine errors never end a search: each is
-// counted in its group (by message shape), and the property is judged on
-// the other traces, "blocked" only when fewer than judged_share_min of
-// them could be judged. After a failure of this property the search goes
+// counted in its group (by message shape), the trace is judged without the
+// operations that raised (judge_without_raising_ops), and the property is
+// "blocked" only when fewer than judged_share_min of the traces could be
+// judged, or when every operation of some kind raised. After a failure of this property the search goes
 // on, within the same budget of traces or seconds, for failures that
 // differ from those reported (another shape), until options.failures_max
 // are found.

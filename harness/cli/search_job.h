@@ -66,8 +66,12 @@ inline constexpr std::size_t prefix_candidates_max = 8;
 inline constexpr std::size_t prefix_shrink_runs_max = 150;
 
 // A property is judged when at least this share of its search's traces
-// ran without an engine error; below it, "blocked".
+// could be judged; below it, "blocked".
 inline constexpr double judged_share_min = 0.9;
+// A trace an engine error ended is run again without the operation that
+// raised (and without what only it would have made), at most this many
+// times; it is judged when such a run completes.
+inline constexpr std::size_t raised_ops_dropped_max = 3;
 
 // A "stats" message: traces run, the workload shapes they held and the
 // operations they ran, by kind; decoding adds them to what is already

@@ -164,6 +164,9 @@ void Run::run_step(const Op& operation) {
         return;
     }
     ++result_.coverage.ops_run[operation.index()];
+    if (const auto* made = std::get_if<checkers::Made>(&*fact); made != nullptr && made->merged && !made->refused) {
+        ++result_.coverage.merges_run[operation.index()];
+    }
     record_state(operation);
     // A derived owned marker is read against the store the operation left
     // (Probe::owned), at its step: what was read before it is stale.

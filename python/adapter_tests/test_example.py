@@ -56,16 +56,18 @@ def test_an_exception_is_the_steps_engine_error_with_its_traceback(kvcheck):
     adapter = os.path.join(HERE, "raising_adapter.py")
     run = kvcheck("run", "--adapter", adapter, "--property", "merge-correct", "--cases", "200")
     assert run.status == 1, run.stdout + run.stderr
-    # The search goes on past every raise; merges of several ids are in
-    # more than a tenth of the traces, so merge-correct is blocked, naming
-    # the group. The raises are the engine-error row's, one group however
-    # many ids each merge had, with the trace that raises it.
+    # The search goes on past every raise, and judges each trace without
+    # the merge that raised; no get_cache of several ids ever ran, so
+    # merge-correct's pass is starred: not applied to those merges. The
+    # raises are the engine-error row's, one group however many ids each
+    # merge had, with the trace that raises it.
     merge = run.result("merge-correct")
-    assert merge["verdict"] == "blocked" and merge["cases"] == 200 and merge["judged"] < 180, merge
-    assert "the engine threw: the adapter raised ValueError: planted: a merge of N ids" in merge["message"], merge
+    assert merge["verdict"] == "pass" and merge["cases"] == 200 and merge["judged"] >= 180, merge
+    assert merge["not_applied"].startswith("get_cache of several parts (a merge): each of the "), merge
+    assert "asked raised and none ran, so the traces were judged without it" in merge["not_applied"], merge
     result = run.result("engine-error")
     assert result["verdict"] == "fail" and result["fault"] is None
-    assert len(result["failures"]) == 1 and result["failures"][0]["count"] == 200 - merge["judged"], result["failures"]
+    assert len(result["failures"]) == 1 and result["failures"][0]["count"] >= 20, result["failures"]
     message = result["message"]
     assert message.startswith("found while searching merge-correct: the engine threw: the adapter raised ValueError: planted: a merge of "), message
     assert "Traceback (most recent call last):" in message and "raising_adapter.py" in message, message

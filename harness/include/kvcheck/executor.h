@@ -70,6 +70,7 @@ const char* shape_summary(Shape shape);  // one line
 // What a run covered, for distribution reports and fuzzer feedback.
 struct Coverage {
     std::array<std::uint32_t, op_kind_count> ops_run{};
+    std::array<std::uint32_t, op_kind_count> merges_run{};  // of them, merges of several parts the engine made
     std::uint32_t ops_skipped = 0;      // naming a handle nobody made, or inapplicable
     std::uint32_t modern_caches = 0;    // caches made or added, by layout
     std::uint32_t legacy_caches = 0;
