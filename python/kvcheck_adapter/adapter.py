@@ -580,8 +580,8 @@ class Server:
                 s.tracker.generation_input = None
         if reply["peak_live_sets"] is None:
             reply["peak_live_sets"] = recording_box[0].peak_sets_on_path if recording_box else 0
+        returned = s.handles.get(out) if out is not None else None
         if cache is not None and s.tracker is not None and not reply["copies"] and _cache.footprint(cache)[1] == 0:
-            returned = s.handles.get(out) if out is not None else None
             if any(ran_on != id(cache) for ran_on in s.tracker.model_caches):
                 reply["copies"] = [{"reason": self._op, "bytes": 0}]  # see _Tracker
             elif returned is not None and returned is not cache:
@@ -589,6 +589,8 @@ class Server:
                 # the model never ran on (max_new_tokens 0): no operator shows it.
                 s.tracker.note_copy(returned, [cache], zero_bytes=True)
                 reply["copies"] = [{"reason": self._op, "bytes": 0}]
+        if returned is not None and s.tracker is not None:
+            s.tracker.adopt(returned)  # K/V the model made: a copy of it is a copy
         return reply
 
     # ---- caches the model makes (protocol 4: generate_returning, extract, fed_view) ----
