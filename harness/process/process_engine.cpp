@@ -167,6 +167,32 @@ class ProcessEngine final : public Engine {
         return reading("generate_fresh", [&] { return read_ints(reply, "tokens"); });
     }
 
+    // ---- caches the model makes (protocol 4, docs/protocol.md section 7) ----
+    // With the returned_caches capability. fed_view is read-only (a fresh
+    // copy fed the tokens): an observation, so that the facts the turn's
+    // reply reported stay known.
+
+    GenerateResult generate_returning(Handle handle, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                                      Handle out) override {
+        const Json reply = operation(Request("generate_returning")
+                                         .field("handle", handle)
+                                         .field("prompt", prompt)
+                                         .field("max_new_tokens", max_new_tokens)
+                                         .field("out", out));
+        return reading("generate_returning", [&] {
+            return GenerateResult{read_ints(reply, "tokens"), read_int(reply, "peak_live_sets")};
+        });
+    }
+
+    void extract(const std::string& id, const std::vector<std::int64_t>& prompt) override {
+        operation(Request("extract").field("id", id).field("prompt", prompt));
+    }
+
+    CacheView fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) override {
+        const Json reply = observation(Request("fed_view").field("tokens", tokens).field("cache", content));
+        return reading("fed_view", [&] { return read_view(member(reply, "view")); });
+    }
+
     // ---- cache-level ----
 
     void make(const CacheContent& content, Handle out) override {

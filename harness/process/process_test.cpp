@@ -228,6 +228,9 @@ TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
     EXPECT_THROW(read_capabilities(Json::parse(R"({"dump": "no"})")), ProtocolError);
     EXPECT_TRUE(flags.modern_layout);
     EXPECT_FALSE(read_capabilities(Json::parse(R"({"modern_layout": false})")).modern_layout);
+    // Protocol 4: claimed, or off.
+    EXPECT_FALSE(flags.returned_caches);
+    EXPECT_TRUE(read_capabilities(Json::parse(R"({"returned_caches": true})")).returned_caches);
 }
 
 // The handshake's "model" (docs/protocol.md): every key required, each
@@ -492,6 +495,43 @@ TEST(ProcessEngine, ColdStartsRunTheCommandAndCheckTheSame) {
     const RunResult result = execute(trace, *launcher.make());
     EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
     EXPECT_EQ(parent_of(launcher.process_id()), ::getpid());
+}
+
+// Protocol 4 (docs/protocol.md section 7a): turns, extracts and the fed
+// views that check them cross the boundary; a turn that hands back a cache
+// short of its last token (M30 in Python) fails the trace that holds a turn.
+TEST(ProcessEngine, CachesTheModelMakesCrossTheBoundary) {
+    const Trace trace = parse_trace(
+        "add a modern/f32/3:[kv2 kv2]\n"
+        "h1 = get a\n"
+        "h2 = turn h1 prompt=5,7 max=3\n"
+        "h3 = turn h2 prompt=4 max=2\n"
+        "add_handle b h3\n"
+        "generate h3 prompt=9 max=2\n"
+        "extract c prompt=3,4,5\n"
+        "generate h0 prompt=2 max=2\n"
+        "h4 = turn h0 prompt=6 max=3\n"
+        "add_handle d h4\n"
+        "h5 = get d\n"
+        "h6 = turn h5 prompt=1 max=2\n");
+    LaunchOptions cold;
+    cold.warm_starts = false;
+    for (const char* bug : {"", "turn_drops_last_token"}) {
+        ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_EXAMPLE}, "activation_memory_adapter.py",
+                               {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR, std::string("KVCHECK_EXAMPLE_BUGS=") + bug}};
+        ProcessLauncher launcher(command, cold);
+        EXPECT_TRUE(launcher.probe().capabilities.returned_caches);
+        const std::shared_ptr<Engine> engine = launcher.make();
+        const RunResult result = execute(trace, *engine);
+        if (*bug == '\0') {
+            EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
+            EXPECT_EQ(engine->stored_ids(), (std::vector<std::string>{"a", "b", "c", "d"}));
+        } else {
+            ASSERT_TRUE(result.failure);
+            EXPECT_EQ(result.failure->property, "generation-equivalent") << result.failure->message;
+            EXPECT_EQ(result.failure->step, 2u) << result.failure->message;
+        }
+    }
 }
 
 TEST_F(ProcessTest, AResetThatFailsIsAStartFaultOfTheNextEnginesFirstRequest) {

@@ -44,6 +44,10 @@ def main(argv=None) -> None:
     class ModelAdapter(activation_memory_adapter.ActivationMemoryAdapter):
         name = "model-adapter"
         model = declared
+        # Its decoder (2 layers of 2 x 4) is not the model it declares: a
+        # cache the model makes (a turn from none, an extract) would be
+        # outside the declaration. It claims none.
+        capabilities = {"returned_caches": False}
 
         def add(self, id, cache, metadata):
             fault = outside(declared, cache) if isinstance(declared, dict) else None

@@ -65,6 +65,10 @@ class UnmarkedMemory(activation_memory.ActivationMemory):
         result = super().get_cache(ids)
         return None if result is None else self.own(result)
 
+    def generate_returning(self, cache, prompt, max_new_tokens):
+        tokens, returned = super().generate_returning(cache, prompt, max_new_tokens)
+        return tokens, self.own(returned)  # the caller's copy: a turn from it needs none
+
     def _own_for_generation(self, cache):
         if cache is None:
             return unmarked(kv.DynamicCache())

@@ -26,10 +26,26 @@ The historic bugs are switchable by name (ActivationMemory(bugs=[...])):
                             shares their tensors;
   double_copy               generate clones even an owned copy (get_cache
                             clones, then generation clones again).
+Bugs of the caches the model makes (generate_returning, extract; kvcheck's
+mutants M30-M32):
+  turn_drops_last_token     the cache a generation hands back lost its
+                            last token (every slot cut by one);
+  stored_turn_stays_writable
+                            the store keeps each cache it handed back as a
+                            chat session's: a generation from it writes into
+                            it, even once the caller stored it;
+  extract_keeps_working_cache
+                            extract keeps the model's working cache as the
+                            session's: the next generation from no cache
+                            continues in the stored memory.
 
     store = ActivationMemory()
     store.add([{"id": "a", "cache": cache, "metadata": {"source": "doc1"}}])
     tokens = store.generate(store.get_cache(["a"]), [7, 3], 8)   # "a" unchanged
+    tokens, turn = store.generate_returning(None, [7, 3], 8)     # a chat's first turn
+    more, turn = store.generate_returning(turn, [5], 8)           # its second, in the same cache
+    store.add([{"id": "chat", "cache": turn}])                   # stored: read-only from now on
+    store.extract("memo", [4, 2, 9])                              # a memory the model makes
     store.dump("/tmp/mem"); store.load("/tmp/mem")
 
 Run with the SDK importable (PYTHONPATH=python, from the repository root).
@@ -55,6 +71,9 @@ BUGS = (
     "merge_uninitialized",
     "shallow_clone",
     "double_copy",
+    "turn_drops_last_token",
+    "stored_turn_stays_writable",
+    "extract_keeps_working_cache",
 )
 
 # The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
@@ -65,6 +84,14 @@ BUG_PROPERTIES = {
     "merge_uninitialized": "merge-correct",
     "shallow_clone": "clone-independent",
     "double_copy": "single-copy",
+}
+
+# The bugs of the caches the model makes (M30, M31, M32) and the property
+# that catches each over the process boundary.
+RETURNED_BUG_PROPERTIES = {
+    "turn_drops_last_token": "generation-equivalent",
+    "stored_turn_stays_writable": "stored-immutable",
+    "extract_keeps_working_cache": "stored-immutable",
 }
 
 DUMP_FILE_NAME = "activation-memory.pt"
@@ -113,6 +140,11 @@ class ActivationMemory:
             raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
         self.model = model if model is not None else models.Decoder()
         self._items: Dict[str, MemoryItem] = {}  # insertion order, as kept by dict
+        # The planted bugs' chat sessions: caches handed back by
+        # generate_returning (stored_turn_stays_writable), the cache extract
+        # made (extract_keeps_working_cache).
+        self._sessions: List[object] = []
+        self._extracted: Optional[object] = None
 
     # ---- items ----
 
@@ -196,9 +228,15 @@ class ActivationMemory:
 
     def _own_for_generation(self, cache):
         if cache is None:
-            return kv.DynamicCache()
+            if self._extracted is not None:
+                return self._extracted  # extract_keeps_working_cache
+            fresh = kv.DynamicCache()
+            kv.set_owned(fresh, True)  # the caller's when it is handed back (generate_returning)
+            return fresh
         if "stored_to_generation" in self.bugs:
             return cache
+        if any(session is cache for session in self._sessions):
+            return cache  # stored_turn_stays_writable: the session's, stored or not
         if kv.is_owned(cache) and "double_copy" not in self.bugs:
             return cache  # the one copy of this generation: the model may write into it
         return self._clone(cache)
@@ -216,6 +254,38 @@ class ActivationMemory:
 
     def generate(self, cache, prompt: Sequence[int], max_new_tokens: int) -> List[int]:
         return list(self.generate_stream(cache, prompt, max_new_tokens))
+
+    # ---- caches the model makes ----
+
+    def generate_returning(self, cache, prompt: Sequence[int], max_new_tokens: int):
+        """generate, and the cache the model wrote into: (tokens, cache).
+        The cache holds `cache`'s K/V, then those of the prompt and of every
+        generated token but the last (transformers' past_key_values after
+        generate); the caller owns it (an owned copy: generating from it
+        again continues the chat without a copy; storing it makes it a
+        read-only item like any other)."""
+        if len(prompt) == 0:
+            raise ValueError("generate: the prompt is empty")
+        if max_new_tokens < 0:
+            raise ValueError("generate: max_new_tokens < 0")
+        working = self._own_for_generation(cache)
+        tokens = list(models.generate_stream(self.model, prompt, working, max_new_tokens))
+        if "turn_drops_last_token" in self.bugs:
+            _drop_last_token(working)
+        if "stored_turn_stays_writable" in self.bugs:
+            self._sessions.append(working)
+        return tokens, working
+
+    def extract(self, item_id: str, prompt: Sequence[int], metadata: Optional[Dict[str, str]] = None) -> None:
+        """Stores under `item_id` the memory the model makes of `prompt`: its
+        prefill on a fresh cache, stored as add stores (read-only)."""
+        if len(prompt) == 0:
+            raise ValueError("extract: the prompt is empty")
+        memory = kv.DynamicCache()
+        self.model.forward(list(prompt), memory)
+        self.add([{"id": item_id, "cache": memory, "metadata": dict(metadata or {})}])
+        if "extract_keeps_working_cache" in self.bugs:
+            self._extracted = memory
 
     # ---- dump and load ----
 
@@ -267,6 +337,21 @@ class ActivationMemory:
         for item in items:
             loaded[item.id] = item
         self._items = loaded
+
+
+def _drop_last_token(cache) -> None:
+    """turn_drops_last_token: every slot of `cache` cut by its last token."""
+    def cut(t):
+        return t[:, :, :-1, :] if t is not None and t.dim() == 4 and t.shape[2] > 0 else t
+
+    if kv.layout_of(cache) == "legacy":
+        cache.key_cache = [cut(t) for t in cache.key_cache]
+        cache.value_cache = [cut(t) for t in cache.value_cache]
+        return
+    for layer in cache.layers:
+        for name in ("keys", "values", "key_cache", "value_cache"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, cut(getattr(layer, name)))
 
 
 # ---- the dump format -----------------------------------------------------------------

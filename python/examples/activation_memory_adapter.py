@@ -95,6 +95,19 @@ class ActivationMemoryAdapter(Adapter):
         # The store's model on the fresh cache, without the boundary.
         return models.generate(self.store.model, prompt, cache, max_new_tokens)
 
+    # ---- caches the model makes ----
+
+    def generate_returning(self, cache, prompt, max_new_tokens):
+        return self.store.generate_returning(cache, prompt, max_new_tokens)
+
+    def extract(self, id, prompt):
+        self.store.extract(id, prompt)
+
+    def feed(self, cache, tokens):
+        # The store's model on the fresh cache, without the boundary.
+        self.store.model.forward(tokens, cache)
+        return cache
+
     # ---- caches ----
 
     def clone(self, cache):

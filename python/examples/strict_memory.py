@@ -16,8 +16,10 @@ the same, with a plain message naming what is wrong
                       keep and copy whatever they are handed, as upstream;
   get_cache of several ids (the merge), and the adapter's concat
                       ValueError unless every part is a cache of the model;
-  generate            ValueError unless the cache is one of the model's, or
-                      a new cache (no layers: the model's own start).
+  generate, generate_returning
+                      ValueError unless the cache is one of the model's, or
+                      a new cache (no layers: the model's own start);
+  extract             the model's own prefill: always one of its caches.
 
 A cache of the model: the modern layout (a DynamicCache), exactly the
 model's layer count, every layer initialized with keys and values and no
@@ -116,3 +118,8 @@ class StrictMemory(ActivationMemory):
         if cache is not None:
             self.check_for_generation(cache)
         return super().generate_stream(cache, prompt, max_new_tokens)
+
+    def generate_returning(self, cache, prompt: Sequence[int], max_new_tokens: int):
+        if cache is not None:
+            self.check_for_generation(cache)
+        return super().generate_returning(cache, prompt, max_new_tokens)

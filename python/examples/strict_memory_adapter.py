@@ -79,6 +79,10 @@ class StrictMemoryAdapter(activation_memory_adapter.ActivationMemoryAdapter):
         self.store.check_for_generation(cache)
         return super().generate_fresh(cache, prompt, max_new_tokens)
 
+    def feed(self, cache, tokens):
+        self.store.check_for_generation(cache)
+        return super().feed(cache, tokens)
+
 
 def main(argv=None) -> None:
     parser = activation_memory_adapter.argument_parser(__doc__)

@@ -187,6 +187,37 @@ class Adapter:
         result = self.generate(cache, prompt, max_new_tokens)
         return list(result[0] if isinstance(result, tuple) else result)
 
+    # optional: caches the model makes (capability "returned_caches", protocol 4;
+    # docs/semantics.md, returned caches). On when all three are implemented.
+
+    def generate_returning(self, cache: Optional[Cache], prompt: List[int], max_new_tokens: int) -> Tuple:
+        """generate, handing back the cache the model wrote into: returns
+        (tokens, cache), or (tokens, peak_live_sets, cache) for an engine
+        that counts its K/V sets itself. The cache holds the input's K/V
+        (none for None), then those of every token the model was fed: the
+        prompt and each generated token but the last (none when
+        max_new_tokens is 0). The caller owns it: it carries the owned
+        marker and shares nothing with the store; kvcheck reads it,
+        generates from it again (a second turn) and stores it (add, as
+        add_handle: from then on it is a read-only stored item). It is the
+        boundary's copy, or the input itself when that was an owned copy."""
+        raise NotImplementedError(f"{type(self).__name__}.generate_returning")
+
+    def extract(self, id: str, prompt: List[int]) -> None:
+        """Stores under `id` the memory the model makes of `prompt`: its
+        prefill over the prompt on a fresh cache, stored as add stores
+        (read-only, marker cleared, no metadata; nothing of it still
+        writable by the model)."""
+        raise NotImplementedError(f"{type(self).__name__}.extract")
+
+    def feed(self, cache: Cache, tokens: List[int]) -> Cache:
+        """The engine's model fed `tokens` on `cache` (a fresh cache kvcheck
+        built from content: make_cache), directly, without the store's
+        boundary; returns the cache it wrote into (usually `cache`). What a
+        returned cache and an extracted memory must hold, as generate_fresh
+        is what a generation must give."""
+        raise NotImplementedError(f"{type(self).__name__}.feed")
+
     # ---- caches ------------------------------------------------------------------------------
 
     def make_cache(self, content) -> Cache:
@@ -269,6 +300,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "copy_log": True,
         "owned_marker": True,
         "entry_versions": False,
+        "returned_caches": all(_overrides(engine, m) for m in ("generate_returning", "extract", "feed")),
     }
     flags.update(engine.capabilities)
     if not flags["dump"]:
@@ -510,6 +542,11 @@ class Server:
     # ---- generation ------------------------------------------------------------------
 
     def _op_generate(self, request):
+        return self._generation(request, None)
+
+    def _generation(self, request, out: Optional[int]):
+        """generate (out None), or generate_returning: `out` then points at
+        the cache the model wrote into (protocol 4)."""
         s = self._session
         handle = _field(request, "handle", int)
         prompt = [int(t) for t in _field(request, "prompt", list)]
@@ -519,6 +556,9 @@ class Server:
         recording_box: List[Any] = []
 
         def run():
+            if out is not None:
+                tokens, peak = self._returning(cache, prompt, max_new_tokens, out)
+                return {"tokens": tokens, "peak_live_sets": peak}
             if stream:
                 result: Any = list(s.engine.generate_stream(cache, prompt, max_new_tokens))
             else:
@@ -528,19 +568,66 @@ class Server:
                 return {"tokens": [int(t) for t in tokens], "peak_live_sets": int(peak)}
             return {"tokens": [int(t) for t in result], "peak_live_sets": None}
 
+        named = [handle] if handle != 0 else []
+        if out is not None:
+            named.append(out)
         if s.tracker is not None:
             s.tracker.generation_input = cache
         try:
-            reply = self._operation(run, handles=[handle] if handle != 0 else [], recording_box=recording_box)
+            reply = self._operation(run, handles=named, recording_box=recording_box)
         finally:
             if s.tracker is not None:
                 s.tracker.generation_input = None
         if reply["peak_live_sets"] is None:
             reply["peak_live_sets"] = recording_box[0].peak_sets_on_path if recording_box else 0
+        returned = s.handles.get(out) if out is not None else None
         if cache is not None and s.tracker is not None and not reply["copies"] and _cache.footprint(cache)[1] == 0:
             if any(ran_on != id(cache) for ran_on in s.tracker.model_caches):
-                reply["copies"] = [{"reason": "generate", "bytes": 0}]  # see _Tracker
+                reply["copies"] = [{"reason": self._op, "bytes": 0}]  # see _Tracker
+            elif returned is not None and returned is not cache:
+                # The boundary's copy of a cache holding no K/V element, which
+                # the model never ran on (max_new_tokens 0): no operator shows it.
+                s.tracker.note_copy(returned, [cache], zero_bytes=True)
+                reply["copies"] = [{"reason": self._op, "bytes": 0}]
+        if returned is not None and s.tracker is not None:
+            s.tracker.adopt(returned)  # K/V the model made: a copy of it is a copy
         return reply
+
+    # ---- caches the model makes (protocol 4: generate_returning, extract, fed_view) ----
+
+    def _returning(self, cache, prompt: List[int], max_new_tokens: int, out: int) -> Tuple[List[int], Optional[int]]:
+        """Runs the engine's generate_returning and binds `out` to the cache
+        it hands back: (tokens, peak_live_sets or None)."""
+        s = self._session
+        result = s.engine.generate_returning(cache, prompt, max_new_tokens)
+        if not isinstance(result, tuple) or len(result) not in (2, 3):
+            raise TypeError(f"{type(s.engine).__name__}.generate_returning must return (tokens, cache) or "
+                            f"(tokens, peak_live_sets, cache), not {type(result).__name__}")
+        returned = result[-1]
+        if returned is None:
+            raise ValueError(f"{type(s.engine).__name__}.generate_returning returned no cache")
+        s.handles[out] = returned
+        s.handle_metadata.pop(out, None)
+        return [int(t) for t in result[0]], (int(result[1]) if len(result) == 3 else None)
+
+    def _op_generate_returning(self, request):
+        return self._generation(request, _field(request, "out", int))
+
+    def _op_extract(self, request):
+        s = self._session
+        id = _field(request, "id", str)
+        prompt = [int(t) for t in _field(request, "prompt", list)]
+        return self._operation(lambda: s.engine.extract(id, prompt), ids=[id], stored=[id])
+
+    def _op_fed_view(self, request):
+        # An observation: a fresh cache, fed outside any recording (kvcheck
+        # keeps what the last operation reported).
+        s = self._session
+        tokens = [int(t) for t in _field(request, "tokens", list)]
+        cache = s.engine.make_cache(_wire.content_from_json(_field(request, "cache")))
+        if tokens:
+            cache = s.engine.feed(cache, tokens)
+        return {"ok": True, "view": s.engine.view(cache)}
 
     def _op_generate_fresh(self, request):
         s = self._session

@@ -329,6 +329,24 @@ class CopyTracker:
             self._join(tensor, kv_set)
         return kv_set.set_id
 
+    def adopt(self, cache) -> None:
+        """A cache the model wrote into, handed to the caller (a returned
+        cache): its tensors in no set (those a model made on a fresh cache,
+        or appended to slots that held no element) join the set of the
+        cache object, or of its first tensor in a set; a cache with none
+        becomes an original. A copy of it is then a copy of K/V, as C++
+        counts every cache the model made."""
+        found = self.sets_of(cache)
+        if found:
+            kv_set = found[0]
+        else:
+            kv_set = _KvSet(next(self._ids))
+        if self.set_of_object(cache) is None:
+            self._register(cache, kv_set)
+        for tensor in _cache_tensors(cache):
+            if self.set_of_tensor(tensor) is None:
+                self._join(tensor, kv_set)
+
     def _source_set(self, cache) -> _KvSet:
         """The set that stands for `cache` as a source of a copy: its
         object's or its first tensor's; a cache in no set is registered as
