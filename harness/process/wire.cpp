@@ -256,7 +256,7 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 16> known{{
+    const std::array<std::pair<const char*, bool*>, 18> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -273,6 +273,9 @@ Capabilities read_capabilities(const Json& flags) {
         {"entry_versions", &capabilities.entry_versions},
         {"metadata", &capabilities.metadata},
         {"any_geometry", &capabilities.any_geometry},
+        // The paged family (docs/protocol.md, "Paged requests").
+        {"paged", &capabilities.paged},
+        {"store", &capabilities.store},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

@@ -19,7 +19,7 @@ namespace kvcheck::process {
 
 // The protocol version this kvcheck speaks. Bump it whenever a request or a
 // reply changes in a way an adapter written for the old one would misread.
-inline constexpr int protocol_version = 3;
+inline constexpr int protocol_version = 4;
 // A frame longer than this is not a protocol message (a stray write on the
 // reply pipe reads as an absurd length).
 inline constexpr std::uint32_t frame_bytes_max = std::uint32_t{64} << 20;

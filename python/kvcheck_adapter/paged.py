@@ -95,6 +95,7 @@ from .adapter import Adapter, RequestError, _field, serve
 
 Copy = Tuple[int, int]
 _U64 = (1 << 64) - 1
+_MODELS: Dict[Any, _decoder.Decoder] = {}
 
 
 class OutOfBlocks(RuntimeError):
@@ -374,8 +375,12 @@ class BlockManagerAdapter(Adapter):
             self.__dict__["_paged_shadow"] = shadow
             self.__dict__["_paged_sequences"] = {}
             self.__dict__["_paged_copies"] = []
-            self.__dict__["_paged_model"] = _decoder.Decoder(
-                _decoder.DecoderConfig(self.layers, self.heads, self.head_dim, 32, -1, 1))
+            config = _decoder.DecoderConfig(self.layers, self.heads, self.head_dim, 32, -1, 1)
+            # One model per geometry for the process: it keeps no state
+            # between calls, and making its weights costs a tenth of a trace.
+            if config not in _MODELS:
+                _MODELS[config] = _decoder.Decoder(config)
+            self.__dict__["_paged_model"] = _MODELS[config]
         return shadow
 
     def _sequences(self) -> Dict[int, _Sequence]:

@@ -25,7 +25,7 @@ import sys
 import traceback
 from typing import Any, Callable, Dict, Optional
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # A frame longer than this is not a protocol message.
 FRAME_BYTES_MAX = 64 << 20
 
