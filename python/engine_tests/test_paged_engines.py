@@ -16,6 +16,9 @@ from conftest import PYTHON_DIR, REPO
 ADAPTERS = os.path.join(PYTHON_DIR, "adapters")
 # Small budgets (ctest label paged-engines): each run is under a minute of CPU.
 CASES = "20"
+# Importing an engine's cache modules takes seconds (25 s on a loaded
+# machine): the hang detector's limit per operation is raised for the hello.
+PATIENCE = ("--timeout", "600")
 
 
 def engine(monkeypatch, name):
@@ -32,7 +35,7 @@ def paged_verdicts(run):
 def test_vllm_kv_cache_manager_holds_every_paged_property(kvcheck, monkeypatch):
     engine(monkeypatch, "vllm-0.33.0")
     run = kvcheck("run", "--adapter", os.path.join(ADAPTERS, "vllm_block_manager_adapter.py"), "--cases", CASES,
-                  "--jobs", "2")
+                  "--jobs", "2", *PATIENCE)
     assert run.status == 0, run.stdout + run.stderr
     verdicts = paged_verdicts(run)
     assert len(verdicts) == 12 and set(verdicts.values()) == {"pass"}, verdicts
@@ -43,7 +46,7 @@ def test_vllm_publishing_at_schedule_breaks_published_after_written(kvcheck, mon
     engine(monkeypatch, "vllm-0.33.0")
     adapter = os.path.join(ADAPTERS, "vllm_block_manager_adapter.py") + " --publish-at-schedule"
     run = kvcheck("run", "--adapter", adapter, "--property", "published-after-written", "--cases", CASES,
-                  "--failures", "1")
+                  "--failures", "1", *PATIENCE)
     assert run.status == 1, run.stdout + run.stderr
     result = run.result("published-after-written")
     assert result["verdict"] == "fail" and result["fault"] is None, result
@@ -53,7 +56,7 @@ def test_vllm_publishing_at_schedule_breaks_published_after_written(kvcheck, mon
 def test_sglang_radix_cache_holds_every_paged_property(kvcheck, monkeypatch):
     engine(monkeypatch, "sglang-0.5.23")
     run = kvcheck("run", "--adapter", os.path.join(ADAPTERS, "sglang_radix_adapter.py"), "--cases", CASES,
-                  "--jobs", "2")
+                  "--jobs", "2", *PATIENCE)
     assert run.status == 0, run.stdout + run.stderr
     verdicts = paged_verdicts(run)
     assert len(verdicts) == 12 and set(verdicts.values()) == {"pass"}, verdicts
