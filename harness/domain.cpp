@@ -102,6 +102,7 @@ std::string capabilities_fault(const Capabilities& c) {
     if (!c.modern_layout && !c.legacy_layout) {
         return "modern_layout and legacy_layout are both false: the engine takes no cache at all";
     }
+    if (!c.store && !c.paged) return "store and paged are both false: the engine has no operation at all";
     const ModelDomain& model = c.model;
     if (!model.declared) return "";
     const std::string fault = model_fault(model);

@@ -173,6 +173,7 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
     if ((needs & needs_returned) && !capabilities.returned_caches) return false;
     if ((needs & needs_paged) && !capabilities.paged) return false;
+    if (!(needs & needs_paged) && !capabilities.store) return false;
     return true;
 }
 

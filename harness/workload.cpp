@@ -286,7 +286,7 @@ Swarm random_swarm(Chooser& choose, const WorkloadOptions& options) {
         weight = choose.one_in(4) ? 0 : static_cast<std::uint8_t>(choose.between(1, 6));
     }
     // A trace without caches in the store exercises nothing.
-    swarm.weights[kind<op::Add>()] = static_cast<std::uint8_t>(choose.between(3, 8));
+    if (options.capabilities.store) swarm.weights[kind<op::Add>()] = static_cast<std::uint8_t>(choose.between(3, 8));
     // Three processes each (a complete dump, a killed one, the loads), and
     // the bugs it finds show at most kill points: a quarter of the swarms
     // draw it, at the lowest weight (no extra choice: the draw above decides).

@@ -58,7 +58,8 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_dump) && !capabilities.dump) ||
                              ((info.needs & property_needs_ownership) && !capabilities.owned_marker &&
                               !capabilities.storage_identity) ||
-                             ((info.needs & property_needs_paged) && !capabilities.paged);
+                             ((info.needs & property_needs_paged) && !capabilities.paged) ||
+                             (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }
     return set;

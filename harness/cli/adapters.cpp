@@ -155,8 +155,11 @@ Adapter load_process_adapter(const process::ProcessCommand& command) {
         throw UsageError(error.fault().detail + start_hint(error.fault().detail, command));
     }
     launchers()[exec_prefix + command.text] = launcher;
-    return {hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
-            [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
+    Adapter adapter{hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
+                    [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
+    adapter.paged = hello.capabilities.paged;
+    adapter.store = hello.capabilities.store;
+    return adapter;
 }
 
 }  // namespace

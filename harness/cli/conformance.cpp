@@ -28,12 +28,16 @@ struct Task {
 
 class Scheduler {
   public:
-    // A property of the paged family and an adapter known, without making
-    // an engine, to be no paged engine: a process adapter (its handshake
-    // gave its model; the wire protocol has no paged requests). Its verdict
-    // is n/a without a job (each job of a process adapter starts one).
-    static bool known_unpaged(const Adapter& adapter, Property property) {
-        return adapter.model.has_value() && !checkable(Capabilities{}).has(property);
+    // A property of a cache family an adapter is known, without making an
+    // engine, not to hold: a process adapter (its handshake gave its model
+    // and its families). Its verdict is n/a without a job (each job of a
+    // process adapter starts one): the message, else null.
+    static const char* known_not_applicable(const Adapter& adapter, Property property) {
+        if (!adapter.model.has_value()) return nullptr;
+        const bool paged_property = !checkable(Capabilities{}).has(property);
+        if (paged_property && !adapter.paged) return paged_not_applicable;
+        if (!paged_property && !adapter.store) return contiguous_not_applicable;
+        return nullptr;
     }
 
     Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
@@ -47,9 +51,9 @@ class Scheduler {
             for (Property p : properties_) {
                 PropertyResult property;
                 property.id = property_id(p);
-                if (known_unpaged(adapter, p)) {
+                if (const char* message = known_not_applicable(adapter, p)) {
                     property.verdict = "skipped";
-                    property.message = paged_not_applicable;
+                    property.message = message;
                 }
                 result.properties.push_back(std::move(property));
             }
@@ -66,7 +70,7 @@ class Scheduler {
         }
         for (std::size_t a = 0; a < adapters.size(); ++a) {
             for (std::size_t p = 0; p < properties_.size(); ++p) {
-                if (known_unpaged(adapters[a], properties_[p])) continue;  // no job: n/a
+                if (known_not_applicable(adapters[a], properties_[p]) != nullptr) continue;  // no job: n/a
                 Task task;
                 task.adapter = a;
                 task.property = p;

@@ -86,6 +86,10 @@ struct FailureReport {
 // is no paged engine (Capabilities::paged): the table shows it as n/a.
 inline constexpr const char* paged_not_applicable =
     "n/a: a property of paged caches, and the adapter is no paged engine (Capabilities::paged)";
+// The verdict message of a contiguous property for a paged-only engine
+// (Capabilities::store false).
+inline constexpr const char* contiguous_not_applicable =
+    "n/a: a property of contiguous caches, and the adapter is a paged engine only (Capabilities::store)";
 
 struct PropertyResult {
     std::string id;

@@ -548,6 +548,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", paged_not_applicable);
             return;
         }
+        if (!capabilities.store && checkable(Capabilities{}).has(property)) {
+            out.send("skipped", contiguous_not_applicable);
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

@@ -1,5 +1,6 @@
 #include "process_engine.h"
 
+#include "paged_wire.h"
 #include "wire.h"
 
 #include <cerrno>
@@ -87,7 +88,7 @@ struct EntryKnown {
     std::optional<Metadata> metadata;
 };
 
-class ProcessEngine final : public Engine {
+class ProcessEngine final : public Engine, public PagedEngine {
   public:
     ProcessEngine(std::shared_ptr<Connection> connection, std::uint64_t session, FaultHandler on_fault)
         : connection_(std::move(connection)), session_(session), hello_(connection_->process->hello()),
@@ -95,6 +96,7 @@ class ProcessEngine final : public Engine {
 
     std::string name() const override { return hello_.name; }
     Capabilities capabilities() const override { return hello_.capabilities; }
+    PagedEngine* paged() override { return hello_.capabilities.paged ? this : nullptr; }
 
     // ---- the store ----
 
@@ -353,6 +355,76 @@ class ProcessEngine final : public Engine {
         return facts;
     }
 
+    // ---- the paged family (docs/protocol.md, "Paged requests") ----
+    // Every paged operation's reply carries the pool's state after it,
+    // kept until the next operation (paged_state asks only without one).
+
+    std::int64_t paged_alloc(std::int64_t seq, const PagedTokens& tokens, std::int64_t salt) override {
+        const Json reply = paged_operation("paged_alloc", Request("paged_alloc").field("seq", seq).field("tokens", tokens).field("salt", salt));
+        return reading("paged_alloc", [&] { return read_int(reply, "cached"); });
+    }
+
+    PagedTokens paged_append(std::int64_t seq, std::int64_t count) override {
+        const Json reply = paged_operation("paged_append", Request("paged_append").field("seq", seq).field("count", count));
+        return reading("paged_append", [&] { return read_ints(reply, "tokens"); });
+    }
+
+    void paged_fork(std::int64_t parent, std::int64_t child) override {
+        paged_operation("paged_fork", Request("paged_fork").field("parent", parent).field("child", child));
+    }
+
+    void paged_free(std::int64_t seq) override { paged_operation("paged_free", Request("paged_free").field("seq", seq)); }
+
+    std::int64_t paged_lookup(const PagedTokens& tokens, std::int64_t salt) override {
+        const Json reply = paged_operation("paged_lookup", Request("paged_lookup").field("tokens", tokens).field("salt", salt));
+        return reading("paged_lookup", [&] { return read_int(reply, "cached"); });
+    }
+
+    void paged_evict() override { paged_operation("paged_evict", Request("paged_evict")); }
+    void paged_reset() override { paged_operation("paged_reset", Request("paged_reset")); }
+    void paged_step() override { paged_operation("paged_step", Request("paged_step")); }
+
+    void paged_import(std::int64_t seq, const CacheContent& content) override {
+        paged_operation("paged_import", Request("paged_import").field("seq", seq).field("cache", content));
+    }
+
+    PagedExported paged_export(std::int64_t seq) override {
+        const Json reply = paged_operation("paged_export", Request("paged_export").field("seq", seq));
+        return reading("paged_export", [&] {
+            return PagedExported{read_view(member(reply, "view")), read_uints(reply, "storage")};
+        });
+    }
+
+    PagedState paged_state() override {
+        check_current();
+        if (!paged_state_) {
+            const Json reply = observation(Request("paged_state"));
+            paged_state_ = reading("paged_state", [&] { return read_paged_state(member(reply, "state")); });
+        }
+        return *paged_state_;
+    }
+
+    CacheView paged_block_view(std::int64_t block, std::int64_t slots) override {
+        const Json reply = observation(Request("paged_block_view").field("block", block).field("slots", slots));
+        return reading("paged_block_view", [&] { return read_view(member(reply, "view")); });
+    }
+
+    CacheView paged_sequence_view(std::int64_t seq) override {
+        const Json reply = observation(Request("paged_sequence_view").field("seq", seq));
+        return reading("paged_sequence_view", [&] { return read_view(member(reply, "view")); });
+    }
+
+    CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) override {
+        const Json reply =
+            observation(Request("paged_fresh_view").field("tokens", tokens).field("first", first).field("count", count));
+        return reading("paged_fresh_view", [&] { return read_view(member(reply, "view")); });
+    }
+
+    std::vector<std::uint64_t> paged_pool_storage() override {
+        const Json reply = observation(Request("paged_pool_storage"));
+        return reading("paged_pool_storage", [&] { return read_uints(reply, "storage"); });
+    }
+
   private:
     // A request that may change what the engine holds: everything known
     // is forgotten first, then what the reply reports is kept.
@@ -362,6 +434,7 @@ class ProcessEngine final : public Engine {
         handles_.clear();
         entries_.clear();
         stored_ids_.reset();
+        paged_state_.reset();
         std::string text = request.text();
         if (read_store_) {
             text.insert(text.size() - 1, R"(,"read_store":true)");
@@ -379,6 +452,15 @@ class ProcessEngine final : public Engine {
     }
 
     Json observation(const Request& request) { return call(request.text()); }
+
+    // A paged operation: an operation whose reply carries the pool's state.
+    Json paged_operation(const char* op, const Request& request) {
+        Json reply = operation(request);
+        if (const Json* state = reply.find("state")) {
+            paged_state_ = reading(op, [&] { return read_paged_state(*state); });
+        }
+        return reply;
+    }
 
     // What this engine knows is of its own session: once the process was
     // reset for a newer engine, this one answers nothing, not even from
@@ -520,6 +602,7 @@ class ProcessEngine final : public Engine {
     std::unordered_map<Handle, HandleKnown> handles_;
     std::unordered_map<std::string, EntryKnown> entries_;
     std::optional<std::vector<std::string>> stored_ids_;
+    std::optional<PagedState> paged_state_;  // the pool after the last paged operation
     std::vector<CopyRecord> copies_;  // reported with operations, not yet taken
     // What the harness reads after the operations of the current step.
     std::vector<std::string> read_ids_;

@@ -5,6 +5,7 @@
 // for the engine itself, the example store.
 #include "adapter_process.h"
 #include "json.h"
+#include "paged_wire.h"
 #include "process_engine.h"
 #include "wire.h"
 
@@ -231,6 +232,52 @@ TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
     // Protocol 4: claimed, or off.
     EXPECT_FALSE(flags.returned_caches);
     EXPECT_TRUE(read_capabilities(Json::parse(R"({"returned_caches": true})")).returned_caches);
+}
+
+// The paged family's state (docs/protocol.md section 11): read whole, a
+// fault naming the member; the capabilities that say which family.
+TEST(Wire, APagedStateIsReadWholeOrRefusedNamingTheMember) {
+    const PagedState state = read_paged_state(Json::parse(R"({"block_tokens": 2,
+        "blocks": [{"count": 0, "tokens": [], "written": 0, "digest": 0},
+                   {"count": 2, "key": {"parent": 18446744073709551615, "tokens": [5, 9], "extra": "salt-1"},
+                    "tokens": [5, 9], "written": 2, "digest": 77},
+                   {"count": 1, "key": null, "tokens": [2], "written": 0, "digest": 5}],
+        "free_queue": [], "index": [{"key": {"parent": 18446744073709551615, "tokens": [5, 9], "extra": "salt-1"}, "blocks": [1]}],
+        "tables": [{"seq": 3, "blocks": [1, 2], "tokens": [5, 9, 2]}, {"seq": 4, "blocks": [1], "tokens": [-1, -1]}],
+        "copies": [{"source": 1, "destination": 2}]})"));
+    EXPECT_EQ(state.block_tokens, 2);
+    ASSERT_EQ(state.blocks.size(), 3u);
+    EXPECT_TRUE(state.blocks[1].keyed);
+    EXPECT_EQ(state.blocks[1].key, (PagedKey{18446744073709551615ull, {5, 9}, "salt-1"}));
+    EXPECT_EQ(state.blocks[1].digest, 77u);
+    EXPECT_FALSE(state.blocks[2].keyed);
+    EXPECT_EQ(state.index.size(), 1u);
+    EXPECT_EQ(state.index[0].blocks, (std::vector<std::int64_t>{1}));
+    EXPECT_EQ(state.tables.at(3), (std::vector<std::int64_t>{1, 2}));
+    EXPECT_EQ(state.tokens.at(4), (PagedTokens{-1, -1}));
+    EXPECT_EQ(state.copies, (std::vector<PagedCopy>{{1, 2}}));
+    const auto error_of = [](const std::string& text) {
+        try {
+            read_paged_state(Json::parse(text));
+        } catch (const ProtocolError& error) {
+            return std::string(error.what());
+        }
+        return std::string("no error");
+    };
+    const std::string tail = R"("free_queue": [], "index": [], "tables": [], "copies": []})";
+    EXPECT_NE(error_of(R"({"block_tokens": 2, "blocks": [{"count": 0, "tokens": [], "written": "x"}], )" + tail).find("'blocks[0]'"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"block_tokens": 2, "blocks": [{"count": 1, "key": {"tokens": []}, "tokens": [], "written": 0}], )" + tail)
+                  .find("'parent'"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"block_tokens": 0, "blocks": [], )" + tail).find("block_tokens"), std::string::npos);
+    EXPECT_NE(error_of(R"({"block_tokens": 2, "blocks": [], "free_queue": [], "index": [], "copies": []})").find("tables"),
+              std::string::npos);
+    const Capabilities paged_only = read_capabilities(Json::parse(R"({"paged": true, "store": false})"));
+    EXPECT_TRUE(paged_only.paged);
+    EXPECT_FALSE(paged_only.store);
+    EXPECT_FALSE(read_capabilities(Json::parse("{}")).paged);
+    EXPECT_TRUE(read_capabilities(Json::parse("{}")).store);
 }
 
 // The handshake's "model" (docs/protocol.md): every key required, each
@@ -481,6 +528,49 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
         EXPECT_NE(std::string(error.what()).find("the adapter raised ValueError: handle 4 holds no cache"), std::string::npos)
             << error.what();
     }
+}
+
+// A paged block manager behind the process boundary (docs/protocol.md
+// section 11): the example manager through the SDK's BlockManagerAdapter
+// runs a paged trace with every property checked, and reports itself paged
+// only; its state comes with each operation's reply.
+TEST(ProcessEngine, APagedAdapterRunsAPagedTrace) {
+    ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_BLOCK_MANAGER}, "block_manager_adapter.py",
+                           {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR}};
+    ProcessLauncher launcher(command, {});
+    const Hello hello = launcher.probe();
+    EXPECT_EQ(hello.name, "block-manager");
+    EXPECT_TRUE(hello.capabilities.paged);
+    EXPECT_FALSE(hello.capabilities.store);
+    const Trace trace = parse_trace(
+        "paged_alloc seq=1 tokens=5,9,2 salt=0\n"
+        "paged_step\n"
+        "paged_alloc seq=2 tokens=5,9,7 salt=0\n"
+        "paged_fork parent=2 child=3\n"
+        "paged_append seq=3 count=2\n"
+        "paged_lookup tokens=5,9,1 salt=1\n"
+        "paged_import seq=4 modern/f32/7:[kv3 kv3]\n"
+        "paged_export seq=4\n"
+        "paged_export seq=3\n"
+        "paged_step\n"
+        "paged_free seq=1\n"
+        "paged_free seq=2\n"
+        "paged_free seq=3\n"
+        "paged_free seq=4\n"
+        "paged_evict\n"
+        "paged_step\n"
+        "paged_reset\n");
+    const std::shared_ptr<Engine> engine = launcher.make();
+    ASSERT_NE(engine->paged(), nullptr);
+    const RunResult result = execute(trace, *engine);
+    EXPECT_FALSE(result.failure) << result.failure->property << ": " << result.failure->message;
+    const PagedState state = engine->paged()->paged_state();
+    EXPECT_TRUE(state.tables.empty());
+    EXPECT_EQ(state.free_queue.size(), 7u);
+    EXPECT_TRUE(state.index.empty());
+    // A refusal is the step's error, and the pool is as it was.
+    EXPECT_THROW(engine->paged()->paged_alloc(5, PagedTokens(20, 1), 0), std::runtime_error);
+    EXPECT_EQ(engine->paged()->paged_state(), state);
 }
 
 TEST(ProcessEngine, ColdStartsRunTheCommandAndCheckTheSame) {

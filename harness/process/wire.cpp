@@ -256,7 +256,7 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 17> known{{
+    const std::array<std::pair<const char*, bool*>, 19> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -275,6 +275,9 @@ Capabilities read_capabilities(const Json& flags) {
         {"any_geometry", &capabilities.any_geometry},
         // Protocol 4: caches the model makes (generate_returning, extract, fed_view).
         {"returned_caches", &capabilities.returned_caches},
+        // The paged family (docs/protocol.md, "Paged requests").
+        {"paged", &capabilities.paged},
+        {"store", &capabilities.store},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

@@ -302,10 +302,26 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "entry_versions": False,
         "returned_caches": all(_overrides(engine, m) for m in ("generate_returning", "extract", "feed")),
     }
+    flags.update(_paged_flags(engine))
     flags.update(engine.capabilities)
     if not flags["dump"]:
         flags["dump_crash"] = False
     return flags
+
+
+# ---- the paged family (kvcheck_adapter.paged; docs/protocol.md, "Paged requests") ----
+
+_STORE_METHODS = ("add", "get", "get_all_ids", "get_cache", "delete", "delete_all", "stored_cache", "stored_ids")
+
+
+def _paged_flags(engine: Adapter) -> Dict[str, bool]:
+    """A BlockManagerAdapter is a paged engine; without the store's
+    operations, a paged one only (its contiguous properties are n/a)."""
+    from . import paged as _paged  # imports this module: imported when first needed
+
+    if not _paged.is_paged(engine):
+        return {}
+    return {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS)}
 
 
 class RequestError(ValueError):
@@ -383,6 +399,8 @@ class Server:
     def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
         op = request.get("op")
         handler = self._handlers.get(op) if isinstance(op, str) else None
+        if handler is None and isinstance(op, str) and op.startswith("paged_"):
+            handler = self._paged_request
         if handler is None:
             raise RequestError(f"unknown request {op!r} (this SDK speaks protocol {_protocol.PROTOCOL_VERSION})")
         if self._session is None and op not in ("hello", "shutdown"):
@@ -440,6 +458,13 @@ class Server:
 
     def _op_shutdown(self, request):
         return {"ok": True}
+
+    def _paged_request(self, request):
+        from . import paged as _paged
+
+        if request["op"] not in _paged.REQUESTS:
+            raise RequestError(f"unknown request {request['op']!r} (this SDK speaks protocol {_protocol.PROTOCOL_VERSION})")
+        return _paged.handle(self._session.engine, request)
 
     # ---- the store -------------------------------------------------------------------
 

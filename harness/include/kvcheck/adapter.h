@@ -35,6 +35,10 @@ struct Adapter {
     // The model its engines declare (Capabilities::model), when known
     // without making one (a process adapter's handshake); unset: not known.
     std::optional<ModelDomain> model = std::nullopt;
+    // With `model` known: the handshake's Capabilities::paged and ::store,
+    // the cache families its engines can be checked on.
+    bool paged = false;
+    bool store = true;
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }

@@ -109,6 +109,11 @@ struct Capabilities {
     // paged operations are drawn and the paged properties checked. Off
     // unless an engine claims it.
     bool paged = false;
+    // The contiguous family: the store, generation and cache-level
+    // operations. False: a paged-only engine (a block manager behind a
+    // process boundary, say; needs paged): no contiguous operation is drawn
+    // and the contiguous properties are n/a. On unless an engine says otherwise.
+    bool store = true;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

@@ -1,0 +1,15 @@
+"""The fixtures of python/adapter_tests (kvcheck, scratch_dir), shared."""
+
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "kvcheck_adapter_tests_conftest",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "adapter_tests", "conftest.py"))
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+
+kvcheck = _shared.kvcheck
+scratch_dir = _shared.scratch_dir
+REPO = _shared.REPO
+PYTHON_DIR = _shared.PYTHON_DIR

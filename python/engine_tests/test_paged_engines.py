@@ -1,0 +1,63 @@
+"""kvcheck on the real prefix caches of serving engines (python/adapters/,
+python/README.md "Real engines"), at the verdicts recorded there: vLLM
+0.33.0's KVCacheManager holds every paged property; driven as vLLM's
+scheduler publishes blocks (at scheduling, before the forward pass writes
+them) it breaks published-after-written, a contract difference; SGLang
+0.5.23's RadixCache holds every paged property. Each engine runs from its
+pinned environment .venv/engines/<name>-<version> (scripts/bootstrap,
+KVCHECK_BOOTSTRAP_ENGINES); without it the test skips, saying so."""
+
+import os
+
+import pytest
+
+from conftest import PYTHON_DIR, REPO
+
+ADAPTERS = os.path.join(PYTHON_DIR, "adapters")
+# Small budgets (ctest label paged-engines): each run is under a minute of CPU.
+CASES = "20"
+# Importing an engine's cache modules takes seconds (25 s on a loaded
+# machine): the hang detector's limit per operation is raised for the hello.
+PATIENCE = ("--timeout", "600")
+
+
+def engine(monkeypatch, name):
+    environment = os.path.join(REPO, ".venv", "engines", name)
+    if not os.path.isdir(environment):
+        pytest.skip(f"{name} is not installed at {environment} (scripts/bootstrap installs it)")
+    monkeypatch.setenv("PYTHONPATH", environment)
+
+
+def paged_verdicts(run):
+    return {p["id"]: p["verdict"] for p in run.applicable() if p["id"] != "engine-error"}
+
+
+def test_vllm_kv_cache_manager_holds_every_paged_property(kvcheck, monkeypatch):
+    engine(monkeypatch, "vllm-0.33.0")
+    run = kvcheck("run", "--adapter", os.path.join(ADAPTERS, "vllm_block_manager_adapter.py"), "--cases", CASES,
+                  "--jobs", "2", *PATIENCE)
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = paged_verdicts(run)
+    assert len(verdicts) == 12 and set(verdicts.values()) == {"pass"}, verdicts
+    assert run.report["adapter"] == "vllm-0.33.0"
+
+
+def test_vllm_publishing_at_schedule_breaks_published_after_written(kvcheck, monkeypatch):
+    engine(monkeypatch, "vllm-0.33.0")
+    adapter = os.path.join(ADAPTERS, "vllm_block_manager_adapter.py") + " --publish-at-schedule"
+    run = kvcheck("run", "--adapter", adapter, "--property", "published-after-written", "--cases", CASES,
+                  "--failures", "1", *PATIENCE)
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result("published-after-written")
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert "hittable with 0 of its" in result["message"], result["message"]
+
+
+def test_sglang_radix_cache_holds_every_paged_property(kvcheck, monkeypatch):
+    engine(monkeypatch, "sglang-0.5.23")
+    run = kvcheck("run", "--adapter", os.path.join(ADAPTERS, "sglang_radix_adapter.py"), "--cases", CASES,
+                  "--jobs", "2", *PATIENCE)
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = paged_verdicts(run)
+    assert len(verdicts) == 12 and set(verdicts.values()) == {"pass"}, verdicts
+    assert run.report["adapter"] == "sglang-0.5.23"

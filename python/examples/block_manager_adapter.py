@@ -1,0 +1,95 @@
+"""kvcheck's adapter for the example block manager (block_manager.py): the
+glue a Python paged block manager needs to be checked.
+
+    kvcheck run --adapter python/examples/block_manager_adapter.py
+    kvcheck run --adapter 'python/examples/block_manager_adapter.py --bug weak_hash'
+
+--bug NAME (repeatable) plants one of the manager's historic bugs (see
+block_manager.BUGS); $KVCHECK_EXAMPLE_BUGS (comma-separated) does the same.
+The adapter maps kvcheck's paged requests onto the manager's calls and
+reports its bookkeeping (state); the SDK (kvcheck_adapter.paged) decodes,
+keeps the K/V in its shadow store by block id and answers the K/V
+observations. The manager has no store of caches: kvcheck reports the
+contiguous properties n/a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(1, os.path.dirname(_HERE))  # the SDK, when run from the source tree
+
+import block_manager  # noqa: E402
+from kvcheck_adapter.paged import BlockKey, BlockManagerAdapter, ManagerState, serve  # noqa: E402
+
+
+class BlockManagerExample(BlockManagerAdapter):
+    description = "the example vLLM-like block manager (python/examples/block_manager.py)"
+    num_blocks = 8
+    block_tokens = 2
+
+    def __init__(self, bugs=()):
+        self.bugs = tuple(bugs)
+        self.name = "block-manager" + "".join("+" + bug for bug in self.bugs)
+        self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs)
+
+    # ---- the manager's calls ----
+
+    def allocate(self, seq, tokens, extra):
+        return self.manager.allocate(seq, tokens, extra)
+
+    def append(self, seq, tokens):
+        return self.manager.append(seq, tokens)
+
+    def fork(self, parent, child):
+        self.manager.fork(parent, child)
+
+    def free(self, seq):
+        self.manager.free(seq)
+
+    def lookup(self, tokens, extra):
+        return self.manager.lookup(tokens, extra)
+
+    def evict(self):
+        self.manager.evict()
+
+    def reset_prefix_cache(self):
+        self.manager.reset_prefix_cache()
+
+    def step(self, copies):
+        self.manager.step(copies)
+
+    def import_sequence(self, seq, length):
+        self.manager.allocate_unknown(seq, length)
+
+    # ---- its bookkeeping ----
+
+    def state(self):
+        m = self.manager
+        return ManagerState(
+            counts=[block.ref_cnt for block in m.blocks],
+            keys={block.id: BlockKey(*block.identity) for block in m.blocks if block.identity is not None},
+            index={BlockKey(*identity): list(ids) for identity, ids in m.cached.values()},
+            free_queue=list(m.free_queue),
+            tables={seq: list(table) for seq, table in m.tables.items()},
+        )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bug", action="append", default=[], choices=block_manager.BUGS,
+                        help="plant a historic bug (repeatable)")
+    arguments = parser.parse_args(argv)
+    bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
+    unknown = sorted(set(bugs).difference(block_manager.BUGS))
+    if unknown:
+        parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(block_manager.BUGS)})")
+    serve(lambda: BlockManagerExample(bugs))
+
+
+if __name__ == "__main__":
+    main()
