@@ -503,11 +503,12 @@ class _CopyMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch 2.x wraps a mode's __torch_dispatch__ in torch._dynamo.disable
-        # unless this says False: a few µs more per operator, and an import
-        # of torch._dynamo (with sympy: 1.5 s of CPU) at the first one, in
-        # each adapter process. Nothing is lost without it: Dynamo compiles
-        # no frame while a mode of ours is on the stack (it skips them:
-        # "non-infra torch dispatch mode present"). torch 1.13 never asks.
+        # unless this says False: an import of torch._dynamo (with sympy:
+        # 1.5 s of CPU) at the first operator, in each adapter process, and
+        # about a µs more per operator. Nothing is lost without it: Dynamo
+        # compiles no frame while a mode of ours is on the stack (it skips
+        # them: "non-infra torch dispatch mode present"). torch 1.13 never
+        # asks.
         return False
 
 
