@@ -81,13 +81,18 @@ def main() -> None:
                     add(f"{torch_name}/{tree_name}/kvcheck run cpu", cpu)
                     add(f"{torch_name}/{tree_name}/kvcheck run wall", wall)
             print(f"round {round_ + 1} {torch_name} done", file=sys.stderr, flush=True)
+        _write(arguments, samples)
+
+
+def _write(arguments, samples) -> None:
+    """Prints the medians so far and writes them to --out (after each round)."""
     medians = {key: statistics.median(values) for key, values in samples.items()}
     for key in sorted(medians):
         if "/replay/" not in key:
             print(f"{key:45s} {medians[key]:8.3f}  ({', '.join(f'{v:.3f}' for v in samples[key])})")
     if arguments.out:
         with open(arguments.out, "w", encoding="utf-8") as out:
-            json.dump({"command": " ".join(sys.argv), "started_load": os.getloadavg(), "rounds": arguments.rounds,
+            json.dump({"command": " ".join(sys.argv), "load": os.getloadavg(), "rounds": len(next(iter(samples.values()))),
                        "cases": arguments.cases, "medians": medians, "samples": samples}, out, indent=1, sort_keys=True)
             out.write("\n")
 
