@@ -118,7 +118,7 @@ def serve_forks(
     process kvcheck offered a fork socket ($KVCHECK_FORK_FD): answers the
     handshake with "fork": true, then makes a copy of itself for each fork
     request, talking over the pipes the request carries. A process that
-    runs more than one thread is no server (a fork copies one thread):
+    runs more than one thread at a fork (_threads_at_fork) is no server (a fork copies one thread):
     the connection is returned at once, for the caller to serve as usual.
     Otherwise it returns twice in a sense: in each copy, the copy's connection (the caller serves it as a
     process kvcheck started, handshake first); in the server, None when
