@@ -14,6 +14,15 @@ process of a benchmark, which sees each request once). Dumps are written
 under $TMPDIR: set TMPDIR=/dev/shm to leave the disk out, as the benchmark
 command of BENCHMARKS.md does.
 
+--replies FILE writes the last run's replies there, one JSON line each,
+as they would be sent, except for what differs from process to process:
+storage identities (addresses, id()s) are numbered in each reply in
+order of first appearance (a reply's aliasing is what kvcheck reads from
+them; addresses are reused differently from process to process), the
+temporary directory is written <dir> and the source tree's root <repo>
+(in tracebacks). Two versions of
+the SDK answer the same requests alike iff these files are equal.
+
 --switch-off observations|copy-tracker (repeatable) replays with a part of the SDK's
 checking switched off (the facts in replies; the dispatch mode that counts
 copies), to measure what that part costs. The replies are then not what
@@ -33,6 +42,7 @@ import tempfile
 import time
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+_REPO = os.path.normpath(_ROOT)
 sys.path.insert(0, os.path.join(_ROOT, "python"))
 sys.path.insert(0, os.path.join(_ROOT, "python", "examples"))
 
@@ -42,8 +52,9 @@ from kvcheck_adapter.adapter import Server  # noqa: E402
 from kvcheck_adapter.protocol import _encode, error_reply  # noqa: E402
 
 
-def _replay(requests, model, directory, profile):
-    """CPU seconds per request kind of one replay on a fresh Server."""
+def _replay(requests, model, directory, profile, replies=None):
+    """CPU seconds per request kind of one replay on a fresh Server;
+    `replies`: a list the encoded replies are appended to."""
     server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter([], model))
     renamed = {}
     seconds = collections.defaultdict(float)
@@ -59,11 +70,35 @@ def _replay(requests, model, directory, profile):
             reply = server.handle(request)
         except Exception as error:  # noqa: BLE001 - as serve_loop does
             reply = error_reply(error)
-        _encode(reply)
+        encoded = _encode(reply)
         if profile is not None:
             profile.disable()
         seconds[request["op"]] += time.process_time() - start
+        if replies is not None:
+            replies.append(encoded)
     return seconds
+
+
+def _normalized(encoded: str, directory: str) -> str:
+    """A reply with what differs between processes replaced (see the module
+    doc): every integer of a "storage" list by its number in order of first
+    appearance in the reply, the temporary directory by <dir>, the source
+tree's root by <repo>."""
+    identities: dict = {}
+
+    def rename(value):
+        if isinstance(value, dict):
+            return {
+                key: [identities.setdefault(i, len(identities)) for i in item] if key == "storage" else rename(item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list):
+            return [rename(item) for item in value]
+        if isinstance(value, str):
+            return value.replace(directory, "<dir>").replace(_REPO, "<repo>")
+        return value
+
+    return json.dumps(rename(json.loads(encoded)), separators=(",", ":"))
 
 
 def _switch_off(part: str) -> None:
@@ -75,7 +110,7 @@ def _switch_off(part: str) -> None:
         adapter._Tracker = lambda: None  # as for an engine that logs its copies (take_copies)
 
 
-def _one_run(recording: str, profile_order, switch_off) -> None:
+def _one_run(recording: str, profile_order, switch_off, replies_path=None) -> None:
     """One replay in this process; prints {op: CPU seconds} as JSON on the
     last line (and the profile before it)."""
     for part in switch_off or ():
@@ -90,10 +125,15 @@ def _one_run(recording: str, profile_order, switch_off) -> None:
 
         profile = cProfile.Profile()
     directory = tempfile.mkdtemp(prefix="kvcheck-replay-")
+    replies = None if replies_path is None else []
     try:
-        seconds = _replay(requests, model, directory, profile)
+        seconds = _replay(requests, model, directory, profile, replies)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    if replies is not None:
+        with open(replies_path, "w", encoding="utf-8") as out:
+            for encoded in replies:
+                out.write(_normalized(encoded, directory) + "\n")
     if profile is not None:
         import pstats
 
@@ -107,10 +147,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", choices=["tottime", "cumulative"], help="a cProfile listing of the last run (on stderr)")
     parser.add_argument("--switch-off", choices=["observations", "copy-tracker"], action="append", help="measure without this part (see above)")
+    parser.add_argument("--replies", help="write the last run's replies to this file (see above)")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.one_run:
-        _one_run(arguments.recording, arguments.profile, arguments.switch_off)
+        _one_run(arguments.recording, arguments.profile, arguments.switch_off, arguments.replies)
         return
     with open(arguments.recording, encoding="utf-8") as lines:
         counts = collections.Counter(json.loads(line)["op"] for line in lines if line.strip())
@@ -121,6 +162,8 @@ def main() -> None:
             command += ["--switch-off", part]
         if arguments.profile and run == arguments.runs - 1:
             command += ["--profile", arguments.profile]
+        if arguments.replies and run == arguments.runs - 1:
+            command += ["--replies", os.path.abspath(arguments.replies)]
         output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         runs.append(collections.defaultdict(float, json.loads(output.splitlines()[-1])))
     totals = [sum(run.values()) for run in runs]

@@ -157,6 +157,37 @@ def test_a_process_running_threads_declines_to_serve_forks(scratch_dir):
         server.stop()
 
 
+_THREADS_AT_FORK = """
+import os, sys, threading
+import numpy  # pip's numpy starts OpenBLAS's pool (a thread per core) here
+from kvcheck_adapter import protocol
+
+print(protocol._threads_at_fork())
+stop = threading.Event()
+pool = threading.Thread(target=stop.wait)
+pool.start()
+def stop_pool():
+    stop.set()
+    pool.join()
+os.register_at_fork(before=stop_pool)  # a pool that stops itself at a fork
+print(protocol._threads(), protocol._threads_at_fork())
+busy = threading.Thread(target=threading.Event().wait, daemon=True)
+busy.start()  # a thread that keeps running through a fork
+print(protocol._threads_at_fork())
+"""
+
+
+def test_threads_that_stop_at_a_fork_do_not_stop_warm_starts():
+    # Under .venv's numpy, OpenBLAS's idle pool ran beside every adapter
+    # process, and the SDK declined to serve forks: each property's
+    # adapter started cold (torch imported again). Such a pool stops
+    # itself at a fork (pthread_atfork), so it does not count; a thread
+    # that runs on through a fork still does.
+    output = subprocess.run([ADAPTER_PYTHON, "-c", _THREADS_AT_FORK], check=True, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=PYTHON_DIR)).stdout.split()
+    assert output == ["1", "2", "1", "2"], output
+
+
 def test_a_server_without_standard_input_still_makes_working_copies(scratch_dir):
     # With fd 0 closed, the fork request's first descriptor arrives as fd 0;
     # the copy's own set-up puts /dev/null there. Without moving the

@@ -118,7 +118,7 @@ def serve_forks(
     process kvcheck offered a fork socket ($KVCHECK_FORK_FD): answers the
     handshake with "fork": true, then makes a copy of itself for each fork
     request, talking over the pipes the request carries. A process that
-    runs more than one thread is no server (a fork copies one thread):
+    runs more than one thread at a fork (_threads_at_fork) is no server (a fork copies one thread):
     the connection is returned at once, for the caller to serve as usual.
     Otherwise it returns twice in a sense: in each copy, the copy's connection (the caller serves it as a
     process kvcheck started, handshake first); in the server, None when
@@ -132,7 +132,7 @@ def serve_forks(
     import struct
 
     server = socket.socket(fileno=fork_fd)
-    if _threads() > 1:
+    if _threads_at_fork() > 1:
         # A fork copies only the calling thread: a lock another thread
         # holds stays locked in the copy forever. Not a server: the caller
         # serves the connection itself, and kvcheck starts every other
@@ -208,7 +208,7 @@ def serve_forks(
                 fork_request = json.loads(message)
                 if not isinstance(fork_request, dict) or len(fds) != 5:
                     raise ProtocolError(f"a fork request needs a JSON object and 5 descriptors, got {len(fds)}")
-                threads = _threads()
+                threads = _threads_at_fork()
                 if threads > 1:
                     raise ProtocolError(f"the server runs {threads} threads now: a copy would hold only one")
             except (ValueError, ProtocolError) as error:
@@ -249,6 +249,24 @@ def _threads() -> int:
         import threading
 
         return threading.active_count()
+
+
+def _threads_at_fork() -> int:
+    """The threads this process would run while it forks. Some libraries
+    keep idle worker threads that they stop themselves before any fork
+    (their pthread_atfork handlers): numpy's OpenBLAS starts one per core
+    at import and shuts its pool down at every fork, to start it again at
+    its next parallel call. When more than one thread runs, a throwaway
+    fork (its copy exits at once) lets those handlers run; what still
+    runs after it is counted."""
+    threads = _threads()
+    if threads > 1:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        threads = _threads()
+    return threads
 
 
 def _die_with_parent(parent: int) -> None:

@@ -234,3 +234,12 @@ def test_tracking_keeps_nothing_alive(tracker):
     reference = copies.StorageWeakRef(storage)
     del storage, clone
     assert reference.expired()
+
+
+def test_the_dispatch_mode_is_not_wrapped_by_dynamo():
+    # torch 2.x wraps a TorchDispatchMode's __torch_dispatch__ in
+    # torch._dynamo.disable unless the mode opts out: its first operator
+    # then imported torch._dynamo (1.5 s of CPU) in every adapter process.
+    hook = copies._CopyMode.__dict__["__torch_dispatch__"]
+    assert not hasattr(hook, "__wrapped__"), hook
+    assert hook.__qualname__ == "_CopyMode.__torch_dispatch__"
