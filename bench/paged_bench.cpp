@@ -37,9 +37,9 @@ namespace {
 
 using namespace kvcheck;
 
-constexpr std::size_t mix_ops_count = 600;
+constexpr std::size_t mix_ops_count = 300;
 constexpr std::uint64_t mix_seed = 30;
-constexpr int rounds = 5;
+constexpr int rounds = 3;
 
 // The seeded paged mix: allocs (3 in 10), appends, forks, frees, lookups,
 // steps, exports, now and then an evict.
