@@ -8,6 +8,7 @@
 #include <ATen/ops/cat.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -314,6 +315,44 @@ class PM18 final : public Pool {
     }
 };
 
+// PM19: copy-on-write assigns the copy's K/V by reference: its first
+// slots read the source's storage, so when the source is freed and taken
+// again, the copy's K/V change under the sequence holding it.
+class PM19 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const override {
+        std::vector<std::pair<at::Tensor, at::Tensor>> own = Pool::block_kv(block);
+        const auto alias = aliases_.find(block);
+        if (alias == aliases_.end()) return own;
+        const std::vector<std::pair<at::Tensor, at::Tensor>> source = Pool::block_kv(alias->second.source);
+        for (std::size_t l = 0; l < own.size() && l < source.size(); ++l) {
+            const std::int64_t shared = std::min({alias->second.slots, source[l].first.size(2), own[l].first.size(2)});
+            own[l].first.narrow(2, 0, shared).copy_(source[l].first.narrow(2, 0, shared));
+            own[l].second.narrow(2, 0, shared).copy_(source[l].second.narrow(2, 0, shared));
+        }
+        return own;
+    }
+
+  protected:
+    void copy_block(BlockId source, BlockId destination) override {
+        Pool::copy_block(source, destination);
+        aliases_[destination] = {source, static_cast<std::int64_t>(blocks_[static_cast<std::size_t>(source)].tokens.size())};
+    }
+    BlockId take_free() override {
+        const BlockId block = Pool::take_free();
+        aliases_.erase(block);  // taken: no longer anyone's copy
+        return block;
+    }
+
+  private:
+    struct Alias {
+        BlockId source = 0;
+        std::int64_t slots = 0;
+    };
+    std::map<BlockId, Alias> aliases_;
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -368,6 +407,7 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM15>("PM15", "one pin, two unpins: a cached block is released twice when its sequence ends", {P::refcount_exact}),
         paged_mutant<PM16>("PM16", "a hit takes its reference on the wrong block", {P::refcount_exact}),
         paged_mutant<PM17>("PM17", "the room check ignores cached free blocks: needless refusals", {P::op_atomic}),
+        paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
         paged_mutant<PM18>("PM18", "an append decodes with the first cached position blanked",
                            {P::generation_equivalent, P::paged_roundtrip}),
     };

@@ -160,7 +160,7 @@ class Pool {
     CachePtr read_sequence(const std::string& seq) const;
     // K/V of a block's filled slots, as its sequence reads them (pending
     // writes included): per layer {keys, values}, each [1, heads, filled, head_dim].
-    std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
+    virtual std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
     // The K/V the model computes for `tokens` with no past: a new cache.
     CachePtr fresh(const Tokens& tokens) const;
     // Identities of the pool's tensor storages.
