@@ -95,17 +95,26 @@ std::shared_ptr<adapters::PagedReference> engine_of(std::int64_t blocks) {
     return std::make_shared<adapters::PagedReference>(nullptr, config);
 }
 
-// One run of the mix; returns operations per second, its steps run.
-double ops_per_second(const Trace& trace, std::int64_t blocks, bool checked, std::size_t& steps) {
+// One run of the mix: operations per second of wall-clock and of this
+// process's CPU time (which other processes on a shared machine do not
+// inflate); its steps run.
+struct Rate {
+    double wall = 0;
+    double cpu = 0;
+};
+
+Rate ops_per_second(const Trace& trace, std::int64_t blocks, bool checked, std::size_t& steps) {
     const std::shared_ptr<adapters::PagedReference> engine = engine_of(blocks);
     RunOptions options;
     if (!checked) options.properties = PropertySet::none();
     const double start = now_seconds();
+    const double cpu_start = cpu_seconds();
     const RunResult run = execute(trace, *engine, options);
+    const double cpu = cpu_seconds() - cpu_start;
     const double seconds = now_seconds() - start;
     if (run.failure) throw std::runtime_error("the paged reference failed the mix: " + run.failure->message);
     steps = run.steps_run;
-    return static_cast<double>(run.steps_run) / seconds;
+    return {static_cast<double>(run.steps_run) / seconds, static_cast<double>(run.steps_run) / cpu};
 }
 
 const std::vector<std::int64_t> pool_sizes = {16, 1024, 65536};
@@ -113,19 +122,26 @@ const std::vector<std::int64_t> pool_sizes = {16, 1024, 65536};
 void checked_by_pool_size(benchmark::State& state) {
     const Trace trace = paged_mix();
     std::vector<Samples> checked(pool_sizes.size()), unchecked(pool_sizes.size());
+    std::vector<Samples> checked_cpu(pool_sizes.size()), unchecked_cpu(pool_sizes.size());
     std::size_t steps = 0;
     for (auto _ : state) {
         for (int r = 0; r < rounds; ++r) {
             for (std::size_t i = 0; i < pool_sizes.size(); ++i) {
-                checked[i].add(ops_per_second(trace, pool_sizes[i], true, steps));
-                unchecked[i].add(ops_per_second(trace, pool_sizes[i], false, steps));
+                const Rate on = ops_per_second(trace, pool_sizes[i], true, steps);
+                const Rate off = ops_per_second(trace, pool_sizes[i], false, steps);
+                checked[i].add(on.wall);
+                checked_cpu[i].add(on.cpu);
+                unchecked[i].add(off.wall);
+                unchecked_cpu[i].add(off.cpu);
             }
         }
     }
     for (std::size_t i = 0; i < pool_sizes.size(); ++i) {
         const std::string n = std::to_string(pool_sizes[i]);
         state.counters["checked_ops_s/" + n] = checked[i].median();
+        state.counters["checked_ops_cpu_s/" + n] = checked_cpu[i].median();
         state.counters["unchecked_ops_s/" + n] = unchecked[i].median();
+        state.counters["unchecked_ops_cpu_s/" + n] = unchecked_cpu[i].median();
     }
     state.counters["steps"] = static_cast<double>(steps);
 }
