@@ -407,9 +407,9 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM15>("PM15", "one pin, two unpins: a cached block is released twice when its sequence ends", {P::refcount_exact}),
         paged_mutant<PM16>("PM16", "a hit takes its reference on the wrong block", {P::refcount_exact}),
         paged_mutant<PM17>("PM17", "the room check ignores cached free blocks: needless refusals", {P::op_atomic}),
-        paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
         paged_mutant<PM18>("PM18", "an append decodes with the first cached position blanked",
                            {P::generation_equivalent, P::paged_roundtrip}),
+        paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
     };
 }
 
