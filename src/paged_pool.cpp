@@ -135,7 +135,12 @@ void Pool::publish_later(BlockId block, BlockKey key) {
     publications_.push_back({block, blocks_[static_cast<std::size_t>(block)].epoch, std::move(key)});
 }
 
-void Pool::attach_hits(Sequence& sequence, const std::vector<BlockId>& hits) {
+void Pool::publish(BlockId block, const BlockKey& key) {
+    blocks_[static_cast<std::size_t>(block)].key = key;
+    index_[key].push_back(block);
+}
+
+void Pool::attach_hits(Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t) {
     for (const BlockId block : hits) {
         Block& b = blocks_[static_cast<std::size_t>(block)];
         if (b.count++ == 0) free_.erase(std::find(free_.begin(), free_.end(), block));
@@ -199,12 +204,12 @@ void Pool::write_tokens(Sequence& sequence, const Cache& cache, std::int64_t fir
         const std::int64_t slot = position % b;
         if (index == sequence.table.size()) {
             const BlockId fresh = take_free();
-            blocks_[static_cast<std::size_t>(fresh)].count = 1;
+            ++blocks_[static_cast<std::size_t>(fresh)].count;  // the table's reference
             sequence.table.push_back(fresh);
         } else if (must_copy(sequence.table[index])) {
             const BlockId shared = sequence.table[index];
             const BlockId fresh = take_free();
-            blocks_[static_cast<std::size_t>(fresh)].count = 1;
+            ++blocks_[static_cast<std::size_t>(fresh)].count;  // the table's reference
             copy_block(shared, fresh);
             unref(shared);  // the table's reference moves to the copy
             sequence.table[index] = fresh;
@@ -251,7 +256,7 @@ std::int64_t Pool::alloc(const std::string& seq, const Tokens& tokens, const std
     Sequence& made = sequences_.emplace(seq, Sequence{}).first->second;
     made.extra = extra;
     made.next = next;
-    attach_hits(made, shared);
+    attach_hits(made, shared, needed);
     made.tokens.assign(tokens.begin(), tokens.begin() + cached);
     write_tokens(made, *working, cached, missing);
     return cached;
@@ -267,7 +272,7 @@ Tokens Pool::append(const std::string& seq, std::int64_t k) {
         throw std::runtime_error("paged pool: out of blocks (append to " + seq_text(seq) + " needs " + std::to_string(needed) +
                                  ", " + std::to_string(free_.size()) + " free)");
     }
-    CachePtr working = gather(s);
+    CachePtr working = working_cache(s);
     Tokens added;
     std::int64_t next = s.next;
     for (std::int64_t i = 0; i < k; ++i) {
@@ -321,8 +326,7 @@ void Pool::step() {
     for (Publication& p : publications_) {
         Block& b = blocks_[static_cast<std::size_t>(p.block)];
         if (b.epoch != p.epoch || b.key || b.written != config_.block_tokens) continue;
-        b.key = p.key;
-        index_[p.key].push_back(p.block);
+        publish(p.block, p.key);
     }
     publications_.clear();
     const std::vector<PendingCopy> ending = std::move(copies_);

@@ -8,6 +8,7 @@
 #include <ATen/ops/cat.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -113,50 +114,66 @@ class PM6 final : public Pool {
     bool must_copy(BlockId) const override { return false; }
 };
 
-// PM7: a finished request is detached without decrementing its blocks'
-// counts: nothing is ever freed.
+// PM7: a finished request is detached without its blocks being released:
+// the pool keeps its table and its counts, and nothing is ever freed.
 class PM7 final : public Pool {
   public:
     using Pool::Pool;
-
-  protected:
-    void release_sequence(kv::paged::Sequence&) override {}
+    void free(const std::string&) override {}
 };
 
-// PM8: a hit reports its cached tokens but attaches no K/V: fresh blocks
-// stand where the hits should (when the pool has room for them).
+// PM8: a hit reports its cached tokens but attaches none of the cached
+// blocks: it fills fresh blocks with their K/V instead (the cached blocks
+// are neither touched nor shared), when the pool has room for them.
 class PM8 final : public Pool {
   public:
     using Pool::Pool;
 
   protected:
-    void attach_hits(kv::paged::Sequence& sequence, const std::vector<BlockId>& hits) override {
-        const auto spare = static_cast<std::int64_t>(free_.size()) -
-                           static_cast<std::int64_t>(hits.size());  // the hits' room, and the rest's
-        if (hits.empty() || spare < static_cast<std::int64_t>(hits.size()) + 2) {
-            Pool::attach_hits(sequence, hits);
+    void attach_hits(kv::paged::Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t rest) override {
+        if (hits.empty() || static_cast<std::int64_t>(free_.size()) < static_cast<std::int64_t>(hits.size()) + rest) {
+            Pool::attach_hits(sequence, hits, rest);
             return;
+        }
+        std::vector<kv::paged::Tokens> tokens;
+        std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> contents;
+        for (const BlockId hit : hits) {
+            contents.push_back(block_kv(hit));
+            tokens.push_back(blocks_[static_cast<std::size_t>(hit)].tokens);
         }
         for (std::size_t i = 0; i < hits.size(); ++i) {
             const BlockId block = take_free();
-            blocks_[static_cast<std::size_t>(block)].count = 1;
+            kv::paged::Block& b = blocks_[static_cast<std::size_t>(block)];
+            ++b.count;
+            stage(block, 0, contents[i], 0, static_cast<std::int64_t>(tokens[i].size()));
+            b.tokens = tokens[i];
             sequence.table.push_back(block);
         }
     }
 };
 
-// PM9: a pending copy holds no reference on its source: the source can be
-// freed and reused while the copy still reads it.
+// PM9: the allocator takes a block whose only references are pending
+// copies (it counts in-flight readers as no owner): the block is rewritten
+// while a copy still reads it. Its counts stay exact.
 class PM9 final : public Pool {
   public:
     using Pool::Pool;
 
   protected:
-    void copy_block(BlockId source, BlockId destination) override {
-        Pool::copy_block(source, destination);
-        --blocks_[static_cast<std::size_t>(source)].count;
+    BlockId take_free() override {
+        for (const kv::paged::PendingCopy& copy : copies_) {
+            kv::paged::Block& b = blocks_[static_cast<std::size_t>(copy.source)];
+            const auto readers = std::count_if(copies_.begin(), copies_.end(),
+                                               [&copy](const kv::paged::PendingCopy& c) { return c.source == copy.source; });
+            if (b.count != readers) continue;
+            remove_from_index(copy.source);
+            b.tokens.clear();
+            b.written = 0;
+            ++b.epoch;
+            return copy.source;
+        }
+        return Pool::take_free();
     }
-    void end_copy(const kv::paged::PendingCopy&) override {}
 };
 
 // PM10: no room check before an alloc: it takes blocks until the pool runs
@@ -217,6 +234,125 @@ class PM13 final : public Pool {
     }
 };
 
+// PM14: when a block is promoted to its full key, the key it had while
+// partial (its first B - 1 tokens) is registered again: the superseded
+// key stays in the index, on a block whose identity is another.
+class PM14 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void publish(BlockId block, const BlockKey& key) override {
+        Pool::publish(block, key);
+        if (key.tokens.size() < 2) return;
+        index_[BlockKey{key.parent, kv::paged::Tokens(key.tokens.begin(), key.tokens.end() - 1), key.extra}].push_back(block);
+    }
+};
+
+// PM15: one pin, two unpins: a sequence that ends releases each cached
+// (published) block of its table twice, once for its table and once more
+// for the hit that touched it.
+class PM15 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void release_sequence(kv::paged::Sequence& sequence) override {
+        Pool::release_sequence(sequence);
+        for (const BlockId block : sequence.table) {
+            kv::paged::Block& b = blocks_[static_cast<std::size_t>(block)];
+            if (!b.key || b.count == 0) continue;
+            if (--b.count == 0) free_.push_back(block);
+        }
+    }
+};
+
+// PM16: a hit takes its reference on the wrong block (the next one by id):
+// the hit block may stay free, be taken and get a second owner.
+class PM16 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void attach_hits(kv::paged::Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t) override {
+        for (const BlockId block : hits) {
+            const BlockId wrong = block % (config_.blocks - 1) + 1;
+            kv::paged::Block& b = blocks_[static_cast<std::size_t>(wrong)];
+            if (b.count++ == 0) free_.erase(std::find(free_.begin(), free_.end(), wrong));
+            sequence.table.push_back(block);
+        }
+    }
+};
+
+// PM17: the room check counts only free blocks without an identity: a
+// cached free block, which an alloc would evict, counts as taken, so a
+// pool whose free blocks are all cached refuses what it could hold.
+class PM17 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    std::int64_t free_blocks() const override {
+        return std::count_if(free_.begin(), free_.end(), [this](BlockId b) { return !blocks_[static_cast<std::size_t>(b)].key; });
+    }
+};
+
+// PM18: an append decodes on its K/V with the first position blanked (a
+// sliding window off by one that masks the oldest token by zeroing it):
+// the tokens it gives are not those the exported cache gives.
+class PM18 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    kv::CachePtr working_cache(const kv::paged::Sequence& sequence) const override {
+        kv::CachePtr working = gather(sequence);
+        for (std::int64_t l = 0; l < working->layer_count(); ++l) {
+            kv::logical_keys(*working, l).narrow(2, 0, 1).zero_();
+            kv::logical_values(*working, l).narrow(2, 0, 1).zero_();
+        }
+        return working;
+    }
+};
+
+// PM19: copy-on-write assigns the copy's K/V by reference: its first
+// slots read the source's storage, so when the source is freed and taken
+// again, the copy's K/V change under the sequence holding it.
+class PM19 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const override {
+        std::vector<std::pair<at::Tensor, at::Tensor>> own = Pool::block_kv(block);
+        const auto alias = aliases_.find(block);
+        if (alias == aliases_.end()) return own;
+        const std::vector<std::pair<at::Tensor, at::Tensor>> source = Pool::block_kv(alias->second.source);
+        for (std::size_t l = 0; l < own.size() && l < source.size(); ++l) {
+            const std::int64_t shared = std::min({alias->second.slots, source[l].first.size(2), own[l].first.size(2)});
+            own[l].first.narrow(2, 0, shared).copy_(source[l].first.narrow(2, 0, shared));
+            own[l].second.narrow(2, 0, shared).copy_(source[l].second.narrow(2, 0, shared));
+        }
+        return own;
+    }
+
+  protected:
+    void copy_block(BlockId source, BlockId destination) override {
+        Pool::copy_block(source, destination);
+        aliases_[destination] = {source, static_cast<std::int64_t>(blocks_[static_cast<std::size_t>(source)].tokens.size())};
+    }
+    BlockId take_free() override {
+        const BlockId block = Pool::take_free();
+        aliases_.erase(block);  // taken: no longer anyone's copy
+        return block;
+    }
+
+  private:
+    struct Alias {
+        BlockId source = 0;
+        std::int64_t slots = 0;
+    };
+    std::map<BlockId, Alias> aliases_;
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -257,14 +393,23 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM3>("PM3", "blocks matched by a weak hash with no token check", {P::prefix_hit_exact}),
         paged_mutant<PM4>("PM4", "hashes published at allocation, before the K/V are written", {P::published_after_written}),
         paged_mutant<PM5>("PM5", "copy-on-write copies layer 0 only", {P::cow_exact}),
-        paged_mutant<PM6>("PM6", "no copy-on-write: appends go into a shared block", {P::published_immutable, P::cow_exact}),
-        paged_mutant<PM7>("PM7", "a finished request's blocks are never released", {P::refcount_exact, P::no_leak}),
-        paged_mutant<PM8>("PM8", "a hit reports cached tokens but attaches fresh blocks, not the K/V", {P::prefix_hit_exact, P::hit_consumed}),
-        paged_mutant<PM9>("PM9", "a pending copy holds no reference on the block it reads", {P::refcount_exact, P::no_reuse_while_read}),
+        paged_mutant<PM6>("PM6", "no copy-on-write: appends go into a shared block", {P::published_immutable}),
+        paged_mutant<PM7>("PM7", "a finished request is detached but its table is kept: nothing is ever freed", {P::no_leak}),
+        paged_mutant<PM8>("PM8", "a hit reports cached tokens but attaches fresh copies, not the cached blocks", {P::hit_consumed}),
+        paged_mutant<PM9>("PM9", "the allocator takes a block only pending copies hold, while they read it",
+                          {P::no_reuse_while_read}),
         paged_mutant<PM10>("PM10", "alloc checks no room first and keeps what it took when it runs out", {P::op_atomic}),
-        paged_mutant<PM11>("PM11", "export keeps whole blocks: the last block's stale tail leaks", {P::paged_roundtrip}),
+        paged_mutant<PM11>("PM11", "export keeps whole blocks: the last block's stale tail leaks",
+                           {P::paged_roundtrip, P::generation_equivalent}),
         paged_mutant<PM12>("PM12", "the last block of a sequence is released twice", {P::refcount_exact}),
         paged_mutant<PM13>("PM13", "a block joins the free queue when its count drops to 1", {P::free_iff_unreferenced}),
+        paged_mutant<PM14>("PM14", "a promoted block's superseded partial key is registered again", {P::index_consistent}),
+        paged_mutant<PM15>("PM15", "one pin, two unpins: a cached block is released twice when its sequence ends", {P::refcount_exact}),
+        paged_mutant<PM16>("PM16", "a hit takes its reference on the wrong block", {P::refcount_exact}),
+        paged_mutant<PM17>("PM17", "the room check ignores cached free blocks: needless refusals", {P::op_atomic}),
+        paged_mutant<PM18>("PM18", "an append decodes with the first cached position blanked",
+                           {P::generation_equivalent, P::paged_roundtrip}),
+        paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
     };
 }
 

@@ -119,4 +119,16 @@ std::vector<std::uint64_t> PagedReference::paged_pool_storage() {
     return numbers;
 }
 
+std::optional<PagedTokens> PagedReference::paged_decode_exported(std::int64_t seq, std::int64_t count) {
+    const std::string name = seq_name(seq);
+    const kv::CachePtr cache = pool_->export_contiguous(name);
+    PagedTokens tokens;
+    std::int64_t next = pool_->sequences().at(name).next;
+    for (std::int64_t i = 0; i < count; ++i) {
+        tokens.push_back(next);
+        next = paged_model_.forward({next}, *cache);
+    }
+    return tokens;
+}
+
 }  // namespace kvcheck::adapters

@@ -47,6 +47,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     CacheView paged_sequence_view(std::int64_t seq) override;
     CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) override;
     std::vector<std::uint64_t> paged_pool_storage() override;
+    std::optional<PagedTokens> paged_decode_exported(std::int64_t seq, std::int64_t count) override;
 
   protected:
     kv::paged::Pool& pool() { return *pool_; }

@@ -190,6 +190,9 @@ struct Paged {
     std::optional<std::string> refused;  // alloc, append, fork, import: the engine's refusal
     std::int64_t cached = 0;             // alloc, lookup: the tokens reported cached
     Tokens appended;                     // append: the tokens decoded
+    // append: what decoding the sequence's exported cache gave before it
+    // (PagedEngine::paged_decode_exported), when the engine offers it.
+    std::optional<Tokens> decoded_exported;
     std::int64_t blocks = 0;             // the pool's blocks, the null block included (N)
     PagedState before;
     PagedState after;

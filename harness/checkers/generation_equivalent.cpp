@@ -7,7 +7,11 @@
 // of the content the auditor expects the source to hold (a cache the model
 // made: what it started from, fed the tokens fed since, then the prompt);
 // the cache a turn returns against the engine's fed_view of the same
-// (docs/semantics.md#returned-caches).
+// (docs/semantics.md#returned-caches). Across the paged forms: the tokens
+// a paged append decodes through the block table against those the
+// engine's model decodes from the sequence's exported contiguous cache
+// (PagedEngine::paged_decode_exported, read before the append), when the
+// engine offers it.
 // Not checked here: what the generation did to the store (stored-immutable)
 // or how many copies it made (single-copy).
 #include "checkers/checker.h"
@@ -18,6 +22,15 @@ namespace {
 class GenerationEquivalent final : public Checker {
   public:
     GenerationEquivalent() : Checker(Property::generation_equivalent) {}
+
+    void paged(const Paged& fact, Probe& probe) override {
+        if (fact.by != PagedBy::append || fact.refused || !fact.decoded_exported || !checking(probe)) return;
+        expect(probe, fact.appended == *fact.decoded_exported, [&] {
+            return fact.what + " decoded " + tokens_text(fact.appended) +
+                   " through the block table; decoding the sequence's exported contiguous cache gives " +
+                   tokens_text(*fact.decoded_exported);
+        });
+    }
 
     void generated(const Generated& generation, Probe& probe) override {
         if (!checking(probe)) return;

@@ -1,6 +1,7 @@
 // hit-consumed (paged): the cached tokens an alloc reports are exactly the
 // K/V it attached: its table starts with that many tokens' worth of blocks
-// that were cached (published) before it, the rest are blocks it took
+// that were cached (published) under those tokens before it and still are
+// after it (a hit touches, never evicts), the rest are blocks it took
 // fresh, and the sequence's K/V, read through its table, equal the
 // engine's model on all its tokens.
 //
@@ -36,10 +37,17 @@ class HitConsumed final : public Checker {
             const std::int64_t block = table->second[static_cast<std::size_t>(i)];
             if (block < 1 || block >= fact.blocks) continue;  // refcount-exact's
             const PagedBlock& was = fact.before.blocks[static_cast<std::size_t>(block)];
+            const PagedBlock& now = fact.after.blocks[static_cast<std::size_t>(block)];
             const bool hit = i * b < fact.cached;
-            if (!expect(probe, hit ? was.keyed : in_free_queue(fact.before, block), [&] {
+            // A hit is a block cached under this block's tokens, and still
+            // cached after the alloc (a hit touches its block, never evicts it).
+            const bool whole = (i + 1) * b <= length;
+            const Tokens want = hit && whole ? Tokens(fact.tokens.begin() + i * b, fact.tokens.begin() + (i + 1) * b) : Tokens{};
+            const bool cached = whole && was.keyed && was.key.tokens == want && now.keyed && now.key == was.key;
+            if (!expect(probe, hit ? cached : in_free_queue(fact.before, block), [&] {
                     return fact.what + " reported " + std::to_string(fact.cached) + " cached tokens; its block " + std::to_string(i) +
-                           " was " + block_text(fact.before, block) + " before it: " + (hit ? "not a cached block" : "not free");
+                           " was " + block_text(fact.before, block) + " before it and is " + block_text(fact.after, block) +
+                           " after it: " + (hit ? "not the block cached for " + tokens_text(want) : "not free");
                 })) {
                 return;
             }

@@ -2,12 +2,25 @@
 // (it threw: the pool could not hold the result) changed nothing: the
 // pool reads exactly as before it (every block's count, identity, tokens,
 // written slots and K/V digest; the free queue in order; the index; every
-// table; the pending copies).
+// table; the pending copies). And a refusal was needed: an alloc of L
+// tokens is refused only when the free queue (cached free blocks included:
+// an alloc evicts them) held fewer than ceil(L / B) blocks, the most it
+// can need whatever it hits (a hit that is free takes the place of the
+// block it saves), or when its tokens are not the model's (the engine's
+// fresh computation refuses them too); a fork only when the free queue
+// held fewer blocks than the parent's table (a pool that copies eagerly).
+// A pool refusing everything would otherwise pass every paged property.
+// An engine that keeps a reserve of free blocks (a watermark) breaks it by
+// design.
 //
 // Checked: at the step of every refused paged operation.
-// Not checked here: whether the refusal was needed (a pool may refuse
-// early); what a successful operation did (the other paged properties).
+// Not checked here: whether a refused append or import was needed (the
+// fact does not carry an append's count; the pool's geometry is the
+// engine's to check); what a successful operation did (the other paged
+// properties).
 #include "checkers/checker.h"
+
+#include <exception>
 
 namespace kvcheck::checkers {
 namespace {
@@ -35,9 +48,39 @@ class OpAtomic final : public Checker {
     void paged(const Paged& fact, Probe& probe) override {
         if (!fact.refused || !checking(probe)) return;
         const std::string difference = state_difference(fact.before, fact.after);
-        expect(probe, difference.empty(), [&] {
-            return fact.what + " was refused (" + *fact.refused + ") but changed the pool: " + difference;
+        if (!expect(probe, difference.empty(), [&] {
+                return fact.what + " was refused (" + *fact.refused + ") but changed the pool: " + difference;
+            })) {
+            return;
+        }
+        const std::int64_t needed = most_needed(fact, probe);
+        const auto free = static_cast<std::int64_t>(fact.before.free_queue.size());
+        expect(probe, needed > free, [&] {
+            return fact.what + " was refused (" + *fact.refused + ") while " + std::to_string(free) +
+                   " blocks were free; it needs " + std::to_string(needed) + " at most";
         });
+    }
+
+  private:
+    // The most blocks a refused operation may need; one more than the
+    // pool holds when its refusal is not judged.
+    static std::int64_t most_needed(const Paged& fact, Probe& probe) {
+        const PagedState& s = fact.before;
+        const auto unjudged = static_cast<std::int64_t>(s.blocks.size()) + 1;
+        const std::int64_t b = s.block_tokens;
+        if (fact.by == PagedBy::alloc && b > 0 && !fact.tokens.empty()) {
+            try {
+                probe.engine().paged()->paged_fresh_view(fact.tokens, 0, 0);
+            } catch (const std::exception&) {
+                return unjudged;  // not the model's tokens
+            }
+            return (static_cast<std::int64_t>(fact.tokens.size()) + b - 1) / b;
+        }
+        if (fact.by == PagedBy::fork) {
+            const auto table = s.tables.find(fact.parent);
+            if (table != s.tables.end()) return static_cast<std::int64_t>(table->second.size());
+        }
+        return unjudged;
     }
 };
 

@@ -1,10 +1,15 @@
 // published-immutable (paged): a block that is published (has an
 // identity) or shared (count above one) while a sequence holds it is never
 // written: across any paged operation its tokens and K/V stay as they were.
+// And the filled slots of any block a table holds stay as they were: a
+// write only fills the slots after them (so a copy whose K/V are its
+// source's storage, changed when the source is taken again, is caught).
 // (A free block may be taken and rewritten: it is evicted first.)
 //
 // Checked: every block held and published or shared before a paged
-// operation, against its tokens and K/V digest after it.
+// operation, against its tokens and K/V digest after it; every other block
+// a table holds before and after it, its filled slots (their digest, or
+// the engine's view of them when the block gained slots).
 // Not checked here: where the write went instead (cow-exact).
 #include "checkers/checker.h"
 
@@ -23,16 +28,37 @@ class PublishedImmutable final : public Checker {
         for (std::size_t b = 1; b < blocks; ++b) {
             const PagedBlock& was = fact.before.blocks[b];
             const PagedBlock& now = fact.after.blocks[b];
-            if (was.count < 1 || (!was.keyed && was.count < 2)) continue;
             const auto block = static_cast<std::int64_t>(b);
-            if (!expect(probe, now.tokens == was.tokens && now.digest == was.digest, [&] {
-                    return fact.what + " wrote into " + std::string(was.keyed ? "published " : "shared ") +
-                           block_text(fact.before, block) + ": after it, " + block_text(fact.after, block) +
-                           (now.tokens == was.tokens ? ", its K/V changed" : "");
-                })) {
-                return;
+            if (was.count >= 1 && (was.keyed || was.count >= 2)) {
+                if (!expect(probe, now.tokens == was.tokens && now.digest == was.digest, [&] {
+                        return fact.what + " wrote into " + std::string(was.keyed ? "published " : "shared ") +
+                               block_text(fact.before, block) + ": after it, " + block_text(fact.after, block) +
+                               (now.tokens == was.tokens ? ", its K/V changed" : "");
+                    })) {
+                    return;
+                }
+                continue;
             }
+            if (!kept_filled_slots(fact, probe, block)) return;
         }
+    }
+
+  private:
+    // A block a table holds before and after the operation keeps its
+    // filled slots (tokens and K/V): only slots after them are written.
+    bool kept_filled_slots(const Paged& fact, Probe& probe, std::int64_t block) {
+        const PagedBlock& was = fact.before.blocks[static_cast<std::size_t>(block)];
+        const PagedBlock& now = fact.after.blocks[static_cast<std::size_t>(block)];
+        if (was.tokens.empty() || tables_holding(fact.before, block) < 1 || tables_holding(fact.after, block) < 1) return true;
+        const bool prefix = now.tokens.size() >= was.tokens.size() && std::equal(was.tokens.begin(), was.tokens.end(), now.tokens.begin());
+        std::uint64_t digest = now.digest;
+        if (prefix && now.tokens.size() > was.tokens.size()) {
+            digest = view_digest(probe.engine().paged()->paged_block_view(block, static_cast<std::int64_t>(was.tokens.size())));
+        }
+        return expect(probe, prefix && digest == was.digest, [&] {
+            return fact.what + " rewrote the filled slots of " + block_text(fact.before, block) +
+                   ", which a block table holds: after it, " + block_text(fact.after, block) + (prefix ? ", its K/V changed" : "");
+        });
     }
 };
 

@@ -7,6 +7,8 @@
 // holds (the content properties).
 #include "checkers/checker.h"
 
+#include <vector>
+
 namespace kvcheck::checkers {
 namespace {
 
@@ -17,10 +19,20 @@ class RefcountExact final : public Checker {
     void paged(const Paged& fact, Probe& probe) override {
         if (!checking(probe)) return;
         const PagedState& s = fact.after;
+        // Holders per block, in one pass over the tables and the copies
+        // (the check grows with the pool, not with pool x holders).
+        std::vector<std::int64_t> held(s.blocks.size(), 0), read(s.blocks.size(), 0);
+        auto count_in = [&s](std::vector<std::int64_t>& into, std::int64_t block) {
+            if (block >= 0 && block < static_cast<std::int64_t>(s.blocks.size())) ++into[static_cast<std::size_t>(block)];
+        };
+        for (const auto& entry : s.tables) {
+            for (const std::int64_t block : entry.second) count_in(held, block);
+        }
+        for (const PagedCopy& copy : s.copies) count_in(read, copy.source);
         for (std::size_t b = 0; b < s.blocks.size(); ++b) {
             const auto block = static_cast<std::int64_t>(b);
-            const std::int64_t tables = tables_holding(s, block);
-            const std::int64_t copies = copies_reading(s, block);
+            const std::int64_t tables = held[b];
+            const std::int64_t copies = read[b];
             const std::int64_t expected = b == 0 ? 0 : tables + copies;
             if (b == 0 && tables != 0) {
                 fail(probe, "after " + fact.what + ": the null block is in " + std::to_string(tables) + " block tables");

@@ -89,6 +89,7 @@ std::optional<Fact> Transitions::apply(const op::PagedAppend& op) {
     if (at == paged_sequences_.end()) return std::nullopt;
     Paged fact = fact_of(PagedBy::append, op);
     fact.seq = op.seq;
+    fact.decoded_exported = paged_of(engine_).paged_decode_exported(op.seq, op.count);
     std::optional<Fact> result = run_paged(std::move(fact), true, [&op](PagedEngine& paged, Paged& f) {
         f.appended = paged.paged_append(op.seq, op.count);
     });

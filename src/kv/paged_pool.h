@@ -128,7 +128,7 @@ class Pool {
     void fork(const std::string& parent, const std::string& child);
     // Ends a sequence (finished, preempted or aborted): its blocks' counts
     // drop, the last block first; those at 0 join the free queue.
-    void free(const std::string& seq);
+    virtual void free(const std::string& seq);
     // The tokens alloc would find cached (read-only).
     std::int64_t lookup(const Tokens& tokens, const std::string& extra) const;
     // Drops the key of every free block.
@@ -160,7 +160,7 @@ class Pool {
     CachePtr read_sequence(const std::string& seq) const;
     // K/V of a block's filled slots, as its sequence reads them (pending
     // writes included): per layer {keys, values}, each [1, heads, filled, head_dim].
-    std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
+    virtual std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
     // The K/V the model computes for `tokens` with no past: a new cache.
     CachePtr fresh(const Tokens& tokens) const;
     // Identities of the pool's tensor storages.
@@ -186,10 +186,15 @@ class Pool {
     // Ends a sequence (free's body).
     virtual void release_sequence(Sequence& sequence);
     // Starts a new sequence's table with the blocks a lookup hit, touching
-    // each (taken out of the free queue when free).
-    virtual void attach_hits(Sequence& sequence, const std::vector<BlockId>& hits);
+    // each (taken out of the free queue when free); `rest` blocks are
+    // taken after them for the tokens not cached.
+    virtual void attach_hits(Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t rest);
+    // Makes a fully written block hittable under `key` (at step()).
+    virtual void publish(BlockId block, const BlockKey& key);
     // Ends a pending copy at step(): its source is no longer read.
     virtual void end_copy(const PendingCopy& copy) { unref(copy.source); }
+    // The K/V an append decodes on: the sequence's, read through its table.
+    virtual CachePtr working_cache(const Sequence& sequence) const { return gather(sequence); }
     // The blocks an operation may still take (its check before it changes anything).
     virtual std::int64_t free_blocks() const { return static_cast<std::int64_t>(free_.size()); }
 

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,17 @@ class PagedEngine {
     virtual CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) = 0;
     // The identities of the pool's storages.
     virtual std::vector<std::uint64_t> paged_pool_storage() = 0;
+    // The tokens `count` greedy decoding steps give on top of the
+    // sequence's exported contiguous cache (paged_export's form), decoded by
+    // the engine's model outside the pool, which it leaves unchanged: what
+    // paged_append(seq, count) must give through the block table
+    // (generation-equivalent across forms). Nothing when the engine cannot
+    // decode a contiguous cache: the check is then not made.
+    virtual std::optional<PagedTokens> paged_decode_exported(std::int64_t seq, std::int64_t count) {
+        (void)seq;
+        (void)count;
+        return std::nullopt;
+    }
 };
 
 }  // namespace kvcheck
