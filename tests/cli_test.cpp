@@ -59,7 +59,10 @@ TEST_F(Cli, TheReferencePassesAndExitsZero) {
     const unsigned long operations = number_before(run.stderr_text, " operations checked, in ");
     EXPECT_GT(traces_run, 30u) << run.stderr_text;
     EXPECT_GT(operations, 2 * traces_run) << run.stderr_text;  // 1-24 operations, about 12 on average
-    const Outcome large = kvcheck("run --adapter reference --cases 10 --scope large --quiet --trace-dir " + scratch("traces"));
+    // Large caches under a sanitizer on a busy machine: a generation may
+    // take more than the default 30 s without progress.
+    const Outcome large =
+        kvcheck("run --adapter reference --cases 10 --scope large --timeout 300 --quiet --trace-dir " + scratch("traces"));
     EXPECT_EQ(large.status, 0) << large.out;
     EXPECT_TRUE(contains(large.out, "scope large:")) << large.out;
     EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
@@ -275,32 +278,27 @@ std::size_t occurrences(const std::string& text, const std::string& part) {
 // An engine that raises on a few traces (an add of a one-head cache, about
 // one trace in sixteen, in two wordings whose ids, counts and addresses
 // differ from raise to raise): the searches go on past every raise, each
-// property is judged on the other traces (pass: at least 90 % of them),
+// trace is judged without the add that raised (pass: every trace judged),
 // and the engine-error row holds two groups, one per wording, their counts
-// the traces the searches could not judge, each with a shrunk trace that
-// replays the same error.
+// the traces that raised, each with a shrunk trace that replays the same
+// error.
 TEST_F(Cli, EngineErrorsOnAFewTracesLeaveThePropertiesJudged) {
     const std::string traces = scratch("rare-traces");
     const Outcome run = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_RARE +
                                 " --property store-contract --property stored-immutable --cases 200 --quiet --report json "
                                 "--trace-dir " + traces);
     EXPECT_EQ(run.status, 1) << "the engine-error row fails\n" << run.out;
-    unsigned long unjudged = 0;
     for (const std::string id : {"store-contract", "stored-immutable"}) {
         const std::string json = property_json(run.stdout_text, id);
-        EXPECT_TRUE(contains(json, "\"verdict\": \"pass\", \"cases\": 200, \"judged\": ")) << json;
-        const unsigned long judged = json_number(json, "judged");
-        EXPECT_LT(judged, 200u) << "some traces raised\n" << json;
-        EXPECT_GE(judged, 180u) << "at least 90 % judged\n" << json;
-        unjudged += 200 - judged;
+        EXPECT_TRUE(contains(json, "\"verdict\": \"pass\", \"cases\": 200, \"judged\": 200")) << json;
+        EXPECT_TRUE(contains(json, "\"not_applied\": null")) << "adds of other caches ran\n" << json;
     }
     const std::string errors = property_json(run.stdout_text, "engine-error");
     EXPECT_TRUE(contains(errors, "\"verdict\": \"fail\"")) << errors;
     EXPECT_EQ(occurrences(errors, "\"found_while_searching\": "), 2u) << "one group per wording\n" << errors;
     EXPECT_TRUE(contains(errors, "kvcheck-fault-rare: cannot add a single-head cache '")) << errors;
     EXPECT_TRUE(contains(errors, "kvcheck-fault-rare: no single-head legacy caches, refusing '")) << errors;
-    EXPECT_EQ(counts_summed(errors), unjudged) << errors;
-    EXPECT_GT(counts_summed(errors), 2u) << "a group counts every raise of its shape\n" << errors;
+    EXPECT_GT(counts_summed(errors), 2u) << "a group counts every trace its shape raised in\n" << errors;
     for (const std::string file : {"/kvcheck-fault-rare-engine-error.trace", "/kvcheck-fault-rare-engine-error-2.trace"}) {
         EXPECT_TRUE(contains(errors, "\"reproduce\": \"kvcheck replay " + traces + file)) << errors;
         const Outcome replay = kvcheck("replay " + traces + file + " --adapter " + KVCHECK_FAULT_RARE);
