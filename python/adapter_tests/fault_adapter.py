@@ -155,7 +155,7 @@ def main():
         copy = protocol.serve_forks(
             protocol.Connection.from_environment(),
             int(os.environ["KVCHECK_FORK_FD"]),
-            lambda request: {"ok": True, "protocol": 3, "name": f"fault-{args.fault}"},
+            lambda request: {"ok": True, "protocol": 4, "name": f"fault-{args.fault}"},
         )
         if copy is None:
             return  # the server, shut down
@@ -172,7 +172,7 @@ def main():
         if op == "hello" and args.fault == "refuse":
             send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
         elif op == "hello":
-            version = 99 if args.fault == "version" else 3
+            version = 99 if args.fault == "version" else 4
             send(reply_fd, {"ok": True, "protocol": version, "name": ("fault-\u202e" if args.bidi_name else "fault-") + args.fault})
         elif args.fault == "reset" and (op == "reset" or request.get("reset") is True):
             send(reply_fd, {"ok": False, "error": "RuntimeError: the store is locked", "reset_failed": True})

@@ -84,7 +84,7 @@ def wait_status(fd):
 def test_a_copy_serves_its_own_pipes_and_its_end_is_reported(scratch_dir):
     server = Server("exit", scratch_dir)
     try:
-        hello = server.call({"op": "hello", "protocol": 3})
+        hello = server.call({"op": "hello", "protocol": 4})
         assert hello["ok"] and hello["fork"] is True, hello
         theirs, ours = copy_pipes(scratch_dir)
         answer = server.fork({"op": "fork", "id": "t.1"}, theirs)
@@ -92,7 +92,7 @@ def test_a_copy_serves_its_own_pipes_and_its_end_is_reported(scratch_dir):
             os.close(fd)
         assert answer["ok"] and answer["id"] == "t.1" and answer["pid"] > 0, answer
         copy = ours["connection"]
-        copy.send({"op": "hello", "protocol": 3})
+        copy.send({"op": "hello", "protocol": 4})
         assert copy.receive()["name"] == "fault-exit"  # a fresh handshake, on the copy's pipes
         copy.send({"op": "stored_ids"})  # the copy's fault: exit with status 3
         assert copy.receive() is None
@@ -107,13 +107,13 @@ def test_a_copy_serves_its_own_pipes_and_its_end_is_reported(scratch_dir):
 def test_a_copy_whose_asker_ends_is_killed(scratch_dir):
     server = Server("hang", scratch_dir)
     try:
-        server.call({"op": "hello", "protocol": 3})
+        server.call({"op": "hello", "protocol": 4})
         theirs, ours = copy_pipes(scratch_dir)
         answer = server.fork({"op": "fork", "id": "t.2"}, theirs)
         for fd in theirs:
             os.close(fd)
         copy = ours["connection"]
-        copy.send({"op": "hello", "protocol": 3})
+        copy.send({"op": "hello", "protocol": 4})
         copy.receive()
         copy.send({"op": "stored_ids"})  # the copy hangs on it
         os.close(ours["life"])  # as when the asker dies
@@ -128,7 +128,7 @@ def test_a_copy_whose_asker_ends_is_killed(scratch_dir):
 def test_a_malformed_fork_request_is_refused_and_the_server_serves_on(scratch_dir):
     server = Server("none", scratch_dir)
     try:
-        server.call({"op": "hello", "protocol": 3})
+        server.call({"op": "hello", "protocol": 4})
         refused = server.fork({"op": "fork", "id": "t.3"}, [])
         assert refused["ok"] is False and "5 descriptors" in refused["error"], refused
         theirs, ours = copy_pipes(scratch_dir)
@@ -136,7 +136,7 @@ def test_a_malformed_fork_request_is_refused_and_the_server_serves_on(scratch_di
         for fd in theirs:
             os.close(fd)
         assert answer["ok"], answer
-        ours["connection"].send({"op": "hello", "protocol": 3})
+        ours["connection"].send({"op": "hello", "protocol": 4})
         assert ours["connection"].receive()["ok"]
     finally:
         server.stop()
@@ -150,7 +150,7 @@ def test_a_process_running_threads_declines_to_serve_forks(scratch_dir):
     # without "fork", and serves as a process started cold.
     server = Server("none", scratch_dir, "--thread")
     try:
-        hello = server.call({"op": "hello", "protocol": 3})
+        hello = server.call({"op": "hello", "protocol": 4})
         assert hello["ok"] and "fork" not in hello, hello
         assert server.call({"op": "stored_ids"})["ok"] is False  # the "none" fault: an engine that rejects everything
     finally:
@@ -164,14 +164,14 @@ def test_a_server_without_standard_input_still_makes_working_copies(scratch_dir)
     # requests, and exits at once.
     server = Server("exit", scratch_dir, close_stdin=True)
     try:
-        server.call({"op": "hello", "protocol": 3})
+        server.call({"op": "hello", "protocol": 4})
         theirs, ours = copy_pipes(scratch_dir)
         answer = server.fork({"op": "fork", "id": "t.stdin"}, theirs)
         for fd in theirs:
             os.close(fd)
         assert answer["ok"], answer
         copy = ours["connection"]
-        copy.send({"op": "hello", "protocol": 3})
+        copy.send({"op": "hello", "protocol": 4})
         reply = copy.receive()
         assert reply is not None and reply["name"] == "fault-exit", reply
         copy.send({"op": "shutdown"})
