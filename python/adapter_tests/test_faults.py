@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from kvcheck_adapter.protocol import PROTOCOL_VERSION
+
 from conftest import EXAMPLE, FAULT_ADAPTER, ADAPTER_PYTHON
 
 PROPERTIES = ["stored-immutable", "store-contract"]
@@ -97,7 +99,7 @@ def test_memory_over_the_limit_is_a_fault(kvcheck, start):
 def test_another_protocol_version_is_refused_with_both_versions(kvcheck):
     run = kvcheck("run", "--adapter", fault_adapter("version"), "--cases", "1")
     assert run.status == 2, run.stdout + run.stderr
-    assert "speaks protocol version 99; this kvcheck speaks version 3" in run.stderr, run.stderr
+    assert f"speaks protocol version 99; this kvcheck speaks version {PROTOCOL_VERSION}" in run.stderr, run.stderr
     assert run.report is None
 
 
