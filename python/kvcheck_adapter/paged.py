@@ -16,9 +16,9 @@ published-immutable, paged-roundtrip) judge what the manager's decisions
 would do to real memory: a hit on a reused block reads what the new owner
 wrote there; a copy the manager forgot to ask for is not made.
 
-The author implements eight calls and one observation; everything else
-(decoding, the shadow store, pending writes until the step, the K/V
-observations, the protocol) is the SDK's:
+The author implements nine calls (import_sequence optional) and one
+observation; everything else (decoding, the shadow store, pending writes
+until the step, the K/V observations, the protocol) is the SDK's:
 
     from kvcheck_adapter.paged import BlockManagerAdapter, BlockKey, ManagerState, serve
 
