@@ -360,7 +360,8 @@ class ProcessEngine final : public Engine, public PagedEngine {
     // kept until the next operation (paged_state asks only without one).
 
     std::int64_t paged_alloc(std::int64_t seq, const PagedTokens& tokens, std::int64_t salt) override {
-        const Json reply = paged_operation("paged_alloc", Request("paged_alloc").field("seq", seq).field("tokens", tokens).field("salt", salt));
+        const Json reply =
+            paged_operation("paged_alloc", Request("paged_alloc").field("seq", seq).field("tokens", tokens).field("salt", salt));
         return reading("paged_alloc", [&] { return read_int(reply, "cached"); });
     }
 

@@ -2,9 +2,12 @@
 through the process boundary, as a user runs it: the correct manager holds
 every paged property (the contiguous ones are n/a: it is a paged engine
 only), and each historic bug is caught by the property that names it
-(block_manager.BUG_PROPERTIES), shrunk. Under torch 2 only (the SDK's paged
-side is the same code under either torch: test_paged_sdk.py runs under
-both)."""
+(block_manager.BUG_PROPERTIES), shrunk. Under Debian's torch 1.13 only:
+the SDK's paged side is the same code under either torch (test_paged_sdk.py
+runs under both), and there the whole file costs a few seconds of CPU,
+where under .venv's torch 2 each of kvcheck's adapter processes starts
+cold and the file costs over a minute (BENCHMARKS.md, "Paged block
+managers from Python")."""
 
 import os
 
@@ -15,8 +18,10 @@ from conftest import PYTHON_DIR, ADAPTER_PYTHON
 
 from block_manager import BUG_PROPERTIES
 
-if int(torch.__version__.split(".")[0]) < 2:
-    pytest.skip("kvcheck runs of the example block manager run under torch 2 only", allow_module_level=True)
+# Skipped test by test, not the module: a module skipped whole collects no
+# test, and pytest then exits with status 5 (a ctest failure).
+pytestmark = pytest.mark.skipif(int(torch.__version__.split(".")[0]) >= 2,
+                                reason="kvcheck runs of the example block manager run under torch 1.13 only (cheap there)")
 
 MANAGER = os.path.join(PYTHON_DIR, "examples", "block_manager_adapter.py")
 # A budget each bug is found well within (BENCHMARKS.md: its median time to
@@ -25,7 +30,7 @@ BUG_CASES = "300"
 
 
 def test_the_correct_manager_holds_every_paged_property(kvcheck):
-    run = kvcheck("run", "--adapter", MANAGER, "--cases", "60", "--jobs", "2")
+    run = kvcheck("run", "--adapter", MANAGER, "--cases", "40", "--jobs", "2")
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert verdicts and set(verdicts.values()) == {"pass"}, verdicts
@@ -41,8 +46,9 @@ def test_the_correct_manager_holds_every_paged_property(kvcheck):
 def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
     prop = BUG_PROPERTIES[bug]
     run = kvcheck("run", "--adapter", f"{MANAGER} --bug {bug}", "--property", prop, "--cases", BUG_CASES,
-                  "--failures", "1")
+                  "--failures", "1", "--replays", "1")
     assert run.status == 1, run.stdout + run.stderr
     result = run.result(prop)
     assert result["verdict"] == "fail" and result["fault"] is None, result
     assert result["trace"] and result["reproduce"] and result["message"], result
+    assert len(result["trace"].strip().splitlines()) <= 8, result["trace"]  # shrunk

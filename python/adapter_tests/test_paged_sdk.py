@@ -7,7 +7,7 @@ import pytest
 
 import block_manager
 import block_manager_adapter as bma
-from kvcheck_adapter import protocol
+from kvcheck_adapter import content, protocol, wire
 from kvcheck_adapter.adapter import RequestError, Server
 from kvcheck_adapter.paged import BlockKey, parent_number
 
@@ -63,6 +63,14 @@ def test_views_are_the_models_and_an_export_shares_no_pool_storage():
     assert pool and pool.isdisjoint(exported["storage"])
     block = server.handle({"op": "paged_block_view", "block": 1, "slots": 2})["view"]
     assert block == server.handle({"op": "paged_fresh_view", "tokens": tokens, "first": 0, "count": 2})["view"]
+    # The state's digests are those of the blocks' views, after every change.
+    for stepped in (False, True):
+        if stepped:
+            server.handle({"op": "paged_step"})
+        state = state_of(server)
+        for b in (1, 2, 3):
+            view = server.handle({"op": "paged_block_view", "block": b, "slots": 2})["view"]
+            assert state["blocks"][b]["digest"] == content.view_digest(wire.view_from_json(view))
 
 
 def test_a_write_into_a_shared_block_is_copied_and_the_copy_holds_its_source():
@@ -95,7 +103,6 @@ def test_an_import_is_exported_as_it_came():
                         {"initialized": True, "slots": [[[9, 3, "f32"]], [[10, 3, "f32"]], None, None]}]}
     imported = server.handle({"op": "paged_import", "seq": 4, "cache": cache})["state"]
     assert table(imported, 4)["tokens"] == [-1, -1, -1] and imported["index"] == []
-    from kvcheck_adapter import wire
     expected = wire.view_json(wire.materialize(wire.content_from_json(cache)))
     assert server.handle({"op": "paged_export", "seq": 4})["view"] == expected
 

@@ -16,9 +16,9 @@ published-immutable, paged-roundtrip) judge what the manager's decisions
 would do to real memory: a hit on a reused block reads what the new owner
 wrote there; a copy the manager forgot to ask for is not made.
 
-The author implements eight calls and one observation; everything else
-(decoding, the shadow store, pending writes until the step, the K/V
-observations, the protocol) is the SDK's:
+The author implements nine calls (import_sequence optional) and one
+observation; everything else (decoding, the shadow store, pending writes
+until the step, the K/V observations, the protocol) is the SDK's:
 
     from kvcheck_adapter.paged import BlockManagerAdapter, BlockKey, ManagerState, serve
 
@@ -181,6 +181,11 @@ class _Shadow:
         self.staged_values = [torch.zeros(shape) for _ in range(layers)]
         self.tokens: List[List[int]] = [[] for _ in range(blocks)]
         self.written = [0] * blocks
+        # Bumped at every change of a block's slots: its digest is computed
+        # once per version (the state reports every block's after each
+        # operation).
+        self.version = [0] * blocks
+        self.digests: Dict[int, Tuple[int, int]] = {}
 
     def check(self, block: int) -> None:
         if not 0 < block < self.blocks:
@@ -204,6 +209,7 @@ class _Shadow:
         for l, (k, v) in enumerate(kv):
             self.staged_keys[l][block, :, slot:slot + n] = k[0, :, first:first + n]
             self.staged_values[l][block, :, slot:slot + n] = v[0, :, first:first + n]
+        self.version[block] += 1
         # A write after the written slots ends makes the slots from there pending.
         self.written[block] = min(self.written[block], slot)
 
@@ -226,6 +232,7 @@ class _Shadow:
                 held = self.tokens[block][:slot]
                 held += [-1] * (slot - len(held))
                 self.tokens[block] = held + [int(t) for t in tokens[done:done + run]]
+                self.version[block] += 1
             done += run
 
     def copy(self, source: int, destination: int) -> None:
@@ -237,6 +244,7 @@ class _Shadow:
         kv = self.kv(source)
         self.tokens[destination] = list(self.tokens[source])
         self.written[destination] = 0
+        self.version[destination] += 1
         if filled:
             self.stage(destination, 0, kv, 0, filled)
 
@@ -249,6 +257,7 @@ class _Shadow:
                 self.keys[l][block, :, done:filled] = self.staged_keys[l][block, :, done:filled]
                 self.values[l][block, :, done:filled] = self.staged_values[l][block, :, done:filled]
             self.written[block] = filled
+            self.version[block] += 1
 
     def storage(self) -> List[int]:
         return [t.data_ptr() for group in (self.keys, self.values, self.staged_keys, self.staged_values) for t in group]
@@ -519,7 +528,7 @@ class BlockManagerAdapter(Adapter):
             key = s.keys.get(b)
             if key is not None:
                 entry["key"] = _key_json(key)
-            entry["digest"] = _content.digest_of(_cache_of(self.block_kv(b))) if tokens else 0
+            entry["digest"] = self._digest(b) if tokens else 0
             blocks.append(entry)
         sequences = self._sequences()
         return {
@@ -532,6 +541,18 @@ class BlockManagerAdapter(Adapter):
                        for seq, table in sorted(s.tables.items())],
             "copies": [{"source": src, "destination": dst} for src, dst in self._pending_copies()],
         }
+
+    def _digest(self, block: int) -> int:
+        """The digest of the block's filled slots' view; the shadow's is
+        computed once per change of the block."""
+        if type(self).block_kv is not BlockManagerAdapter.block_kv:
+            return _content.digest_of(_cache_of(self.block_kv(block)))
+        shadow = self._shadow_store()
+        known = shadow.digests.get(block)
+        if known is None or known[0] != shadow.version[block]:
+            known = (shadow.version[block], _content.digest_of(_cache_of(self.block_kv(block))))
+            shadow.digests[block] = known
+        return known[1]
 
     def _written(self, block: int) -> int:
         shadow = self._shadow_store()

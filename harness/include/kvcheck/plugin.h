@@ -15,10 +15,10 @@
 #include "kvcheck/engine.h"
 
 #define KVCHECK_PLUGIN_ABI_VERSION 10
-#define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v9"
+#define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v10"
 // The entry point's name, KVCHECK_PLUGIN_SYMBOL as an identifier: one
 // place to bump with the version.
-#define KVCHECK_PLUGIN_ENTRY kvcheck_plugin_v9
+#define KVCHECK_PLUGIN_ENTRY kvcheck_plugin_v10
 
 extern "C" {
 
