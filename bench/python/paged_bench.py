@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,24 +31,14 @@ BINARY = os.path.join(REPO, "build", "default", "bin", "kvcheck")
 sys.path.insert(0, os.path.join(REPO, "python", "examples"))
 
 from block_manager import BUG_PROPERTIES as BUGS  # noqa: E402
+import kvrun  # noqa: E402
 
 SEEDS = (1, 2, 3)
 
 
 def timed(args, scratch: str):
-    """Runs kvcheck with a JSON report; (wall seconds, exit status, report)."""
-    report = os.path.join(scratch, "report.json")
-    command = [BINARY] + list(args) + ["--quiet", "--report", "json", "--out", report,
-                                       "--trace-dir", os.path.join(scratch, "traces")]
-    start = time.monotonic()
-    completed = subprocess.run(command, cwd=scratch, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seconds = time.monotonic() - start
-    parsed = None
-    if os.path.isfile(report):
-        with open(report) as file:
-            parsed = json.load(file)
-        os.remove(report)
-    return seconds, completed.returncode, parsed
+    """Runs this tree's kvcheck with a JSON report; (wall seconds, exit status, report)."""
+    return kvrun.timed(BINARY, args, scratch)
 
 
 def main() -> None:

@@ -40,27 +40,12 @@ sys.path.insert(0, os.path.join(REPO, "python", "examples"))
 sys.path.insert(1, os.path.join(REPO, "python"))
 
 from activation_memory import BUG_PROPERTIES as BUGS  # noqa: E402
+from kvrun import timed  # noqa: E402
 COMMON_MUTANTS = [f"M{n}" for n in range(1, 28)]
 
 
 def git_head(tree: str) -> str:
     return subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-
-
-def timed(binary: str, args, scratch: str):
-    """Runs kvcheck with a JSON report; (wall seconds, exit status, report)."""
-    report = os.path.join(scratch, "report.json")
-    command = [binary] + list(args) + ["--quiet", "--report", "json", "--out", report,
-                                       "--trace-dir", os.path.join(scratch, "traces")]
-    start = time.monotonic()
-    completed = subprocess.run(command, cwd=scratch, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seconds = time.monotonic() - start
-    parsed = None
-    if os.path.isfile(report):
-        with open(report) as file:
-            parsed = json.load(file)
-        os.remove(report)
-    return seconds, completed.returncode, parsed
 
 
 def verdicts(report) -> dict:

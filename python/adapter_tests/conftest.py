@@ -31,6 +31,33 @@ for path in (PYTHON_DIR, os.path.join(PYTHON_DIR, "examples"), HERE):
 from activation_memory import BUG_PROPERTIES  # noqa: E402,F401 - the tests' map of bug -> property
 
 
+# ---- request-level tests: the example store behind the SDK's request loop ----
+
+def new_server(bugs=()):
+    """The example store's adapter (with `bugs` planted) behind the SDK's
+    request loop, after its hello: (server, hello reply)."""
+    import activation_memory_adapter
+    from kvcheck_adapter import protocol
+    from kvcheck_adapter.adapter import Server
+
+    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter(bugs))
+    hello = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert hello["ok"]
+    return server, hello
+
+
+def cache_json(spec):
+    """A cache spec of kvcheck's text format, as a request carries it."""
+    from kvcheck_adapter import content, wire
+
+    return wire.content_json(content.expand(content.parse_cache_spec(spec)))
+
+
+def handle_facts(reply, handle):
+    """The facts a reply observed of `handle`."""
+    return next(f for f in reply["observed"]["handles"] if f["handle"] == handle)
+
+
 def kvcheck_binary():
     found = os.environ.get("KVCHECK") or os.path.join(REPO, "build", "default", "bin", "kvcheck")
     if not os.path.isfile(found):

@@ -13,7 +13,7 @@ import torch
 
 import activation_memory
 import activation_memory_adapter
-from conftest import EXAMPLE
+from conftest import EXAMPLE, cache_json, handle_facts, new_server
 from kvcheck_adapter import content
 from kvcheck_adapter import protocol
 from kvcheck_adapter import wire
@@ -21,21 +21,6 @@ from kvcheck_adapter.adapter import Adapter, Server, capabilities_of
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 over_the_wire = pytest.mark.skipif(not TORCH2, reason="kvcheck runs of this file run under torch 2 only (CI time)")
-
-
-def new_server(bugs=()):
-    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter(bugs))
-    hello = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
-    assert hello["ok"]
-    return server, hello
-
-
-def cache_json(spec):
-    return wire.content_json(content.expand(content.parse_cache_spec(spec)))
-
-
-def facts_of(reply, handle):
-    return next(f for f in reply["observed"]["handles"] if f["handle"] == handle)
 
 
 def entry_of(reply, id):
@@ -75,19 +60,19 @@ def test_a_turn_hands_back_the_cache_the_model_wrote_into_and_a_second_turn_cont
     plain = server.handle({"op": "generate", "handle": 1, "prompt": [1, 2], "max_new_tokens": 3, "stream": False})
     assert first["tokens"] == plain["tokens"] and len(first["tokens"]) >= 1
     assert len(first["copies"]) == 1 and first["peak_live_sets"] == 2  # the boundary's copy, as generate
-    returned = facts_of(first, 2)
+    returned = handle_facts(first, 2)
     assert returned["exists"] and returned["owned"]
-    assert not set(returned["storage"]) & set(facts_of(first, 1)["storage"])
+    assert not set(returned["storage"]) & set(handle_facts(first, 1)["storage"])
     fed = [1, 2] + first["tokens"][:-1]  # the last token is never fed back
     assert returned["view"] == fed_view(server, cache_json(SPEC), fed)
     # Turn 2 from turn 1's cache: an owned copy, written in place; it gives
     # what one generation over both turns from the original gives.
     second = server.handle({"op": "generate_returning", "handle": 2, "prompt": [3], "max_new_tokens": 2, "out": 3})
     assert second["copies"] == []
-    assert facts_of(second, 3)["storage"] == facts_of(second, 2)["storage"]  # one cache, two handles
+    assert handle_facts(second, 3)["storage"] == handle_facts(second, 2)["storage"]  # one cache, two handles
     fresh = server.handle({"op": "generate_fresh", "prompt": fed + [3], "max_new_tokens": 2, "cache": cache_json(SPEC)})
     assert second["tokens"] == fresh["tokens"]
-    assert facts_of(second, 3)["view"] == fed_view(server, cache_json(SPEC), fed + [3] + second["tokens"][:-1])
+    assert handle_facts(second, 3)["view"] == fed_view(server, cache_json(SPEC), fed + [3] + second["tokens"][:-1])
     # Stored back: a read-only item; a generation from it copies it.
     kept = server.handle({"op": "add_handle", "id": "chat", "handle": 3})
     assert entry_of(kept, "chat")["owned"] is False
@@ -103,12 +88,12 @@ def test_a_turn_hands_back_the_cache_the_model_wrote_into_and_a_second_turn_cont
 def test_a_turn_from_no_cache_and_of_no_tokens():
     server, _ = new_server()
     none = server.handle({"op": "generate_returning", "handle": 0, "prompt": [5, 6], "max_new_tokens": 2, "out": 1})
-    assert none["copies"] == [] and facts_of(none, 1)["owned"]
-    assert facts_of(none, 1)["view"] == fed_view(server, EMPTY, [5, 6] + none["tokens"][:-1])
+    assert none["copies"] == [] and handle_facts(none, 1)["owned"]
+    assert handle_facts(none, 1)["view"] == fed_view(server, EMPTY, [5, 6] + none["tokens"][:-1])
     server.handle({"op": "make", "out": 2, "cache": cache_json("modern/f32/0:[]")})
     nothing = server.handle({"op": "generate_returning", "handle": 2, "prompt": [5], "max_new_tokens": 0, "out": 3})
     assert nothing["tokens"] == [] and nothing["copies"] == [{"reason": "generate_returning", "bytes": 0}]
-    assert facts_of(nothing, 3)["owned"] and facts_of(nothing, 3)["view"] == facts_of(nothing, 2)["view"]
+    assert handle_facts(nothing, 3)["owned"] and handle_facts(nothing, 3)["view"] == handle_facts(nothing, 2)["view"]
 
 
 def test_extract_stores_what_a_fresh_cache_fed_the_prompt_holds():
@@ -123,7 +108,7 @@ def test_extract_stores_what_a_fresh_cache_fed_the_prompt_holds():
 def test_the_planted_bugs_show_in_the_replies():
     server, _ = new_server(["turn_drops_last_token"])
     reply = server.handle({"op": "generate_returning", "handle": 0, "prompt": [5, 6], "max_new_tokens": 2, "out": 1})
-    assert facts_of(reply, 1)["view"] != fed_view(server, EMPTY, [5, 6] + reply["tokens"][:-1])
+    assert handle_facts(reply, 1)["view"] != fed_view(server, EMPTY, [5, 6] + reply["tokens"][:-1])
 
     server, _ = new_server(["extract_keeps_working_cache"])
     memory = entry_of(server.handle({"op": "extract", "id": "m", "prompt": [4, 2]}), "m")["view"]

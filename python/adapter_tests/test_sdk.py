@@ -18,6 +18,8 @@ from kvcheck_adapter import wire
 from kvcheck_adapter.adapter import Adapter, RequestError, Server, capabilities_of
 from kvcheck_adapter.crash import power_cut
 
+from conftest import cache_json, handle_facts, new_server
+
 SPECS = [
     "modern/f32/1:[kv3 kv3]",
     "modern/bf16/7:[kv3 k~2 KV4 -0]",
@@ -159,21 +161,6 @@ def test_bad_content_is_refused_by_name(bad, words):
 
 
 # ---- the server --------------------------------------------------------------------
-
-
-def new_server(bugs=()):
-    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter(bugs))
-    hello = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
-    assert hello["ok"]
-    return server, hello
-
-
-def cache_json(spec):
-    return wire.content_json(content.expand(content.parse_cache_spec(spec)))
-
-
-def handle_facts(reply, handle):
-    return next(f for f in reply["observed"]["handles"] if f["handle"] == handle)
 
 
 def test_hello_names_the_adapter_and_its_capabilities():
