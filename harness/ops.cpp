@@ -70,11 +70,11 @@ constexpr std::array<const char*, op_kind_count> names_of_kinds(std::index_seque
 constexpr std::array<const char*, op_kind_count> kind_names = names_of_kinds(std::make_index_sequence<op_kind_count>{});
 
 template <std::size_t... K>
-constexpr std::array<std::uint8_t, op_kind_count> needs_of_kinds(std::index_sequence<K...>) {
+constexpr std::array<std::uint16_t, op_kind_count> needs_of_kinds(std::index_sequence<K...>) {
     return {std::variant_alternative_t<K, Op>::needs...};
 }
 
-constexpr std::array<std::uint8_t, op_kind_count> kind_needs = needs_of_kinds(std::make_index_sequence<op_kind_count>{});
+constexpr std::array<std::uint16_t, op_kind_count> kind_needs = needs_of_kinds(std::make_index_sequence<op_kind_count>{});
 
 constexpr bool kind_names_unique() {
     for (std::size_t a = 0; a < op_kind_count; ++a) {
@@ -153,7 +153,7 @@ bool op_changes_ids(const Op& op) {
     return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::changes_ids; }, op);
 }
 
-std::uint8_t op_needs(std::size_t kind) {
+std::uint16_t op_needs(std::size_t kind) {
     if (kind >= op_kind_count) throw std::out_of_range("op kind " + std::to_string(kind) + " is out of range");
     return kind_needs[kind];
 }
@@ -162,7 +162,7 @@ bool op_well_formed(const Op& op) {
     return std::visit([](const auto& o) { return o.well_formed(); }, op);
 }
 
-bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
+bool engine_supports(const Capabilities& capabilities, std::uint16_t needs) {
     if ((needs & needs_dump) && !capabilities.dump) return false;
     if ((needs & needs_dump_crash) && !capabilities.dump_crash) return false;
     if ((needs & needs_stream) && !capabilities.generate_stream) return false;
@@ -173,6 +173,8 @@ bool engine_supports(const Capabilities& capabilities, std::uint8_t needs) {
     if ((needs & needs_dump_kill) && !capabilities.dump_kill) return false;
     if ((needs & needs_returned) && !capabilities.returned_caches) return false;
     if ((needs & needs_paged) && !capabilities.paged) return false;
+    if ((needs & needs_paged_fork) && !capabilities.paged_fork) return false;
+    if ((needs & needs_paged_import) && !capabilities.paged_import) return false;
     if (!(needs & needs_paged) && !capabilities.store) return false;
     return true;
 }

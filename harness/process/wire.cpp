@@ -256,7 +256,7 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 19> known{{
+    const std::array<std::pair<const char*, bool*>, 21> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -278,6 +278,8 @@ Capabilities read_capabilities(const Json& flags) {
         // The paged family (docs/protocol.md, "Paged requests").
         {"paged", &capabilities.paged},
         {"store", &capabilities.store},
+        {"paged_fork", &capabilities.paged_fork},
+        {"paged_import", &capabilities.paged_import},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

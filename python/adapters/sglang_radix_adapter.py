@@ -39,8 +39,9 @@ The glue between them is the scheduler's (schedule_batch / radix_cache.py
   split a node: no page, count or key changes).
 - evict:  evict(num_tokens = evictable_size()).
 - reset:  reset() and the allocator cleared (flush_cache does both).
-- fork, import: refused (SGLang has no fork of a request's row; a row
-  from outside is not RadixCache's). A refusal changes nothing.
+- fork, import: not offered (paged_fork and paged_import false: kvcheck
+  never draws them): SGLang has no fork of a request's row, and a row
+  from outside is not RadixCache's.
 
 Observations, from RadixCache: a page's count is the lock_ref of the tree
 node holding it, or 1 for a page of a request's own row (not in the tree);
@@ -197,9 +198,6 @@ class SglangRadixCache(BlockManagerAdapter):
         request.slots += (room + self._slots_of(pages))[:len(tokens)]
         request.tokens += list(tokens)
         return []
-
-    def fork(self, parent, child):
-        raise OutOfBlocks("SGLang's RadixCache has no fork of a request's row")
 
     def free(self, seq):
         request = self.requests.pop(seq)

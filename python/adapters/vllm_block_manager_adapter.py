@@ -32,10 +32,10 @@ sequence of calls, vllm/v1/core/sched/scheduler.py):
   (read-only: find_longest_cache_hit looks the hashes up).
 - evict:  evict_blocks(the ids of the free blocks that have a hash).
 - reset:  reset_prefix_cache().
-- fork, import: refused. vLLM's v1 manager has neither (parallel sampling
-  is separate requests sharing a prefix through the cache; a connector's
-  external KV is a different path). A refusal changes nothing, which
-  op-atomic checks.
+- fork, import: not offered (capabilities paged_fork and paged_import
+  false: kvcheck never draws them). vLLM's v1 manager has neither
+  (parallel sampling is separate requests sharing a prefix through the
+  cache; a connector's external KV is a different path).
 
 Observations: block_pool.blocks[i].ref_cnt (the null block's count is not
 maintained by vLLM: reported 0), block_hash, the free queue
@@ -166,9 +166,6 @@ class VllmBlockManager(BlockManagerAdapter):
             raise OutOfBlocks(f"vLLM's allocate_slots found no room for {len(tokens)} more tokens")
         request.num_computed_tokens += len(tokens)
         return self._take_copies()
-
-    def fork(self, parent, child):
-        raise OutOfBlocks("vLLM's v1 KVCacheManager has no fork")
 
     def free(self, seq):
         self.manager.free(self.requests.pop(seq))

@@ -321,7 +321,10 @@ def _paged_flags(engine: Adapter) -> Dict[str, bool]:
 
     if not _paged.is_paged(engine):
         return {}
-    return {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS)}
+    # A manager without fork or import_sequence has no such operation:
+    # kvcheck never draws it (a refusal of one it has must be needed).
+    return {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS),
+            "paged_fork": _overrides(engine, "fork"), "paged_import": _overrides(engine, "import_sequence")}
 
 
 class RequestError(ValueError):

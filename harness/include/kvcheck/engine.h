@@ -114,6 +114,12 @@ struct Capabilities {
     // process boundary, say; needs paged): no contiguous operation is drawn
     // and the contiguous properties are n/a. On unless an engine says otherwise.
     bool store = true;
+    // With paged: whether the manager has a fork (paged_fork) and an import
+    // of a contiguous cache (paged_import) at all. False: kvcheck never
+    // draws that operation (a refusal of one it has must be needed:
+    // op-atomic). On unless an engine says otherwise.
+    bool paged_fork = true;
+    bool paged_import = true;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

@@ -72,7 +72,7 @@ enum class StoreReach : std::uint8_t {
 };
 
 // The Capabilities an operation needs, as bits (see engine_supports).
-enum Needs : std::uint8_t {
+enum Needs : std::uint16_t {
     needs_nothing = 0,
     needs_dump = 1 << 0,         // Capabilities::dump
     needs_dump_crash = 1 << 1,   // Capabilities::dump_crash
@@ -81,6 +81,8 @@ enum Needs : std::uint8_t {
     needs_dump_kill = 1 << 4,    // Capabilities::dump_kill
     needs_returned = 1 << 5,     // Capabilities::returned_caches
     needs_paged = 1 << 6,        // Capabilities::paged (kvcheck/paged.h)
+    needs_paged_fork = 1 << 7,   // Capabilities::paged_fork
+    needs_paged_import = 1 << 8, // Capabilities::paged_import
 };
 
 namespace op {
@@ -92,7 +94,7 @@ struct Add {
     static constexpr std::array<const char*, 3> fields{"id", "cache", "meta"};
     static constexpr StoreReach reach = StoreReach::replaces_named;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     std::string id;
     CacheSpec cache;
@@ -105,7 +107,7 @@ struct AddHandle {
     static constexpr std::array<const char*, 2> fields{"id", "handle"};
     static constexpr StoreReach reach = StoreReach::replaces_named;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     std::string id;
     HandleName handle;
@@ -116,7 +118,7 @@ struct Get {
     static constexpr std::array<const char*, 2> fields{"out", "id"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     std::string id;
@@ -127,7 +129,7 @@ struct GetByIds {
     static constexpr std::array<const char*, 1> fields{"ids"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     Ids ids;
     bool well_formed() const { return true; }
@@ -137,7 +139,7 @@ struct GetAll {
     static constexpr std::array<const char*, 0> fields{};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     bool well_formed() const { return true; }
 };
@@ -146,7 +148,7 @@ struct GetCache {
     static constexpr std::array<const char*, 2> fields{"out", "ids"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 1;
     HandleName out;
     Ids ids;
@@ -157,7 +159,7 @@ struct Generate {
     static constexpr std::array<const char*, 3> fields{"source", "prompt", "max"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     HandleName source;
     Tokens prompt;
@@ -169,7 +171,7 @@ struct GenerateStream {
     static constexpr std::array<const char*, 3> fields{"source", "prompt", "max"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_stream;
+    static constexpr std::uint16_t needs = needs_stream;
     static constexpr std::size_t list_min = 0;
     HandleName source;
     Tokens prompt;
@@ -181,7 +183,7 @@ struct Delete {
     static constexpr std::array<const char*, 1> fields{"ids"};
     static constexpr StoreReach reach = StoreReach::replaces_named;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     Ids ids;
     bool well_formed() const { return true; }
@@ -191,7 +193,7 @@ struct DeleteAll {
     static constexpr std::array<const char*, 0> fields{};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     bool well_formed() const { return true; }
 };
@@ -200,7 +202,7 @@ struct Dump {
     static constexpr std::array<const char*, 1> fields{"slot"};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::uint16_t needs = needs_dump;
     static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     bool well_formed() const { return true; }
@@ -211,7 +213,7 @@ struct DumpCrash {
     static constexpr std::array<const char*, 2> fields{"slot", "bytes"};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_dump | needs_dump_crash;
+    static constexpr std::uint16_t needs = needs_dump | needs_dump_crash;
     static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     std::int64_t bytes = 0;
@@ -222,7 +224,7 @@ struct Load {
     static constexpr std::array<const char*, 1> fields{"slot"};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::uint16_t needs = needs_dump;
     static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     bool well_formed() const { return true; }
@@ -234,7 +236,7 @@ struct Corrupt {
     static constexpr std::array<const char*, 3> fields{"slot", "offset", "truncate"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_dump;
+    static constexpr std::uint16_t needs = needs_dump;
     static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     std::int64_t offset = 0;
@@ -246,7 +248,7 @@ struct Make {
     static constexpr std::array<const char*, 2> fields{"out", "cache"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     CacheSpec cache;
@@ -257,7 +259,7 @@ struct Clone {
     static constexpr std::array<const char*, 2> fields{"out", "source"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
@@ -268,7 +270,7 @@ struct Concat {
     static constexpr std::array<const char*, 2> fields{"out", "parts"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 1;
     HandleName out;
     HandleNames parts;
@@ -284,7 +286,7 @@ struct ToLegacy {
     static constexpr std::array<const char*, 2> fields{"out", "source"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_conversions;
+    static constexpr std::uint16_t needs = needs_conversions;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
@@ -295,7 +297,7 @@ struct FromLegacy {
     static constexpr std::array<const char*, 2> fields{"out", "source"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_conversions;
+    static constexpr std::uint16_t needs = needs_conversions;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
@@ -312,7 +314,7 @@ struct DumpKill {
     static constexpr std::array<const char*, 2> fields{"slot", "point"};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_dump | needs_dump_kill;
+    static constexpr std::uint16_t needs = needs_dump | needs_dump_kill;
     static constexpr std::size_t list_min = 0;
     std::int64_t slot = 0;
     std::int64_t point = 0;
@@ -325,7 +327,7 @@ struct Release {
     static constexpr std::array<const char*, 1> fields{"handle"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     HandleName handle;
     bool well_formed() const { return handle.value != 0; }
@@ -340,7 +342,7 @@ struct Turn {
     static constexpr std::array<const char*, 4> fields{"out", "source", "prompt", "max"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_returned;
+    static constexpr std::uint16_t needs = needs_returned;
     static constexpr std::size_t list_min = 0;
     HandleName out;
     HandleName source;
@@ -355,7 +357,7 @@ struct Extract {
     static constexpr std::array<const char*, 2> fields{"id", "prompt"};
     static constexpr StoreReach reach = StoreReach::replaces_named;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_returned;
+    static constexpr std::uint16_t needs = needs_returned;
     static constexpr std::size_t list_min = 0;
     std::string id;
     Tokens prompt;
@@ -371,7 +373,7 @@ struct Fill {
     static constexpr std::array<const char*, 3> fields{"cache", "first", "count"};
     static constexpr StoreReach reach = StoreReach::whole_store;
     static constexpr bool changes_ids = true;
-    static constexpr std::uint8_t needs = needs_nothing;
+    static constexpr std::uint16_t needs = needs_nothing;
     static constexpr std::size_t list_min = 0;
     static constexpr std::int64_t count_max = 1024;
     CacheSpec cache;
@@ -392,7 +394,7 @@ struct PagedAlloc {
     static constexpr std::array<const char*, 3> fields{"seq", "tokens", "salt"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     std::int64_t seq = 0;
     Tokens tokens;
@@ -405,7 +407,7 @@ struct PagedAppend {
     static constexpr std::array<const char*, 2> fields{"seq", "count"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     std::int64_t seq = 0;
     std::int64_t count = 1;
@@ -416,7 +418,7 @@ struct PagedFork {
     static constexpr std::array<const char*, 2> fields{"parent", "child"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged | needs_paged_fork;
     static constexpr std::size_t list_min = 0;
     std::int64_t parent = 0;
     std::int64_t child = 0;
@@ -428,7 +430,7 @@ struct PagedFree {
     static constexpr std::array<const char*, 1> fields{"seq"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     std::int64_t seq = 0;
     bool well_formed() const { return true; }
@@ -438,7 +440,7 @@ struct PagedLookup {
     static constexpr std::array<const char*, 2> fields{"tokens", "salt"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     Tokens tokens;
     std::int64_t salt = 0;
@@ -449,7 +451,7 @@ struct PagedEvict {
     static constexpr std::array<const char*, 0> fields{};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     bool well_formed() const { return true; }
 };
@@ -459,7 +461,7 @@ struct PagedReset {
     static constexpr std::array<const char*, 0> fields{};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     bool well_formed() const { return true; }
 };
@@ -469,7 +471,7 @@ struct PagedStep {
     static constexpr std::array<const char*, 0> fields{};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     bool well_formed() const { return true; }
 };
@@ -479,7 +481,7 @@ struct PagedImport {
     static constexpr std::array<const char*, 2> fields{"seq", "cache"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged | needs_paged_import;
     static constexpr std::size_t list_min = 0;
     std::int64_t seq = 0;
     CacheSpec cache;
@@ -490,7 +492,7 @@ struct PagedExport {
     static constexpr std::array<const char*, 1> fields{"seq"};
     static constexpr StoreReach reach = StoreReach::named;
     static constexpr bool changes_ids = false;
-    static constexpr std::uint8_t needs = needs_paged;
+    static constexpr std::uint16_t needs = needs_paged;
     static constexpr std::size_t list_min = 0;
     std::int64_t seq = 0;
     bool well_formed() const { return true; }
@@ -559,12 +561,12 @@ const char* op_name(const Op& op);
 // variant index.
 StoreReach op_reach(const Op& op);
 bool op_changes_ids(const Op& op);
-std::uint8_t op_needs(std::size_t kind);
+std::uint16_t op_needs(std::size_t kind);
 bool op_well_formed(const Op& op);
 // Does an engine with `capabilities` support what `needs` asks, a cache of
 // this spec (its layout, dtype and odd layers), every cache an operation
 // names?
-bool engine_supports(const Capabilities& capabilities, std::uint8_t needs);
+bool engine_supports(const Capabilities& capabilities, std::uint16_t needs);
 bool engine_supports(const Capabilities& capabilities, const CacheSpec& spec);
 bool engine_supports(const Capabilities& capabilities, const Op& op);
 const char* op_kind_name(std::size_t kind);  // by variant index
