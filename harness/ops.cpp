@@ -38,7 +38,7 @@ template <typename O>
 constexpr bool op_traits_stated() {
     static_assert(std::is_same_v<decltype(O::reach), const StoreReach>, "an op must state its `reach`");
     static_assert(std::is_same_v<decltype(O::changes_ids), const bool>, "an op must state `changes_ids`");
-    static_assert(std::is_same_v<decltype(O::needs), const std::uint8_t>, "an op must state the capabilities it `needs`");
+    static_assert(std::is_same_v<decltype(O::needs), const std::uint16_t>, "an op must state the capabilities it `needs`");
     static_assert(std::is_same_v<decltype(O::list_min), const std::size_t>, "an op must state `list_min`");
     static_assert(std::is_same_v<decltype(std::declval<const O&>().well_formed()), bool>,
                   "an op must say when it is `well_formed()`");
