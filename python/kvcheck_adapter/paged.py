@@ -16,7 +16,7 @@ published-immutable, paged-roundtrip) judge what the manager's decisions
 would do to real memory: a hit on a reused block reads what the new owner
 wrote there; a copy the manager forgot to ask for is not made.
 
-The author implements nine calls (import_sequence optional) and one
+The author implements nine calls (fork and import_sequence optional) and one
 observation; everything else (decoding, the shadow store, pending writes
 until the step, the K/V observations, the protocol) is the SDK's:
 
@@ -319,7 +319,10 @@ class BlockManagerAdapter(Adapter):
         raise NotImplementedError(f"{type(self).__name__}.append")
 
     def fork(self, parent: int, child: int) -> None:
-        """`child` (new) shares every block of `parent`. Raise to refuse."""
+        """`child` (new) shares every block of `parent`. Raise to refuse
+        (op-atomic judges that the refusal was needed). Optional: a manager
+        without a fork leaves it out, claims `paged_fork` false, and is never
+        asked one."""
         raise NotImplementedError(f"{type(self).__name__}.fork")
 
     def free(self, seq: int) -> None:
@@ -353,8 +356,8 @@ class BlockManagerAdapter(Adapter):
         """A new sequence of `length` tokens whose K/V come from a
         contiguous cache (an activation memory) and whose tokens are unknown:
         allocate ceil(length / block_tokens) blocks for it, never published.
-        Raise to refuse. Optional: without it kvcheck's imports are refused
-        (op-atomic still judges them)."""
+        Raise to refuse. Optional: a manager without it claims
+        `paged_import` false and is never asked one."""
         raise NotImplementedError(f"{type(self).__name__}.import_sequence")
 
     def state(self) -> ManagerState:
