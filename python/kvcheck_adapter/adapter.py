@@ -323,8 +323,11 @@ def _paged_flags(engine: Adapter) -> Dict[str, bool]:
         return {}
     # A manager without fork or import_sequence has no such operation:
     # kvcheck never draws it (a refusal of one it has must be needed).
+    def manager_has(method: str) -> bool:
+        return getattr(type(engine), method) is not getattr(_paged.BlockManagerAdapter, method)
+
     return {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS),
-            "paged_fork": _overrides(engine, "fork"), "paged_import": _overrides(engine, "import_sequence")}
+            "paged_fork": manager_has("fork"), "paged_import": manager_has("import_sequence")}
 
 
 class RequestError(ValueError):
