@@ -32,6 +32,7 @@ struct Draft {
     std::vector<std::int64_t> seqs;
     std::vector<Tokens> requests;
     std::int64_t next_seq = 1;
+    std::map<std::int64_t, std::pair<Tokens, std::int64_t>> allocated;  // seq -> its request's tokens and salt
 };
 
 std::string pick_id(Chooser& choose, const Draft& draft, const WorkloadOptions& options) {
@@ -632,6 +633,7 @@ op::PagedAlloc draw(Drawing& d, op::PagedAlloc*) {
     Tokens tokens = paged_tokens(d);
     d.draft.requests.push_back(tokens);
     op::PagedAlloc alloc{new_seq(d), std::move(tokens), paged_salt(d)};
+    d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};
     // The worker boundary after it: what it computed becomes hittable.
     if (d.enabled(kind<op::PagedStep>()) && d.choose.one_in(2)) d.follow_up = op::PagedStep{};
     return alloc;
@@ -676,6 +678,26 @@ op::PagedImport draw(Drawing& d, op::PagedImport*) {
 }
 
 op::PagedExport draw(Drawing& d, op::PagedExport*) { return {pick_seq(d)}; }
+
+op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
+    op::PagedRewind rewind{pick_seq(d), d.choose.between(1, 3), d.choose.between(1, 3)};
+    const auto request = d.draft.allocated.find(rewind.seq);
+    const std::uint64_t then = d.choose.below(3);
+    if (then == 0 && d.enabled(kind<op::PagedAppend>())) {
+        // Other tokens where the dropped ones were.
+        d.follow_up = op::PagedAppend{rewind.seq, d.choose.between(1, 3)};
+    } else if (then == 1 && request != d.draft.allocated.end()) {
+        // The same request again, a token longer: its prefix may hit the
+        // blocks the rewind cut (which must have lost their identity).
+        Tokens again = request->second.first;
+        again.push_back(d.choose.between(1, 3));
+        d.draft.requests.push_back(again);
+        op::PagedAlloc alloc{new_seq(d), std::move(again), request->second.second};
+        d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};
+        d.follow_up = std::move(alloc);
+    }
+    return rewind;
+}
 
 template <std::size_t K>
 Op draw_kind(Drawing& d) {

@@ -297,6 +297,54 @@ void Pool::free(const std::string& seq) {
     sequences_.erase(seq);
 }
 
+void Pool::truncate_block(BlockId block, std::int64_t slots) {
+    remove_from_index(block);
+    publications_.erase(std::remove_if(publications_.begin(), publications_.end(),
+                                       [block](const Publication& p) { return p.block == block; }),
+                        publications_.end());
+    Block& b = blocks_[static_cast<std::size_t>(block)];
+    b.tokens.resize(static_cast<std::size_t>(slots));
+    b.written = std::min(b.written, slots);
+}
+
+void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
+    Sequence& s = sequence(seq);
+    if (n < 1) throw std::invalid_argument("paged pool: rewind of " + std::to_string(n) + " tokens");
+    const auto length = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t kept = std::max<std::int64_t>(1, length - n);
+    if (kept == length) {
+        s.next = token;
+        return;
+    }
+    const std::int64_t b = config_.block_tokens;
+    const auto blocks_kept = static_cast<std::size_t>(blocks_for(kept));
+    const std::int64_t slots = kept - static_cast<std::int64_t>(blocks_kept - 1) * b;  // in the last kept block
+    const BlockId last = s.table[blocks_kept - 1];
+    const bool copy = slots < b && must_copy(last);
+    if (copy && free_blocks() < 1) {
+        throw std::runtime_error("paged pool: out of blocks (rewind of " + seq_text(seq) + " copies its shared last block, 0 free)");
+    }
+    // Blocks left empty leave the table, the last first.
+    while (s.table.size() > blocks_kept) {
+        unref(s.table.back());
+        s.table.pop_back();
+    }
+    if (slots < b) {
+        if (copy) {
+            const BlockId fresh = take_free();
+            ++blocks_[static_cast<std::size_t>(fresh)].count;  // the table's reference
+            copy_block(last, fresh);
+            unref(last);  // the table's reference moves to the copy
+            s.table.back() = fresh;
+            blocks_[static_cast<std::size_t>(fresh)].tokens.resize(static_cast<std::size_t>(slots));
+        } else {
+            truncate_block(last, slots);
+        }
+    }
+    s.tokens.resize(static_cast<std::size_t>(kept));
+    s.next = token;
+}
+
 void Pool::evict() {
     for (const BlockId block : free_) remove_from_index(block);
 }

@@ -136,6 +136,54 @@ TEST_F(PagedPool, AWriteIntoASharedBlockCopiesItOnce) {
     expect_consistent();
 }
 
+TEST_F(PagedPool, ARewindCutsItsLastBlockAndDropsItsKeySoOtherTokensFollow) {
+    pool.alloc("a", {5, 9, 2, 7, 1}, "");
+    pool.step();  // blocks of 5,9 and 2,7 published
+    const BlockId cut = pool.sequences().at("a").table[1];
+    const BlockId emptied = pool.sequences().at("a").table[2];
+    ASSERT_TRUE(pool.blocks()[static_cast<std::size_t>(cut)].key);
+    pool.rewind("a", 2, 3);  // keeps 5,9,2
+    EXPECT_EQ(pool.sequences().at("a").tokens, (Tokens{5, 9, 2}));
+    EXPECT_EQ(pool.sequences().at("a").table.size(), 2u);
+    EXPECT_FALSE(pool.blocks()[static_cast<std::size_t>(cut)].key) << "its tokens are no longer its key's";
+    EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(cut)].tokens, (Tokens{2}));
+    EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(emptied)].count, 0);
+    EXPECT_EQ(pool.append("a", 1), (Tokens{3}));  // the token the rewind chose
+    pool.step();
+    EXPECT_EQ(pool.lookup({5, 9, 2, 7, 1}, ""), 2) << "the old block 2,7 is not hittable";
+    EXPECT_EQ(pool.lookup({5, 9, 2, 3, 1}, ""), 4);
+    expect_consistent();
+    expect_fresh("a");
+    EXPECT_THROW(pool.rewind("a", 0, 1), std::invalid_argument);
+    pool.rewind("a", 9, 1);  // keeps one token at least
+    EXPECT_EQ(pool.sequences().at("a").tokens, (Tokens{5}));
+    expect_consistent();
+}
+
+TEST_F(PagedPool, ARewindCopiesASharedLastBlockAndIsRefusedWithoutAFreeOne) {
+    pool.alloc("a", {5, 9, 2, 7}, "");
+    pool.fork("a", "b");
+    const BlockId shared = pool.sequences().at("a").table[1];
+    pool.rewind("b", 1, 3);
+    const BlockId copy = pool.sequences().at("b").table[1];
+    EXPECT_NE(copy, shared);
+    EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(shared)].tokens, (Tokens{2, 7})) << "a's block unchanged";
+    EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(copy)].tokens, (Tokens{2}));
+    ASSERT_EQ(pool.pending_copies().size(), 1u);
+    expect_consistent();
+    expect_fresh("a");
+    expect_fresh("b");
+    pool.step();
+    pool.fork("a", "c");
+    pool.alloc("d", {1, 1, 1, 1, 1, 1, 1, 1}, "");  // the last 4 free blocks
+    ASSERT_TRUE(pool.free_queue().empty());
+    const auto tables = pool.sequences().at("c").table;
+    EXPECT_THROW(pool.rewind("c", 1, 3), std::runtime_error);
+    EXPECT_EQ(pool.sequences().at("c").table, tables);
+    EXPECT_EQ(pool.sequences().at("c").tokens.size(), 4u);
+    expect_consistent();
+}
+
 TEST_F(PagedPool, EveryBlockIsFreeAfterEverySequenceIsFreedAndAStep) {
     pool.alloc("a", {5, 9, 2}, "");
     pool.fork("a", "b");

@@ -353,6 +353,21 @@ class PM19 final : public Pool {
     std::map<BlockId, Alias> aliases_;
 };
 
+// PM20: a rewind keeps the hash of the block it cuts: the block's tokens
+// (rewritten by later appends) are no longer its key's, and a hit on the
+// key serves K/V for the wrong tokens.
+class PM20 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void truncate_block(BlockId block, std::int64_t slots) override {
+        kv::paged::Block& b = blocks_[static_cast<std::size_t>(block)];
+        b.tokens.resize(static_cast<std::size_t>(slots));
+        b.written = std::min(b.written, slots);
+    }
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -410,6 +425,8 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM18>("PM18", "an append decodes with the first cached position blanked",
                            {P::generation_equivalent, P::paged_roundtrip}),
         paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
+        paged_mutant<PM20>("PM20", "a rewind keeps the hash of the block it cuts: hits serve K/V for other tokens",
+                           {P::prefix_hit_exact, P::index_consistent}),
     };
 }
 

@@ -67,6 +67,10 @@ PagedExported PagedReference::paged_export(std::int64_t seq) {
     return {view_of(*cache), storage_numbers(*cache)};
 }
 
+void PagedReference::paged_rewind(std::int64_t seq, std::int64_t count, std::int64_t token) {
+    pool_->rewind(seq_name(seq), count, token);
+}
+
 PagedState PagedReference::paged_state() {
     PagedState state;
     state.block_tokens = pool_->config().block_tokens;

@@ -41,6 +41,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     void paged_step() override;
     void paged_import(std::int64_t seq, const CacheContent& content) override;
     PagedExported paged_export(std::int64_t seq) override;
+    void paged_rewind(std::int64_t seq, std::int64_t count, std::int64_t token) override;
 
     PagedState paged_state() override;
     CacheView paged_block_view(std::int64_t block, std::int64_t slots) override;

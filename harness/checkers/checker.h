@@ -178,16 +178,17 @@ struct HandleReading {
 
 // A paged operation, with the pool before and after it
 // (docs/semantics.md#paged-caches).
-enum class PagedBy : std::uint8_t { alloc, append, fork, free, lookup, evict, reset, step, import, exported };
+enum class PagedBy : std::uint8_t { alloc, append, fork, free, lookup, evict, reset, step, import, exported, rewind };
 
 struct Paged {
     PagedBy by = PagedBy::step;
     std::string what;                    // the operation, as messages name it: "paged_alloc seq=1 tokens=1,2 salt=0"
-    std::int64_t seq = 0;                // alloc, append, free, import, export; fork: the child
+    std::int64_t seq = 0;                // alloc, append, free, import, export, rewind; fork: the child
     std::int64_t parent = 0;             // fork
     Tokens tokens;                       // alloc, lookup
     std::int64_t salt = 0;               // alloc, lookup
-    std::optional<std::string> refused;  // alloc, append, fork, import: the engine's refusal
+    std::optional<std::string> refused;  // alloc, append, fork, import, rewind: the engine's refusal
+    std::int64_t dropped = 0;            // rewind: the tokens asked dropped (count)
     std::int64_t cached = 0;             // alloc, lookup: the tokens reported cached
     Tokens appended;                     // append: the tokens decoded
     // append: what decoding the sequence's exported cache gave before it

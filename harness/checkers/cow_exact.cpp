@@ -17,8 +17,11 @@
 namespace kvcheck::checkers {
 namespace {
 
-bool has_copy(const std::vector<PagedCopy>& copies, const PagedCopy& copy) {
-    return std::find(copies.begin(), copies.end(), copy) != copies.end();
+// How many times the copy is pending: a copy into a block freed (its
+// sequence ended or rewound) before the step may be pending again when
+// that block is taken for another copy of the same source.
+std::ptrdiff_t times(const std::vector<PagedCopy>& copies, const PagedCopy& copy) {
+    return std::count(copies.begin(), copies.end(), copy);
 }
 
 class CowExact final : public Checker {
@@ -52,7 +55,7 @@ class CowExact final : public Checker {
                                      block_text(fact.after, new_block);
             if (!expect(probe, old_before.count > 1, [&] { return what + ": a block it held alone was copied"; })) return;
             if (!expect(probe, in_free_queue(fact.before, new_block), [&] { return what + ", which was not free before"; })) return;
-            if (!expect(probe, has_copy(fact.after.copies, {old_block, new_block}) && !has_copy(fact.before.copies, {old_block, new_block}),
+            if (!expect(probe, times(fact.after.copies, {old_block, new_block}) > times(fact.before.copies, {old_block, new_block}),
                         [&] { return what + " but no pending copy reads the source"; })) {
                 return;
             }
@@ -68,8 +71,15 @@ class CowExact final : public Checker {
                 return;
             }
         }
+        // Copies end only at the step: those added are the after's beyond
+        // the before's, counted as multisets.
         std::size_t added = 0;
-        for (const PagedCopy& copy : fact.after.copies) added += has_copy(fact.before.copies, copy) ? 0 : 1;
+        for (std::size_t i = 0; i < fact.after.copies.size(); ++i) {
+            const PagedCopy& copy = fact.after.copies[i];
+            const bool first = std::find(fact.after.copies.begin(), fact.after.copies.begin() + static_cast<std::ptrdiff_t>(i), copy) ==
+                               fact.after.copies.begin() + static_cast<std::ptrdiff_t>(i);
+            if (first) added += static_cast<std::size_t>(std::max<std::ptrdiff_t>(0, times(fact.after.copies, copy) - times(fact.before.copies, copy)));
+        }
         expect(probe, added == copies_due, [&] {
             return fact.what + " added " + std::to_string(added) + " pending copies for " + std::to_string(copies_due) +
                    " blocks it copied";

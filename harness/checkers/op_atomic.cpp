@@ -1,4 +1,4 @@
-// op-atomic (paged): an alloc, append, fork or import the engine refused
+// op-atomic (paged): an alloc, append, fork, import or rewind the engine refused
 // (it threw: the pool could not hold the result) changed nothing: the
 // pool reads exactly as before it (every block's count, identity, tokens,
 // written slots and K/V digest; the free queue in order; the index; every
@@ -8,7 +8,9 @@
 // can need whatever it hits (a hit that is free takes the place of the
 // block it saves), or when its tokens are not the model's (the engine's
 // fresh computation refuses them too); a fork only when the free queue
-// held fewer blocks than the parent's table (a pool that copies eagerly).
+// held fewer blocks than the parent's table (a pool that copies eagerly);
+// a rewind only when the free queue was empty while its kept last block
+// is partial and shared (the copy it needs: one block).
 // A pool refusing everything would otherwise pass every paged property.
 // An engine that keeps a reserve of free blocks (a watermark) breaks it by
 // design.
@@ -20,6 +22,7 @@
 // properties).
 #include "checkers/checker.h"
 
+#include <algorithm>
 #include <exception>
 
 namespace kvcheck::checkers {
@@ -80,7 +83,24 @@ class OpAtomic final : public Checker {
             const auto table = s.tables.find(fact.parent);
             if (table != s.tables.end()) return static_cast<std::int64_t>(table->second.size());
         }
+        if (fact.by == PagedBy::rewind && b > 0) return rewind_needs(fact, s, b);
         return unjudged;
+    }
+
+    // A rewind needs a block only to copy its kept last block, when that
+    // block is left partial and is shared.
+    static std::int64_t rewind_needs(const Paged& fact, const PagedState& s, std::int64_t b) {
+        const auto table = s.tables.find(fact.seq);
+        const auto tokens = s.tokens.find(fact.seq);
+        if (table == s.tables.end() || tokens == s.tokens.end()) return static_cast<std::int64_t>(s.blocks.size()) + 1;
+        const auto length = static_cast<std::int64_t>(tokens->second.size());
+        const std::int64_t kept = std::max<std::int64_t>(1, length - fact.dropped);
+        if (kept >= length) return 0;
+        const std::int64_t blocks_kept = (kept + b - 1) / b;
+        if (kept % b == 0 || blocks_kept > static_cast<std::int64_t>(table->second.size())) return 0;
+        const std::int64_t last = table->second[static_cast<std::size_t>(blocks_kept - 1)];
+        if (last < 1 || last >= static_cast<std::int64_t>(s.blocks.size())) return 0;
+        return s.blocks[static_cast<std::size_t>(last)].count > 1 ? 1 : 0;
     }
 };
 

@@ -4,7 +4,9 @@
 // And the filled slots of any block a table holds stay as they were: a
 // write only fills the slots after them (so a copy whose K/V are its
 // source's storage, changed when the source is taken again, is caught).
-// (A free block may be taken and rewritten: it is evicted first.)
+// (A free block may be taken and rewritten: it is evicted first. A rewind
+// may cut the last block it keeps, held alone, to the slots it keeps: its
+// tokens then are a prefix of what they were, and it has no identity.)
 //
 // Checked: every block held and published or shared before a paged
 // operation, against its tokens and K/V digest after it; every other block
@@ -29,6 +31,17 @@ class PublishedImmutable final : public Checker {
             const PagedBlock& was = fact.before.blocks[b];
             const PagedBlock& now = fact.after.blocks[b];
             const auto block = static_cast<std::int64_t>(b);
+            if (rewound(fact, block)) {
+                const bool cut = now.tokens.size() < was.tokens.size() &&
+                                 std::equal(now.tokens.begin(), now.tokens.end(), was.tokens.begin()) && !now.keyed;
+                if (!expect(probe, cut, [&] {
+                        return fact.what + " cut " + block_text(fact.before, block) + " to " + block_text(fact.after, block) +
+                               ": a rewound block keeps a prefix of its tokens and loses its identity";
+                    })) {
+                    return;
+                }
+                continue;
+            }
             if (was.count >= 1 && (was.keyed || was.count >= 2)) {
                 if (!expect(probe, now.tokens == was.tokens && now.digest == was.digest, [&] {
                         return fact.what + " wrote into " + std::string(was.keyed ? "published " : "shared ") +
@@ -44,6 +57,19 @@ class PublishedImmutable final : public Checker {
     }
 
   private:
+    // Whether `block` is the last block a successful rewind kept, held
+    // alone before it and cut (its tokens changed).
+    static bool rewound(const Paged& fact, std::int64_t block) {
+        if (fact.by != PagedBy::rewind || fact.refused) return false;
+        const auto was = fact.before.tables.find(fact.seq);
+        const auto now = fact.after.tables.find(fact.seq);
+        if (was == fact.before.tables.end() || now == fact.after.tables.end() || now->second.empty()) return false;
+        const std::size_t last = now->second.size() - 1;
+        const PagedBlock& before = fact.before.blocks[static_cast<std::size_t>(block)];
+        return now->second[last] == block && last < was->second.size() && was->second[last] == block && before.count == 1 &&
+               fact.after.blocks[static_cast<std::size_t>(block)].tokens != before.tokens;
+    }
+
     // A block a table holds before and after the operation keeps its
     // filled slots (tokens and K/V): only slots after them are written.
     bool kept_filled_slots(const Paged& fact, Probe& probe, std::int64_t block) {

@@ -389,6 +389,10 @@ class ProcessEngine final : public Engine, public PagedEngine {
         paged_operation("paged_import", Request("paged_import").field("seq", seq).field("cache", content));
     }
 
+    void paged_rewind(std::int64_t seq, std::int64_t count, std::int64_t token) override {
+        paged_operation("paged_rewind", Request("paged_rewind").field("seq", seq).field("count", count).field("token", token));
+    }
+
     PagedExported paged_export(std::int64_t seq) override {
         const Json reply = paged_operation("paged_export", Request("paged_export").field("seq", seq));
         return reading("paged_export", [&] {

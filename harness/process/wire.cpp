@@ -256,7 +256,10 @@ Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
     capabilities.dump_kill = false;
-    const std::array<std::pair<const char*, bool*>, 21> known{{
+    // A rewind is asked only of an adapter that claims it (protocol 4's
+    // adapters written before it have none).
+    capabilities.paged_rewind = false;
+    const std::array<std::pair<const char*, bool*>, 22> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -280,6 +283,7 @@ Capabilities read_capabilities(const Json& flags) {
         {"store", &capabilities.store},
         {"paged_fork", &capabilities.paged_fork},
         {"paged_import", &capabilities.paged_import},
+        {"paged_rewind", &capabilities.paged_rewind},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

@@ -178,4 +178,18 @@ std::optional<Fact> Transitions::apply(const op::PagedExport& op) {
     });
 }
 
+template <>
+std::optional<Fact> Transitions::apply(const op::PagedRewind& op) {
+    const auto at = paged_sequences_.find(op.seq);
+    if (at == paged_sequences_.end()) return std::nullopt;
+    Paged fact = fact_of(PagedBy::rewind, op);
+    fact.seq = op.seq;
+    fact.dropped = op.count;
+    std::optional<Fact> result = run_paged(std::move(fact), true, [&op](PagedEngine& paged, Paged&) {
+        paged.paged_rewind(op.seq, op.count, op.token);
+    });
+    if (!std::get<Paged>(*result).refused) at->second.imported.reset();  // no longer exactly what was imported
+    return result;
+}
+
 }  // namespace kvcheck

@@ -105,5 +105,6 @@ template <> std::optional<Fact> Transitions::apply(const op::PagedReset& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedStep& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedImport& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedExport& op);
+template <> std::optional<Fact> Transitions::apply(const op::PagedRewind& op);
 
 }  // namespace kvcheck

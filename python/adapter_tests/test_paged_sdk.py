@@ -88,6 +88,36 @@ def test_a_write_into_a_shared_block_is_copied_and_the_copy_holds_its_source():
     assert stepped["copies"] == [] and stepped["blocks"][2]["count"] == 1
 
 
+def test_a_rewind_cuts_the_last_block_drops_its_key_and_the_chosen_token_follows():
+    server, hello = served()
+    assert hello["capabilities"]["paged_rewind"] is True  # the example manager has a rewind
+    server.handle({"op": "paged_alloc", "seq": 1, "tokens": [5, 9, 2, 7, 1], "salt": 0})
+    server.handle({"op": "paged_step"})
+    rewound = server.handle({"op": "paged_rewind", "seq": 1, "count": 2, "token": 3})["state"]
+    assert table(rewound, 1) == {"seq": 1, "blocks": [1, 2], "tokens": [5, 9, 2]}
+    assert rewound["blocks"][2]["tokens"] == [2] and rewound["blocks"][2].get("key") is None
+    assert rewound["index"] == [{"key": {"parent": 0, "tokens": [5, 9], "extra": ""}, "blocks": [1]}]
+    assert server.handle({"op": "paged_append", "seq": 1, "count": 1})["tokens"] == [3]
+    tokens = [5, 9, 2, 3]
+    fresh = server.handle({"op": "paged_fresh_view", "tokens": tokens, "first": 0, "count": 4})["view"]
+    assert server.handle({"op": "paged_sequence_view", "seq": 1})["view"] == fresh
+    # A shared last block is copied, as an append copies it.
+    server.handle({"op": "paged_fork", "parent": 1, "child": 2})
+    forked = server.handle({"op": "paged_rewind", "seq": 2, "count": 1, "token": 1})["state"]
+    copy_block = table(forked, 2)["blocks"][1]
+    assert copy_block != 2 and forked["copies"] == [{"source": 2, "destination": copy_block}]
+    assert forked["blocks"][copy_block]["tokens"] == [2] and forked["blocks"][2]["tokens"] == [2, 3]
+
+
+def test_a_manager_without_a_rewind_does_not_claim_it():
+    class NoRewind(bma.BlockManagerExample):
+        rewind = bma.BlockManagerAdapter.rewind
+
+    server = Server(lambda: NoRewind())
+    hello = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert "paged_rewind" not in hello["capabilities"]
+
+
 def test_a_refusal_is_an_error_and_changes_nothing():
     server, _ = served()
     before = state_of(server)

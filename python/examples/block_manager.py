@@ -243,6 +243,31 @@ class BlockManager:
         self._fill(seq, length, added)
         return copies
 
+    def rewind(self, seq: int, length: int) -> List[Tuple[int, int]]:
+        """`seq` keeps its first `length` tokens (speculative decoding
+        rejected the rest): emptied blocks are released, the last first; a
+        kept last block left partial loses its hash (its tokens are no
+        longer the hash's), or is copied first when shared."""
+        table, b = self.tables[seq], self.block_size
+        kept_blocks = -(-length // b)
+        last = table[kept_blocks - 1]
+        partial = length % b != 0
+        shared = partial and self.blocks[last].ref_cnt > 1
+        if shared and not self.free_queue:
+            raise OutOfBlocks(f"rewind of sequence {seq} copies its shared last block, 0 free")
+        while len(table) > kept_blocks:
+            self._unref(table.pop())
+        copies = []
+        if shared:
+            fresh = self._take_free()
+            table[-1] = fresh.id  # the table's reference moves to the copy, as in append
+            copies.append((last, fresh.id))
+        elif partial:
+            self._drop_identity(self.blocks[last])
+            self.to_publish = [p for p in self.to_publish if p[0] != last]
+        del self.tokens[seq][length:]
+        return copies
+
     def fork(self, parent: int, child: int) -> None:
         if child in self.tables:
             raise ValueError(f"sequence {child} exists")

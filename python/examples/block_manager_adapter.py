@@ -48,6 +48,9 @@ class BlockManagerExample(BlockManagerAdapter):
     def fork(self, parent, child):
         self.manager.fork(parent, child)
 
+    def rewind(self, seq, length):
+        return self.manager.rewind(seq, length)
+
     def free(self, seq):
         self.manager.free(seq)
 

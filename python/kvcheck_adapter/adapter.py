@@ -321,13 +321,17 @@ def _paged_flags(engine: Adapter) -> Dict[str, bool]:
 
     if not _paged.is_paged(engine):
         return {}
-    # A manager without fork or import_sequence has no such operation:
+    # A manager without fork, import_sequence or rewind has no such operation:
     # kvcheck never draws it (a refusal of one it has must be needed).
     def manager_has(method: str) -> bool:
         return getattr(type(engine), method) is not getattr(_paged.BlockManagerAdapter, method)
 
-    return {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS),
-            "paged_fork": manager_has("fork"), "paged_import": manager_has("import_sequence")}
+    flags = {"paged": True, "store": all(_overrides(engine, method) for method in _STORE_METHODS),
+             "paged_fork": manager_has("fork"), "paged_import": manager_has("import_sequence")}
+    # Claimed only when true: absent, kvcheck never asks a rewind.
+    if manager_has("rewind"):
+        flags["paged_rewind"] = True
+    return flags
 
 
 class RequestError(ValueError):

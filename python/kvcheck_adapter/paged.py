@@ -248,6 +248,13 @@ class _Shadow:
         if filled:
             self.stage(destination, 0, kv, 0, filled)
 
+    def cut(self, block: int, slots: int) -> None:
+        """A rewind keeps the block's first `slots` filled slots."""
+        if slots < len(self.tokens[block]):
+            self.tokens[block] = self.tokens[block][:slots]
+            self.written[block] = min(self.written[block], slots)
+            self.version[block] += 1
+
     def step(self) -> None:
         for block in range(1, self.blocks):
             filled, done = len(self.tokens[block]), self.written[block]
@@ -324,6 +331,18 @@ class BlockManagerAdapter(Adapter):
         without a fork leaves it out, claims `paged_fork` false, and is never
         asked one."""
         raise NotImplementedError(f"{type(self).__name__}.fork")
+
+    def rewind(self, seq: int, length: int) -> Optional[Sequence[Copy]]:
+        """`seq` keeps its first `length` tokens (>= 1; speculative decoding
+        rejected the rest): blocks left empty leave its table, the last
+        first, released as free releases them. Its last kept block, when
+        partial now: held alone, it loses its key (and any publication
+        pending for it: its tokens are no longer the key's); shared (count
+        above 1), it is copied first as append copies (return the copies
+        [(source, destination)]). Raise to refuse (no free block for the
+        copy), changing nothing. Optional: a manager without it claims
+        `paged_rewind` false and is never asked one."""
+        raise NotImplementedError(f"{type(self).__name__}.rewind")
 
     def free(self, seq: int) -> None:
         """Ends `seq` (finished, preempted or aborted): its blocks' counts
@@ -468,6 +487,27 @@ class BlockManagerAdapter(Adapter):
         source = self._sequences()[parent]
         self.fork(parent, child)
         self._sequences()[child] = _Sequence(list(source.tokens), source.next)
+
+    def paged_rewind(self, seq: int, count: int, token: int) -> None:
+        sequence = self._sequences()[seq]
+        if count < 1:
+            raise ValueError(f"paged_rewind of {count} tokens")
+        if not 0 <= token < self._model().config.vocab_size:
+            raise ValueError(f"paged_rewind: token {token} outside [0, {self._model().config.vocab_size})")
+        kept = max(1, len(sequence.tokens) - count)
+        if kept < len(sequence.tokens):
+            copies = [(int(s), int(d)) for s, d in (self.rewind(seq, kept) or ())]
+            shadow = self._shadow_store()
+            for source, destination in copies:
+                shadow.copy(source, destination)
+            self._pending_copies().extend(copies)
+            table = self._table(seq)
+            b = self.block_tokens
+            last = (kept - 1) // b
+            if last < len(table) and 0 < table[last] < self.num_blocks:
+                shadow.cut(table[last], kept - last * b)
+            sequence.tokens = sequence.tokens[:kept]
+        sequence.next = token
 
     def paged_free(self, seq: int) -> None:
         self.free(seq)
@@ -656,6 +696,9 @@ def handle(engine: Adapter, request: Dict[str, Any]) -> Dict[str, Any]:
         cache = _wire.materialize(_wire.content_from_json(_field(request, "cache")))
         m.paged_import(_int(request, "seq"), cache)
         return _with_state(m, {})
+    if op == "paged_rewind":
+        m.paged_rewind(_int(request, "seq"), _int(request, "count"), _int(request, "token"))
+        return _with_state(m, {})
     if op == "paged_export":
         exported = m.paged_export(_int(request, "seq"))
         return _with_state(m, {"view": _wire.view_json(exported), "storage": _wire.storage_of(exported)})
@@ -673,7 +716,7 @@ def handle(engine: Adapter, request: Dict[str, Any]) -> Dict[str, Any]:
 
 
 REQUESTS = ("paged_alloc", "paged_append", "paged_fork", "paged_free", "paged_lookup", "paged_evict", "paged_reset",
-            "paged_step", "paged_import", "paged_export", "paged_state", "paged_block_view", "paged_sequence_view",
+            "paged_step", "paged_import", "paged_export", "paged_rewind", "paged_state", "paged_block_view", "paged_sequence_view",
             "paged_fresh_view", "paged_pool_storage")
 
 __all__ = ["BlockManagerAdapter", "BlockKey", "ManagerState", "OutOfBlocks", "extra_of", "parent_number", "serve"]

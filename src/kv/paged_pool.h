@@ -129,6 +129,17 @@ class Pool {
     // Ends a sequence (finished, preempted or aborted): its blocks' counts
     // drop, the last block first; those at 0 join the free queue.
     virtual void free(const std::string& seq);
+    // Drops the sequence's last min(n, length - 1) tokens (n >= 1; it keeps
+    // one at least) and makes `token` the next one append feeds (the token
+    // speculative decoding's verifier chose). Blocks left empty leave its
+    // table, the last first, as free releases them (a freed block keeps its
+    // key: its tokens and K/V are still the key's). The last kept block,
+    // now partial, is truncated in place when the sequence holds it alone
+    // (it loses its key, published or pending: its tokens are no longer
+    // the key's), or, when shared, is copied first into a fresh block
+    // (pending until step(), like copy-on-write's copy) and the copy
+    // truncated. Throws, changing nothing, when that copy finds no free block.
+    void rewind(const std::string& seq, std::int64_t n, std::int64_t token);
     // The tokens alloc would find cached (read-only).
     std::int64_t lookup(const Tokens& tokens, const std::string& extra) const;
     // Drops the key of every free block.
@@ -191,6 +202,9 @@ class Pool {
     virtual void attach_hits(Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t rest);
     // Makes a fully written block hittable under `key` (at step()).
     virtual void publish(BlockId block, const BlockKey& key);
+    // Truncates the sequence's last kept block to `slots` slots (rewind;
+    // held alone): its key, published or pending, is dropped.
+    virtual void truncate_block(BlockId block, std::int64_t slots);
     // Ends a pending copy at step(): its source is no longer read.
     virtual void end_copy(const PendingCopy& copy) { unref(copy.source); }
     // The K/V an append decodes on: the sequence's, read through its table.

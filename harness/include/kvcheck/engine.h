@@ -120,6 +120,11 @@ struct Capabilities {
     // op-atomic). On unless an engine says otherwise.
     bool paged_fork = true;
     bool paged_import = true;
+    // With paged: whether the manager can rewind a sequence (paged_rewind:
+    // drop its last tokens, so that later appends write others). False:
+    // kvcheck never draws it. On unless an engine says otherwise (a process
+    // adapter claims it: docs/protocol.md).
+    bool paged_rewind = true;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

@@ -13,9 +13,14 @@
 // - Sequences are named by the trace (small integers). alloc, fork and
 //   import of a sequence that exists, and operations on one that does not,
 //   are never asked.
-// - alloc, append, fork and import may refuse (throw) when the pool cannot
-//   hold the result; a refusal must change nothing (op-atomic). The other
-//   operations must not throw.
+// - alloc, append, fork, import and rewind may refuse (throw) when the
+//   pool cannot hold the result; a refusal must change nothing, and must be
+//   needed (op-atomic): a refused alloc of L tokens must face fewer free
+//   blocks, cached free ones included, than ceil(L / B); a refused fork
+//   fewer than the parent's table; a refused rewind no free block while
+//   its kept last block is partial and shared. The other operations must
+//   not throw.
+// - paged_rewind is asked only when Capabilities::paged_rewind is set.
 // - Observations are read-only.
 //
 //   class MyManager : public kvcheck::Engine, public kvcheck::PagedEngine {
@@ -116,6 +121,15 @@ class PagedEngine {
     virtual void paged_step() = 0;   // the worker boundary
     virtual void paged_import(std::int64_t seq, const CacheContent& content) = 0;
     virtual PagedExported paged_export(std::int64_t seq) = 0;
+    // Drops the sequence's last min(count, length - 1) tokens (it keeps one
+    // at least): blocks left empty leave its table (released as by free);
+    // its last kept block, now partial, loses its identity when it had one
+    // (its tokens are no longer its key's), or is copied first when shared
+    // (count above one: the copy is pending until the step, like
+    // copy-on-write's). The next append feeds `token` first (the token the
+    // verifier chose), so later appends may write other tokens than those
+    // dropped. May refuse only for the copy (no free block).
+    virtual void paged_rewind(std::int64_t seq, std::int64_t count, std::int64_t token) = 0;
 
     // ---- observations ----
     virtual PagedState paged_state() = 0;

@@ -49,7 +49,10 @@ enum PropertyNeeds : std::uint8_t {
     X(dump_safe, "dump-safe", "dumps round-trip; bad or interrupted dumps never lose data", property_needs_dump)   \
     X(store_contract, "store-contract", "ids, order and missing ids of the store API", property_needs_nothing)      \
     /* the paged family (kvcheck/paged.h) */                                                                       \
-    X(op_atomic, "op-atomic", "a refused alloc, append, fork or import changes nothing", property_needs_paged)      \
+    X(op_atomic, "op-atomic",                                                                                      \
+      "a refused operation changes nothing and was needed: an alloc of L tokens faces fewer free blocks "          \
+      "(cached ones included) than ceil(L/B), a fork fewer than the parent's table",                                \
+      property_needs_paged)                                                                                        \
     X(refcount_exact, "refcount-exact", "a block's count is the tables holding it plus the copies reading it",    \
       property_needs_paged)                                                                                        \
     X(free_iff_unreferenced, "free-iff-unreferenced", "a block is free, once, exactly when its count is 0",        \
@@ -58,7 +61,8 @@ enum PropertyNeeds : std::uint8_t {
       property_needs_paged)                                                                                        \
     X(published_after_written, "published-after-written", "a block is hittable only once every slot is written",  \
       property_needs_paged)                                                                                        \
-    X(published_immutable, "published-immutable", "a published or shared block is never written",                \
+    X(published_immutable, "published-immutable",                                                                  \
+      "a published or shared block is never written (a rewind may cut one held alone)",                            \
       property_needs_paged)                                                                                        \
     X(cow_exact, "cow-exact", "a write into a shared block copies exactly that block, once, into a fresh one",     \
       property_needs_paged)                                                                                        \

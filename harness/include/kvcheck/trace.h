@@ -83,6 +83,7 @@ enum Needs : std::uint16_t {
     needs_paged = 1 << 6,        // Capabilities::paged (kvcheck/paged.h)
     needs_paged_fork = 1 << 7,   // Capabilities::paged_fork
     needs_paged_import = 1 << 8, // Capabilities::paged_import
+    needs_paged_rewind = 1 << 9, // Capabilities::paged_rewind
 };
 
 namespace op {
@@ -497,6 +498,23 @@ struct PagedExport {
     std::int64_t seq = 0;
     bool well_formed() const { return true; }
 };
+// Drops the last `count` tokens of a sequence (a sequence keeps one at
+// least): speculative decoding rejecting draft tokens, a preemption
+// recomputing. The next append feeds `token` first, so the tokens written
+// after it may differ from those dropped. Last in the variant: the kinds
+// before it keep their indices (the fuzz corpus's choice bytes).
+struct PagedRewind {
+    static constexpr const char* name = "paged_rewind";
+    static constexpr std::array<const char*, 3> fields{"seq", "count", "token"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_paged | needs_paged_rewind;
+    static constexpr std::size_t list_min = 0;
+    std::int64_t seq = 0;
+    std::int64_t count = 1;
+    std::int64_t token = 1;
+    bool well_formed() const { return count >= 1 && token >= 0; }
+};
 
 }  // namespace op
 
@@ -507,7 +525,8 @@ using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAl
                         op::Turn, op::Extract, op::Fill,
                         // the paged family
                         op::PagedAlloc, op::PagedAppend, op::PagedFork, op::PagedFree, op::PagedLookup,
-                        op::PagedEvict, op::PagedReset, op::PagedStep, op::PagedImport, op::PagedExport>;
+                        op::PagedEvict, op::PagedReset, op::PagedStep, op::PagedImport, op::PagedExport,
+                        op::PagedRewind>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;
