@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <deque>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -33,6 +34,9 @@ struct Draft {
     std::vector<Tokens> requests;
     std::int64_t next_seq = 1;
     std::map<std::int64_t, std::pair<Tokens, std::int64_t>> allocated;  // seq -> its request's tokens and salt
+    // Operations to come right after the follow-up, in order (a chain).
+    std::deque<Op> chained;
+    std::map<std::int64_t, std::int64_t> lengths;  // seq -> its tokens, as far as the draft knows
 };
 
 std::string pick_id(Chooser& choose, const Draft& draft, const WorkloadOptions& options) {
@@ -629,24 +633,81 @@ std::int64_t new_seq(Drawing& d) {
     return seq;
 }
 
+// A new request of `length` tokens drawn afresh (rarely cached): it takes
+// blocks from the free queue (length / 2 of the paged reference's).
+op::PagedAlloc fresh_request(Drawing& d, std::int64_t length) {
+    Tokens tokens;
+    for (std::int64_t i = 0; i < length; ++i) tokens.push_back(d.choose.between(1, 3));
+    d.draft.requests.push_back(tokens);
+    op::PagedAlloc alloc{new_seq(d), std::move(tokens), 0};
+    d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};
+    d.draft.lengths[alloc.seq] = static_cast<std::int64_t>(alloc.tokens.size());
+    return alloc;
+}
+
 op::PagedAlloc draw(Drawing& d, op::PagedAlloc*) {
     Tokens tokens = paged_tokens(d);
     d.draft.requests.push_back(tokens);
     op::PagedAlloc alloc{new_seq(d), std::move(tokens), paged_salt(d)};
     d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};
+    d.draft.lengths[alloc.seq] = static_cast<std::int64_t>(alloc.tokens.size());
     // The worker boundary after it: what it computed becomes hittable.
     if (d.enabled(kind<op::PagedStep>()) && d.choose.one_in(2)) d.follow_up = op::PagedStep{};
     return alloc;
 }
 
-op::PagedAppend draw(Drawing& d, op::PagedAppend*) { return {pick_seq(d), d.choose.between(1, 3)}; }
+// An append of `count` tokens to `seq`, as the draft counts it.
+op::PagedAppend append_of(Drawing& d, std::int64_t seq, std::int64_t count) {
+    const auto length = d.draft.lengths.find(seq);
+    if (length != d.draft.lengths.end()) length->second += count;
+    return {seq, count};
+}
+
+op::PagedAppend draw(Drawing& d, op::PagedAppend*) {
+    const std::int64_t seq = pick_seq(d);
+    return append_of(d, seq, d.choose.between(1, 3));
+}
+
+// A sequence whose last block is partial as far as the draft knows (an
+// odd length: the paged reference's blocks hold 2 tokens), when there is one.
+std::int64_t pick_partial(Drawing& d) {
+    std::vector<std::int64_t> partial;
+    for (const std::int64_t seq : d.draft.seqs) {
+        const auto length = d.draft.lengths.find(seq);
+        if (length != d.draft.lengths.end() && length->second % 2 == 1) partial.push_back(seq);
+    }
+    if (partial.empty()) return pick_seq(d);
+    return partial[d.choose.below(partial.size())];
+}
 
 op::PagedFork draw(Drawing& d, op::PagedFork*) {
-    const std::int64_t parent = pick_seq(d);
+    // Half the time a parent whose last block a write then shares.
+    const std::int64_t parent = d.choose.one_in(2) ? pick_partial(d) : pick_seq(d);
     op::PagedFork fork{parent, new_seq(d)};
+    const auto length = d.draft.lengths.find(parent);
+    if (length != d.draft.lengths.end()) d.draft.lengths[fork.child] = length->second;
     // A write into the blocks now shared: copy-on-write.
     if (d.enabled(kind<op::PagedAppend>()) && !d.choose.one_in(3)) {
-        d.follow_up = op::PagedAppend{d.choose.one_in(2) ? parent : fork.child, d.choose.between(1, 3)};
+        const bool parent_writes = d.choose.one_in(2);
+        d.follow_up = append_of(d, parent_writes ? parent : fork.child, d.choose.between(1, 3));
+        // Now and then the other holder ends before the step: the copy's
+        // source is then held by the pending copy alone (never to be taken
+        // while read), and free after the step (its copy must not change
+        // when it is taken again).
+        if (d.enabled(kind<op::PagedFree>()) && d.choose.one_in(2)) {
+            const std::int64_t other = parent_writes ? fork.child : parent;
+            d.draft.seqs.erase(std::remove(d.draft.seqs.begin(), d.draft.seqs.end(), other), d.draft.seqs.end());
+            d.draft.chained.push_back(op::PagedFree{other});
+            // Then blocks taken: before the step (the source must not be
+            // among them), or after it, enough to reach the source at the
+            // back of the free queue (the copy must not change then).
+            if (d.enabled(kind<op::PagedAlloc>())) {
+                const bool after_step = d.enabled(kind<op::PagedStep>()) && !d.choose.one_in(3);
+                if (after_step) d.draft.chained.push_back(op::PagedStep{});
+                d.draft.chained.push_back(fresh_request(d, 8));
+                if (after_step) d.draft.chained.push_back(fresh_request(d, 4));
+            }
+        }
     }
     return fork;
 }
@@ -673,6 +734,7 @@ op::PagedImport draw(Drawing& d, op::PagedImport*) {
     const std::int64_t tokens = d.choose.between(1, 6);
     spec.layers.assign(2, LayerSpec{0b11, true, tokens});
     op::PagedImport import{new_seq(d), spec};
+    d.draft.lengths[import.seq] = tokens;
     if (d.enabled(kind<op::PagedExport>()) && d.choose.one_in(2)) d.follow_up = op::PagedExport{import.seq};
     return import;
 }
@@ -681,11 +743,13 @@ op::PagedExport draw(Drawing& d, op::PagedExport*) { return {pick_seq(d)}; }
 
 op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
     op::PagedRewind rewind{pick_seq(d), d.choose.between(1, 3), d.choose.between(1, 3)};
+    const auto length = d.draft.lengths.find(rewind.seq);
+    if (length != d.draft.lengths.end()) length->second = std::max<std::int64_t>(1, length->second - rewind.count);
     const auto request = d.draft.allocated.find(rewind.seq);
     const std::uint64_t then = d.choose.below(3);
     if (then == 0 && d.enabled(kind<op::PagedAppend>())) {
         // Other tokens where the dropped ones were.
-        d.follow_up = op::PagedAppend{rewind.seq, d.choose.between(1, 3)};
+        d.follow_up = append_of(d, rewind.seq, d.choose.between(1, 3));
     } else if (then == 1 && request != d.draft.allocated.end()) {
         // The same request again, a token longer: its prefix may hit the
         // blocks the rewind cut (which must have lost their identity).
@@ -694,6 +758,7 @@ op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
         d.draft.requests.push_back(again);
         op::PagedAlloc alloc{new_seq(d), std::move(again), request->second.second};
         d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};
+        d.draft.lengths[alloc.seq] = static_cast<std::int64_t>(alloc.tokens.size());
         d.follow_up = std::move(alloc);
     }
     return rewind;
@@ -727,6 +792,10 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
         if (follow_up) {
             trace.push_back(std::move(*follow_up));
             follow_up.reset();
+            if (!draft.chained.empty()) {
+                follow_up = std::move(draft.chained.front());
+                draft.chained.pop_front();
+            }
             continue;
         }
         std::uint64_t pick = choose.below(total);
