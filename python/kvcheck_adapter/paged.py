@@ -16,7 +16,8 @@ published-immutable, paged-roundtrip) judge what the manager's decisions
 would do to real memory: a hit on a reused block reads what the new owner
 wrote there; a copy the manager forgot to ask for is not made.
 
-The author implements nine calls (fork and import_sequence optional) and one
+The author implements nine calls (fork and import_sequence optional; a
+tenth, rewind, optional too) and one
 observation; everything else (decoding, the shadow store, pending writes
 until the step, the K/V observations, the protocol) is the SDK's:
 
@@ -41,6 +42,7 @@ until the step, the K/V observations, the protocol) is the SDK's:
         def reset_prefix_cache(self):    self.manager.reset_prefix_cache()
         def step(self, copies):          self.manager.step(copies)
         def import_sequence(self, seq, length): self.manager.allocate_unknown(seq, length)
+        def rewind(self, seq, length):   return self.manager.rewind(seq, length)  # -> copies
 
         def state(self):
             m = self.manager
