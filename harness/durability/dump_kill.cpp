@@ -73,7 +73,7 @@ DumpEnd dump_in_fork(const KillTest& test, int log_fd, std::int64_t kill_at) {
 
 // The log file next to the dump directory (not under it: the shim does not
 // record it), removed when read.
-std::vector<ShimEvent> dump_in_copy(const KillTest& test, DumpInCopy& copies, std::int64_t kill_at, DumpEnd& end) {
+std::vector<ShimEvent> dump_through_copy(const KillTest& test, DumpInCopy& copies, std::int64_t kill_at, DumpEnd& end) {
     const std::string log_path = test.dir + ".shim-log";
     const int fd = ::open(log_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) throw std::runtime_error("cannot make the dump shim's log " + log_path + ": " + std::strerror(errno));
@@ -95,7 +95,7 @@ DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
     DumpRun run;
     DumpEnd end;
     if (auto* copies = dynamic_cast<DumpInCopy*>(&test.engine)) {
-        run.events = dump_in_copy(test, *copies, kill_at, end);
+        run.events = dump_through_copy(test, *copies, kill_at, end);
     } else {
         ShimLog log;
         end = dump_in_fork(test, log.fd(), kill_at);

@@ -1,5 +1,6 @@
 // dump-safe tested from outside the engine. The dump runs in a child
-// process forked from this one, so the child holds the engine exactly as it
+// process forked from this one (for an engine in an adapter process, a copy
+// of that process: DumpInCopy), so the child holds the engine exactly as it
 // is, with the dump shim (dumpshim.h) armed on the dump directory:
 //   1. once to its end, recorded: every power cut right after it returned
 //      must leave the new dump (durable when dump returns);
