@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, Callable, Dict, Optional
 
 PROTOCOL_VERSION = 4
@@ -352,7 +353,13 @@ def dump_fork(dump: Callable[[str], None], directory: str, log_path: str, kill_a
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork while other threads run (torch's
+        # pools): the copy only dumps and exits, as kvcheck's own dump
+        # children do; a dump that waits for a lock another thread held
+        # hangs, and is reported as the request's hang.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         status = 3
         try:
