@@ -47,4 +47,12 @@ found = locate_kvcheck()
 assert found.found_by == "PATH" and found.path == sys.argv[1], found
 print("package_test: the SDK finds", found.describe())
 ' "$usr/bin/kvcheck"
+# The packaged kvcheck preloads its own dump shim (/usr/lib, found where
+# the loader found it) into an adapter process: the example store's dumps
+# are killed and power-cut (dump_fork), so dump-safe has no NOT APPLIED note.
+example=$(cd "$(dirname "$0")/.." && pwd)/python/examples/activation_memory_adapter.py
+run=$(cd "$scratch" && KVCHECK_PYTHON="$python" "$usr/bin/kvcheck" run --adapter "$example" --property dump-safe \
+      --cases 10 --quiet --trace-dir "$scratch/traces" 2>&1) || fail "the packaged kvcheck fails on the example store: $run"
+[[ $run != *"NOT APPLIED: dump-safe"* && $run == *"dump-safe     pass "* ]] || fail "the packaged kvcheck did not kill the example store's dumps: $run"
+echo "package_test: the example store's dumps are killed under the packaged kvcheck"
 echo "package_test: ok"

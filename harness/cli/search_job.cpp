@@ -568,7 +568,9 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
         // Said on the dump-safe row: a pass there did not kill a dump.
         out.send("not-applied",
                  std::string("kill/power-cut: not applied, because ") +
-                     (adapter.take_output ? "the engine runs in an adapter process of its own, which kvcheck does not fork"
+                     (adapter.take_output ? "its dumps cannot run in a copy of the adapter process with the dump shim armed: " +
+                                                (adapter.dump_kill_absent.empty() ? std::string("the adapter does not serve dump_fork")
+                                                                                  : adapter.dump_kill_absent)
                                           : "the engine declares that its dump cannot run in a fork (Capabilities::dump_kill)") +
                      ": its dumps were not killed at each call nor cut by a power failure, only dumped and loaded (and "
                      "interrupted by the engine itself, with dump_crash); a dump that never fsyncs can pass "

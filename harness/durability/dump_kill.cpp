@@ -18,6 +18,8 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,19 +51,56 @@ struct DumpRun {
     bool killed = false;  // by the shim, at its kill point
 };
 
-DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
-    ShimLog log;
+// How the dump's process ended: a fork of this one, or a copy of an adapter process.
+struct DumpEnd {
+    int status = 0;
+    bool hung = false;
+    std::string error;  // what the dump threw (exit status 3)
+};
+
+DumpEnd dump_in_fork(const KillTest& test, int log_fd, std::int64_t kill_at) {
     const ChildEnd end = run_child(
         [&](int) {
-            if (kvcheck_dumpshim_arm(test.dir.c_str(), log.fd(), kill_at) != 0) {
+            if (kvcheck_dumpshim_arm(test.dir.c_str(), log_fd, kill_at) != 0) {
                 throw std::runtime_error("cannot arm the dump shim on " + test.dir);
             }
             test.engine.dump(test.dir);
             kvcheck_dumpshim_disarm();
         },
         test.options.child_seconds_max);
+    return {end.status, end.hung, WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3 ? child_error(end.output) : ""};
+}
+
+// The log file next to the dump directory (not under it: the shim does not
+// record it), removed when read.
+std::vector<ShimEvent> dump_through_copy(const KillTest& test, DumpInCopy& copies, std::int64_t kill_at, DumpEnd& end) {
+    const std::string log_path = test.dir + ".shim-log";
+    const int fd = ::open(log_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("cannot make the dump shim's log " + log_path + ": " + std::strerror(errno));
+    struct Remove {
+        int fd;
+        const std::string& path;
+        ~Remove() {
+            ::close(fd);
+            ::unlink(path.c_str());
+        }
+    } remove{fd, log_path};
+    const DumpInCopy::End copy = copies.dump_in_copy(test.dir, log_path, kill_at);
+    end.status = copy.status;
+    end.error = copy.error;
+    return read_shim_log_fd(fd);
+}
+
+DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
     DumpRun run;
-    run.events = log.events();
+    DumpEnd end;
+    if (auto* copies = dynamic_cast<DumpInCopy*>(&test.engine)) {
+        run.events = dump_through_copy(test, *copies, kill_at, end);
+    } else {
+        ShimLog log;
+        end = dump_in_fork(test, log.fd(), kill_at);
+        run.events = log.events();
+    }
     run.after = read_image(test.dir);
     const bool shim_kill = !run.events.empty() && run.events.back().kind == Call::kill;
     const std::string what = kill_at < 0 ? "the dump" : "the dump to be killed at call " + std::to_string(kill_at);
@@ -71,7 +110,7 @@ DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
         return run;
     }
     if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + posix::signal_name(WTERMSIG(end.status)) + ")");
-    if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + child_error(end.output));
+    if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + end.error);
     if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
         throw std::runtime_error(what + " ended its child process with status " + std::to_string(WEXITSTATUS(end.status)));
     }
@@ -289,8 +328,28 @@ bool shim_interposes() {
     return interposes;
 }
 
+std::string shim_library_path(std::string& why_not) {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&kvcheck_dumpshim_arm), &info) == 0 || info.dli_fname == nullptr ||
+        std::strstr(info.dli_fname, "dumpshim") == nullptr) {
+        why_not = "kvcheck has no libkvcheck_dumpshim.so loaded to preload into it";
+        return {};
+    }
+    std::error_code error;
+    const std::string path = std::filesystem::canonical(info.dli_fname, error).string();
+    if (error) {
+        why_not = std::string("the dump shim kvcheck loaded (") + info.dli_fname + ") is gone: " + error.message();
+        return {};
+    }
+    if (path.find_first_of(" :") != std::string::npos) {
+        why_not = "the dump shim's path has a space or a colon, which LD_PRELOAD cannot name: " + path;
+        return {};
+    }
+    return path;
+}
+
 KillOutcome run_kill_test(const KillTest& test) {
-    if (!shim_interposes()) {
+    if (dynamic_cast<DumpInCopy*>(&test.engine) == nullptr && !shim_interposes()) {
         throw std::runtime_error("the dump shim does not see this process's calls (libkvcheck_dumpshim.so must come before libc)");
     }
     std::filesystem::create_directories(test.dir);

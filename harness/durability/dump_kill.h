@@ -1,5 +1,6 @@
 // dump-safe tested from outside the engine. The dump runs in a child
-// process forked from this one, so the child holds the engine exactly as it
+// process forked from this one (for an engine in an adapter process, a copy
+// of that process: DumpInCopy), so the child holds the engine exactly as it
 // is, with the dump shim (dumpshim.h) armed on the dump directory:
 //   1. once to its end, recorded: every power cut right after it returned
 //      must leave the new dump (durable when dump returns);
@@ -53,6 +54,28 @@ struct KillOutcome {
     std::vector<std::string> temporaries;    // temporaries of the dump still in the directory
 };
 
+// An engine whose store lives in another process (an adapter process,
+// docs/durability.md "Engines that run as programs of their own"): a fork
+// of kvcheck's process would not hold it, so its dump runs in a copy of
+// that process instead, with the dump shim preloaded there and armed in
+// the copy. run_kill_test asks an engine for this interface
+// (dynamic_cast); every other engine's dump runs in a fork of this process.
+class DumpInCopy {
+  public:
+    struct End {
+        int status = 0;     // the copy's wait status (SIGKILL: killed by the shim at its kill point)
+        std::string error;  // what the dump threw (the copy then exited with status 3)
+    };
+    // Dumps the store into `dir` in a copy of the engine's process, the
+    // shim armed on `dir`, recording to the file `log_path` and killing the
+    // copy just before counted call `kill_at` (-1: none). The engine's own
+    // store is untouched. Throws std::runtime_error when no copy could run.
+    virtual End dump_in_copy(const std::string& dir, const std::string& log_path, std::int64_t kill_at) = 0;
+
+  protected:
+    ~DumpInCopy() = default;
+};
+
 // Throws std::runtime_error when the dump threw or crashed in its child,
 // when a fresh engine crashed or hung loading a state, or when the shim
 // does not see this process's calls.
@@ -61,5 +84,11 @@ KillOutcome run_kill_test(const KillTest& test);
 // Whether this process's calls reach the dump shim (it must come before
 // libc in the lookup scope: kvcheck_harness links it for that).
 bool shim_interposes();
+
+// The file of the dump shim this process has loaded, for LD_PRELOAD into an
+// adapter process (it works from the build tree and from an installed
+// kvcheck alike: wherever the loader found it). Empty, with the reason in
+// `why_not`, when it cannot be preloaded.
+std::string shim_library_path(std::string& why_not);
 
 }  // namespace kvcheck::durability

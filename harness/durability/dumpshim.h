@@ -17,7 +17,11 @@
  *     a program of its own (a Python engine): the constructor arms it from
  *     the environment (KVCHECK_DUMPSHIM_DIR, KVCHECK_DUMPSHIM_LOG_FD and
  *     optionally KVCHECK_DUMPSHIM_KILL_AT), or the program arms it later by
- *     calling kvcheck_dumpshim_arm (ctypes, for instance).
+ *     calling kvcheck_dumpshim_arm (ctypes, for instance). kvcheck preloads
+ *     it into every adapter process it starts; the Python SDK arms it in
+ *     the copy a dump_fork request makes (docs/protocol.md section 10a).
+ *     Preloaded into programs without a sanitizer runtime, it is built
+ *     without sanitizers in every build.
  *
  * What it records, while armed: every call below on a path under the armed
  * directory, or on a descriptor opened on one: open, open64, openat,

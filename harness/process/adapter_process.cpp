@@ -1,5 +1,7 @@
 #include "adapter_process.h"
 
+#include "durability/dump_kill.h"
+
 #include "signal_name.h"
 #include "wire.h"
 
@@ -54,16 +56,31 @@ void ignore_sigpipe_once() {
     (void)done;
 }
 
+// The dump shim, preloaded into every adapter process (inert until a
+// dump_fork copy arms it: docs/durability.md); empty when it cannot be.
+const std::string& preloaded_shim(std::string& why_not) {
+    static std::string why;
+    static const std::string path = durability::shim_library_path(why);
+    why_not = why;
+    return path;
+}
+
 std::vector<std::string> child_environment(const ProcessCommand& command, bool offer_fork) {
     std::vector<std::string> names_set = {"KVCHECK_PROTOCOL", "KVCHECK_REQUEST_FD", "KVCHECK_REPLY_FD",
-                                          "KVCHECK_FORK_FD", "PYTHONUNBUFFERED"};
+                                          "KVCHECK_FORK_FD", "PYTHONUNBUFFERED", "LD_PRELOAD"};
+    std::string preload;  // the user's, then the shim
     for (const std::string& extra : command.extra_env) names_set.push_back(extra.substr(0, extra.find('=')));
     std::vector<std::string> env;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
         const std::string text = *entry;
         const std::string name = text.substr(0, text.find('='));
+        if (name == "LD_PRELOAD") preload = text.substr(text.find('=') + 1);
         if (std::find(names_set.begin(), names_set.end(), name) == names_set.end()) env.push_back(text);
     }
+    std::string why_not;
+    const std::string& shim = preloaded_shim(why_not);
+    if (!shim.empty()) preload += (preload.empty() ? "" : ":") + shim;
+    if (!preload.empty()) env.push_back("LD_PRELOAD=" + preload);
     env.push_back("KVCHECK_PROTOCOL=" + std::to_string(protocol_version));
     env.push_back("KVCHECK_REQUEST_FD=" + std::to_string(request_fd_in_child));
     env.push_back("KVCHECK_REPLY_FD=" + std::to_string(reply_fd_in_child));
@@ -399,11 +416,30 @@ void AdapterProcess::handshake(double seconds) {
         if (!fault.empty()) throw ProtocolError(fault);
         if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");
         if (reply.find("fork")) hello_.fork = read_bool(reply, "fork");
+        read_dump_fork(reply);
     } catch (const ProcessError&) {
         throw;
     } catch (const std::exception& error) {
         fail("start", "the adapter's handshake reply breaks the protocol: " + std::string(error.what()));
     }
+}
+
+void AdapterProcess::read_dump_fork(const Json& reply) {
+    if (reply.find("dump_fork")) hello_.dump_fork = read_bool(reply, "dump_fork");
+    std::string why_not;
+    const bool preloaded = !preloaded_shim(why_not).empty();
+    if (!hello_.capabilities.dump) {
+        hello_.dump_fork = false;  // nothing to kill
+    } else if (!hello_.dump_fork) {
+        const std::string said = reply.find("dump_fork_absent") ? read_string(reply, "dump_fork_absent") : "";
+        hello_.dump_fork_absent = !preloaded ? why_not
+                                  : !said.empty() ? said
+                                                  : "the adapter process does not serve dump_fork requests (docs/protocol.md "
+                                                    "section 10a: the SDK serves them when the dump shim is loaded in it)";
+    }
+    // Its dump runs in a copy the adapter forks (docs/durability.md), never
+    // in a fork of kvcheck's process.
+    hello_.capabilities.dump_kill = hello_.dump_fork;
 }
 
 Json AdapterProcess::call(const std::string& request) {

@@ -42,6 +42,12 @@ struct Hello {
     Capabilities capabilities;
     bool copies_in_replies = false;  // each operation's reply carries its copies
     bool fork = false;               // serves fork requests (offered a fork socket: docs/protocol.md section 10)
+    // Serves dump_fork requests (docs/protocol.md section 10a): its dumps
+    // run in copies of it with the dump shim kvcheck preloaded armed, so
+    // dump_kill applies (Capabilities::dump_kill). Else why not, for the
+    // dump-safe row's note.
+    bool dump_fork = false;
+    std::string dump_fork_absent;
 };
 
 // Why a process cannot be used any more, as a sandbox fault: kind "crash"
@@ -125,6 +131,7 @@ class AdapterProcess {
     void start(const ProcessCommand& command, bool offer_fork);
     void start_forked(const ForkFrom& from);
     void handshake(double seconds);
+    void read_dump_fork(const Json& reply);
     void send(const std::string& frame);
     // The next reply frame; `deadline` > 0: give up at that monotonic time.
     std::string receive(double deadline);

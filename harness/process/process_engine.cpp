@@ -3,6 +3,8 @@
 #include "paged_wire.h"
 #include "wire.h"
 
+#include "durability/dump_kill.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -88,7 +90,7 @@ struct EntryKnown {
     std::optional<Metadata> metadata;
 };
 
-class ProcessEngine final : public Engine, public PagedEngine {
+class ProcessEngine final : public Engine, public PagedEngine, public durability::DumpInCopy {
   public:
     ProcessEngine(std::shared_ptr<Connection> connection, std::uint64_t session, FaultHandler on_fault)
         : connection_(std::move(connection)), session_(session), hello_(connection_->process->hello()),
@@ -135,6 +137,20 @@ class ProcessEngine final : public Engine, public PagedEngine {
     void remove_all() override { operation(Request("remove_all")); }
 
     void dump(const std::string& dir) override { operation(Request("dump").field("dir", dir)); }
+
+    // dump_kill's dumps (docs/durability.md): the adapter forks a copy that
+    // arms the shim kvcheck preloaded, dumps and exits; its store and
+    // everything kvcheck knows of it are untouched.
+    End dump_in_copy(const std::string& dir, const std::string& log_path, std::int64_t kill_at) override {
+        if (!hello_.dump_fork) throw std::logic_error("dump_fork asked of an adapter that does not serve it");
+        const Json reply = call(Request("dump_fork").field("dir", dir).field("log", log_path).field("kill_at", kill_at).text());
+        return reading("dump_fork", [&] {
+            End end;
+            end.status = static_cast<int>(read_int(reply, "status"));
+            if (reply.find("error") != nullptr && !reply.at("error").is_null()) end.error = read_string(reply, "error");
+            return end;
+        });
+    }
 
     void dump_interrupted(const std::string& dir, std::int64_t bytes_budget) override {
         operation(Request("dump_interrupted").field("dir", dir).field("bytes_budget", bytes_budget));

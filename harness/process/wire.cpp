@@ -254,7 +254,8 @@ Metadata read_metadata(const Json& object) {
 
 Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
-    // Its dump cannot run in a fork of kvcheck's process (docs/durability.md).
+    // Its dump cannot run in a fork of kvcheck's process: dump_kill applies
+    // only when the handshake offers dump_fork (AdapterProcess::read_dump_fork).
     capabilities.dump_kill = false;
     // A rewind is asked only of an adapter that claims it (protocol 4's
     // adapters written before it have none).

@@ -15,12 +15,10 @@ def test_the_fixed_store_holds_every_property(kvcheck):
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert set(verdicts.values()) == {"pass"}, verdicts
-    # Issue 28: the dump of an adapter process is not killed nor cut by a
-    # power failure (docs/durability.md): its pass says so, and no other does.
+    # Issue 28: the dumps of an adapter process are killed and cut by power
+    # failures too (dump_fork, docs/durability.md): every check applied.
     not_applied = {p["id"]: p["not_applied"] for p in run.report["properties"] if p["not_applied"]}
-    assert list(not_applied) == ["dump-safe"], not_applied
-    assert not_applied["dump-safe"].startswith(
-        "kill/power-cut: not applied, because the engine runs in an adapter process of its own"), not_applied
+    assert not_applied == {}, not_applied
     assert run.report["adapter"] == "activation-memory"
     assert run.report["source"] == f"exec:{ADAPTER_PYTHON} {EXAMPLE}"
 

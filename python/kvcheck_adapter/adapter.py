@@ -453,6 +453,14 @@ class Server:
             "capabilities": capabilities_of(engine),
             "copies_in_replies": True,
         }
+        # dump_fork (docs/protocol.md section 10a): kvcheck kills and power-cuts
+        # this engine's dumps in copies of this process.
+        if reply["capabilities"].get("dump", True):
+            reply["dump_fork"] = _protocol.dump_shim() is not None
+            if not reply["dump_fork"]:
+                reply["dump_fork_absent"] = ("the dump shim (libkvcheck_dumpshim.so) is not loaded in the adapter process: "
+                                             "LD_PRELOAD did not reach it (a wrapper that clears the environment, "
+                                             "or a statically linked interpreter)")
         if engine.model is not None:
             if not isinstance(engine.model, dict):
                 raise TypeError(f"{type(engine).__name__}.model is a {type(engine.model).__name__}: it declares the "
@@ -551,6 +559,11 @@ class Server:
         s = self._session
         directory = _field(request, "dir", str)
         return self._operation(lambda: s.engine.dump(directory))
+
+    def _op_dump_fork(self, request):
+        s = self._session
+        directory, log, kill_at = _field(request, "dir", str), _field(request, "log", str), _field(request, "kill_at", int)
+        return _protocol.dump_fork(s.engine.dump, directory, log, kill_at)
 
     def _op_dump_interrupted(self, request):
         s = self._session

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, Callable, Dict, Optional
 
 PROTOCOL_VERSION = 4
@@ -314,6 +315,77 @@ def _become_copy(connection, server, children, fork_request, fds) -> Connection:
             address_space = min(address_space, hard)
         resource.setrlimit(resource.RLIMIT_AS, (address_space, hard))
     return Connection(requests, replies)
+
+
+def dump_shim() -> Optional[Callable[[bytes, int, int], int]]:
+    """`kvcheck_dumpshim_arm(dir, log_fd, kill_at)` of the dump shim kvcheck
+    preloads into every adapter process (libkvcheck_dumpshim.so, through
+    LD_PRELOAD; docs/durability.md), or None when it is not loaded here (a
+    wrapper that cleared LD_PRELOAD, a kvcheck without the shim)."""
+    try:
+        import ctypes
+
+        arm = ctypes.CDLL(None).kvcheck_dumpshim_arm
+    except (OSError, AttributeError):
+        return None
+    arm.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_longlong]
+    arm.restype = ctypes.c_int
+    return arm
+
+
+# What a dump copy sends back of the exception that ended it.
+_DUMP_ERROR_BYTES_MAX = 60000
+
+
+def dump_fork(dump: Callable[[str], None], directory: str, log_path: str, kill_at: int) -> Dict[str, Any]:
+    """The dump_fork request (docs/protocol.md section 10a): `dump(directory)`
+    in a copy of this process (os.fork: the copy holds the engine as it is)
+    with the dump shim armed on `directory`, recording to the file
+    `log_path` and killing the copy (SIGKILL) just before its counted call
+    `kill_at` (-1: never). The copy exits 0, or 3 when the dump raised;
+    this process's engine is untouched. The reply carries the copy's wait
+    status and what it raised."""
+    arm = dump_shim()
+    if arm is None:
+        raise RuntimeError("dump_fork: the dump shim (libkvcheck_dumpshim.so) is not loaded in this process")
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    errors, errors_out = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork while other threads run (torch's
+        # pools): the copy only dumps and exits, as kvcheck's own dump
+        # children do; a dump that waits for a lock another thread held
+        # hangs, and is reported as the request's hang.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        status = 3
+        try:
+            os.close(errors)
+            _die_with_parent(parent)
+            if arm(os.fsencode(directory), log, kill_at) != 0:
+                raise RuntimeError(f"cannot arm the dump shim on {directory!r}")
+            dump(directory)
+            status = 0
+        except BaseException as error:  # noqa: BLE001 - every way out of the dump is reported
+            reply = error_reply(error)
+            text = reply["error"] + "\n" + reply["traceback"]
+            os.write(errors_out, text.encode("utf-8", "replace")[:_DUMP_ERROR_BYTES_MAX])
+        os._exit(status)
+    os.close(log)
+    os.close(errors_out)
+    chunks = []
+    while True:
+        chunk = os.read(errors, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(errors)
+    _, status = os.waitpid(pid, 0)
+    error = b"".join(chunks).decode("utf-8", "replace")
+    return {"ok": True, "status": status, "error": error or None}
 
 
 def serve_loop(connection: Connection, handle: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:

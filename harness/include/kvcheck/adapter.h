@@ -39,6 +39,9 @@ struct Adapter {
     // the cache families its engines can be checked on.
     bool paged = false;
     bool store = true;
+    // A process adapter whose dumps kvcheck cannot kill (its handshake:
+    // no dump_fork): why, for the dump-safe row's note. Empty otherwise.
+    std::string dump_kill_absent = {};
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }
