@@ -67,20 +67,28 @@ const std::string& preloaded_shim(std::string& why_not) {
 
 std::vector<std::string> child_environment(const ProcessCommand& command, bool offer_fork) {
     std::vector<std::string> names_set = {"KVCHECK_PROTOCOL", "KVCHECK_REQUEST_FD", "KVCHECK_REPLY_FD",
-                                          "KVCHECK_FORK_FD", "PYTHONUNBUFFERED", "LD_PRELOAD"};
+                                          "KVCHECK_FORK_FD", "PYTHONUNBUFFERED", "LD_PRELOAD", "ASAN_OPTIONS"};
     std::string preload;  // the user's, then the shim
+    std::string asan_options;
     for (const std::string& extra : command.extra_env) names_set.push_back(extra.substr(0, extra.find('=')));
     std::vector<std::string> env;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
         const std::string text = *entry;
         const std::string name = text.substr(0, text.find('='));
         if (name == "LD_PRELOAD") preload = text.substr(text.find('=') + 1);
+        if (name == "ASAN_OPTIONS") asan_options = text.substr(text.find('=') + 1);
         if (std::find(names_set.begin(), names_set.end(), name) == names_set.end()) env.push_back(text);
     }
     std::string why_not;
     const std::string& shim = preloaded_shim(why_not);
     if (!shim.empty()) preload += (preload.empty() ? "" : ":") + shim;
     if (!preload.empty()) env.push_back("LD_PRELOAD=" + preload);
+    // An adapter built with a dynamic ASan runtime (g++ -fsanitize=address)
+    // refuses to start when a preloaded library comes before the runtime;
+    // the shim only passes calls on, so that order is safe. The user's own
+    // setting, after ours, still wins.
+    if (!shim.empty()) asan_options = "verify_asan_link_order=0" + (asan_options.empty() ? "" : ":" + asan_options);
+    if (!asan_options.empty()) env.push_back("ASAN_OPTIONS=" + asan_options);
     env.push_back("KVCHECK_PROTOCOL=" + std::to_string(protocol_version));
     env.push_back("KVCHECK_REQUEST_FD=" + std::to_string(request_fd_in_child));
     env.push_back("KVCHECK_REPLY_FD=" + std::to_string(reply_fd_in_child));

@@ -407,6 +407,23 @@ TEST_F(ProcessTest, TheOutputIsKeptAndClearedAtReset) {
     EXPECT_EQ(process.output_tail(), "");
 }
 
+// The dump shim is preloaded into every adapter process (docs/durability.md),
+// and ASan's link-order check is turned off for it, so that an adapter built
+// with a dynamic ASan runtime (g++ -fsanitize=address) still starts; the
+// caller's own ASAN_OPTIONS follow, so they win.
+TEST_F(ProcessTest, TheDumpShimIsPreloadedWithoutStoppingAnAsanAdapter) {
+    const char* outer = std::getenv("ASAN_OPTIONS");
+    AdapterProcess process(shell("echo \"$LD_PRELOAD|$ASAN_OPTIONS\"; exec " KVCHECK_TEST_PYTHON " " KVCHECK_TEST_FAULT_ADAPTER
+                                 " --fault none"),
+                           output(), 120);
+    const std::string seen = process.output_tail();
+    const std::string preload = seen.substr(0, seen.find('|'));
+    EXPECT_NE(preload.find("libkvcheck_dumpshim.so"), std::string::npos) << seen;
+    const std::string asan = seen.substr(seen.find('|') + 1);
+    EXPECT_EQ(asan, std::string("verify_asan_link_order=0") + (outer != nullptr && *outer != 0 ? std::string(":") + outer : ""))
+        << seen;
+}
+
 // What /proc/<pid>/stat says after the command's name (state, parent, ...);
 // empty when the process is gone.
 std::string stat_after_name(pid_t pid) {
