@@ -6,6 +6,7 @@
 #include "search_job.h"
 
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 namespace kvcheck::cli {
@@ -26,15 +27,54 @@ void note_progress(const Job& job, bool shrink_it, std::size_t trace_length, std
     }
 }
 
+// Runs `trace` on the first engine `runner` makes from `first` (any later
+// one, as a dump-safe kill test makes, from `runner`).
+RunResult run_on(const Runner& runner, const EngineFactory& first, const Trace& trace) {
+    Runner once = runner;
+    auto made = std::make_shared<bool>(false);
+    once.make = [made, first, make = runner.make] {
+        if (*made) return make();
+        *made = true;
+        return first();
+    };
+    return once.run(trace);
+}
+
+// A shared-state finding's two parts (docs/semantics.md#reproduction): the
+// prefix on an engine nothing earlier reached, the trace after it in that
+// engine's process; its failure, if any. Else the trace alone, on another
+// such engine, and the first step whose answers differ from the run after
+// the prefix. (An engine loaded in this process runs alone after the two
+// parts, in the same process: a difference it shows is one, but one it
+// hides is not seen. A plugin's finding is replayed so by a kvcheck
+// process of its own.)
+RunResult replay_after(const Adapter& adapter, const Runner& runner, const Trace& prefix, const Trace& trace) {
+    Runner recording = runner;
+    recording.options.record_answers = true;
+    const EngineFactory isolated = isolated_factory(adapter);
+    run_on(runner, isolated, prefix);
+    RunResult run = recording.run(trace);
+    if (run.failure) return run;
+    const RunResult alone = run_on(recording, isolated, trace);
+    if (!alone.failure) run.failure = answers_difference(trace, alone.answers, run.answers);
+    return run;
+}
+
 }  // namespace
 
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
                           const ConformanceOptions& options, const std::optional<Trace>& prefix) {
     auto body = [&](Channel& out) {
         const Runner runner = runner_for(adapter, properties, out);
-        if (prefix) runner.run(*prefix);
-        const RunResult run = runner.run(trace);
-        if (!run.failure) {
+        RunResult run;
+        if (prefix) {
+            run = replay_after(adapter, runner, *prefix, trace);
+        } else {
+            run = runner.run(trace);
+        }
+        if (run.failure && run.failure->property == shared_state_id) {
+            out.send("fail", encode({1, trace.size(), *run.failure, format_trace(trace)}));
+        } else if (!run.failure) {
             out.send("pass", std::to_string(run.steps_run) + " " + std::to_string(run.coverage.ops_skipped));
         } else if (shrink_it) {
             ShrinkOptions shrinking;  // --model, else what the engine declares

@@ -13,10 +13,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kvcheck::cli {
+
+// The first step at which a trace's answers run alone (RunResult::answers,
+// on a fresh engine process) and run later in a process differ, as a
+// shared-state failure naming both; nullopt when they agree wherever both
+// ran (docs/semantics.md#reproduction, engine independence).
+std::optional<Failure> answers_difference(const Trace& trace, const std::vector<std::string>& alone,
+                                          const std::vector<std::string>& late);
 
 // A message's text on one line: line breaks become spaces.
 std::string one_line(std::string text);

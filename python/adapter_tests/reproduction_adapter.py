@@ -2,12 +2,16 @@
 a failure that needs an earlier engine, one that comes and goes, a refusal
 that follows another fault, and copies of an arena (test_reproduction.py).
 
-    reproduction_adapter.py --case shared_default|flaky|empty_handle|arena
+    reproduction_adapter.py --case shared_default|shared_copy|flaky|empty_handle|arena
 
 shared_default  generate with no cache writes into a default argument
                 (`def generate(self, cache, ..., _empty=DynamicCache())`):
                 module state every engine of the process shares, so a
                 generation from nothing continues the previous one's.
+shared_copy     the first to_legacy of the process aliases its source,
+                every later one copies it: both are
+                allowed, so no property fails, but the engine answers
+                otherwise after another engine ran (module state).
 flaky           generation's first token is wrong in two adapter processes
                 of three (by their order of start, counted in the file
                 $KVCHECK_TEST_PROCESS_COUNTER): as a bug that depends on
@@ -31,7 +35,7 @@ from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
 from kvcheck_adapter.adapter import serve  # noqa: E402
 
-CASES = ("shared_default", "flaky", "empty_handle", "arena")
+CASES = ("shared_default", "shared_copy", "flaky", "empty_handle", "arena")
 
 
 class SharedDefault(activation_memory_adapter.ActivationMemoryAdapter):
@@ -42,6 +46,19 @@ class SharedDefault(activation_memory_adapter.ActivationMemoryAdapter):
 
     def generate_stream(self, cache, prompt, max_new_tokens):
         return iter(self.generate(cache, prompt, max_new_tokens))
+
+
+_LEGACY_DONE = [False]  # a to_legacy ran in this process (module state, never reset)
+
+
+class SharedCopy(activation_memory_adapter.ActivationMemoryAdapter):
+    def to_legacy(self, cache):
+        legacy = kv.to_legacy(cache)
+        if _LEGACY_DONE[0]:
+            legacy.key_cache = [t.clone() if isinstance(t, torch.Tensor) else t for t in legacy.key_cache]
+            legacy.value_cache = [t.clone() if isinstance(t, torch.Tensor) else t for t in legacy.value_cache]
+        _LEGACY_DONE[0] = True
+        return legacy
 
 
 _ORDINAL = {}  # pid -> this process's place among the adapter processes started
@@ -110,7 +127,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", required=True, choices=CASES)
     case = parser.parse_args(argv).case
-    engine = {"shared_default": SharedDefault, "flaky": Flaky, "empty_handle": EmptyHandle, "arena": Arena}[case]
+    engine = {"shared_default": SharedDefault, "shared_copy": SharedCopy, "flaky": Flaky, "empty_handle": EmptyHandle,
+              "arena": Arena}[case]
     model = models.Decoder()
 
     class Engine(engine):

@@ -57,7 +57,7 @@ def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pyt
     result.assert_outcomes(failed=1, deselected=result.parseoutcomes()["deselected"])
     text = result.stdout.str()
     assert "kvcheck: clone-independent fails on" in text and "(seed 5)" in text, text
-    assert "ERROR: clone-independent:" in text and "shares storage with its source" in text, text
+    assert "ERROR: clone-independent:" in text and "shares one storage with its source" in text, text
     assert "shrunk trace:" in text and "reproduce: kvcheck replay" in text, text
     assert "Traceback" not in text, text
     result.stdout.fnmatch_lines(["FAILED *activation_memory_adapter.py?--bug shallow_clone?::clone-independent*"])

@@ -23,7 +23,7 @@ def test_a_bug_fails_with_the_report():
                      kvcheck=kvcheck_binary(), properties=["clone-independent"], cases=300)
     text = str(failure.value)
     assert "adapter activation-memory+shallow_clone fails" in text
-    assert "ERROR: clone-independent:" in text and "shares storage with its source" in text
+    assert "ERROR: clone-independent:" in text and "shares one storage with its source" in text
     assert "reproduce: kvcheck replay" in text
 
 
