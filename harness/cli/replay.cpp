@@ -6,7 +6,6 @@
 #include "search_job.h"
 
 #include <iostream>
-#include <memory>
 #include <sstream>
 
 namespace kvcheck::cli {
@@ -27,19 +26,6 @@ void note_progress(const Job& job, bool shrink_it, std::size_t trace_length, std
     }
 }
 
-// Runs `trace` on the first engine `runner` makes from `first` (any later
-// one, as a dump-safe kill test makes, from `runner`).
-RunResult run_on(const Runner& runner, const EngineFactory& first, const Trace& trace) {
-    Runner once = runner;
-    auto made = std::make_shared<bool>(false);
-    once.make = [made, first, make = runner.make] {
-        if (*made) return make();
-        *made = true;
-        return first();
-    };
-    return once.run(trace);
-}
-
 // A shared-state finding's two parts (docs/semantics.md#reproduction): the
 // prefix on an engine nothing earlier reached, the trace after it in that
 // engine's process; its failure, if any. Else the trace alone, on another
@@ -52,10 +38,10 @@ RunResult replay_after(const Adapter& adapter, const Runner& runner, const Trace
     Runner recording = runner;
     recording.options.record_answers = true;
     const EngineFactory isolated = isolated_factory(adapter);
-    run_on(runner, isolated, prefix);
+    run_first_on(runner, isolated, prefix);
     RunResult run = recording.run(trace);
     if (run.failure) return run;
-    const RunResult alone = run_on(recording, isolated, trace);
+    const RunResult alone = run_first_on(recording, isolated, trace);
     if (!alone.failure) run.failure = answers_difference(trace, alone.answers, run.answers);
     return run;
 }

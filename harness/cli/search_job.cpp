@@ -213,6 +213,17 @@ Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out) 
     return runner;
 }
 
+RunResult run_first_on(const Runner& runner, const EngineFactory& first, const Trace& trace) {
+    Runner once = runner;
+    auto made = std::make_shared<bool>(false);
+    once.make = [made, first, make = runner.make] {
+        if (*made) return make();
+        *made = true;
+        return first();
+    };
+    return once.run(trace);
+}
+
 void send_finding(const Finding& finding, std::size_t cases, Channel& out) {
     out.send("fail", encode({cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)}));
 }
@@ -396,14 +407,7 @@ class PropertySearch {
     // dump_safe kill test does, from the same process).
     RunResult run_isolated(const Runner& runner, const Trace& trace) {
         if (in_child_) return replay_in_child(trace, nullptr);
-        Runner once = runner;
-        auto first = std::make_shared<bool>(true);
-        once.make = [first, isolated = isolated_factory(adapter_), make = runner.make] {
-            if (!*first) return make();
-            *first = false;
-            return isolated();
-        };
-        const RunResult run = once.run(trace);
+        const RunResult run = run_first_on(runner, isolated_factory(adapter_), trace);
         // The engine process is a fresh one now: what ran before is gone.
         history_.clear();
         history_.push_back(trace);
@@ -418,7 +422,9 @@ class PropertySearch {
     // replay's first ERROR line names; a replay that could not run shows
     // nothing.
     RunResult replay_in_child(const Trace& trace, const Trace* prefix) {
-        const std::string dir = (out_.work_dir().empty() ? fs::temp_directory_path().string() : out_.work_dir()) + "/replay";
+        const std::string dir = out_.work_dir().empty()
+                                    ? fs::temp_directory_path().string() + "/kvcheck-replay-" + std::to_string(::getpid())
+                                    : out_.work_dir() + "/replay";
         std::error_code ignored;
         fs::create_directories(dir, ignored);
         const std::string trace_file = dir + "/trace.trace";
@@ -430,6 +436,9 @@ class PropertySearch {
             std::ofstream(prefix_file, std::ios::trunc) << format_trace(*prefix);
             argv.insert(argv.end(), {"--prefix", prefix_file});
         }
+        // Progress, as any trace the search runs: the silence limit counts
+        // from each replay, and a fault pins on the trace replayed.
+        out_.send("begin", format_trace(trace));
         const ChildOutput child = run_child(argv);
         RunResult run;
         if (child.status == 1) {
@@ -559,8 +568,9 @@ class PropertySearch {
     // it did: else the engine answers at random, which is no finding of
     // this check) and verified as any finding, the difference being what a
     // replay must show. Reported ("shared-state") only when an earlier
-    // trace run first makes it answer otherwise again: a two-part
-    // reproducer that fails.
+    // trace run first makes it answer otherwise again, on every replay: a
+    // two-part reproducer that fails, and no engine whose answers merely
+    // vary (floating-point reductions, say) is reported.
     void answers_differ(const Runner& recording, const Alone& alone,
                         const std::vector<std::string>& late, std::size_t step) {
         const Trace trace(alone.trace.begin(), alone.trace.begin() + static_cast<std::ptrdiff_t>(step + 1));
@@ -570,7 +580,7 @@ class PropertySearch {
                                : answers_difference(trace, expected, run.answers).has_value();
         };
         const Reproduction reproduction = verify(recording, alone.trace, trace, shows);
-        if (reproduction.kind != "shared-state" || reproduction.prefix_failed == 0) return;
+        if (reproduction.kind != "shared-state" || reproduction.prefix_failed < reproduction.prefix_replays) return;
         const Failure failure = *answers_difference(trace, expected, late);
         const std::string output = adapter_.take_output ? adapter_.take_output(0) : "";
         out_.send("shared-state", encode(FoundFailure{cases_, alone.trace.size(), failure, format_trace(trace), alone.seed,

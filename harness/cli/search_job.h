@@ -92,6 +92,11 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
 // under the job's own directory.
 Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out);
 
+// Runs `trace` with its first engine made by `first` (an engine nothing
+// earlier reached: isolated_factory), any later one (as a dump-safe kill
+// test makes) by the runner's own factory.
+RunResult run_first_on(const Runner& runner, const EngineFactory& first, const Trace& trace);
+
 // Sends a shrunk finding as a "fail" message.
 void send_finding(const Finding& finding, std::size_t cases, Channel& out);
 

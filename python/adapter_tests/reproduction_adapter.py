@@ -2,7 +2,7 @@
 a failure that needs an earlier engine, one that comes and goes, a refusal
 that follows another fault, and copies of an arena (test_reproduction.py).
 
-    reproduction_adapter.py --case shared_default|shared_copy|flaky|empty_handle|arena
+    reproduction_adapter.py --case shared_default|shared_copy|flaky|empty_handle|arena|arena_copy
 
 shared_default  generate with no cache writes into a default argument
                 (`def generate(self, cache, ..., _empty=DynamicCache())`):
@@ -19,6 +19,8 @@ flaky           generation's first token is wrong in two adapter processes
 empty_handle    get_cache of several ids hands out no cache.
 arena           a load packs every tensor of one dtype, over all entries,
                 into one storage (an arena); nothing is wrong with it.
+arena_copy      get_cache of one id carves its copy from one arena with
+                the stored entry: a copy, but sharing one storage with it.
 """
 
 import argparse
@@ -35,7 +37,7 @@ from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
 from kvcheck_adapter.adapter import serve  # noqa: E402
 
-CASES = ("shared_default", "shared_copy", "flaky", "empty_handle", "arena")
+CASES = ("shared_default", "shared_copy", "flaky", "empty_handle", "arena", "arena_copy")
 
 
 class SharedDefault(activation_memory_adapter.ActivationMemoryAdapter):
@@ -123,12 +125,21 @@ class Arena(activation_memory_adapter.ActivationMemoryAdapter):
         _pack([item.cache for item in self.store._items.values()])
 
 
+class ArenaCopy(activation_memory_adapter.ActivationMemoryAdapter):
+    def get_cache(self, ids):
+        copy = super().get_cache(ids)
+        item = self.store._items.get(ids[0]) if len(ids) == 1 else None
+        if copy is not None and item is not None:
+            _pack([item.cache, copy])
+        return copy
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", required=True, choices=CASES)
     case = parser.parse_args(argv).case
     engine = {"shared_default": SharedDefault, "shared_copy": SharedCopy, "flaky": Flaky, "empty_handle": EmptyHandle,
-              "arena": Arena}[case]
+              "arena": Arena, "arena_copy": ArenaCopy}[case]
     model = models.Decoder()
 
     class Engine(engine):

@@ -48,7 +48,8 @@ def test_each_property_is_an_item_and_k_selects(run):
                                  "*activation_memory_adapter.py::single-copy PASSED*"])
     collected = run("--kvcheck-adapter", EXAMPLE, "--collect-only", "-q")
     names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
-    assert "single-copy" in names and "engine-error" in names and len(names) == len(set(names)) > 5, names
+    assert "single-copy" in names and "engine-error" in names and "shared-state" in names, names
+    assert len(names) == len(set(names)) > 5, names
 
 
 def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pytester):

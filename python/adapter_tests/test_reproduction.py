@@ -106,3 +106,17 @@ def test_an_arena_is_not_counted_as_copies(kvcheck):
     result = run.result("single-copy")
     assert result["verdict"] == "pass", result
     assert run.status == 0, run.stdout + run.stderr
+
+
+def test_a_copy_carved_from_the_stored_entrys_arena_is_said_to_share_one_storage(kvcheck, scratch_dir):
+    # get_cache's copy is written into one arena with the stored entry: a
+    # copy of every value (counted as the copies the packing wrote), and
+    # one storage shared with the entry, which is what the message says.
+    trace = os.path.join(scratch_dir, "arena_copy.trace")
+    with open(trace, "w") as file:
+        file.write("add a modern/f32/0:[kv1 kv2]\nh1 = get_cache a\n")
+    replay = kvcheck("replay", trace, "--adapter", adapter("arena_copy"))
+    assert replay.status == 1, replay.stdout + replay.stderr
+    assert ('ERROR: stored-immutable: the cache get_cache handed out as h1 shares one storage with stored entry "a"'
+            in replay.stdout), replay.stdout
+    assert 'owned-marker: h1 is marked owned but shares one storage with stored entry "a"' in replay.stdout, replay.stdout
