@@ -469,7 +469,7 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"
            "on each: a trace is counted against the property it breaks first; a failing property lists up to\n"
            "--failures distinct failures. pass*: passed the checks that could be applied (NOT APPLIED below says\n"
-           "which could not, and why). shared-state: an engine-level verdict, as engine-error is: FAIL when a\n"
+           "which could not, and why). shared-state: an engine-level verdict, as engine-error is; it fails when a\n"
            "finding needs an earlier engine of its process, or a trace answered otherwise after other traces ran.\n";
     out << details(results, false);
     return out.str();
