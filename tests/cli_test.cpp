@@ -368,6 +368,8 @@ TEST_F(Cli, APluginsStaticsSharedAcrossInstancesAreReportedSharedState) {
     EXPECT_EQ(alone.status, 0) << alone.out;
     const Outcome both = kvcheck("replay " + trace_file + " --adapter " + plugin + " --prefix " + prefix_file);
     EXPECT_EQ(both.status, 1) << both.out;
+    EXPECT_TRUE(contains(run.stderr_text, "kvcheck run: kvcheck-fault-shared-static: engines share state across instances "
+                                          "(the shared-state row: ")) << run.stderr_text;
     // The property's row keeps its failure, labelled.
     const std::string property = property_json(run.stdout_text, "stored-immutable");
     EXPECT_TRUE(contains(property, "\"message\": \"shared-state: engines share state across instances: ")) << property;
