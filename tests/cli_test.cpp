@@ -333,6 +333,48 @@ TEST_F(Cli, FindingsAreReplayVerified) {
     EXPECT_EQ(kvcheck("run --replays -1" + args).status, 2);
 }
 
+// The text of the JSON string field `name` in `json` (its first
+// occurrence), without unescaping: for paths and commands.
+std::string json_text(const std::string& json, const std::string& name) {
+    const std::string key = "\"" + name + "\": \"";
+    const std::size_t at = json.find(key);
+    if (at == std::string::npos) return "";
+    const std::size_t start = at + key.size();
+    return json.substr(start, json.find('"', start) - start);
+}
+
+// A plugin whose engines share a mutable static cache
+// (kvcheck-fault-shared-static): its finding's replays run in kvcheck
+// processes of their own (a fresh instance in the search's process would
+// share the statics, and fail), so it is reported shared-state, on the
+// adapter's engine-level shared-state row as on the property's, with a
+// two-part reproducer that fails on replay while the trace alone passes.
+TEST_F(Cli, APluginsStaticsSharedAcrossInstancesAreReportedSharedState) {
+    const std::string traces = scratch("shared-static-traces");
+    const std::string plugin = KVCHECK_FAULT_SHARED_STATIC;
+    const Outcome run = kvcheck("run --adapter " + plugin + " --property stored-immutable --cases 10 --failures 1 --replays 1 --quiet "
+                                "--report json --trace-dir " + traces);
+    EXPECT_EQ(run.status, 1) << run.out;
+    const std::string shared = property_json(run.stdout_text, "shared-state");
+    EXPECT_TRUE(contains(shared, "\"verdict\": \"fail\"")) << shared;
+    EXPECT_TRUE(contains(shared, "\"kind\": \"shared-state\", \"replays\": 1, \"failed\": 0")) << shared;
+    EXPECT_TRUE(contains(shared, "\"prefix_replays\": 1, \"prefix_failed\": 1")) << shared;
+    const std::string trace_file = json_text(shared, "trace_file");
+    const std::string prefix_file = json_text(shared, "prefix_file");
+    ASSERT_FALSE(trace_file.empty()) << shared;
+    ASSERT_FALSE(prefix_file.empty()) << shared;
+    EXPECT_TRUE(contains(json_text(shared, "reproduce"), " --prefix " + prefix_file)) << shared;
+    const Outcome alone = kvcheck("replay " + trace_file + " --adapter " + plugin);
+    EXPECT_EQ(alone.status, 0) << alone.out;
+    const Outcome both = kvcheck("replay " + trace_file + " --adapter " + plugin + " --prefix " + prefix_file);
+    EXPECT_EQ(both.status, 1) << both.out;
+    EXPECT_TRUE(contains(run.stderr_text, "kvcheck run: kvcheck-fault-shared-static: engines share state across instances "
+                                          "(the shared-state row: ")) << run.stderr_text;
+    // The property's row keeps its failure, labelled.
+    const std::string property = property_json(run.stdout_text, "stored-immutable");
+    EXPECT_TRUE(contains(property, "\"message\": \"shared-state: engines share state across instances: ")) << property;
+}
+
 // An engine that raises on most traces (every merge of several ids): each
 // trace is judged without the merges that raised, so the properties are
 // judged on nearly every trace; no get_cache merge ever ran, so their pass

@@ -8,7 +8,8 @@
 // so any trace with three adds triggers it, and the shrunk trace is three
 // adds. Two faults strike before any engine exists: load-segv crashes in a
 // static constructor (while the library is loaded), load-exit exits from
-// the plugin's entry point.
+// the plugin's entry point. shared-static is no crash: its engines share a
+// static cache (a trace fails only after another ran in its process).
 #include "adapter.h"
 
 #include <kvcheck/plugin.h>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -38,6 +40,7 @@
 #define KVCHECK_FAULT_OFTEN 13
 #define KVCHECK_FAULT_EXIT_CREATE 14
 #define KVCHECK_FAULT_EXIT_DESTROY 15
+#define KVCHECK_FAULT_SHARED_STATIC 16
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -86,6 +89,9 @@
 #elif KVCHECK_FAULT == KVCHECK_FAULT_EXIT_DESTROY
 #define KVCHECK_FAULT_NAME "kvcheck-fault-exit-destroy"
 #define KVCHECK_FAULT_WHAT "calls exit(0) in the destructor of an engine that ran an add"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_SHARED_STATIC
+#define KVCHECK_FAULT_NAME "kvcheck-fault-shared-static"
+#define KVCHECK_FAULT_WHAT "memoizes added caches by id in a static map every engine of its process shares"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
@@ -206,6 +212,35 @@ class FaultyEngine final : public vector_engine::VectorEngine {
 
   private:
     bool added_ = false;
+#elif KVCHECK_FAULT == KVCHECK_FAULT_SHARED_STATIC
+    // A mutable static cache that outlives its engine: an add of an id
+    // that an earlier engine of the process added stores that engine's
+    // cache. One engine alone is the vector engine (an id it re-adds is
+    // memoized anew), so a trace fails only after another ran first in
+    // the process: state shared across instances, which a replay in a
+    // fresh instance of the same process would not show as fresh.
+    FaultyEngine() : instance_(++instances()) {}
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
+        auto& memo = memoized();
+        const auto found = memo.find(id);
+        if (found != memo.end() && found->second.first != instance_) {
+            VectorEngine::add(id, found->second.second, metadata);
+            return;
+        }
+        memo[id] = {instance_, content};
+        VectorEngine::add(id, content, metadata);
+    }
+
+  private:
+    static int& instances() {
+        static int made = 0;
+        return made;
+    }
+    static std::map<std::string, std::pair<int, kvcheck::CacheContent>>& memoized() {
+        static std::map<std::string, std::pair<int, kvcheck::CacheContent>> memo;
+        return memo;
+    }
+    int instance_;
 #elif KVCHECK_FAULT == KVCHECK_FAULT_RARE || KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
     // These raise on some inputs only, as std::invalid_argument, and are
     // otherwise the vector engine (which passes every property).

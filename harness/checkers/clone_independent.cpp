@@ -26,7 +26,7 @@ class CloneIndependent final : public Checker {
         if (!copy || !made.object || !checking(probe)) return;
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
             const std::string what = made.by == MadeBy::clone ? "the clone " : "the copy from_legacy made, ";
-            fail(probe, what + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
+            fail(probe, what + handle_text(made.out) + " shares one storage with its source " + handle_text(*source));
         }
     }
 

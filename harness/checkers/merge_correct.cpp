@@ -43,7 +43,7 @@ class MergeCorrect final : public Checker {
         }
         if (made.by != MadeBy::concat) return;
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
-            fail(probe, "the merged cache " + handle_text(made.out) + " shares storage with its source " + handle_text(*source));
+            fail(probe, "the merged cache " + handle_text(made.out) + " shares one storage with its source " + handle_text(*source));
         }
     }
 };

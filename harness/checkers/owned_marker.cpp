@@ -72,14 +72,14 @@ class OwnedMarker final : public Checker {
         if (probe.capabilities().owned_marker) {
             if (probe.owned(handle.handle)) {
                 if (const std::optional<std::string> entry = probe.aliased_entry(handle)) {
-                    fail(probe, handle_text(handle.handle) + " is marked owned but shares storage with stored entry " +
+                    fail(probe, handle_text(handle.handle) + " is marked owned but shares one storage with stored entry " +
                                     in_quotes(*entry));
                     return;
                 }
             }
         } else if (must_be_owned && !probe.owned(handle.handle)) {
             if (const std::optional<std::string> entry = probe.aliased_entry(handle)) {
-                fail(probe, "the owned copy " + handle_text(handle.handle) + " shares storage with stored entry " +
+                fail(probe, "the owned copy " + handle_text(handle.handle) + " shares one storage with stored entry " +
                                 in_quotes(*entry) + derived_note);
                 return;
             }
@@ -88,7 +88,7 @@ class OwnedMarker final : public Checker {
         // alive may share its storage, but for views of it.
         if (!handle.full_read || !must_be_owned) return;
         if (const std::optional<std::int64_t> other = probe.handle_sharing(handle)) {
-            fail(probe, "the owned copy " + handle_text(handle.handle) + " shares storage with " + handle_text(*other));
+            fail(probe, "the owned copy " + handle_text(handle.handle) + " shares one storage with " + handle_text(*other));
         }
     }
 
@@ -107,9 +107,9 @@ class OwnedMarker final : public Checker {
         }
         const std::optional<std::string> entry =
             made.object ? probe.aliased_entry({made.out, *made.object, false}) : std::nullopt;
-        const std::string why = entry                          ? "shares storage with stored entry " + in_quotes(*entry)
+        const std::string why = entry                          ? "shares one storage with stored entry " + in_quotes(*entry)
                                 : !probe.handle(made.out).exists ? std::string("holds no cache")
-                                                                 : std::string("shares storage with the store");
+                                                                 : std::string("shares one storage with the store");
         fail(probe, what + " " + handle_text(made.out) + " is not owned: it " + why + derived_note);
     }
 

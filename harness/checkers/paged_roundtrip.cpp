@@ -40,7 +40,7 @@ class PagedRoundtrip final : public Checker {
         const std::vector<std::uint64_t> pool = paged.paged_pool_storage();
         for (const std::uint64_t id : fact.exported->storage) {
             if (!expect(probe, std::find(pool.begin(), pool.end(), id) == pool.end(),
-                        [&] { return fact.what + " shares storage with the pool"; })) {
+                        [&] { return fact.what + " shares one storage with the pool"; })) {
                 return;
             }
         }

@@ -55,7 +55,7 @@ class StoredImmutable final : public Checker {
         // Two stored entries are two caches: a write through one must not
         // reach the other.
         if (const std::optional<std::string> other = probe.entry_sharing(entry)) {
-            fail(probe, "stored entries " + in_quotes(*other) + " and " + in_quotes(entry.id) + " share storage");
+            fail(probe, "stored entries " + in_quotes(*other) + " and " + in_quotes(entry.id) + " share one storage");
         }
     }
 
@@ -71,7 +71,7 @@ class StoredImmutable final : public Checker {
         const std::optional<std::string> entry = probe.aliased_entry(handle);
         if (!entry) return;
         fail(probe, "the cache get_cache handed out as " + handle_text(handle.handle) +
-                        " shares storage with stored entry " + in_quotes(*entry));
+                        " shares one storage with stored entry " + in_quotes(*entry));
     }
 
   private:

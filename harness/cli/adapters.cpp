@@ -175,6 +175,11 @@ EngineFactory isolated_factory(const Adapter& adapter) {
     return adapter.make;
 }
 
+bool replays_in_child(const Adapter& adapter) {
+    const bool process = adapter.source.rfind(exec_prefix, 0) == 0 || launchers().count(adapter.source) != 0;
+    return adapter.source != "bundled" && !process && looks_like_path(adapter.source);
+}
+
 void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std::move(adapters); }
 
 std::vector<Adapter> bundled_adapters() { return bundled_list(); }

@@ -45,6 +45,10 @@ void set_bundled_adapters(std::vector<Adapter> adapters);
 // fresh instance (adapter.make). What a finding's replays run on
 // (PropertySearch, docs/semantics.md#reproduction).
 EngineFactory isolated_factory(const Adapter& adapter);
+// Whether a finding of `adapter` is replayed by a kvcheck process of its own
+// instead (`kvcheck replay`, exec'd from this binary): a plugin's, whose
+// statics a fresh instance in this process would share.
+bool replays_in_child(const Adapter& adapter);
 
 using kvcheck::shell_quoted;
 std::vector<Adapter> bundled_adapters();

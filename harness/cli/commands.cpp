@@ -516,6 +516,17 @@ int command_run(const Args& args) {
     // the engine processes' start are in the time, not in the count.
     std::cerr << "kvcheck run: " << distinct << " distinct traces run (each property searches its own), " << operations
               << " operations checked, in " << seconds_text(elapsed) << " s\n";
+    // State shared across engine instances, said where a run's end is
+    // read first: each finding's reproducer needs both of its parts.
+    for (const AdapterResult& result : run.adapters) {
+        for (const PropertyResult& row : result.properties) {
+            if (row.id != shared_state_id || row.verdict != "fail") continue;
+            std::cerr << "kvcheck run: " << printable(result.adapter.name, 80)
+                      << ": engines share state across instances (the shared-state row: " << row.failures.size()
+                      << (row.failures.size() == 1 ? " finding" : " findings") << ", each replayed with its prefix: "
+                      << row.reproduce << ")\n";
+        }
+    }
     if (options.has("stats")) std::cerr << render_stats(run.adapters);
     if (run.interrupted_by != 0) {
         std::cerr << "kvcheck: interrupted by " << signal_name(run.interrupted_by)

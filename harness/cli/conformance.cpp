@@ -60,6 +60,13 @@ class Scheduler {
             PropertyResult errors;
             errors.id = engine_error_id;
             result.properties.push_back(std::move(errors));
+            PropertyResult shared;
+            shared.id = shared_state_id;
+            if (options.replays == 0) {
+                shared.verdict = "skipped";
+                shared.message = "not checked: --replays 0 (no finding is replayed, and engine independence is not checked)";
+            }
+            result.properties.push_back(std::move(shared));
             results_.push_back(std::move(result));
             // Trace files are named after the adapter, made a safe file name
             // part; two adapters of one name get files of their own.
@@ -79,6 +86,7 @@ class Scheduler {
         }
         total_ = pending_.size();
         errors_.resize(adapters.size());
+        shared_.resize(adapters.size());
     }
 
     ConformanceRun run() {
@@ -114,6 +122,7 @@ class Scheduler {
         }
         settle_elsewhere();
         settle_engine_errors();
+        settle_shared_state();
         return {results_, 0};
     }
 
@@ -196,8 +205,8 @@ class Scheduler {
             std::stable_sort(groups.begin(), groups.end(), [](const ErrorGroup& x, const ErrorGroup& y) {
                 return std::make_pair(x.property, x.sent) < std::make_pair(y.property, y.sent);
             });
-            PropertyResult& row = results_[a].properties.back();
-            if (groups.empty() || row.id != engine_error_id) continue;
+            PropertyResult& row = row_of(a, engine_error_id);
+            if (groups.empty()) continue;
             std::map<std::string, std::size_t> by_shape;
             row.failures.clear();
             row.cases = 0;
@@ -226,6 +235,53 @@ class Scheduler {
         }
     }
 
+    PropertyResult& row_of(std::size_t adapter, const char* id) {
+        for (PropertyResult& row : results_[adapter].properties) {
+            if (row.id == id) return row;
+        }
+        return results_[adapter].properties.back();  // never: every adapter has both engine-level rows
+    }
+
+    // A finding that needs an earlier engine of the process (a property's,
+    // another's, an engine-error group's), or answers that differ
+    // ("shared-state" from check_independence): a failure of the adapter's
+    // shared-state row, which lists each with its two-part reproducer
+    // (docs/semantics.md#reproduction). The property's own row keeps its
+    // failure: it reproduces, with both parts.
+    void note_shared_state(const Task& task, const FoundFailure& found, const std::string& kind) {
+        if (found.reproduction.kind != "shared-state") return;
+        FailureReport failure = report_of(task, found);
+        const std::string what = kind == "shared-state" ? std::string()
+                                 : found.failure.property == engine_error_id
+                                     ? "an engine error, "
+                                     : "a failure of " + found.failure.property + ", ";
+        // The row says what the finding is; each says what it was.
+        const std::string said = "shared-state: engines share state across instances: ";
+        if (failure.message.rfind(said, 0) == 0) failure.message.erase(0, said.size());
+        failure.message = what + "found while searching " + failure.searching + ": " + failure.message;
+        shared_[task.adapter].push_back({task.property, shared_[task.adapter].size(), std::move(failure), task.job->output, ""});
+    }
+
+    // The shared-state row of each adapter: fails when any search found
+    // state shared across engine instances, its findings in the order of
+    // the run's properties.
+    void settle_shared_state() {
+        for (std::size_t a = 0; a < results_.size(); ++a) {
+            std::vector<ErrorGroup> found = shared_[a];
+            if (found.empty()) continue;
+            std::stable_sort(found.begin(), found.end(), [](const ErrorGroup& x, const ErrorGroup& y) {
+                return std::make_pair(x.property, x.sent) < std::make_pair(y.property, y.sent);
+            });
+            PropertyResult& row = row_of(a, shared_state_id);
+            row.failures.clear();
+            for (ErrorGroup& one : found) row.failures.push_back(std::move(one.failure));
+            row.verdict = "fail";
+            row.cases = row.judged = row.failures.size();
+            row.engine_output = found.front().engine_output;
+            settle_failures(results_[a].adapter, stems_[a], row, options_);
+        }
+    }
+
     // A Ctrl-C: every child killed, what finished kept, the rest "not-run".
     ConformanceRun stop() {
         const int signal = interrupted_by();
@@ -241,6 +297,7 @@ class Scheduler {
         }
         pending_.clear();
         settle_engine_errors();
+        settle_shared_state();
         return {results_, signal};
     }
 
@@ -337,14 +394,22 @@ class Scheduler {
                 result.message = message.payload;
             } else if (message.kind == "failure") {
                 result.verdict = "fail";
-                result.failures.push_back(report_of(task, decode(message.payload)));
+                const FoundFailure found = decode(message.payload);
+                result.failures.push_back(report_of(task, found));
+                note_shared_state(task, found, message.kind);
+            } else if (message.kind == "shared-state") {
+                note_shared_state(task, decode(message.payload), message.kind);
             } else if (message.kind == "engine-error") {
-                ErrorGroup group{task.property, sent.size(), report_of(task, decode(message.payload)), job.output, result.output};
+                const FoundFailure found = decode(message.payload);
+                note_shared_state(task, found, message.kind);
+                ErrorGroup group{task.property, sent.size(), report_of(task, found), job.output, result.output};
                 group.failure.message = "found while searching " + group.failure.searching + ": " + group.failure.message;
                 sent.push_back(errors_[task.adapter].size());
                 errors_[task.adapter].push_back(std::move(group));
             } else if (message.kind == "other") {
-                note_elsewhere(task, decode(message.payload));
+                const FoundFailure found = decode(message.payload);
+                note_shared_state(task, found, message.kind);
+                note_elsewhere(task, found);
             } else if (message.kind == "not-applied") {
                 result.not_applied += (result.not_applied.empty() ? "" : "; ") + message.payload;
             } else if (message.kind == "domain") {
@@ -425,6 +490,7 @@ class Scheduler {
     // (adapter, property id) -> the index of the search that found it, and what it found
     std::map<std::pair<std::size_t, std::string>, std::pair<std::size_t, PropertyResult>> elsewhere_;
     std::vector<std::vector<ErrorGroup>> errors_;  // per adapter: the engine-error groups sent, as collected
+    std::vector<std::vector<ErrorGroup>> shared_;  // per adapter: the shared-state findings, as collected
 };
 
 }  // namespace

@@ -124,8 +124,9 @@ struct PropertyResult {
 
 struct AdapterResult {
     Adapter adapter;
-    // A row per property, then engine-error: the adapter errors where it
-    // should not (found while searching any property).
+    // A row per property, then engine-error (the adapter errors where it
+    // should not, found while searching any property) and shared-state
+    // (engines share state across instances: docs/semantics.md#reproduction).
     std::vector<PropertyResult> properties;
     std::string domain;      // the model domain searched (domain_text), as its searches report it
     std::size_t traces = 0;  // distinct traces run, over every property's search

@@ -26,15 +26,41 @@ void note_progress(const Job& job, bool shrink_it, std::size_t trace_length, std
     }
 }
 
+// A shared-state finding's two parts (docs/semantics.md#reproduction): the
+// prefix on an engine nothing earlier reached, the trace after it in that
+// engine's process; its failure, if any. Else the trace alone, on another
+// such engine, and the first step whose answers differ from the run after
+// the prefix. (An engine loaded in this process runs alone after the two
+// parts, in the same process: a difference it shows is one, but one it
+// hides is not seen. A plugin's finding is replayed so by a kvcheck
+// process of its own.)
+RunResult replay_after(const Adapter& adapter, const Runner& runner, const Trace& prefix, const Trace& trace) {
+    Runner recording = runner;
+    recording.options.record_answers = true;
+    const EngineFactory isolated = isolated_factory(adapter);
+    run_first_on(runner, isolated, prefix);
+    RunResult run = recording.run(trace);
+    if (run.failure) return run;
+    const RunResult alone = run_first_on(recording, isolated, trace);
+    if (!alone.failure) run.failure = answers_difference(trace, alone.answers, run.answers);
+    return run;
+}
+
 }  // namespace
 
 ReplayResult replay_trace(const Adapter& adapter, const Trace& trace, PropertySet properties, bool shrink_it,
                           const ConformanceOptions& options, const std::optional<Trace>& prefix) {
     auto body = [&](Channel& out) {
         const Runner runner = runner_for(adapter, properties, out);
-        if (prefix) runner.run(*prefix);
-        const RunResult run = runner.run(trace);
-        if (!run.failure) {
+        RunResult run;
+        if (prefix) {
+            run = replay_after(adapter, runner, *prefix, trace);
+        } else {
+            run = runner.run(trace);
+        }
+        if (run.failure && run.failure->property == shared_state_id) {
+            out.send("fail", encode({1, trace.size(), *run.failure, format_trace(trace)}));
+        } else if (!run.failure) {
             out.send("pass", std::to_string(run.steps_run) + " " + std::to_string(run.coverage.ops_skipped));
         } else if (shrink_it) {
             ShrinkOptions shrinking;  // --model, else what the engine declares

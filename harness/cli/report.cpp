@@ -276,6 +276,10 @@ std::string heading(const PropertyResult& p) {
         return " (" + std::to_string(p.failures.size()) + (p.failures.size() == 1 ? " group" : " groups") + " by message, " +
                std::to_string(p.cases) + " traces)";
     }
+    if (p.id == shared_state_id && !p.failures.empty()) {
+        return " (engines share state across instances: " + std::to_string(p.failures.size()) +
+               (p.failures.size() == 1 ? " finding" : " findings") + ", each with its two-part reproducer)";
+    }
     if (p.failures.size() > 1) return " (" + std::to_string(p.failures.size()) + " distinct failures)";
     return "";
 }
@@ -465,7 +469,8 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"
            "on each: a trace is counted against the property it breaks first; a failing property lists up to\n"
            "--failures distinct failures. pass*: passed the checks that could be applied (NOT APPLIED below says\n"
-           "which could not, and why).\n";
+           "which could not, and why). shared-state: an engine-level verdict, as engine-error is; it fails when a\n"
+           "finding needs an earlier engine of its process, or a trace answered otherwise after other traces ran.\n";
     out << details(results, false);
     return out.str();
 }

@@ -191,6 +191,10 @@ std::string failure_html(const PropertyResult& p, const FailureReport& f, const 
     } else if (!f.trace.empty()) {
         out << "<pre class=\"trace\">" << html(f.trace) << "</pre>";
     }
+    if (!f.reproduction.prefix.empty()) {
+        out << "<p>after this prefix, run first in the same engine process" << (f.prefix_file.empty() ? "" : " (" + html(f.prefix_file) + ")")
+            << ":</p><pre class=\"trace\">" << html(f.reproduction.prefix) << "</pre>";
+    }
     if (!f.reproduce.empty()) out << "<p>replay it (select to copy):</p><pre class=\"replay\">" << html(f.reproduce) << "</pre>";
     return out.str();
 }
@@ -284,7 +288,8 @@ std::string render_html(const std::vector<AdapterResult>& results, std::uint64_t
     out << table(results)
         << "<p class=\"legend note\"><span>pass: no violation in the traces run</span><span>FAIL: a violation</span>"
            "<span>FAULT: the engine crashed, hung, leaked or exited</span><span>skip: a capability the property needs is "
-           "missing</span><span>blocked: too many traces ended in engine errors</span></p>\n";
+           "missing</span><span>blocked: too many traces ended in engine errors</span><span>shared-state FAIL: engines share state across "
+           "instances (each finding with its two-part reproducer)</span></p>\n";
     const std::string failures = failures_html(results, pictures);
     if (!failures.empty()) {
         out << "<h2>Failures</h2>\n<p class=\"note\">Each step shows what the engine holds after it: stored entries "

@@ -1,8 +1,14 @@
 #include "search_job.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,11 +50,62 @@ std::string unescape_lines(const std::string& text) {
     return out;
 }
 
+// A command's standard output and exit status (-1: it did not exit).
+struct ChildOutput {
+    int status = -1;
+    std::string out;
+};
+
+// Runs argv[0] (a path) with argv, its standard output read to the end, its
+// standard error this process's; waits for it.
+ChildOutput run_child(const std::vector<std::string>& argv) {
+    ChildOutput result;
+    int pipe_ends[2];
+    if (::pipe(pipe_ends) != 0) return result;
+    std::vector<char*> args;
+    for (const std::string& word : argv) args.push_back(const_cast<char*>(word.c_str()));
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(pipe_ends[1], STDOUT_FILENO);
+        ::close(pipe_ends[0]);
+        ::close(pipe_ends[1]);
+        ::execv(args[0], args.data());
+        ::_exit(127);
+    }
+    ::close(pipe_ends[1]);
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) != 0;) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        result.out.append(buffer, static_cast<std::size_t>(n));
+    }
+    ::close(pipe_ends[0]);
+    int status = 0;
+    while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (pid > 0 && WIFEXITED(status)) result.status = WEXITSTATUS(status);
+    return result;
+}
+
 }  // namespace
 
 std::string one_line(std::string text) {
     std::replace(text.begin(), text.end(), '\n', ' ');
     return text;
+}
+
+std::optional<Failure> answers_difference(const Trace& trace, const std::vector<std::string>& alone,
+                                          const std::vector<std::string>& late) {
+    for (std::size_t step = 0; step < std::min({alone.size(), late.size(), trace.size()}); ++step) {
+        if (alone[step] == late[step]) continue;
+        return Failure{shared_state_id, step,
+                       "the engine answered otherwise after other engines ran in its process, no property failing: run "
+                       "alone it answered \"" + alone[step] +
+                           "\", run after the earlier traces of its process \"" + late[step] + "\"",
+                       {}};
+    }
+    return std::nullopt;
 }
 
 // ---- what a child sends about a failure ---------------------------------------
@@ -156,6 +213,17 @@ Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out) 
     return runner;
 }
 
+RunResult run_first_on(const Runner& runner, const EngineFactory& first, const Trace& trace) {
+    Runner once = runner;
+    auto made = std::make_shared<bool>(false);
+    once.make = [made, first, make = runner.make] {
+        if (*made) return make();
+        *made = true;
+        return first();
+    };
+    return once.run(trace);
+}
+
 void send_finding(const Finding& finding, std::size_t cases, Channel& out) {
     out.send("fail", encode({cases, finding.found.size(), finding.reported, format_trace(finding.shrunk.trace)}));
 }
@@ -196,6 +264,10 @@ class PropertySearch {
     void run(PropertySet checked, const WorkloadOptions& workload) {
         model_ = workload.capabilities.model;  // what the search draws in, the shrinker keeps to
         Runner runner = runner_for(adapter_, checked, out_);
+        // The first trace of an engine process keeps its answers, to
+        // compare with its run at the end (check_independence).
+        Runner recording = runner;
+        recording.options.record_answers = true;
         const double start = monotonic_seconds();
         while (own_found_ < std::max<std::size_t>(options_.failures_max, 1)) {
             const bool spent = options_.seconds > 0 ? monotonic_seconds() - start >= options_.seconds : cases_ >= options_.cases;
@@ -203,18 +275,26 @@ class PropertySearch {
             const std::uint64_t seed = trace_seed(options_.seed, index_, cases_);
             const Trace trace = trace_for_seed(seed, workload);
             const bool first_in_process = history_.empty();
-            const RunResult run = runner.run(trace);
+            const RunResult run = (first_in_process && options_.replays > 0 ? recording : runner).run(trace);
             ++cases_;
             coverage_.add(run.coverage);
             history_.push_back(trace);
-            if (!run.failure && first_in_process) alone_ = Alone{trace, seed};
+            if (!run.failure && first_in_process) alone_ = Alone{trace, seed, run.answers};
             if (run.failure) triage(runner, trace, *run.failure, seed);
         }
-        check_independence(runner);
+        check_independence(runner, recording);
         finish();
     }
 
   private:
+    // A trace that passed as the first of its engine process, and what the
+    // engine answered (check_independence).
+    struct Alone {
+        Trace trace;
+        std::uint64_t seed = 0;
+        std::vector<std::string> answers;  // RunResult::answers
+    };
+
     // A failing trace: an engine error joins its group (the first of a
     // group is shrunk, keeping its shape); a failure of this property not
     // reported yet (by its shape as found, or as the shrink left a reported
@@ -326,14 +406,8 @@ class PropertySearch {
     // of the run: isolated_factory; any later one the trace makes, as a
     // dump_safe kill test does, from the same process).
     RunResult run_isolated(const Runner& runner, const Trace& trace) {
-        Runner once = runner;
-        auto first = std::make_shared<bool>(true);
-        once.make = [first, isolated = isolated_factory(adapter_), make = runner.make] {
-            if (!*first) return make();
-            *first = false;
-            return isolated();
-        };
-        const RunResult run = once.run(trace);
+        if (in_child_) return replay_in_child(trace, nullptr);
+        const RunResult run = run_first_on(runner, isolated_factory(adapter_), trace);
         // The engine process is a fresh one now: what ran before is gone.
         history_.clear();
         history_.push_back(trace);
@@ -341,13 +415,59 @@ class PropertySearch {
         return run;
     }
 
-    // Whether `trace` fails, run on a fresh engine process after `prefix`
-    // (each on its own engine), as `failure` did: the same property.
-    bool fails_after(const Runner& runner, const Trace& prefix, const Trace& trace, const Failure& failure) {
+    // `trace` (after `prefix`, when given) replayed by a kvcheck process of
+    // its own, `kvcheck replay` run from this binary: a plugin's replays
+    // need a process whose statics no engine touched yet, and this one's
+    // were (docs/semantics.md#reproduction). Its failure is what the
+    // replay's first ERROR line names; a replay that could not run shows
+    // nothing.
+    RunResult replay_in_child(const Trace& trace, const Trace* prefix) {
+        const std::string dir = out_.work_dir().empty()
+                                    ? fs::temp_directory_path().string() + "/kvcheck-replay-" + std::to_string(::getpid())
+                                    : out_.work_dir() + "/replay";
+        std::error_code ignored;
+        fs::create_directories(dir, ignored);
+        const std::string trace_file = dir + "/trace.trace";
+        const std::string prefix_file = dir + "/prefix.trace";
+        std::ofstream(trace_file, std::ios::trunc) << format_trace(trace);
+        std::vector<std::string> argv{"/proc/self/exe", "replay", trace_file, "--adapter", adapter_.source, "--no-isolate",
+                                      "--quiet"};
+        if (prefix != nullptr) {
+            std::ofstream(prefix_file, std::ios::trunc) << format_trace(*prefix);
+            argv.insert(argv.end(), {"--prefix", prefix_file});
+        }
+        // Progress, as any trace the search runs: the silence limit counts
+        // from each replay, and a fault pins on the trace replayed.
+        out_.send("begin", format_trace(trace));
+        const ChildOutput child = run_child(argv);
+        RunResult run;
+        if (child.status == 1) {
+            const std::size_t at = child.out.find("ERROR: ");
+            if (at != std::string::npos) {
+                const std::size_t start = at + 7;
+                const std::size_t end = child.out.find(':', start);
+                run.failure = Failure{child.out.substr(start, end - start), 0, child.out.substr(start), {}};
+            }
+        }
+        fs::remove_all(dir, ignored);
+        return run;
+    }
+
+    // What a finding is, for its replays: whether a run shows it again.
+    using Shows = std::function<bool(const RunResult&)>;
+    static Shows fails_as(const Failure& failure) {
+        return [property = failure.property](const RunResult& run) { return run.failure && run.failure->property == property; };
+    }
+
+    // Whether `trace`, run on a fresh engine process after `prefix` (each on
+    // its own engine), shows the finding again. For a plugin, in a fresh
+    // kvcheck process (replay_in_child): its statics are its process's.
+    bool fails_after(const Runner& runner, const Trace& prefix, const Trace& trace, const Shows& shows) {
+        if (in_child_) return shows(replay_in_child(trace, &prefix));
         run_isolated(runner, prefix);
         const RunResult run = runner.run(trace);
         history_.push_back(trace);
-        return run.failure && run.failure->property == failure.property;
+        return shows(run);
     }
 
     // The shrunk trace replayed options_.replays times on engines nothing
@@ -355,13 +475,16 @@ class PropertySearch {
     // in the engine's process; the shortest prefix found (one earlier
     // trace, shrunk) makes it shared-state, none found, flaky.
     Reproduction verify(const Runner& runner, const Trace& found, const Trace& trace, const Failure& failure) {
+        return verify(runner, found, trace, fails_as(failure));
+    }
+
+    Reproduction verify(const Runner& runner, const Trace& found, const Trace& trace, const Shows& shows) {
         Reproduction result;
         if (options_.replays == 0 || trace.empty()) return result;
         const std::vector<Trace> before = history_;  // this process's traces, the failing one last
         result.replays = options_.replays;
         for (std::size_t i = 0; i < result.replays; ++i) {
-            const RunResult run = run_isolated(runner, trace);
-            if (run.failure && run.failure->property == failure.property) ++result.failed;
+            if (shows(run_isolated(runner, trace))) ++result.failed;
         }
         result.kind = result.failed == result.replays ? "reproduced" : "flaky";
         if (result.failed > 0) return result;
@@ -373,13 +496,13 @@ class PropertySearch {
         }
         for (const Trace* found_before : candidates) {
             const Trace candidate = runnable_prefix(runner, *found_before);
-            if (!fails_after(runner, candidate, trace, failure)) continue;
-            const Trace prefix = shrink_prefix(runner, candidate, trace, failure);
+            if (!fails_after(runner, candidate, trace, shows)) continue;
+            const Trace prefix = shrink_prefix(runner, candidate, trace, shows);
             result.kind = "shared-state";
             result.prefix = format_trace(prefix);
             result.prefix_replays = options_.replays;
             for (std::size_t i = 0; i < result.prefix_replays; ++i) {
-                if (fails_after(runner, prefix, trace, failure)) ++result.prefix_failed;
+                if (fails_after(runner, prefix, trace, shows)) ++result.prefix_failed;
             }
             return result;
         }
@@ -400,7 +523,7 @@ class PropertySearch {
     // of operations removed, halves first, down to single operations
     // (ddmin), within prefix_shrink_runs_max runs. Any subsequence runs: an
     // operation that names what no earlier one made is skipped.
-    Trace shrink_prefix(const Runner& runner, Trace prefix, const Trace& trace, const Failure& failure) {
+    Trace shrink_prefix(const Runner& runner, Trace prefix, const Trace& trace, const Shows& shows) {
         std::size_t runs = 0;
         for (std::size_t chunk = std::max<std::size_t>(prefix.size() / 2, 1); chunk >= 1; chunk /= 2) {
             for (std::size_t at = 0; at < prefix.size() && runs < prefix_shrink_runs_max;) {
@@ -408,7 +531,7 @@ class PropertySearch {
                 candidate.insert(candidate.end(), prefix.begin() + static_cast<std::ptrdiff_t>(std::min(at + chunk, prefix.size())),
                                  prefix.end());
                 ++runs;
-                if (fails_after(runner, candidate, trace, failure)) {
+                if (fails_after(runner, candidate, trace, shows)) {
                     prefix = std::move(candidate);
                 } else {
                     at += chunk;
@@ -420,16 +543,48 @@ class PropertySearch {
     }
 
     // Engine independence: the first trace that passed on a fresh engine
-    // process, run again after all the others in that process; a failure
+    // process, run again after all the others in that process. A failure
     // now is state one engine left for another (triage shrinks and
-    // verifies it: its replays pass, its prefix is found). One run per
+    // verifies it: its replays pass, its prefix is found); so are answers
+    // that differ from its answers alone (answers_differ). One run per
     // search: sampled, cheap.
-    void check_independence(const Runner& runner) {
+    void check_independence(const Runner& runner, const Runner& recording) {
         if (!alone_ || history_.size() < 2 || options_.replays == 0) return;
         const Alone alone = *alone_;
-        const RunResult again = runner.run(alone.trace);
+        const RunResult again = recording.run(alone.trace);
         history_.push_back(alone.trace);
-        if (again.failure) triage(runner, alone.trace, *again.failure, alone.seed);
+        if (again.failure) {
+            triage(runner, alone.trace, *again.failure, alone.seed);
+            return;
+        }
+        if (const auto differs = answers_difference(alone.trace, alone.answers, again.answers)) {
+            answers_differ(recording, alone, again.answers, differs->step);
+        }
+    }
+
+    // The trace answered otherwise after the search's other traces than
+    // alone, no property failing: cut after the step that differs (the
+    // answers before it were the same), replayed alone (it must answer as
+    // it did: else the engine answers at random, which is no finding of
+    // this check) and verified as any finding, the difference being what a
+    // replay must show. Reported ("shared-state") only when an earlier
+    // trace run first makes it answer otherwise again, on every replay: a
+    // two-part reproducer that fails, and no engine whose answers merely
+    // vary (floating-point reductions, say) is reported.
+    void answers_differ(const Runner& recording, const Alone& alone,
+                        const std::vector<std::string>& late, std::size_t step) {
+        const Trace trace(alone.trace.begin(), alone.trace.begin() + static_cast<std::ptrdiff_t>(step + 1));
+        const std::vector<std::string> expected(alone.answers.begin(), alone.answers.begin() + static_cast<std::ptrdiff_t>(step + 1));
+        const Shows shows = [trace, expected](const RunResult& run) {
+            return run.failure ? run.failure->property == shared_state_id
+                               : answers_difference(trace, expected, run.answers).has_value();
+        };
+        const Reproduction reproduction = verify(recording, alone.trace, trace, shows);
+        if (reproduction.kind != "shared-state" || reproduction.prefix_failed < reproduction.prefix_replays) return;
+        const Failure failure = *answers_difference(trace, expected, late);
+        const std::string output = adapter_.take_output ? adapter_.take_output(0) : "";
+        out_.send("shared-state", encode(FoundFailure{cases_, alone.trace.size(), failure, format_trace(trace), alone.seed,
+                                                      output, reproduction}));
     }
 
     // The verdict: fail when a failure of this property was found; else
@@ -519,10 +674,9 @@ class PropertySearch {
     // The traces run in the engine process since it was last a fresh one,
     // in order (for in-process engines: since the search began).
     std::vector<Trace> history_;
-    struct Alone {
-        Trace trace;
-        std::uint64_t seed = 0;
-    };
+    // A plugin's finding is replayed in a fresh kvcheck process: the
+    // plugin's statics are its process's (replay_in_child).
+    const bool in_child_ = replays_in_child(adapter_);
     std::optional<Alone> alone_;  // the first trace that passed in that process
 };
 

@@ -13,10 +13,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kvcheck::cli {
+
+// The first step at which a trace's answers run alone (RunResult::answers,
+// on a fresh engine process) and run later in a process differ, as a
+// shared-state failure naming both; nullopt when they agree wherever both
+// ran (docs/semantics.md#reproduction, engine independence).
+std::optional<Failure> answers_difference(const Trace& trace, const std::vector<std::string>& alone,
+                                          const std::vector<std::string>& late);
 
 // A message's text on one line: line breaks become spaces.
 std::string one_line(std::string text);
@@ -83,6 +91,11 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
 // channel before it runs ("begin"), each operation marked on it, dumps
 // under the job's own directory.
 Runner runner_for(const Adapter& adapter, PropertySet properties, Channel& out);
+
+// Runs `trace` with its first engine made by `first` (an engine nothing
+// earlier reached: isolated_factory), any later one (as a dump-safe kill
+// test makes) by the runner's own factory.
+RunResult run_first_on(const Runner& runner, const EngineFactory& first, const Trace& trace);
 
 // Sends a shrunk finding as a "fail" message.
 void send_finding(const Finding& finding, std::size_t cases, Channel& out);

@@ -32,6 +32,8 @@
 #include <boost/pfr.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <numeric>
 #include <type_traits>
 
 namespace kvcheck {
@@ -102,7 +104,83 @@ PropertySet checked_in(const RunOptions& options, const Capabilities& capabiliti
     return checked;
 }
 
+// ---- answers (RunOptions::record_answers) ---------------------------------------
+
+std::string hex_text(std::uint64_t value) {
+    char text[24];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+    return text;
+}
+
+std::string numbers_text(const std::vector<std::int64_t>& numbers) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < numbers.size(); ++i) text += (i ? "," : "") + std::to_string(numbers[i]);
+    return text + "]";
+}
+
+// What the engine answered of a paged operation: its refusal, the tokens it
+// reported cached or decoded, and the pool's lengths (the blocks each table
+// holds, the free blocks, the index), never which blocks it chose.
+std::string paged_answer(const checkers::Paged& paged) {
+    std::string text = paged.what + (paged.refused ? ": refused" : ": cached " + std::to_string(paged.cached));
+    if (!paged.appended.empty()) text += ", appended " + numbers_text(paged.appended);
+    if (paged.decoded_exported) text += ", decoded " + numbers_text(*paged.decoded_exported);
+    if (paged.exported) text += ", exported content " + hex_text(view_digest(paged.exported->view));
+    text += "; tables";
+    for (const auto& [seq, table] : paged.after.tables) text += " " + std::to_string(seq) + ":" + std::to_string(table.size());
+    return text + ", " + std::to_string(paged.after.free_queue.size()) + " free, " +
+           std::to_string(paged.after.index.size()) + " indexed";
+}
+
 }  // namespace
+
+// The cache `handle` holds, as the engine reports it: none, or its content
+// digest (and its owned marker, when the engine keeps one). Asked of the
+// engine only here, when answers are recorded; what it raises is an answer
+// too ("unreadable"), never an engine error of the run.
+std::string Run::handle_answer(std::int64_t handle) {
+    try {
+        const HandleFacts facts = engine_.handle_facts(handle);
+        if (!facts.exists) return "no cache";
+        const bool owned = capabilities_.owned_marker && facts.owned;
+        return "content " + hex_text(engine_.handle_digest(handle)) + (owned ? ", owned" : "");
+    } catch (const std::exception&) {
+        return "unreadable";
+    }
+}
+
+// One step's answer (RunResult::answers), from its fact and the copies it
+// logged.
+std::string Run::answer_of(const Op& operation, const Fact& fact, const std::vector<CopyRecord>* copies) {
+    std::string text = op_name(operation);
+    std::visit(
+        [&](const auto& f) {
+            using F = std::decay_t<decltype(f)>;
+            if constexpr (std::is_same_v<F, checkers::Made>) {
+                text += f.refused ? ": refused" : ": " + handle_answer(f.out);
+            } else if constexpr (std::is_same_v<F, checkers::Generated>) {
+                text += ": tokens " + numbers_text(f.result.tokens);
+                if (f.returned != 0) text += ", returned " + handle_answer(f.returned);
+            } else if constexpr (std::is_same_v<F, checkers::Loaded>) {
+                text += f.result.ok ? ": loaded" : ": refused";
+            } else if constexpr (std::is_same_v<F, checkers::GotByIds>) {
+                text += ": " + std::to_string(std::count_if(f.found.begin(), f.found.end(), [](const auto& x) { return x.has_value(); })) +
+                        " of " + std::to_string(f.found.size()) + " found";
+            } else if constexpr (std::is_same_v<F, checkers::GotAll>) {
+                text += ": " + std::to_string(f.ids.size()) + " ids";
+            } else if constexpr (std::is_same_v<F, checkers::Paged>) {
+                text = paged_answer(f);
+            }
+        },
+        fact);
+    if (copies != nullptr) {
+        const std::int64_t bytes = std::accumulate(copies->begin(), copies->end(), std::int64_t{0},
+                                                   [](std::int64_t sum, const CopyRecord& c) { return sum + c.bytes; });
+        text += "; " + std::to_string(copies->size()) + (copies->size() == 1 ? " copy of " : " copies of ") +
+                std::to_string(bytes) + " bytes";
+    }
+    return text;
+}
 
 Run::Run(Engine& engine, const RunOptions& options)
     : engine_(engine), options_(options), capabilities_(engine.capabilities()),
@@ -123,12 +201,14 @@ RunResult Run::run(const Trace& trace) {
         if (options_.on_step) options_.on_step(step);
         verdicts_.at_step(step);
         next_ = step + 1 < trace.size() ? &trace[step + 1] : nullptr;
+        answer_ = "skipped";
         try {
             run_step(trace[step]);
         } catch (const std::exception& error) {
             verdicts_.engine_error(std::string("the engine threw: ") + error.what());
         }
         verdicts_.note("");
+        if (options_.record_answers) result_.answers.push_back(std::move(answer_));
         result_.steps_run = step + 1;
         result_.failure = verdicts_.settle();
     }
@@ -174,12 +254,13 @@ void Run::run_step(const Op& operation) {
     if (round_after_op_) readings_.begin_round();
     // The copies first: that an operation copied wrongly says more than
     // what follows from it.
+    checkers::Copies copies = transitions_.copies_expected();
     if (read_copies) {
-        checkers::Copies copies = transitions_.copies_expected();
         copies.logged = engine_.take_copies();
         for (const auto& checker : checkers_) checker->copies(copies, *this);
     }
     deliver(*fact);
+    if (options_.record_answers) answer_ = answer_of(operation, *fact, read_copies ? &copies.logged : nullptr);
     if (op_changes_ids(operation)) listing_due_ = true;
     if (!reads_store_) return;
     // A merge the engine refused must have changed nothing: all of the

@@ -68,6 +68,8 @@ class Run final : public checkers::Probe {
     void check_listing(bool full_read);
     void recheck_everything(std::size_t last_step);
     void record_state(const Op& op);
+    std::string handle_answer(std::int64_t handle);
+    std::string answer_of(const Op& operation, const Fact& fact, const std::vector<CopyRecord>* copies);
 
     // Is any checker that reads `what` still checking at this step?
     template <typename Member>
@@ -98,6 +100,7 @@ class Run final : public checkers::Probe {
     bool round_after_op_ = false;  // a round began after this step's operation (for the derived marker)
     std::size_t steps_since_full_read_ = 0;
     const Op* next_ = nullptr;  // the step after the running one (nullptr: it is the last)
+    std::string answer_;        // what the engine answered at the running step (RunOptions::record_answers)
 };
 
 }  // namespace kvcheck

@@ -2,12 +2,16 @@
 a failure that needs an earlier engine, one that comes and goes, a refusal
 that follows another fault, and copies of an arena (test_reproduction.py).
 
-    reproduction_adapter.py --case shared_default|flaky|empty_handle|arena
+    reproduction_adapter.py --case shared_default|shared_copy|flaky|empty_handle|arena|arena_copy
 
 shared_default  generate with no cache writes into a default argument
                 (`def generate(self, cache, ..., _empty=DynamicCache())`):
                 module state every engine of the process shares, so a
                 generation from nothing continues the previous one's.
+shared_copy     the first to_legacy of the process aliases its source,
+                every later one copies it: both are
+                allowed, so no property fails, but the engine answers
+                otherwise after another engine ran (module state).
 flaky           generation's first token is wrong in two adapter processes
                 of three (by their order of start, counted in the file
                 $KVCHECK_TEST_PROCESS_COUNTER): as a bug that depends on
@@ -15,6 +19,8 @@ flaky           generation's first token is wrong in two adapter processes
 empty_handle    get_cache of several ids hands out no cache.
 arena           a load packs every tensor of one dtype, over all entries,
                 into one storage (an arena); nothing is wrong with it.
+arena_copy      get_cache of one id carves its copy from one arena with
+                the stored entry: a copy, but sharing one storage with it.
 """
 
 import argparse
@@ -31,7 +37,7 @@ from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
 from kvcheck_adapter.adapter import serve  # noqa: E402
 
-CASES = ("shared_default", "flaky", "empty_handle", "arena")
+CASES = ("shared_default", "shared_copy", "flaky", "empty_handle", "arena", "arena_copy")
 
 
 class SharedDefault(activation_memory_adapter.ActivationMemoryAdapter):
@@ -42,6 +48,19 @@ class SharedDefault(activation_memory_adapter.ActivationMemoryAdapter):
 
     def generate_stream(self, cache, prompt, max_new_tokens):
         return iter(self.generate(cache, prompt, max_new_tokens))
+
+
+_LEGACY_DONE = [False]  # a to_legacy ran in this process (module state, never reset)
+
+
+class SharedCopy(activation_memory_adapter.ActivationMemoryAdapter):
+    def to_legacy(self, cache):
+        legacy = kv.to_legacy(cache)
+        if _LEGACY_DONE[0]:
+            legacy.key_cache = [t.clone() if isinstance(t, torch.Tensor) else t for t in legacy.key_cache]
+            legacy.value_cache = [t.clone() if isinstance(t, torch.Tensor) else t for t in legacy.value_cache]
+        _LEGACY_DONE[0] = True
+        return legacy
 
 
 _ORDINAL = {}  # pid -> this process's place among the adapter processes started
@@ -106,11 +125,21 @@ class Arena(activation_memory_adapter.ActivationMemoryAdapter):
         _pack([item.cache for item in self.store._items.values()])
 
 
+class ArenaCopy(activation_memory_adapter.ActivationMemoryAdapter):
+    def get_cache(self, ids):
+        copy = super().get_cache(ids)
+        item = self.store._items.get(ids[0]) if len(ids) == 1 else None
+        if copy is not None and item is not None:
+            _pack([item.cache, copy])
+        return copy
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", required=True, choices=CASES)
     case = parser.parse_args(argv).case
-    engine = {"shared_default": SharedDefault, "flaky": Flaky, "empty_handle": EmptyHandle, "arena": Arena}[case]
+    engine = {"shared_default": SharedDefault, "shared_copy": SharedCopy, "flaky": Flaky, "empty_handle": EmptyHandle,
+              "arena": Arena, "arena_copy": ArenaCopy}[case]
     model = models.Decoder()
 
     class Engine(engine):

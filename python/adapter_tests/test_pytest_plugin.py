@@ -48,7 +48,8 @@ def test_each_property_is_an_item_and_k_selects(run):
                                  "*activation_memory_adapter.py::single-copy PASSED*"])
     collected = run("--kvcheck-adapter", EXAMPLE, "--collect-only", "-q")
     names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
-    assert "single-copy" in names and "engine-error" in names and len(names) == len(set(names)) > 5, names
+    assert "single-copy" in names and "engine-error" in names and "shared-state" in names, names
+    assert len(names) == len(set(names)) > 5, names
 
 
 def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pytester):
@@ -57,7 +58,7 @@ def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pyt
     result.assert_outcomes(failed=1, deselected=result.parseoutcomes()["deselected"])
     text = result.stdout.str()
     assert "kvcheck: clone-independent fails on" in text and "(seed 5)" in text, text
-    assert "ERROR: clone-independent:" in text and "shares storage with its source" in text, text
+    assert "ERROR: clone-independent:" in text and "shares one storage with its source" in text, text
     assert "shrunk trace:" in text and "reproduce: kvcheck replay" in text, text
     assert "Traceback" not in text, text
     result.stdout.fnmatch_lines(["FAILED *activation_memory_adapter.py?--bug shallow_clone?::clone-independent*"])

@@ -44,6 +44,33 @@ def test_state_shared_across_engines_is_reported_with_a_two_part_reproducer(kvch
                    reproduction["prefix_file"])
     assert both.status == 1 and "ERROR: generation-equivalent:" in both.stdout, both.stdout + both.stderr
     assert "--prefix" in both.stdout  # its own reproduce line
+    # The engine-level verdict: the adapter's shared-state row fails, with
+    # the same two-part reproducer.
+    shared = run.result("shared-state")
+    assert shared["verdict"] == "fail", shared
+    assert [f["reproduction"]["kind"] for f in shared["failures"]] == ["shared-state"], shared["failures"]
+    assert shared["failures"][0]["trace"] == failure["trace"]
+
+
+def test_answers_that_differ_after_other_engines_are_shared_state_though_no_property_fails(kvcheck, scratch_dir):
+    # The first to_legacy of the adapter process aliases its source, every
+    # later one copies it (both allowed). At this seed the search's first
+    # trace has a to_legacy: run again at the end of the search, it answers
+    # with a copy where alone it made none.
+    run = kvcheck("run", "--adapter", adapter("shared_copy"), "--property", "stored-immutable", "--cases", "10", "--seed",
+                  "10", "--failures", "1")
+    assert run.result("stored-immutable")["verdict"] == "pass", run.result("stored-immutable")
+    shared = run.result("shared-state")
+    assert shared["verdict"] == "fail", run.stdout + run.stderr
+    finding = shared["failures"][0]
+    assert "no property failing" in finding["message"], finding["message"]
+    assert '0 copies of 0 bytes", run after the earlier traces of its process' in finding["message"], finding["message"]
+    assert finding["reproduction"]["kind"] == "shared-state" and finding["reproduction"]["prefix_failed"] == 3, finding
+    alone = kvcheck("replay", finding["trace_file"], "--adapter", adapter("shared_copy"))
+    assert alone.status == 0, alone.stdout + alone.stderr
+    both = kvcheck("replay", finding["trace_file"], "--adapter", adapter("shared_copy"), "--prefix",
+                   finding["reproduction"]["prefix_file"])
+    assert both.status == 1 and "ERROR: shared-state: the engine answered otherwise" in both.stdout, both.stdout + both.stderr
 
 
 def test_a_failure_that_comes_and_goes_is_reported_flaky_with_its_rate(kvcheck, scratch_dir, monkeypatch):
@@ -79,3 +106,17 @@ def test_an_arena_is_not_counted_as_copies(kvcheck):
     result = run.result("single-copy")
     assert result["verdict"] == "pass", result
     assert run.status == 0, run.stdout + run.stderr
+
+
+def test_a_copy_carved_from_the_stored_entrys_arena_is_said_to_share_one_storage(kvcheck, scratch_dir):
+    # get_cache's copy is written into one arena with the stored entry: a
+    # copy of every value (counted as the copies the packing wrote), and
+    # one storage shared with the entry, which is what the message says.
+    trace = os.path.join(scratch_dir, "arena_copy.trace")
+    with open(trace, "w") as file:
+        file.write("add a modern/f32/0:[kv1 kv2]\nh1 = get_cache a\n")
+    replay = kvcheck("replay", trace, "--adapter", adapter("arena_copy"))
+    assert replay.status == 1, replay.stdout + replay.stderr
+    assert ('ERROR: stored-immutable: the cache get_cache handed out as h1 shares one storage with stored entry "a"'
+            in replay.stdout), replay.stdout
+    assert 'owned-marker: h1 is marked owned but shares one storage with stored entry "a"' in replay.stdout, replay.stdout

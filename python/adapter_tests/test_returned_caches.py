@@ -134,7 +134,8 @@ def test_the_fixed_store_passes_with_turns_and_extracts_over_the_wire(kvcheck):
     # property's 40 traces check them all.
     run = kvcheck("run", "--adapter", EXAMPLE, "--property", "generation-equivalent", "--cases", "40", "--stats")
     assert run.status == 0, run.stdout + run.stderr
-    assert {p["id"]: p["verdict"] for p in run.applicable()} == {"generation-equivalent": "pass", "engine-error": "pass"}, run.stdout
+    assert {p["id"]: p["verdict"] for p in run.applicable()} == {"generation-equivalent": "pass", "engine-error": "pass",
+                                                                   "shared-state": "pass"}, run.stdout
     counts = stats_of(run.stderr)
     assert counts["returned_cache_reused"] > 0 and counts["extracted_memory"] > 0, run.stderr
 

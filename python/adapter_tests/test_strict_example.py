@@ -27,7 +27,7 @@ def test_declared_the_store_passes_every_property_with_no_engine_error(kvcheck):
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert set(verdicts.values()) == {"pass"}, verdicts
     for result in run.applicable():
-        if result["id"] != "engine-error":
+        if result["id"] not in ("engine-error", "shared-state"):  # the engine-level rows
             assert result["cases"] == 60 and result["judged"] == 60, result
     assert run.result("engine-error")["failures"] == []
 

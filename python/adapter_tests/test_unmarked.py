@@ -55,5 +55,5 @@ def test_the_derived_marker_catches_a_stored_cache_handed_out_as_a_copy(kvcheck,
     assert fixed.status == 0, fixed.stdout + fixed.stderr
     buggy = kvcheck("replay", trace, "--property", "owned-marker", "--adapter", f"{UNMARKED} --bug single_id_returns_stored")
     assert buggy.status == 1, buggy.stdout + buggy.stderr
-    assert ('ERROR: owned-marker: the copy h1 is not owned: it shares storage with stored entry "a" '
+    assert ('ERROR: owned-marker: the copy h1 is not owned: it shares one storage with stored entry "a" '
             "(the engine keeps no owned marker: owned is derived") in buggy.stdout, buggy.stdout

@@ -6,7 +6,7 @@ the `pytest11` entry point. Two forms:
     pytest --kvcheck-adapter my_adapter.py [--kvcheck-cases 200] [--kvcheck-seed 7] [-k single-copy]
 
 collects one item per property (`my_adapter.py::single-copy`, and
-`engine-error`, the row of engine errors): a pass is PASSED, a violation is
+`engine-error` and `shared-state`, the engine-level rows): a pass is PASSED, a violation is
 FAILED with kvcheck's shrunk trace, the check's message and the command
 that replays it, a property the adapter cannot be judged on is SKIPPED.
 `--kvcheck-adapter` takes what `kvcheck run --adapter` takes (a script with
@@ -46,6 +46,8 @@ import pytest
 from .locate import Kvcheck, KvcheckMismatch, KvcheckNotFound, locate_kvcheck
 
 ENGINE_ERROR = "engine-error"
+SHARED_STATE = "shared-state"  # engines share state across instances (docs/semantics.md#reproduction)
+ENGINE_ROWS = (ENGINE_ERROR, SHARED_STATE)  # engine-level rows: no --property selects them
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,8 @@ class Runs:
     def command(self, key: RunKey, report_path: str) -> List[str]:
         command = [self.kvcheck().path, "run", "--adapter", key.adapter, "--report", "json", "--out", report_path,
                    "--quiet", "--trace-dir", self.trace_dir]
-        chosen = sorted({p for p in self.selected.get(key, []) if p != ENGINE_ERROR})
-        if chosen and len(chosen) < len(self.properties()) - 1:  # all but the engine-error row
+        chosen = sorted({p for p in self.selected.get(key, []) if p not in ENGINE_ROWS})
+        if chosen and len(chosen) < len(self.properties()) - len(ENGINE_ROWS):  # all but the engine-level rows
             for property_id in chosen:
                 command += ["--property", property_id]
         if key.cases is not None:
@@ -189,7 +191,7 @@ class Runs:
 
     def properties(self) -> List[Tuple[str, str]]:
         """(id, summary) of every property, as `kvcheck list` prints them,
-        and the engine-error row."""
+        and the engine-level rows (engine-error, shared-state)."""
         if not hasattr(self, "_properties"):
             listed = subprocess.run([self.kvcheck().path, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
@@ -205,7 +207,8 @@ class Runs:
             if listed.returncode != 0 or not found:
                 raise pytest.UsageError(f"`{self.kvcheck().path} list` named no properties (exit status "
                                         f"{listed.returncode}): {listed.stderr.strip()[:400]}")
-            self._properties = found + [(ENGINE_ERROR, "engine errors, grouped by message")]
+            self._properties = found + [(ENGINE_ERROR, "engine errors, grouped by message"),
+                                        (SHARED_STATE, "state shared across engine instances")]
         return self._properties
 
 

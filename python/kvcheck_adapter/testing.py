@@ -113,7 +113,7 @@ def check_engine(
 ) -> Dict[str, Any]:
     """Runs `kvcheck run` on the adapter (every property, or those named)
     and returns the adapter's part of the JSON report (`adapters[0]`: its
-    verdicts, one per property and the engine-error row) when every property
+    verdicts, one per property and the engine-level rows) when every property
     holds (or is skipped).
     Raises AssertionError with the report (each failure's message, shrunk
     trace, reproducing command and the engine's last output) when one

@@ -110,12 +110,24 @@ struct RunOptions {
     // Called before each step with its index (progress reports, benchmarks
     // timing part of a trace). Must not touch the engine.
     std::function<void(std::size_t step)> on_step;
+    // Keep what the engine answered at each step (RunResult::answers): the
+    // engine-independence check compares a trace's answers run alone with
+    // its answers run after other traces (docs/semantics.md#reproduction).
+    // Off, nothing extra is read.
+    bool record_answers = false;
 };
 
 struct RunResult {
     std::optional<Failure> failure;
     std::size_t steps_run = 0;
     Coverage coverage;
+    // With RunOptions::record_answers: per step run, what the engine
+    // answered, as a short text ("skipped"; "get_cache h2: content 1a2b...;
+    // 1 copy of 512 bytes"): lengths, content digests, tokens, copy counts,
+    // refusals; never what an engine may choose freely (addresses, storage
+    // identities, block numbers, error texts). Equal answers for equal
+    // traces on fresh engines are what engine independence asks.
+    std::vector<std::string> answers;
 };
 
 RunResult execute(const Trace& trace, Engine& engine, const RunOptions& options = {});

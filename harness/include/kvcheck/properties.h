@@ -95,6 +95,11 @@ const std::array<Property, property_count>& all_properties();
 // An engine's unexpected exception, or an adapter contradicting itself, is
 // reported under this id (it is not a property: the step could not be judged).
 inline constexpr const char* engine_error_id = "engine-error";
+// State shared across engine instances (docs/semantics.md#reproduction): a
+// finding that needs an earlier engine of the same process, or answers that
+// differ from the trace's run alone. Not a property either: an engine-level
+// verdict, with a two-part reproducer (kvcheck replay --prefix).
+inline constexpr const char* shared_state_id = "shared-state";
 
 class PropertySet {
   public:
