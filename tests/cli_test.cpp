@@ -331,6 +331,15 @@ TEST_F(Cli, FindingsAreReplayVerified) {
     const std::string plain = property_json(unverified.stdout_text, "store-contract");
     EXPECT_TRUE(contains(plain, "\"reproduction\": null")) << plain;
     EXPECT_EQ(kvcheck("run --replays -1" + args).status, 2);
+    // A finding whose pinned failure names another property first (M32's
+    // extract: stored-immutable's message, generation-equivalent also at
+    // that step) reproduces too: a replay shows it when it fails any
+    // property the finding names (it was labelled flaky, 0 of 3).
+    const Outcome named = kvcheck("run --adapter M32 --property generation-equivalent --cases 50 --failures 1 --quiet "
+                                  "--report json --trace-dir " + scratch("replayed-traces"));
+    const std::string m32 = property_json(named.stdout_text, "generation-equivalent");
+    EXPECT_TRUE(contains(m32, "\"reproduction\": {\"kind\": \"reproduced\", \"replays\": 3, \"failed\": 3, \"prefix\": null"))
+        << m32;
 }
 
 // The text of the JSON string field `name` in `json` (its first

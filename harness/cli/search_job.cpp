@@ -453,10 +453,26 @@ class PropertySearch {
         return run;
     }
 
-    // What a finding is, for its replays: whether a run shows it again.
+    // What a finding is, for its replays: whether a run shows it again, a
+    // failure of a property the finding names (its own or one it lists as
+    // `also` at its step). The reported failure is pinned by a run that
+    // reads every entry after every step, so it may name a property first
+    // (stored-immutable) that a plain run only meets as `also`, or the
+    // other way round: both are the finding.
     using Shows = std::function<bool(const RunResult&)>;
+    static std::set<std::string> properties_of(const Failure& failure) {
+        std::set<std::string> properties{failure.property};
+        for (const std::string& also : failure.also) properties.insert(also.substr(0, also.find(':')));
+        return properties;
+    }
     static Shows fails_as(const Failure& failure) {
-        return [property = failure.property](const RunResult& run) { return run.failure && run.failure->property == property; };
+        return [named = properties_of(failure)](const RunResult& run) {
+            if (!run.failure) return false;
+            for (const std::string& property : properties_of(*run.failure)) {
+                if (named.count(property) != 0) return true;
+            }
+            return false;
+        };
     }
 
     // Whether `trace`, run on a fresh engine process after `prefix` (each on
