@@ -97,6 +97,8 @@ class AdapterProcess {
     struct ForkFrom {
         const AdapterProcess& server;
         std::string lock_path;
+        // Runs with the copy's pid once it runs, before its handshake.
+        std::function<void(int)> on_start = nullptr;
     };
     AdapterProcess(const ForkFrom& from, const std::string& output_path, double handshake_seconds,
                    FaultHandler on_fault = nullptr);
