@@ -41,7 +41,7 @@ class Scheduler {
     }
 
     Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
-        : adapters_(adapters), options_(options), sandbox_(options.limits), hung_on_(adapters.size()) {
+        : adapters_(adapters), options_(options), sandbox_(options.limits) {
         properties_ = options.properties;
         if (properties_.empty()) properties_.assign(all_properties().begin(), all_properties().end());
         std::set<std::string> stems;
@@ -100,8 +100,7 @@ class Scheduler {
             if (interrupted_by() != 0) return stop();
             const double now = monotonic_seconds();
             // Collecting a fault shrinks it, which may take a while: the
-            // tasks are taken out of running_ first, so that a hang found
-            // meanwhile can still cut the limits of the others.
+            // tasks are taken out of running_ first.
             std::vector<Task> finished;
             for (auto it = running_.begin(); it != running_.end();) {
                 if (it->job->done) {
@@ -313,22 +312,11 @@ class Scheduler {
         if (options_.isolate) {
             Limits limits = options_.limits;
             if (options_.seconds > 0 && limits.total_seconds > 0) limits.total_seconds += options_.seconds;
-            if (!hung_on_[task.adapter].empty()) limits.silence_seconds = fail_fast_seconds(options_.limits);
             task.job = sandbox_.start(body, nullptr, limits);
         } else {
             task.job = run_in_process(body);
         }
         return task;
-    }
-
-    // The adapter hung for the full limit: its other properties, running
-    // or to come, get the short one (fail fast).
-    void note_hang(std::size_t adapter, const std::string& property) {
-        if (!hung_on_[adapter].empty()) return;
-        hung_on_[adapter] = property;
-        for (Task& task : running_) {
-            if (task.adapter == adapter) task.job->limits.silence_seconds = fail_fast_seconds(options_.limits);
-        }
     }
 
     // A fault: the verdict "fail", the fault first among the failures.
@@ -355,15 +343,6 @@ class Scheduler {
         if (!shrunk.recurred) {
             failure.message += " (it did not recur when this trace ran alone in a fresh engine process: it built up over the " +
                                std::to_string(job.begins - 1) + " traces that process ran before)";
-        }
-        if (fault.kind == "hang") {
-            if (job.limits.silence_seconds < options_.limits.silence_seconds) {
-                failure.message += " (the limit was cut from " + seconds_text(options_.limits.silence_seconds) + " s to " +
-                                   seconds_text(job.limits.silence_seconds) + " s after the adapter hung on " +
-                                   hung_on_[task.adapter] + ": kvcheck fails fast after a hang)";
-            } else {
-                note_hang(task.adapter, result.id);
-            }
         }
         result.failures.insert(result.failures.begin(), std::move(failure));
     }
@@ -480,7 +459,6 @@ class Scheduler {
     std::vector<Task> running_;
     std::vector<AdapterResult> results_;
     std::vector<std::string> stems_;    // per adapter: its trace files' name
-    std::vector<std::string> hung_on_;  // per adapter: the property it first hung on, or ""
     std::size_t name_width_ = 10;
     std::size_t total_ = 0;
     std::size_t finished_ = 0;

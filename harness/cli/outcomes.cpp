@@ -204,11 +204,4 @@ std::shared_ptr<Job> run_in_process(const std::function<void(Channel&)>& body) {
     return job;
 }
 
-// After an adapter hung for the full silence limit, its other properties
-// get this much: enough for any operation that is not stuck, short of
-// waiting the full limit again for each property.
-double fail_fast_seconds(const Limits& limits) {
-    return std::min(limits.silence_seconds, std::max(2.0, limits.silence_seconds / 10));
-}
-
 }  // namespace kvcheck::cli

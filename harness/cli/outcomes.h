@@ -55,7 +55,4 @@ std::string fault_message(const Fault& fault, const std::string& where);
 // child's would be.
 std::shared_ptr<Job> run_in_process(const std::function<void(Channel&)>& body);
 
-// The silence limit of an adapter's later properties once it hung.
-double fail_fast_seconds(const Limits& limits);
-
 }  // namespace kvcheck::cli

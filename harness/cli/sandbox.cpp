@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -165,6 +166,10 @@ void end_descendants() {
 // The exit status of a child that reported a fault (exit_with_fault).
 constexpr int fault_exit_status = 4;
 
+// A job's limits (its memory, its stillness) are checked at most this
+// often, and at every poll that waited this long.
+constexpr double limits_check_seconds = 0.05;
+
 std::string mebibytes(std::int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 // The child's end of its channel, for the allocation-failure handler.
@@ -213,13 +218,34 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 
 std::string job_dir_prefix() { return "kvcheck-job-" + std::to_string(::getpid()) + "-"; }
 
-// The directories kvcheck makes in $TMPDIR whose kvcheck was killed
+// Where job directories go: $TMPDIR when it is set; else /dev/shm when
+// it is a RAM-backed file system kvcheck may write to; else the temporary
+// directory. A job's dumps are written, fsynced, renamed and removed
+// there, trace after trace: on a disk that was most of a run's system
+// time, and nothing is lost by memory, since power cuts are simulated from
+// the calls the dump shim records (docs/durability.md), never from a disk.
+fs::path job_dirs_base() {
+    static const fs::path base = [] {
+        const char* chosen = std::getenv("TMPDIR");
+        if (chosen != nullptr && *chosen != '\0') return fs::temp_directory_path();
+        struct statfs info {};
+        constexpr long tmpfs_magic = 0x01021994;  // linux/magic.h TMPFS_MAGIC
+        if (::statfs("/dev/shm", &info) == 0 && static_cast<long>(info.f_type) == tmpfs_magic &&
+            ::access("/dev/shm", W_OK | X_OK) == 0) {
+            return fs::path("/dev/shm");
+        }
+        return fs::temp_directory_path();
+    }();
+    return base;
+}
+
+// The directories kvcheck makes in $TMPDIR (and job_dirs_base) whose kvcheck was killed
 // outright (kill -9, a second Ctrl-C) before it could remove them:
 // kvcheck-job-<pid>-* (a job's) and kvcheck-adapter-<pid>-* (an adapter
 // process's output files, process_engine.cpp) of pids that no longer run.
-void remove_stale_job_dirs() {
+void remove_stale_job_dirs(const fs::path& in) {
     std::error_code error;
-    for (fs::directory_iterator it(fs::temp_directory_path(error), error), end; !error && it != end; it.increment(error)) {
+    for (fs::directory_iterator it(in, error), end; !error && it != end; it.increment(error)) {
         const std::string name = it->path().filename().string();
         std::size_t prefix = 0;
         for (const char* kind : {"kvcheck-job-", "kvcheck-adapter-"}) {
@@ -237,11 +263,18 @@ void remove_stale_job_dirs() {
     }
 }
 
+void remove_stale_job_dirs() {
+    std::error_code error;
+    const fs::path temporary = fs::temp_directory_path(error);
+    if (!error) remove_stale_job_dirs(temporary);
+    if (job_dirs_base() != temporary) remove_stale_job_dirs(job_dirs_base());
+}
+
 std::string make_job_dir() {
-    std::string pattern = (fs::temp_directory_path() / (job_dir_prefix() + "XXXXXX")).string();
+    std::string pattern = (job_dirs_base() / (job_dir_prefix() + "XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
         throw std::runtime_error("cannot create a directory for an engine process under " +
-                                 fs::temp_directory_path().string() + ": " + std::strerror(errno));
+                                 job_dirs_base().string() + ": " + std::strerror(errno));
     }
     return pattern;
 }
@@ -358,7 +391,8 @@ std::shared_ptr<Job> Sandbox::start(const std::function<void(Channel&)>& body,
         set_nonblocking(fd);
         parent_fds().push_back(fd);
     }
-    job->started = job->last_heard = monotonic_seconds();
+    job->started = monotonic_seconds();
+    job->stillness.restart(process::sample_processes({pid}, job->started));
     job->on_message = std::move(on_message);
     jobs_.push_back(job);
     return job;
@@ -380,7 +414,7 @@ void Sandbox::read_from(Job& job) {
             close_fd(job.fd);  // the child is ending; wait4 will tell how
             return;
         }
-        job.last_heard = monotonic_seconds();
+        job.heard = true;
         job.buffer.append(chunk, static_cast<std::size_t>(n));
         for (;;) {
             const std::size_t newline = job.buffer.find('\n');
@@ -525,15 +559,27 @@ void Sandbox::kill_with(Job& job, Fault fault) {
 }
 
 void Sandbox::check_limits(Job& job, double now) {
-    const std::uint64_t ticks = job.progress->ticks.load();
-    if (ticks != job.ticks_seen) {
-        job.ticks_seen = ticks;
-        job.last_heard = now;
-    }
     // The tree as last seen: what finish() kills if the child dies and
     // leaves it to kvcheck.
     job.tree.clear();
     collect_descendants(job.pid, job.tree);
+    // Its processes, and the adopted ones with theirs: how long the engine
+    // has stood still since the last progress (stillness.h).
+    std::vector<int> engine{job.pid};
+    engine.insert(engine.end(), job.tree.begin(), job.tree.end());
+    for (const int pid : job.adopted) {
+        const std::vector<int> below = process::process_tree(pid);
+        engine.insert(engine.end(), below.begin(), below.end());
+    }
+    const process::ActivitySample sample = process::sample_processes(engine, now);
+    const std::uint64_t ticks = job.progress->ticks.load();
+    if (ticks != job.ticks_seen || job.heard) {
+        job.ticks_seen = ticks;
+        job.heard = false;
+        job.stillness.restart(sample);
+    } else {
+        job.stillness.observe(sample);
+    }
     // Memory first: a leaking engine is slow too, and would read as hung.
     std::int64_t resident = tree_resident_bytes(job.pid);
     for (const int pid : job.adopted) resident += tree_resident_bytes(pid);
@@ -542,8 +588,12 @@ void Sandbox::check_limits(Job& job, double now) {
                                            mebibytes(job.limits.memory_bytes)});
         return;
     }
-    if (now - job.last_heard > job.limits.silence_seconds) {
-        kill_with(job, Fault{"hang", "no progress for " + seconds_text(job.limits.silence_seconds) + " s"});
+    if (job.stillness.hung(job.limits.silence_seconds)) {
+        const bool stood_still = job.stillness.still_seconds() >= job.limits.silence_seconds;
+        kill_with(job, Fault{"hang", stood_still ? "no progress for " + seconds_text(job.limits.silence_seconds) + " s"
+                                                 : "no progress for " + seconds_text(job.stillness.silent_seconds()) +
+                                                       " s of wall time, " + seconds_text(process::hang_wall_factor) +
+                                                       " times the limit, though waiting on the machine"});
         return;
     }
     if (job.limits.total_seconds > 0 && now - job.started > job.limits.total_seconds) {
@@ -589,6 +639,11 @@ bool Sandbox::poll(double seconds) {
             finish(*job);
             continue;
         }
+        // Not at every message (a search sends one per trace, hundreds a
+        // second): the limits are read from /proc, which costs more than
+        // the message.
+        if (now - job->limits_checked < limits_check_seconds) continue;
+        job->limits_checked = now;
         check_limits(*job, now);
     }
     return running() > 0;

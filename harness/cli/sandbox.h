@@ -7,7 +7,9 @@
 // operation it marks its progress (Channel::step) in a page of memory the
 // parent reads: when the child dies, the parent knows which trace and which
 // step killed it. The parent enforces the limits (Limits): no progress for
-// `silence_seconds` is a hang, a job running longer than `total_seconds` in
+// `silence_seconds` of the job's own time is a hang (stillness.h: time its
+// processes ran or sat blocked counts, time they waited for a CPU the
+// machine gave to others does not), a job running longer than `total_seconds` in
 // all is out of time, a resident set over `memory_bytes` is a leak; each
 // gets the child killed. The child also runs under a hard address-space
 // limit (setrlimit; not in ASan builds, whose shadow memory needs terabytes
@@ -28,6 +30,8 @@
 //   while (sandbox.poll(0.1)) {}       // messages arrive in job->messages
 #pragma once
 
+#include "stillness.h"
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -40,7 +44,7 @@
 namespace kvcheck::cli {
 
 struct Limits {
-    double silence_seconds = 30;   // one operation may run this long without progress
+    double silence_seconds = 30;   // one operation may stand still this long (stillness.h) without progress
     double total_seconds = 3600;   // one job may run this long in all; 0: no limit
     std::int64_t memory_bytes = std::int64_t{4} << 30;
 };
@@ -123,7 +127,9 @@ struct Job {
     // (the fault's detail says which).
     std::optional<std::size_t> last_step;
     double started = 0;             // monotonic seconds
-    double last_heard = 0;
+    bool heard = false;             // a message arrived since the limits were last checked: progress
+    double limits_checked = 0;      // monotonic seconds
+    process::Stillness stillness;   // since the last progress
     std::array<CapturedOutput, 2> output;  // stdout, stderr
     std::string work_dir;
     std::string buffer;

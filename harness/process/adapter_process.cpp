@@ -3,6 +3,7 @@
 #include "durability/dump_kill.h"
 
 #include "signal_name.h"
+#include "stillness.h"
 #include "wire.h"
 
 #include "kvcheck/domain.h"
@@ -189,6 +190,9 @@ class FileLock {
 constexpr std::int64_t output_bytes_max = std::int64_t{16} << 20;
 // While kvcheck waits for a reply, it looks at the output file this often.
 constexpr int output_check_ms = 500;
+// While it waits for the handshake, it samples the process (stillness.h)
+// this often.
+constexpr int still_sample_ms = 100;
 
 // How long a fork server may take to answer a fork request: it forks and
 // answers, nothing more, but the machine may be loaded.
@@ -223,6 +227,7 @@ AdapterProcess::AdapterProcess(const ForkFrom& from, const std::string& output_p
                                FaultHandler on_fault)
     : command_text_(from.server.command_text_), output_path_(output_path), on_fault_(std::move(on_fault)) {
     start_forked(from);
+    if (from.on_start) from.on_start(pid_);
     handshake(handshake_seconds);
 }
 
@@ -391,7 +396,7 @@ void AdapterProcess::start_forked(const ForkFrom& from) {
 void AdapterProcess::handshake(double seconds) {
     send(Request("hello").field("protocol", std::int64_t{protocol_version}).field("kvcheck", KVCHECK_VERSION_TEXT).text());
     handshake_seconds_ = seconds;
-    const std::string frame = receive(now_seconds() + seconds);
+    const std::string frame = receive(seconds);
     Json reply;
     try {
         reply = Json::parse(frame);
@@ -479,7 +484,11 @@ void AdapterProcess::send(const std::string& payload) {
     }
 }
 
-std::string AdapterProcess::receive(double deadline) {
+std::string AdapterProcess::receive(double still_seconds) {
+    // The handshake's limit is on the time the process stood still
+    // (stillness.h): a loaded machine slows an import, it does not hang it.
+    Stillness still;
+    if (still_seconds > 0) still.restart(sample_processes(process_tree(pid_), now_seconds()));
     for (;;) {
         if (buffer_.size() >= 4) {
             std::uint32_t size = 0;
@@ -495,15 +504,22 @@ std::string AdapterProcess::receive(double deadline) {
                 return frame;
             }
         }
-        if (deadline > 0) {
-            const double left = deadline - now_seconds();
+        if (still_seconds > 0) {
             pollfd ready{reply_fd_, POLLIN, 0};
-            const int polled = left > 0 ? ::poll(&ready, 1, static_cast<int>(left * 1000) + 1) : 0;
+            const int polled = ::poll(&ready, 1, still_sample_ms);
             if (polled < 0 && errno == EINTR) continue;
             if (polled == 0) {
-                char seconds[32];
-                std::snprintf(seconds, sizeof seconds, "%g", handshake_seconds_);
-                fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " + seconds + " s");
+                still.observe(sample_processes(process_tree(pid_), now_seconds()));
+                if (still.hung(still_seconds)) {
+                    char seconds[32];
+                    std::snprintf(seconds, sizeof seconds, "%g", handshake_seconds_);
+                    char silent[32];
+                    std::snprintf(silent, sizeof silent, "%.0f", still.silent_seconds());
+                    fail("start", "the adapter '" + command_text_ + "' did not answer the handshake within " + seconds +
+                                      " s of its own time (running or blocked; " + silent +
+                                      " s of wall time, time it waited for a CPU not counted)");
+                }
+                continue;
             }
         } else {
             // A long operation may be one that writes without end.
@@ -530,18 +546,28 @@ void AdapterProcess::reap(double grace_seconds) {
         return;
     }
     const double until = now_seconds() + grace_seconds;
+    // Woken when the process ends (a pidfd), not at the next look; where
+    // there is none (Linux before 5.3), a look every 2 ms.
+    const int ended = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
     for (;;) {
         const pid_t done = ::waitpid(pid_, &wait_status_, WNOHANG);
         if (done == pid_ || (done < 0 && errno != EINTR)) break;
-        if (now_seconds() >= until) {
+        const double left = until - now_seconds();
+        if (left <= 0) {
             ::kill(-pid_, SIGKILL);
             ::kill(pid_, SIGKILL);
             while (::waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {}
             killed_here_ = true;
             break;
         }
-        ::usleep(2000);
+        if (ended >= 0) {
+            pollfd exit{ended, POLLIN, 0};
+            ::poll(&exit, 1, static_cast<int>(left * 1000) + 1);
+        } else {
+            ::usleep(2000);
+        }
     }
+    if (ended >= 0) ::close(ended);
     // Whatever the adapter started in its process group goes with it.
     ::kill(-pid_, SIGKILL);
     reaped_ = true;

@@ -75,8 +75,9 @@ using FaultHandler = std::function<void(const ProcessFault&)>;
 
 class AdapterProcess {
   public:
-    // Starts the command and shakes hands, giving up after
-    // `handshake_seconds`. Throws ProcessError ("start" or "version") with
+    // Starts the command and shakes hands, giving up once the process stood
+    // still for `handshake_seconds` (stillness.h: time it waited for a CPU
+    // does not count). Throws ProcessError ("start" or "version") with
     // the process's output tail.
     AdapterProcess(const ProcessCommand& command, const std::string& output_path, double handshake_seconds,
                    FaultHandler on_fault = nullptr);
@@ -96,6 +97,8 @@ class AdapterProcess {
     struct ForkFrom {
         const AdapterProcess& server;
         std::string lock_path;
+        // Runs with the copy's pid once it runs, before its handshake.
+        std::function<void(int)> on_start = nullptr;
     };
     AdapterProcess(const ForkFrom& from, const std::string& output_path, double handshake_seconds,
                    FaultHandler on_fault = nullptr);
@@ -133,8 +136,9 @@ class AdapterProcess {
     void handshake(double seconds);
     void read_dump_fork(const Json& reply);
     void send(const std::string& frame);
-    // The next reply frame; `deadline` > 0: give up at that monotonic time.
-    std::string receive(double deadline);
+    // The next reply frame; `still_seconds` > 0: give up once the process
+    // stood still that long (stillness.h).
+    std::string receive(double still_seconds);
     [[noreturn]] void fail(const std::string& kind, const std::string& detail);
     // After `pipe` ("reply" or "request") closed: how the process ended, as
     // a fault; a process still running is killed, and its fault says that

@@ -686,10 +686,11 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
         const std::string output = output_path(std::to_string(::getpid()));
         if (warm()) {
             try {
+                // The copy is the job's from its start: its handshake's time
+                // is the engine's (its memory, its stillness).
                 connection.process = std::make_unique<AdapterProcess>(
-                    AdapterProcess::ForkFrom{*fork_server_, directory_ + "/fork.lock"}, output,
+                    AdapterProcess::ForkFrom{*fork_server_, directory_ + "/fork.lock", options_.on_warm_start}, output,
                     options_.handshake_seconds, options_.on_fault);
-                if (options_.on_warm_start) options_.on_warm_start(connection.process->pid());
             } catch (const ProcessError& error) {
                 if (error.fault().kind != "fork") throw;
                 // The server is gone or refused: the command, started cold.
