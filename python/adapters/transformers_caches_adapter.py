@@ -24,9 +24,12 @@ buffers cut to the tokens it holds (hf.logical_cache: views of the same
 storages, so sharing is still seen).
 
 Assumptions (contract differences, declared rather than papered over):
-  - max_cache_len is hf.POSITIONS_MAX (16384), above anything kvcheck draws
-    (the default scope's largest merge and generation fit twice over): a
-    StaticCache refuses tokens past it, kvcheck's store has no such limit;
+  - max_cache_len is 4096: a StaticCache refuses tokens past it (its
+    update raises: an engine error), kvcheck's store has no such limit. The
+    default scope draws at most 512 tokens a layer, so a merge of up to 8
+    such caches and its generation fit; a longer chain of merges would be an
+    engine error, never a verdict (the buffer is the model's attention span:
+    every forward attends over it, so it is kept this small for speed);
   - a copy is made with `update`, not `copy.deepcopy`: a deep copy of a
     StaticCache copies its whole preallocated buffer (max_cache_len slots),
     which single-copy would count as the wrong number of bytes (a copy of
@@ -69,7 +72,7 @@ DECODINGS = {
     # transformers' prompt lookup decoding: up to 3 candidate tokens a step.
     "prompt-lookup": {"prompt_lookup_num_tokens": 3},
 }
-MAX_CACHE_LEN = hf.POSITIONS_MAX
+MAX_CACHE_LEN = 4096
 
 
 def capabilities(domain):
