@@ -75,20 +75,6 @@ DECODINGS = {
 MAX_CACHE_LEN = 4096
 
 
-def capabilities(domain):
-    """The tiny model's float32 caches of the modern layout only (so no
-    conversions), no odd layers, no streaming."""
-    return {
-        "legacy_layout": False,
-        "modern_layout": True,
-        "conversions": False,
-        "half_dtypes": False,
-        "one_sided_layers": False,
-        "legacy_slot_names": False,
-        "uninitialized_layers": False,
-        "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
-        "generate_stream": False,
-    }
 
 
 def held_layers(cache):
@@ -116,7 +102,7 @@ class TransformersCachesAdapter(Adapter):
             f" generating with {decoding} decoding (python/adapters/transformers_caches_adapter.py)"
         )
         self.model = hf.model_domain(model)
-        self.capabilities = capabilities(self.model)
+        self.capabilities = hf.capabilities(self.model)
         self.items = {}  # id -> the stored cache object, in insertion order
         self.handed_out = weakref.WeakSet()  # the copies the store made and has not stored since
 
@@ -229,12 +215,10 @@ def main(argv=None) -> None:
     parser.add_argument("--cache", choices=CACHES, default="static", help="the store's cache class")
     parser.add_argument("--decoding", choices=sorted(DECODINGS), default="greedy",
                         help="how generate decodes (greedy, or assisted by prompt lookup)")
-    parser.add_argument("--print-model", action="store_true",
-                        help="print the model's domain as kvcheck run --model takes it, and exit")
+    hf.add_print_model(parser)
     arguments = parser.parse_args(argv)
-    model = hf.tiny_model()
-    if arguments.print_model:
-        print(hf.domain_text(hf.model_domain(model)))
+    model = hf.model_or_print(arguments)
+    if model is None:
         return
     serve(lambda: TransformersCachesAdapter(model, arguments.cache, arguments.decoding))
 

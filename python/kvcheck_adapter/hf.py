@@ -257,6 +257,41 @@ def domain_text(domain: Dict[str, Any]) -> str:
     return ",".join(parts)
 
 
+def capabilities(domain: Dict[str, Any]) -> Dict[str, bool]:
+    """The capability flags of a store of real caches of the installed
+    transformers holding `domain`'s caches (model_domain): its one layout (so
+    no conversions), float32 caches of the model's geometry (any_geometry
+    says it is not kvcheck's default 2x4; the domain says which it is), no
+    odd layers, no streaming."""
+    return {
+        "legacy_layout": LAYOUT == "legacy",
+        "conversions": False,
+        "half_dtypes": False,
+        "one_sided_layers": False,
+        "legacy_slot_names": False,
+        "uninitialized_layers": False,
+        "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
+        "generate_stream": False,
+        "modern_layout": LAYOUT == "modern",
+    }
+
+
+def add_print_model(parser) -> None:
+    """An adapter's --print-model option (see model_or_print)."""
+    parser.add_argument("--print-model", action="store_true",
+                        help="print the model's domain as kvcheck run --model takes it, and exit")
+
+
+def model_or_print(arguments):
+    """The tiny model an adapter serves, or None once its domain is printed
+    as `kvcheck run --model` takes it (--print-model: the adapter exits)."""
+    model = tiny_model()
+    if arguments.print_model:
+        print(domain_text(model_domain(model)))
+        return None
+    return model
+
+
 def _check_geometry(model, cache) -> int:
     """The cache's length; OutsideDomain (one sentence) when the model
     cannot run over it."""
@@ -385,13 +420,16 @@ __all__ = [
     "OutsideDomain",
     "POSITIONS_MAX",
     "VERSION",
+    "add_print_model",
     "cache_of_layers",
+    "capabilities",
     "domain_text",
     "generate",
     "held_tokens",
     "logical_cache",
     "make_layer",
     "mark_forwards",
+    "model_or_print",
     "materialize",
     "model_domain",
     "new_cache",
