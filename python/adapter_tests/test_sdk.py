@@ -190,6 +190,22 @@ def test_capabilities_follow_the_methods_an_engine_implements():
     assert flags["owned_marker"] is True  # kvcheck reads the engine's marker unless it says it has none
 
 
+def test_an_engine_without_a_copy_log_is_not_tracked():
+    # Capability copy_log false (an engine whose caches are not torch
+    # tensors, as mlx-lm's): the SDK's copy tracker never reads its caches,
+    # and every operation reports no copy.
+    from kvcheck_adapter.adapter import _Session
+
+    class Untracked(activation_memory_adapter.ActivationMemoryAdapter):
+        capabilities = {"copy_log": False}
+
+    class Tracked(activation_memory_adapter.ActivationMemoryAdapter):
+        pass
+
+    assert _Session(Untracked(())).tracker is None
+    assert _Session(Tracked(())).tracker is not None
+
+
 MODEL_ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_adapter.py")
 
 

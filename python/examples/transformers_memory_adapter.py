@@ -34,23 +34,6 @@ from kvcheck_adapter.adapter import Adapter, Item, serve  # noqa: E402
 from kvcheck_adapter.crash import power_cut  # noqa: E402
 
 
-def capabilities(domain):
-    """What the store over the installed transformers can do: its one
-    layout (so no conversions), float32 caches of the model's geometry
-    (`domain`: any_geometry says it is not kvcheck's default 2x4; the
-    domain says which it is), no odd layers, no streaming."""
-    flags = {
-        "legacy_layout": hf.LAYOUT == "legacy",
-        "conversions": False,
-        "half_dtypes": False,
-        "one_sided_layers": False,
-        "legacy_slot_names": False,
-        "uninitialized_layers": False,
-        "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
-        "generate_stream": False,
-        "modern_layout": hf.LAYOUT == "modern",
-    }
-    return flags
 
 
 class TransformersMemoryAdapter(Adapter):
@@ -65,7 +48,7 @@ class TransformersMemoryAdapter(Adapter):
         )
         self.store = transformers_memory.TransformersMemory(bugs=self.bugs, model=model)
         self.model = hf.model_domain(self.store.model)
-        self.capabilities = capabilities(self.model)
+        self.capabilities = hf.capabilities(self.model)
 
     # ---- the store ----
 
@@ -138,12 +121,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=[], choices=transformers_memory.BUGS,
                         help="plant a historic bug (repeatable)")
-    parser.add_argument("--print-model", action="store_true",
-                        help="print the model's domain as kvcheck run --model takes it, and exit")
+    hf.add_print_model(parser)
     arguments = parser.parse_args(argv)
-    model = hf.tiny_model()
-    if arguments.print_model:
-        print(hf.domain_text(hf.model_domain(model)))
+    model = hf.model_or_print(arguments)
+    if model is None:
         return
     bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
     unknown = sorted(set(bugs).difference(transformers_memory.BUGS))

@@ -382,7 +382,11 @@ class _Session:
         # The metadata get handed out with each handle's item.
         self.handle_metadata: Dict[int, Dict[str, str]] = {}
         self.engine_logs_copies = _overrides(engine, "take_copies")
-        self.tracker = None if self.engine_logs_copies else _Tracker()
+        # No tracker for an engine that logs its copies itself, or that
+        # declares no copy log (capability copy_log false: its caches may not
+        # be torch tensors at all, and kvcheck reads no copies from it).
+        tracked = not self.engine_logs_copies and capabilities_of(engine)["copy_log"]
+        self.tracker = _Tracker() if tracked else None
         self.pending_copies: List[Dict[str, Any]] = []
         # Whether facts carry metadata (the engine keeps it).
         self.metadata = capabilities_of(engine)["metadata"]

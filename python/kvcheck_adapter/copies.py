@@ -49,7 +49,8 @@ tokens the engine made itself is an append, not a copy):
   index_select, index, gather, take, masked_select, repeat
                      copies of selected or repeated rows;
   index_copy(_), index_put(_)
-                     writes of tracked values into a buffer;
+                     writes of tracked values into a buffer (in place:
+                     the values' bytes, the rows written);
   any other *_copy   functional copies (narrow_copy, slice_copy, ...).
 Each is logged with the bytes it wrote (the output's size in its dtype).
 What does not count: views (they share the storage: the same set),
@@ -220,6 +221,10 @@ _COPY_OPS: Dict[str, Tuple[Callable, Optional[Callable]]] = {
 }
 
 
+# The in-place writes of given values into selected rows of a buffer.
+_INDEXED_WRITES = frozenset(("index_copy_", "index_put_"))
+
+
 def _copy_rule(name: str) -> Optional[Tuple[Callable, Optional[Callable]]]:
     rule = _COPY_OPS.get(name)
     if rule is None and name.endswith("_copy"):
@@ -244,7 +249,8 @@ class CopyTracker:
         self._storages: Dict[int, Tuple[_KvSet, StorageWeakRef]] = {}
         self._sweep_at = 1024
         self._recording: Optional[Recording] = None
-        self._open: Dict[int, Tuple[_KvSet, Set[tuple]]] = {}  # depth -> (set, sources copied into it)
+        # depth -> (set, the source regions copied into it -> the rows each went to)
+        self._open: Dict[int, Tuple[_KvSet, Dict[tuple, Set[Optional[tuple]]]]] = {}
         self._made_here: Dict[int, int] = {}  # set id -> depth, for the sets this recording made
         self._set_copies: Dict[int, SetCopy] = {}
         self._model_depth = 0
@@ -430,26 +436,41 @@ class CopyTracker:
         if recording is not None:
             recording.peak_sets_on_path = max(recording.peak_sets_on_path, self.sets_on_path(cache, tensor_sets))
 
-    def _copy_target(self, sources: List[_KvSet], source_keys: List[tuple]) -> _KvSet:
-        """The set a copy from `sources` writes into (see the module doc)."""
+    def _copy_target(
+        self, sources: List[_KvSet], source_keys: List[tuple], rows: Optional[tuple] = None
+    ) -> _KvSet:
+        """The set a copy from `sources` writes into (see the module doc).
+        K/V read again start a new copy, but for an indexed write (`rows`:
+        the target storage and the rows it writes) into other rows of the
+        same buffer that the copy wrote them into: a merge filling a
+        StaticCache's buffer part by part, one part repeated."""
         depth = 1 + max((self._made_here.get(s.set_id, 0) for s in sources), default=0)
         opened = self._open.get(depth)
-        if opened is None or not opened[1].isdisjoint(source_keys):
+        if opened is None or any(self._read_again(opened[1], key, rows) for key in source_keys):
             kv_set = _KvSet(next(self._ids))
-            opened = (kv_set, set())
+            opened = (kv_set, {})
             self._open[depth] = opened
             self._made_here[kv_set.set_id] = depth
             copy = SetCopy(kv_set.set_id, ())
             self._set_copies[kv_set.set_id] = copy
             self._recording.copies.append(copy)
         kv_set, copied = opened
-        copied.update(source_keys)
+        for key in source_keys:
+            copied.setdefault(key, set()).add(rows)
         for source in sources:
             if all(source is not known for known in kv_set.sources):
                 kv_set.sources.append(source)
         copy = self._set_copies[kv_set.set_id]
         copy.sources = tuple(s.set_id for s in kv_set.sources)
         return kv_set
+
+    @staticmethod
+    def _read_again(copied: Dict[tuple, Set[Optional[tuple]]], key: tuple, rows: Optional[tuple]) -> bool:
+        # Was `key` copied before, other than into other rows of this buffer?
+        writes = copied.get(key)
+        if not writes:
+            return False
+        return rows is None or rows in writes or any(w is None or w[0] != rows[0] for w in writes)
 
     def _observe(self, name: str, args: tuple, kwargs: dict, result) -> None:
         rule = _copy_rule(name)
@@ -471,13 +492,18 @@ class CopyTracker:
             if name == "cat":
                 self._join(target, tracked[0])
             return
-        kv_set = self._copy_target(_unique(tracked), [_region(self._key(t), t) for t in sources])
+        rows = _rows_written(name, args, kwargs, target, self._key) if name in _INDEXED_WRITES else None
+        kv_set = self._copy_target(_unique(tracked), [_region(self._key(t), t) for t in sources], rows)
         self._join(target, kv_set)
         copy = self._set_copies[kv_set.set_id]
         copy.tensors += 1
-        copy.bytes += _nbytes(target)
+        # An in-place indexed write fills only the rows it is given (a
+        # StaticCache's update writes its new tokens into a buffer of
+        # max_cache_len): it wrote its values' bytes, not its target's.
+        wrote = sum(_nbytes(t) for t in sources) if name in _INDEXED_WRITES else _nbytes(target)
+        copy.bytes += wrote
         self._recording.tensor_copies.append(
-            TensorCopy(name, _nbytes(target), tuple(s.set_id for s in _unique(tracked)), kv_set.set_id)
+            TensorCopy(name, wrote, tuple(s.set_id for s in _unique(tracked)), kv_set.set_id)
         )
 
 
@@ -487,6 +513,17 @@ def _region(storage_key: int, tensor: torch.Tensor) -> Tuple[int, int, Tuple[int
     distinct sources: copying each of them once is one copy of the K/V,
     not a copy per tensor (copies are counted by what was written)."""
     return (storage_key, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def _rows_written(name: str, args: tuple, kwargs: dict, target: torch.Tensor, key) -> tuple:
+    """The target storage and the rows an indexed write fills:
+    index_copy_(dim, index, source), index_put_(indices, values)."""
+    where = (target.storage_offset(), tuple(target.shape), tuple(target.stride()))
+    if name == "index_copy_":
+        index = _arg(2, "index")(args, kwargs)
+        return (key(target), where, int(_arg(1, "dim")(args, kwargs)), tuple(index.reshape(-1).tolist()))
+    indices = _arg(1, "indices")(args, kwargs) or ()
+    return (key(target), where, tuple(None if i is None else tuple(i.reshape(-1).tolist()) for i in indices))
 
 
 def _unique(sets) -> List[_KvSet]:

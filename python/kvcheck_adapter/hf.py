@@ -257,11 +257,46 @@ def domain_text(domain: Dict[str, Any]) -> str:
     return ",".join(parts)
 
 
+def capabilities(domain: Dict[str, Any]) -> Dict[str, bool]:
+    """The capability flags of a store of real caches of the installed
+    transformers holding `domain`'s caches (model_domain): its one layout (so
+    no conversions), float32 caches of the model's geometry (any_geometry
+    says it is not kvcheck's default 2x4; the domain says which it is), no
+    odd layers, no streaming."""
+    return {
+        "legacy_layout": LAYOUT == "legacy",
+        "conversions": False,
+        "half_dtypes": False,
+        "one_sided_layers": False,
+        "legacy_slot_names": False,
+        "uninitialized_layers": False,
+        "any_geometry": (domain["heads"], domain["head_dim"]) != (2, 4),
+        "generate_stream": False,
+        "modern_layout": LAYOUT == "modern",
+    }
+
+
+def add_print_model(parser) -> None:
+    """An adapter's --print-model option (see model_or_print)."""
+    parser.add_argument("--print-model", action="store_true",
+                        help="print the model's domain as kvcheck run --model takes it, and exit")
+
+
+def model_or_print(arguments):
+    """The tiny model an adapter serves, or None once its domain is printed
+    as `kvcheck run --model` takes it (--print-model: the adapter exits)."""
+    model = tiny_model()
+    if arguments.print_model:
+        print(domain_text(model_domain(model)))
+        return None
+    return model
+
+
 def _check_geometry(model, cache) -> int:
     """The cache's length; OutsideDomain (one sentence) when the model
     cannot run over it."""
     domain = model_domain(model)
-    length = _observe.seq_length(cache)
+    length = _observe.seq_length(logical_cache(cache))
     layers = _observe_layers(cache)
     if length > 0 and len(layers) != domain["layers"]:
         raise OutsideDomain(f"the cache holds {len(layers)} layers; the model has {domain['layers']}")
@@ -281,16 +316,71 @@ def _check_geometry(model, cache) -> int:
 
 def _observe_layers(cache) -> List[Tuple[Optional[Tensor], Optional[Tensor]]]:
     # The keys and values the model would see, per layer.
+    cache = logical_cache(cache)
     return [(_cache.logical_keys(cache, i), _cache.logical_values(cache, i)) for i in range(_cache.layer_count(cache))]
 
 
-def generate(model, prompt: Sequence[int], cache, max_new_tokens: int) -> List[int]:
+class _HeldLayer:
+    """A static layer as the model sees it: its buffers cut to the tokens
+    it holds (views of them, not copies)."""
+
+    __slots__ = ("keys", "values", "is_initialized")
+
+    def __init__(self, keys: Optional[Tensor], values: Optional[Tensor], initialized: bool):
+        self.keys, self.values, self.is_initialized = keys, values, initialized
+
+
+class _HeldCache:
+    __slots__ = ("layers",)
+
+    def __init__(self, layers):
+        self.layers = layers
+
+
+def held_tokens(layer) -> int:
+    """The tokens a static layer holds at the front of its preallocated
+    buffers (StaticLayer: `cumulative_length`; a sliding one, which keeps
+    at most its window: `cumulative_length_int`, capped)."""
+    if not getattr(layer, "is_initialized", False):
+        return 0
+    length = int(getattr(layer, "cumulative_length_int", layer.get_seq_length()))
+    return min(length, int(layer.max_cache_len))
+
+
+def logical_cache(cache):
+    """`cache` as a model sees it, for reading: the cache itself unless
+    some layer is a static one (transformers' StaticLayer, which
+    preallocates max_cache_len slots and fills them from the front), then
+    a stand-in whose every layer shows the tokens it holds (views of the
+    layer's buffers: the same storages). Read-only: writing through it
+    changes the cache."""
+    if _content.cache_layout(cache) != "modern" or not any(
+        hasattr(layer, "max_cache_len") for layer in cache.layers
+    ):
+        return cache
+    layers = []
+    for layer in cache.layers:
+        if not hasattr(layer, "max_cache_len"):
+            layers.append(layer)
+            continue
+        held = held_tokens(layer)
+        initialized = bool(getattr(layer, "is_initialized", False))
+        keys = layer.keys[:, :, :held] if initialized else None
+        values = layer.values[:, :, :held] if initialized else None
+        layers.append(_HeldLayer(keys, values, initialized))
+    return _HeldCache(layers)
+
+
+def generate(model, prompt: Sequence[int], cache, max_new_tokens: int, **options) -> List[int]:
     """transformers' own greedy generation over `cache`, written into in
     place, exactly as a store runs it: input_ids are placeholder tokens for
     the cached positions then the prompt (generate feeds only the positions
     the cache does not hold), an attention mask of ones, do_sample off.
     Returns the max_new_tokens new tokens (eos is disabled); 0 runs nothing.
-    OutsideDomain for a cache the model cannot run over."""
+    `options` go to model.generate as they are (for example
+    prompt_lookup_num_tokens=3: assisted decoding, whose greedy output is
+    documented to be greedy's). OutsideDomain for a cache the model cannot
+    run over."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("generate: the prompt is empty")
@@ -316,6 +406,7 @@ def generate(model, prompt: Sequence[int], cache, max_new_tokens: int) -> List[i
             max_new_tokens=max_new_tokens,
             do_sample=False,
             **arguments,
+            **options,
         )
     tokens = output[0, input_ids.shape[1] :].tolist()
     if len(tokens) != max_new_tokens:
@@ -329,11 +420,16 @@ __all__ = [
     "OutsideDomain",
     "POSITIONS_MAX",
     "VERSION",
+    "add_print_model",
     "cache_of_layers",
+    "capabilities",
     "domain_text",
     "generate",
+    "held_tokens",
+    "logical_cache",
     "make_layer",
     "mark_forwards",
+    "model_or_print",
     "materialize",
     "model_domain",
     "new_cache",

@@ -141,6 +141,36 @@ def test_other_copies_count(tracker, make_copy, op):
     assert {t.op for t in recording.tensor_copies} == {op}
 
 
+def test_an_indexed_write_into_a_buffer_counts_the_rows_written(tracker):
+    # As a StaticCache's update fills a preallocated buffer: 3 tokens of
+    # keys written into a buffer of 64 copy 3 tokens' bytes, not 64's.
+    source, _ = stored(tracker, "modern/f32/1:[kv3 kv3]")
+    keys = source.layers[0].keys
+    buffer = torch.zeros(keys.shape[0], keys.shape[1], 64, keys.shape[3])
+    with tracker.record() as recording:
+        buffer.index_copy_(2, torch.arange(3), keys)
+    assert [t.op for t in recording.tensor_copies] == ["index_copy_"]
+    assert recording.bytes_copied == keys.numel() * keys.element_size()
+
+
+def test_a_part_repeated_into_other_rows_of_a_buffer_is_one_copy(tracker):
+    # A StaticCache merge of [a, a]: a's keys written twice, into rows 0-2
+    # then 3-5 of one buffer, is one merge; written into two buffers, or
+    # into the same rows again, it is a copy made twice.
+    source, _ = stored(tracker, "modern/f32/1:[kv3 kv3]")
+    keys = source.layers[0].keys
+    buffers = [torch.zeros(keys.shape[0], keys.shape[1], 64, keys.shape[3]) for _ in range(2)]
+    with tracker.record() as recording:
+        buffers[0].index_copy_(2, torch.arange(3), keys)
+        buffers[0].index_copy_(2, torch.arange(3, 6), keys)
+    assert len(recording.copies) == 1
+    for second, rows in ((buffers[1], torch.arange(3)), (buffers[0], torch.arange(3))):
+        with tracker.record() as recording:
+            buffers[0].index_copy_(2, torch.arange(3), keys)
+            second.index_copy_(2, rows, keys)
+        assert len(recording.copies) == 2
+
+
 def test_copies_of_untracked_tensors_and_arithmetic_do_not_count(tracker):
     source, _ = stored(tracker)
     untracked = materialized("modern/f32/9:[kv2]")

@@ -1,0 +1,261 @@
+"""kvcheck's adapter for mlx-lm's prompt cache: `LRUPromptCache` (the trie of
+token prefixes mlx_lm.server keeps its caches in) holding lists of
+`KVCache`, one a layer, over a tiny random-weight Llama made from a
+`ModelArgs` (nothing downloaded), generating with mlx-lm's own
+`generate_step` on the Linux CPU build of MLX.
+
+    PYTHONPATH=.venv/engines/mlx-lm-0.32.2:.venv/transformers/5.25.0 kvcheck run \\
+        --python .venv/bin/python --adapter python/adapters/mlx_prompt_cache_adapter.py
+
+The mapping (python/README.md, "Real engines"):
+
+| kvcheck | mlx-lm 0.32.2 |
+|---|---|
+| make | a list of new `KVCache`s, each given the layer's K/V by `update_and_fetch` |
+| add(id, cache) | `insert_cache(model, key(id), cache)`: the cache keeps the caller's object |
+| get(id), stored entry | the object the trie holds for key(id) (read, as the server never hands it out) |
+| get_cache(one id) | `fetch_nearest_cache(model, key(id))`: an exact hit, a deep copy |
+| get_cache(several), concat | new `KVCache`s given each part's K/V in order by `update_and_fetch` |
+| clone | `copy.deepcopy` (what fetch_nearest_cache does) |
+| delete(ids) | a new `LRUPromptCache` given the remaining entries again by `insert_cache`, in order (the class has no removal) |
+| delete_all | a new `LRUPromptCache` |
+| generate | `generate_step(prompt, model, prompt_cache=copy, max_tokens=n)` (greedy): on a deep copy, or on the input itself when it is a copy the store handed out |
+
+Assumptions (contract differences, declared rather than papered over):
+  - key(id): a 2-token key per id, distinct and of one length, so that no
+    key is a prefix of another: inserting a trimmable cache drops every
+    entry whose key is a prefix of its key (`pop_prefixes`), an eviction
+    kvcheck's store contract has no name for yet;
+  - no eviction: max_size and max_bytes are far above anything a trace
+    stores (TODO: declared capacity and eviction policy, issue 40 / the
+    users issue: then a small budget, and its LRU order, can be checked);
+  - the ids are listed by the adapter in insertion order (an overwritten id
+    keeping its place): LRUPromptCache has no listing, and re-inserting a
+    key moves it to the back of its LRU, an order kvcheck's contract has no
+    name for yet;
+  - no storage identities, no copy log: MLX arrays are immutable values whose
+    copies share their buffer until written (a deep copy of a KVCache shares
+    every buffer with its source: the data addresses are equal), and MLX has
+    no dispatch hook the SDK's copy tracker could use. So clone-independent,
+    owned-marker and single-copy are skipped; content (stored-immutable,
+    layout-roundtrip, merge-correct), generation-equivalent and
+    store-contract are judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import types
+import weakref
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source tree
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.models import cache as mlx_cache  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
+
+from kvcheck_adapter import wire  # noqa: E402
+from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
+
+VERSION = "0.32.2"
+MODEL_KEY = "tiny-llama"
+LAYERS, KV_HEADS, HEAD_DIM, VOCAB = 2, 2, 8, 64
+NO_EVICTION = 1 << 40  # entries and bytes: far above any trace
+_object_id = id  # the operations' `id` parameters shadow it
+
+
+def tiny_model(seed: int = 1):
+    """A llama.Model of 2 layers, 2 K/V heads of 8, vocabulary 64, weights
+    drawn from MLX's generator seeded with `seed`."""
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=32, num_hidden_layers=LAYERS, intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=1e-5,
+        vocab_size=VOCAB, tie_word_embeddings=False,
+    )
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def held(layer):
+    """The (keys, values) a KVCache holds, as MLX arrays (its buffers cut to
+    its offset); None when it holds none."""
+    if layer.keys is None or layer.offset == 0:
+        return None
+    return layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+
+
+def to_torch(array) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+class MlxPromptCacheAdapter(Adapter):
+    owned = "derived"
+
+    def __init__(self, model):
+        self.model_ = model
+        self.name = f"mlx-lm-{VERSION}"
+        self.description = f"mlx-lm {VERSION}'s LRUPromptCache of KVCaches (python/adapters/mlx_prompt_cache_adapter.py)"
+        self.model = {"layers": LAYERS, "heads": KV_HEADS, "head_dim": HEAD_DIM, "dtypes": ["f32"],
+                      "layouts": ["modern"], "odd_layers": False}
+        self.capabilities = {
+            "legacy_layout": False, "modern_layout": True, "conversions": False, "half_dtypes": False,
+            "one_sided_layers": False, "legacy_slot_names": False, "uninitialized_layers": False,
+            "any_geometry": True, "generate_stream": False, "storage_identity": False, "copy_log": False,
+            "owned_marker": False,
+        }
+        self.prompt_cache = self.new_prompt_cache()
+        self.keys = {}  # id -> its trie key, in insertion order
+        self.handed_out = weakref.WeakValueDictionary()  # object id -> a copy handed out
+
+    @staticmethod
+    def new_prompt_cache():
+        return mlx_cache.LRUPromptCache(max_size=NO_EVICTION, max_bytes=NO_EVICTION)
+
+    def key_of(self, id):
+        key = self.keys.get(id)
+        if key is None:
+            n = len(self.keys) + getattr(self, "_retired", 0)
+            key = [n // VOCAB, n % VOCAB]
+        return key
+
+    # ---- caches ----
+
+    def filled(self, parts):
+        cache = [mlx_cache.KVCache() for _ in range(LAYERS)]
+        for part in parts:
+            for layer, source in zip(cache, part):
+                kv = held(source)
+                if kv is not None:
+                    layer.update_and_fetch(*kv)
+        mx.eval([layer.state[:2] for layer in cache if layer.keys is not None])
+        return _Held(cache)
+
+    def hand_out(self, cache):
+        cache = cache if isinstance(cache, _Held) else _Held(cache)
+        self.handed_out[_object_id(cache)] = cache
+        return cache
+
+    def make_cache(self, content):
+        cache = [mlx_cache.KVCache() for _ in range(LAYERS)]
+        for layer, spec in zip(cache, content.layers):
+            keys = wire.slot_tensor(spec.slots[0], content.dtype, content.heads, content.head_dim)
+            values = wire.slot_tensor(spec.slots[1], content.dtype, content.heads, content.head_dim)
+            if keys is not None and keys.numel() > 0:
+                layer.update_and_fetch(mx.array(keys.numpy()), mx.array(values.numpy()))
+        mx.eval([layer.state[:2] for layer in cache if layer.keys is not None])
+        return _Held(cache)
+
+    def clone(self, cache):
+        return self.hand_out(copy.deepcopy(list(cache)))
+
+    def concat(self, caches):
+        return self.hand_out(self.filled(caches))
+
+    def view(self, cache):
+        layers = []
+        for layer in cache:
+            kv = held(layer)
+            keys, values = (to_torch(kv[0]), to_torch(kv[1])) if kv is not None else (None, None)
+            layers.append(types.SimpleNamespace(keys=keys, values=values, is_initialized=True))
+        return wire.view_json(types.SimpleNamespace(layers=layers))
+
+    def storage(self, cache):
+        return []  # no storage identities (see the module doc)
+
+    # ---- the store ----
+
+    def add(self, id, cache, metadata):
+        key = self.key_of(id)
+        self.prompt_cache.insert_cache(MODEL_KEY, key, cache)
+        self.handed_out.pop(_object_id(cache), None)  # stored: no copy handed out any more
+        self.keys[id] = key
+
+    def stored_cache(self, id):
+        return self.prompt_cache._trie.get(MODEL_KEY, self.keys[id]).prompt_cache
+
+    def get(self, id):
+        return self.stored_cache(id) if id in self.keys else None
+
+    def get_by_ids(self, ids):
+        return [id if id in self.keys else None for id in ids]
+
+    def get_all_ids(self):
+        return list(self.keys)
+
+    def get_cache(self, ids):
+        found = [id for id in ids if id in self.keys]
+        parts = [self.stored_cache(id) for id in found]
+        holding = [i for i, part in zip(found, parts) if any(held(layer) is not None for layer in part)]
+        if not holding:
+            return None
+        if len(holding) == 1:
+            cache, rest = self.prompt_cache.fetch_nearest_cache(MODEL_KEY, self.keys[holding[0]])
+            if rest:
+                raise RuntimeError(f"fetch_nearest_cache of {holding[0]!r}'s key left tokens {rest}")
+            return self.hand_out(cache)
+        return self.hand_out(self.filled([self.stored_cache(id) for id in holding]))
+
+    def delete(self, ids):
+        gone = [id for id in ids if id in self.keys]
+        if not gone:
+            return
+        kept = [(id, self.keys[id], self.stored_cache(id)) for id in self.keys if id not in gone]
+        self._retired = getattr(self, "_retired", 0) + len(gone)
+        self.prompt_cache = self.new_prompt_cache()
+        self.keys = {}
+        for id, key, cache in kept:
+            self.prompt_cache.insert_cache(MODEL_KEY, key, cache)
+            self.keys[id] = key
+
+    def delete_all(self):
+        self._retired = getattr(self, "_retired", 0) + len(self.keys)
+        self.prompt_cache = self.new_prompt_cache()
+        self.keys = {}
+
+    # ---- generation ----
+
+    def run(self, cache, prompt, max_new_tokens):
+        if max_new_tokens == 0:
+            return []
+        tokens = []
+        for token, _ in generate_step(mx.array(prompt), self.model_, prompt_cache=cache, max_tokens=max_new_tokens):
+            tokens.append(int(token))
+        return tokens
+
+    def generate(self, cache, prompt, max_new_tokens):
+        if cache is None:
+            work = mlx_cache.make_prompt_cache(self.model_)
+        elif self.handed_out.get(_object_id(cache)) is cache:
+            work = cache  # a copy the store handed out: the model writes into it
+        else:
+            work = copy.deepcopy(list(cache))
+        return self.run(work, prompt, max_new_tokens)
+
+    def generate_fresh(self, cache, prompt, max_new_tokens):
+        return self.run(cache, prompt, max_new_tokens)
+
+
+class _Held(list):
+    """A list of KVCaches the adapter hands out (weakly referable, unlike a list)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.parse_args(argv)
+    model = tiny_model()
+    serve(lambda: MlxPromptCacheAdapter(model))
+
+
+if __name__ == "__main__":
+    main()

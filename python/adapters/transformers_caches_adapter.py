@@ -1,0 +1,227 @@
+"""kvcheck's adapter for transformers' own cache classes beyond the
+DynamicCache the examples use: a store whose every cache is a real
+`StaticCache` (preallocated buffers filled from the front, as torch.compile
+wants them) or a real `DynamicCache`, over a tiny seeded Llama made in code
+(kvcheck_adapter.hf: nothing is downloaded), generating through
+transformers' own `generate`, plain greedy or assisted (prompt lookup).
+
+    PYTHONPATH=.venv/transformers/5.25.0 kvcheck run --python .venv/bin/python \\
+        --adapter 'python/adapters/transformers_caches_adapter.py --cache static'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
+
+The mapping (python/README.md, "Real engines"):
+
+| kvcheck | transformers |
+|---|---|
+| make | the class's own `update(keys, values, layer)` on a new cache (StaticCache(config, max_cache_len): `index_copy_` into the zeroed buffers) |
+| add, get, get_cache(ids), delete | the store: id -> the cache object itself; get hands out the stored object |
+| get_cache, clone, concat | a new cache of the class filled by `update` with each part's held K/V in order (static: one `index_copy_` a part; dynamic: one `torch.cat` a layer) |
+| generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`) |
+| generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does |
+
+What kvcheck sees of a static cache is what the model sees: each layer's
+buffers cut to the tokens it holds (hf.logical_cache: views of the same
+storages, so sharing is still seen).
+
+Assumptions (contract differences, declared rather than papered over):
+  - max_cache_len is 4096: a StaticCache refuses tokens past it (its
+    update raises: an engine error), kvcheck's store has no such limit. The
+    default scope draws at most 512 tokens a layer, so a merge of up to 8
+    such caches and its generation fit; a longer chain of merges would be an
+    engine error, never a verdict (the buffer is the model's attention span:
+    every forward attends over it, so it is kept this small for speed);
+  - a copy is made with `update`, not `copy.deepcopy`: a deep copy of a
+    StaticCache copies its whole preallocated buffer (max_cache_len slots),
+    which single-copy would count as the wrong number of bytes (a copy of
+    the held tokens is what kvcheck's model of a copy is);
+  - the sliding-window static layers (StaticSlidingWindowLayer) are not
+    offered: a layer keeps only its window, and kvcheck's model domain has no
+    token ceiling to keep a drawn cache inside it (the need: a declared
+    `tokens_max` in the model domain);
+  - QuantizedCache is not offered: its stored K/V are its quantized ones
+    (fp8 here; quanto and hqq are not installed), which kvcheck's exact
+    content comparison reads as changed content (the need: a declared
+    per-value tolerance, docs/semantics.md "Real engines");
+  - crop, batch_select_indices, batch_repeat_interleave and reorder_cache
+    are reached only where transformers itself calls them (crop, in
+    assisted decoding): kvcheck's store vocabulary has no trim or batch
+    operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import weakref
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source tree
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from kvcheck_adapter import cache as kv  # noqa: E402
+from kvcheck_adapter import hf  # noqa: E402
+from kvcheck_adapter import wire  # noqa: E402
+from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
+
+CACHES = ("static", "dynamic")
+DECODINGS = {
+    "greedy": {},
+    # transformers' prompt lookup decoding: up to 3 candidate tokens a step.
+    "prompt-lookup": {"prompt_lookup_num_tokens": 3},
+}
+MAX_CACHE_LEN = 4096
+
+
+
+
+def held_layers(cache):
+    """(keys, values) a layer of `cache` holds, per layer: None for a layer
+    holding none."""
+    held = hf.logical_cache(cache)
+    layers = []
+    for i in range(kv.layer_count(held)):
+        keys, values = kv.logical_keys(held, i), kv.logical_values(held, i)
+        layers.append(None if keys is None or keys.numel() == 0 else (keys, values))
+    return layers
+
+
+class TransformersCachesAdapter(Adapter):
+    owned = "derived"
+
+    def __init__(self, model, cache_class: str, decoding: str):
+        self.model_ = model
+        self.cache_class = cache_class
+        self.options = DECODINGS[decoding]
+        suffix = "" if decoding == "greedy" else f"+{decoding}"
+        self.name = f"transformers-{hf.VERSION}-{cache_class}{suffix}"
+        self.description = (
+            f"transformers {hf.VERSION}'s {'StaticCache' if cache_class == 'static' else 'DynamicCache'} in a store,"
+            f" generating with {decoding} decoding (python/adapters/transformers_caches_adapter.py)"
+        )
+        self.model = hf.model_domain(model)
+        self.capabilities = hf.capabilities(self.model)
+        self.items = {}  # id -> the stored cache object, in insertion order
+        self.handed_out = weakref.WeakSet()  # the copies the store made and has not stored since
+
+    # ---- the engine's caches ----
+
+    def new_cache(self):
+        if self.cache_class == "static":
+            return transformers.StaticCache(config=self.model_.config, max_cache_len=MAX_CACHE_LEN)
+        return transformers.DynamicCache()
+
+    def filled(self, parts):
+        """A new cache of the class holding the parts' K/V in order, layer
+        by layer, each part copied once: static, `update` with each part
+        (one index_copy_ a part into the buffers); dynamic, DynamicLayers
+        holding the parts' concatenation (one cat a layer: a DynamicLayer's
+        update would concatenate again what it holds)."""
+        layers = [held_layers(part) for part in parts]
+        count = max((len(held) for held in layers), default=0)
+        pieces = [[held[i] for held in layers if i < len(held) and held[i] is not None] for i in range(count)]
+        if self.cache_class == "dynamic":
+            return hf.cache_of_layers([
+                (torch.cat([p[0] for p in layer], dim=-2), torch.cat([p[1] for p in layer], dim=-2), True)
+                if layer else (None, None, False)
+                for layer in pieces
+            ])
+        cache = self.new_cache()
+        for i, layer in enumerate(pieces):
+            for keys, values in layer:
+                cache.update(keys, values, i)
+        return cache
+
+    def copy_of(self, parts):
+        copy = self.filled(parts)
+        self.handed_out.add(copy)
+        return copy
+
+    def make_cache(self, content):
+        made = hf.materialize(content)  # a DynamicCache holding the content's own tensors
+        if self.cache_class == "dynamic":
+            return made
+        cache = self.new_cache()
+        for i, layer in enumerate(made.layers):
+            if layer.keys is not None and layer.keys.numel() > 0:
+                cache.update(layer.keys, layer.values, i)
+        return cache
+
+    def clone(self, cache):
+        return self.copy_of([cache])
+
+    def concat(self, caches):
+        return self.copy_of(list(caches))
+
+    def view(self, cache):
+        return wire.view_json(hf.logical_cache(cache))
+
+    # ---- the store ----
+
+    def add(self, id, cache, metadata):
+        if not isinstance(cache, (transformers.StaticCache, transformers.DynamicCache)):
+            raise TypeError(f"add: {id!r} is a {type(cache).__name__}, not a cache of this store")
+        self.handed_out.discard(cache)
+        self.items[id] = cache
+
+    def get(self, id):
+        return self.items.get(id)
+
+    def get_by_ids(self, ids):
+        return [id if id in self.items else None for id in ids]
+
+    def get_all_ids(self):
+        return list(self.items)
+
+    def get_cache(self, ids):
+        found = [self.items[id] for id in ids if id in self.items]
+        holding = [cache for cache in found if any(layer is not None for layer in held_layers(cache))]
+        return self.copy_of(holding) if holding else None
+
+    def delete(self, ids):
+        for id in ids:
+            self.items.pop(id, None)
+
+    def delete_all(self):
+        self.items.clear()
+
+    def stored_cache(self, id):
+        return self.items[id]
+
+    # ---- generation ----
+
+    def generate(self, cache, prompt, max_new_tokens):
+        if cache is None:
+            work = self.new_cache()
+        elif cache in self.handed_out:
+            work = cache  # an owned copy: the model writes into it
+        else:
+            work = self.filled([cache])
+        return hf.generate(self.model_, prompt, work, max_new_tokens, **self.options)
+
+    def generate_fresh(self, cache, prompt, max_new_tokens):
+        # The reference: plain greedy on transformers' default class.
+        reference = transformers.DynamicCache()
+        for i, layer in enumerate(held_layers(cache)):
+            if layer is not None:
+                reference.update(layer[0].clone(), layer[1].clone(), i)
+        return hf.generate(self.model_, prompt, reference, max_new_tokens)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", choices=CACHES, default="static", help="the store's cache class")
+    parser.add_argument("--decoding", choices=sorted(DECODINGS), default="greedy",
+                        help="how generate decodes (greedy, or assisted by prompt lookup)")
+    hf.add_print_model(parser)
+    arguments = parser.parse_args(argv)
+    model = hf.model_or_print(arguments)
+    if model is None:
+        return
+    serve(lambda: TransformersCachesAdapter(model, arguments.cache, arguments.decoding))
+
+
+if __name__ == "__main__":
+    main()
