@@ -1,6 +1,7 @@
 #include "kv/buffer_pool.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <cassert>
 #include <cstdlib>
@@ -274,14 +275,30 @@ Pool& pool() {
 // The deleter of a pooled DataPtr; its context is the Block.
 void give_back_block(void* context) { pool().give_back(static_cast<Block*>(context)); }
 
+// c10::Allocator changed in torch 2: allocate is no longer const, and
+// copy_data (what Allocator::clone uses) is pure. The same pool serves both:
+// the wheel's kvcheck builds against the torch 2 that the pip package ships.
+#if TORCH_VERSION_MAJOR >= 2
+#define KV_ALLOCATE_CONST
+#else
+#define KV_ALLOCATE_CONST const
+#endif
+
 class PoolAllocator final : public c10::Allocator {
   public:
-    c10::DataPtr allocate(std::size_t bytes) const override {
+    c10::DataPtr allocate(std::size_t bytes) KV_ALLOCATE_CONST override {
         if (bytes < buffer_pool_block_bytes_min) return c10::GetCPUAllocator()->allocate(bytes);
         Block* block = pool().take(bytes);
         return {block->data, block, &give_back_block, c10::Device(c10::DeviceType::CPU)};
     }
+#if TORCH_VERSION_MAJOR >= 2
+    void copy_data(void* dest, const void* source, std::size_t count) const override {
+        default_copy_data(dest, source, count);
+    }
+#endif
 };
+
+#undef KV_ALLOCATE_CONST
 
 }  // namespace
 

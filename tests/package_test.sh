@@ -20,7 +20,10 @@ debs=("$scratch"/out/kvcheck_*.deb)
 [[ ${#debs[@]} == 1 && -f ${debs[0]} ]] || fail "cpack made no kvcheck_*.deb: $(ls "$scratch/out")"
 deb=${debs[0]}
 echo "package_test: $(basename "$deb"), $(stat -c %s "$deb") bytes"
-dpkg-deb --field "$deb" Package Version Depends
+dpkg-deb --field "$deb" Package Version Depends Recommends
+# Running kvcheck needs no -dev package: those are for building plugins.
+depends=$(dpkg-deb --field "$deb" Depends)
+[[ $depends != *"-dev"* ]] || fail "the package depends on a -dev package: $depends"
 
 root=$scratch/root
 dpkg-deb -x "$deb" "$root"

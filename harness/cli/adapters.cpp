@@ -86,16 +86,37 @@ bool is_python_script(const std::string& word) {
     return word.size() > 3 && word.compare(word.size() - 3, 3, ".py") == 0;
 }
 
+// --python, else $KVCHECK_PYTHON, else $KVCHECK_SDK_PYTHON (the interpreter
+// of the environment the kvcheck wheel was installed into, set by its
+// console script: python/kvcheck_adapter/_tool.py), else Debian's.
 std::string python_of(const AdapterOptions& options) {
     if (!options.python.empty()) return options.python;
-    const char* chosen = std::getenv("KVCHECK_PYTHON");
-    return chosen != nullptr && *chosen != '\0' ? chosen : default_python;
+    for (const char* variable : {"KVCHECK_PYTHON", "KVCHECK_SDK_PYTHON"}) {
+        const char* chosen = std::getenv(variable);
+        if (chosen != nullptr && *chosen != '\0') return chosen;
+    }
+    return default_python;
 }
 
-// The Python SDK of this kvcheck: the one installed beside it
-// (<prefix>/share/kvcheck/python, cmake/kvcheckPackage.cmake), else the
-// source tree's it was built from; "" when neither is there.
+// The kvcheck_adapter package this kvcheck was installed into by the
+// wheel (site-packages/kvcheck_adapter/_bin/kvcheck: cmake/kvcheckWheel.cmake),
+// or "" for any other kvcheck.
+std::filesystem::path wheel_package_dir() {
+    std::error_code ignored;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ignored);
+    const std::filesystem::path package = self.parent_path().parent_path();
+    if (self.empty() || self.parent_path().filename() != "_bin" || package.filename() != "kvcheck_adapter") return {};
+    return package;
+}
+
+// The Python SDK of this kvcheck, for a Python adapter's PYTHONPATH: the
+// one installed beside it (<prefix>/share/kvcheck/python,
+// cmake/kvcheckPackage.cmake), else the source tree's it was built from;
+// "" when neither is there, and for the wheel's kvcheck, whose SDK is the
+// environment's own (putting its site-packages on another interpreter's
+// path would bring that environment's torch along).
 std::string sdk_dir() {
+    if (!wheel_package_dir().empty()) return "";
     std::error_code ignored;
     const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ignored);
     const std::filesystem::path installed = self.parent_path().parent_path() / "share" / "kvcheck" / "python";
@@ -184,7 +205,11 @@ void set_bundled_adapters(std::vector<Adapter> adapters) { bundled_list() = std:
 
 std::vector<Adapter> bundled_adapters() { return bundled_list(); }
 
-std::string python_example_path() { return KVCHECK_PYTHON_SDK_DIR "/examples/activation_memory_adapter.py"; }
+std::string python_example_path() {
+    const std::filesystem::path wheel = wheel_package_dir();
+    if (!wheel.empty()) return (wheel / "examples" / "activation_memory_adapter.py").string();
+    return KVCHECK_PYTHON_SDK_DIR "/examples/activation_memory_adapter.py";
+}
 
 Adapter python_example(const AdapterOptions& options) { return load_adapter(python_example_path(), options); }
 

@@ -4,7 +4,9 @@
     print(found.describe())           # kvcheck 0.1.0 at /usr/bin/kvcheck (found on PATH)
 
 Looked for in order: the explicit path given (an argument, pytest's
---kvcheck-bin), $KVCHECK, `kvcheck` on PATH, and, when the SDK is run from
+--kvcheck-bin), $KVCHECK, the executable the kvcheck wheel installed beside
+this SDK (pip install kvcheck: kvcheck_adapter/_bin/kvcheck), `kvcheck` on
+PATH, and, when the SDK is run from
 kvcheck's source tree, that tree's build (build/default/bin/kvcheck). The
 first that exists is used, and `found_by` says which it was. None found:
 KvcheckNotFound, naming the places looked at and how to get one.
@@ -33,6 +35,7 @@ _SDK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SOURCE_TREE = os.path.dirname(_SDK_ROOT)
 
 HOW_TO_GET_ONE = (
+    "pip install the kvcheck wheel (pip wheel . in kvcheck's sources builds it), or "
     "build it from kvcheck's sources (scripts/bootstrap, then cmake --preset default && cmake --build --preset default), "
     "or install its package (the .deb that `cpack` builds), then put it on PATH, set $KVCHECK=/path/to/kvcheck, "
     "or pass the path (pytest --kvcheck-bin PATH, check_engine(kvcheck=PATH))"
@@ -50,7 +53,7 @@ class KvcheckMismatch(RuntimeError):
 @dataclass(frozen=True)
 class Kvcheck:
     path: str
-    found_by: str            # "the explicit path", "$KVCHECK", "PATH", "the source tree's build"
+    found_by: str            # "the explicit path", "$KVCHECK", "the kvcheck wheel", "PATH", "the source tree's build"
     version: str             # "0.1.0"; "" when --version did not say
     protocol: Optional[int]  # None when --version did not say (a kvcheck older than the SDK's versioning)
 
@@ -64,6 +67,9 @@ def _candidates(explicit: Optional[str]):
     from_environment = os.environ.get(ENVIRONMENT_VARIABLE)
     if from_environment:
         yield from_environment, "$" + ENVIRONMENT_VARIABLE
+    from ._tool import bundled_kvcheck
+    if os.path.isfile(bundled_kvcheck()):
+        yield bundled_kvcheck(), "the kvcheck wheel"
     on_path = shutil.which("kvcheck")
     if on_path:
         yield on_path, "PATH"
