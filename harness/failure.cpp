@@ -25,10 +25,38 @@ constexpr ShapeInfo shape_table[] = {
 const char* shape_id(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].id; }
 const char* shape_summary(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].summary; }
 
+bool shape_claimed(Shape shape, const Capabilities& capabilities) {
+    const auto any = [&capabilities](auto... kinds) { return (engine_supports(capabilities, op_needs(kinds)) || ...); };
+    switch (shape) {
+    case Shape::re_add_after_delete: return any(op_kind<op::Delete>(), op_kind<op::DeleteAll>());
+    case Shape::same_content_twice:
+    case Shape::metadata_item:
+    case Shape::slot_64_tokens:
+    case Shape::slot_256_tokens:
+    case Shape::other_geometry: return any(op_kind<op::Add>(), op_kind<op::Make>(), op_kind<op::Fill>());
+    case Shape::store_64_items: return any(op_kind<op::Add>(), op_kind<op::Fill>());
+    case Shape::release_borrowed:
+    case Shape::release_owned: return any(op_kind<op::Release>());
+    case Shape::copy_of_uninitialized: return any(op_kind<op::Clone>(), op_kind<op::GetCache>(), op_kind<op::Concat>());
+    case Shape::conversion_of_owned: return any(op_kind<op::ToLegacy>(), op_kind<op::FromLegacy>());
+    case Shape::generation_from_owned:
+        return any(op_kind<op::Generate>(), op_kind<op::GenerateStream>(), op_kind<op::Turn>());
+    case Shape::merge:
+    case Shape::mixed_merge: return any(op_kind<op::GetCache>(), op_kind<op::Concat>());
+    case Shape::interrupted_dump: return any(op_kind<op::DumpCrash>(), op_kind<op::DumpKill>());
+    case Shape::corrupted_dump: return any(op_kind<op::Corrupt>());
+    case Shape::failed_load: return any(op_kind<op::Load>());
+    case Shape::returned_cache_reused: return any(op_kind<op::Turn>());
+    case Shape::extracted_memory: return any(op_kind<op::Extract>());
+    }
+    return true;
+}
+
 void Coverage::add(const Coverage& other) {
     for (std::size_t i = 0; i < ops_run.size(); ++i) ops_run[i] += other.ops_run[i];
     for (std::size_t i = 0; i < merges_run.size(); ++i) merges_run[i] += other.merges_run[i];
     for (std::size_t i = 0; i < shapes.size(); ++i) shapes[i] += other.shapes[i];
+    for (std::size_t i = 0; i < claimed.size(); ++i) claimed[i] += other.claimed[i];
     ops_skipped += other.ops_skipped;
     modern_caches += other.modern_caches;
     legacy_caches += other.legacy_caches;

@@ -1,6 +1,7 @@
 // A failure's identity (kvcheck/search.h): the shape of its message, which
 // groups engine errors and tells a property's distinct failures apart, and
 // the shrinker keeping that identity (ShrinkOptions::keeps).
+#include "kvcheck/executor.h"
 #include "kvcheck/search.h"
 #include "kvcheck/shrink.h"
 
@@ -82,6 +83,33 @@ TEST(ShrinkKeeps, AnEngineErrorShrinksKeepingItsShape) {
     EXPECT_EQ(failure_shape(kept.failure), shape);
     const ShrinkResult any = shrink(found, failure, oracle);
     EXPECT_FALSE(has_id(any.trace, "x")) << "without keeps, any engine error will do:\n" << format_trace(any.trace);
+}
+
+}  // namespace
+
+// The coverage chart shows a shape only where an adapter claims the
+// operations that make it (kvcheck/executor.h, shape_claimed).
+namespace {
+
+TEST(ShapeClaimed, AShapeIsClaimedOnlyByAnEngineWithItsOperations) {
+    const Capabilities all;
+    Capabilities returning;
+    returning.returned_caches = true;
+    EXPECT_TRUE(shape_claimed(Shape::merge, all));
+    EXPECT_TRUE(shape_claimed(Shape::metadata_item, all));
+    EXPECT_FALSE(shape_claimed(Shape::returned_cache_reused, all));  // returned caches are off unless claimed
+    EXPECT_TRUE(shape_claimed(Shape::returned_cache_reused, returning));
+    Capabilities no_dump;
+    no_dump.dump = false;
+    EXPECT_FALSE(shape_claimed(Shape::corrupted_dump, no_dump));
+    EXPECT_FALSE(shape_claimed(Shape::failed_load, no_dump));
+    EXPECT_TRUE(shape_claimed(Shape::merge, no_dump));
+    Capabilities paged_only;
+    paged_only.paged = true;
+    paged_only.store = false;
+    for (std::size_t i = 0; i < shape_count; ++i) {
+        EXPECT_FALSE(shape_claimed(static_cast<Shape>(i), paged_only)) << shape_id(static_cast<Shape>(i));
+    }
 }
 
 }  // namespace

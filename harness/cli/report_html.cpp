@@ -15,9 +15,9 @@ namespace {
 
 // The picture's geometry, in SVG pixels: boxes stacked in a column, the
 // links between them drawn as arcs in the margin on their left.
-constexpr int column_width = 270;
+constexpr int column_width = 286;
 constexpr int box_left = 44;
-constexpr int box_width = 214;
+constexpr int box_width = 230;
 constexpr int box_height = 50;
 constexpr int box_gap = 14;
 constexpr int link_spacing = 9;  // how much further left each nested link bends
@@ -33,21 +33,38 @@ std::string seconds_text(double seconds) {
 
 std::string verdict_class(const PropertyResult& p) {
     if (p.verdict == "fail") return p.fault.empty() ? "fail" : "fault";
-    if (p.verdict == "skipped") return "skip";
+    // A property of the other cache family (search_job.cpp says "n/a: ...").
+    if (p.verdict == "skipped") return p.message.rfind("n/a", 0) == 0 ? "n/a" : "skip";
     return p.verdict;  // pass, blocked, not-run
 }
 
+// A row every adapter of the report has as n/a (a property of the other
+// cache family) says nothing: the table leaves it out and says so.
+bool row_shown(const std::vector<AdapterResult>& results, std::size_t row) {
+    return std::any_of(results.begin(), results.end(),
+                       [row](const AdapterResult& r) { return verdict_class(r.properties[row]) != "n/a"; });
+}
+
+std::string anchor_of(const AdapterResult& result, const PropertyResult& p) {
+    return attribute(result.adapter.name + "-" + p.id);
+}
+
 const char* style_sheet() {
-    return R"(body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d232b;background:#fbfbfc}
+    // Nothing is clipped at any width: long words wrap, a table wider than
+    // the window scrolls inside its own box, box text is cut to fit with the
+    // whole of it in the box's tooltip (box_svg).
+    return R"(body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d232b;background:#fbfbfc;overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%}ul.summary{padding-left:20px}ul.summary li{margin:3px 0}
+ul.summary .verdict{font-weight:600;color:#c62828}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px}h3{font-size:15px;margin:24px 0 6px}
 table.verdicts{border-collapse:collapse}table.verdicts th,table.verdicts td{border:1px solid #d5d9df;padding:4px 10px;text-align:left}
 td small{color:#4a5260}td.pass{background:#dff3e3}td.fail{background:#f8d4d4;font-weight:600}td.fault{background:#fbe1c6;font-weight:600}
-td.skip,td.not-run{background:#eceef1;color:#596170}td.blocked{background:#fbf0bf}
+td.skip,td.not-run,td.n\/a{background:#eceef1;color:#596170}td.blocked{background:#fbf0bf}
 .note{color:#596170}.message{border-left:4px solid #c62828;padding:4px 10px;background:#fff;white-space:pre-wrap}
 pre.replay{background:#1d232b;color:#f3f5f7;padding:8px 12px;user-select:all;white-space:pre-wrap;cursor:text}
-pre.trace{background:#f0f2f5;padding:6px 10px}
-.steps{display:flex;gap:10px;overflow-x:auto;padding-bottom:8px;align-items:flex-start}
-.step{flex:none;width:270px;border:1px solid #d5d9df;border-radius:6px;background:#fff}
+pre.trace{background:#f0f2f5;padding:6px 10px;white-space:pre-wrap}
+.steps{display:flex;flex-wrap:wrap;gap:10px;padding-bottom:8px;align-items:flex-start}
+.step{flex:none;width:286px;border:1px solid #d5d9df;border-radius:6px;background:#fff}
 .step.failing{border:2px solid #c62828;box-shadow:0 0 0 3px #f8d4d4}
 .step header{font:12px ui-monospace,monospace;padding:6px 8px;border-bottom:1px solid #e4e7eb;background:#f5f6f8;border-radius:6px 6px 0 0}
 .step.failing header{background:#f8d4d4}
@@ -66,10 +83,15 @@ text.owned{fill:#1b7a35;font-weight:700}text.error{fill:#c62828}
 
 std::string table(const std::vector<AdapterResult>& results) {
     std::ostringstream out;
-    out << "<table class=\"verdicts\"><thead><tr><th>property</th>";
+    out << "<div class=\"scroll\"><table class=\"verdicts\"><thead><tr><th>property</th>";
     for (const AdapterResult& r : results) out << "<th>" << html(r.adapter.name) << "</th>";
     out << "</tr></thead><tbody>\n";
+    std::size_t left_out = 0;
     for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
+        if (!row_shown(results, row)) {
+            ++left_out;
+            continue;
+        }
         out << "<tr><th>" << html(results.front().properties[row].id) << "</th>";
         for (const AdapterResult& r : results) {
             const PropertyResult& p = r.properties[row];
@@ -88,8 +110,30 @@ std::string table(const std::vector<AdapterResult>& results) {
         for (const auto& [verdict, count] : counts) text += (text.empty() ? "" : ", ") + std::to_string(count) + " " + verdict;
         out << "<td><small>" << html(text) << "</small></td>";
     }
-    out << "</tr></tbody></table>\n";
+    out << "</tr></tbody></table></div>\n";
+    if (left_out > 0) {
+        out << "<p class=\"note left-out\">" << left_out << (left_out == 1 ? " property" : " properties")
+            << " of the other cache family left out: n/a for every adapter here (the JSON report lists them)</p>\n";
+    }
     return out.str();
+}
+
+// ---- the failures first: a line per failing property, linking to its drawing ----------------------
+
+std::string summary_html(const std::vector<AdapterResult>& results) {
+    std::ostringstream out;
+    for (const AdapterResult& r : results) {
+        for (const PropertyResult& p : r.properties) {
+            const std::string verdict = verdict_class(p);
+            if (verdict != "fail" && verdict != "fault" && verdict != "blocked") continue;
+            const std::string first = p.failures.empty() ? p.message : p.failures.front().message;
+            out << "<li><a href=\"#" << anchor_of(r, p) << "\">" << html(r.adapter.name) << " / " << html(p.id)
+                << "</a> <span class=\"verdict\">" << (verdict == "blocked" ? "BLOCKED" : verdict == "fail" ? "FAIL" : "FAULT")
+                << "</span>: " << html(printable(first, 160)) << "</li>";
+        }
+    }
+    const std::string items = out.str();
+    return items.empty() ? "" : "<ul class=\"summary\">" + items + "</ul>\n";
 }
 
 // ---- a failure's picture ---------------------------------------------------------------------
@@ -114,25 +158,48 @@ std::set<std::string> named_in(const std::string& message) {
     return names;
 }
 
+// At most `chars` characters of `text` made printable (a cut one ends in
+// "…"): box text never runs past its box. Characters are counted as UTF-8
+// code points, of the monospace font's width (box_chars_max).
+std::string fitted(const std::string& text, std::size_t chars) {
+    const std::string shown = printable(text, 4000);
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < shown.size(); ++i) {
+        if ((static_cast<unsigned char>(shown[i]) & 0xC0) == 0x80) continue;  // inside a character
+        if (++count == chars) {
+            std::size_t end = i + 1;
+            while (end < shown.size() && (static_cast<unsigned char>(shown[end]) & 0xC0) == 0x80) ++end;
+            return end == shown.size() ? shown : shown.substr(0, i) + "…";
+        }
+    }
+    return shown;
+}
+
+// How many characters of 11 px monospace (6.6 px each in the usual fonts;
+// 6.7 counted) a box line holds, with 8 px of margin on each side; the
+// "owned" label takes 8 more. tests/report_html_test.py measures it.
+constexpr std::size_t box_chars_max = (box_width - 16) * 10 / 67;
+constexpr std::size_t owned_chars = 8;
+
 std::string box_svg(const BoxPicture& box, int top, bool culprit) {
     std::ostringstream out;
     const std::string kind = box.entry ? "entry" : "handle";
-    out << "<g><title>" << html(kind + " " + box.name + (box.storage.empty() ? "" : ", " + std::to_string(box.storage.size()) +
-                                                                                     " storages"))
+    const std::string title = box.entry ? "entry \"" + box.name + "\"" : "handle " + box.name;
+    const std::string detail =
+        !box.error.empty() ? "unreadable: " + box.error
+                           : std::to_string(box.layers) + (box.layers == 1 ? " layer × " : " layers × ") + box.tokens + " tok" +
+                                 (box.dtype.empty() ? "" : " · " + box.dtype) + " · " + box.layout;
+    // The tooltip holds all of both lines.
+    out << "<g><title>" << html(title + (box.storage.empty() ? "" : ", " + std::to_string(box.storage.size()) + " storages") +
+                                "\n" + detail)
         << "</title><rect class=\"box " << kind << (culprit ? " culprit" : "") << "\" data-name=\"" << attribute(box.name)
         << "\" x=\"" << box_left << "\" y=\"" << top << "\" width=\"" << box_width << "\" height=\"" << box_height
         << "\" rx=\"5\"/>";
     out << "<text x=\"" << box_left + 8 << "\" y=\"" << top + 18 << "\">"
-        << html(box.entry ? "entry \"" + box.name + "\"" : "handle " + box.name) << "</text>";
+        << xml_text(fitted(title, box.owned ? box_chars_max - owned_chars : box_chars_max)) << "</text>";
     if (box.owned) out << "<text class=\"owned\" x=\"" << box_left + box_width - 50 << "\" y=\"" << top + 18 << "\">owned</text>";
-    out << "<text x=\"" << box_left + 8 << "\" y=\"" << top + 38 << "\"";
-    if (!box.error.empty()) {
-        out << " class=\"error\">" << html("unreadable: " + box.error.substr(0, 40));
-    } else {
-        out << ">" << box.layers << (box.layers == 1 ? " layer × " : " layers × ") << html(box.tokens) << " tok"
-            << (box.dtype.empty() ? "" : " · " + html(box.dtype)) << " · " << html(box.layout);
-    }
-    out << "</text></g>";
+    out << "<text x=\"" << box_left + 8 << "\" y=\"" << top + 38 << "\"" << (box.error.empty() ? "" : " class=\"error\"") << ">"
+        << xml_text(fitted(detail, box_chars_max)) << "</text></g>";
     return out.str();
 }
 
@@ -205,7 +272,7 @@ std::string failures_html(const std::vector<AdapterResult>& results, const Pictu
         for (std::size_t i = 0; i < results[a].properties.size(); ++i) {
             const PropertyResult& p = results[a].properties[i];
             if (p.verdict != "fail" && p.verdict != "blocked") continue;
-            out << "<h3 id=\"" << attribute(results[a].adapter.name + "-" + p.id) << "\">" << html(results[a].adapter.name)
+            out << "<h3 id=\"" << anchor_of(results[a], p) << "\">" << html(results[a].adapter.name)
                 << " / " << html(p.id) << "</h3>\n";
             if (p.verdict == "blocked") out << "<p class=\"message\">BLOCKED: " << html(p.message) << "</p>";
             for (std::size_t f = 0; f < p.failures.size(); ++f) {
@@ -230,16 +297,28 @@ std::string coverage_html(const std::vector<AdapterResult>& results) {
     std::uint32_t most = 1;
     for (std::size_t i = 0; i < shape_count; ++i) most = std::max(most, total.shapes[i]);
     std::ostringstream out;
+    // Only shapes of operations some adapter here claims (Coverage::claimed):
+    // a red 0 is a shape the search could have met and did not.
+    std::string not_drawn;
+    for (std::size_t i = 0; i < shape_count; ++i) {
+        const Shape shape = static_cast<Shape>(i);
+        if (total.claimed[i] == 0) not_drawn += (not_drawn.empty() ? "" : ", ") + std::string(shape_id(shape));
+    }
     out << "<p class=\"note\">shapes of interest in " << traces << " traces (all adapters; kvcheck run --stats)</p>"
         << "<div class=\"bars\">";
     for (std::size_t i = 0; i < shape_count; ++i) {
         const Shape shape = static_cast<Shape>(i);
+        if (total.claimed[i] == 0) continue;
         const std::uint32_t count = total.count_of(shape);
         out << "<span title=\"" << attribute(shape_summary(shape)) << "\">" << shape_id(shape) << "</span><span"
             << (count == 0 ? " class=\"zero\"" : "") << ">" << count << "</span><div class=\"bar\" style=\"width:"
             << 100.0 * count / most << "%\"></div>";
     }
     out << "</div>";
+    if (!not_drawn.empty()) {
+        out << "<p class=\"note not-drawn\">left out, of operations no adapter here claims: " << html(not_drawn)
+            << "</p>";
+    }
     return out.str();
 }
 
@@ -285,19 +364,22 @@ std::string render_html(const std::vector<AdapterResult>& results, std::uint64_t
             << "; the properties marked not-run did not finish</p>\n";
     }
     if (results.empty()) return out.str() + "</body></html>\n";
-    out << table(results)
-        << "<p class=\"legend note\"><span>pass: no violation in the traces run</span><span>FAIL: a violation</span>"
-           "<span>FAULT: the engine crashed, hung, leaked or exited</span><span>skip: a capability the property needs is "
-           "missing</span><span>blocked: too many traces ended in engine errors</span><span>shared-state FAIL: engines share state across "
-           "instances (each finding with its two-part reproducer)</span></p>\n";
+    // The failures first: a line per failing property linking to its
+    // drawing, the drawings, then the whole table.
     const std::string failures = failures_html(results, pictures);
     if (!failures.empty()) {
-        out << "<h2>Failures</h2>\n<p class=\"note\">Each step shows what the engine holds after it: stored entries "
+        out << "<h2>Failures</h2>\n" << summary_html(results)
+            << "<p class=\"note\">Each step shows what the engine holds after it: stored entries "
                "(blue) and live handles (yellow), layers × tokens, dtype and layout, <b>owned</b> when marked an owned "
                "copy; a purple arc links two boxes that share storage. The failing step is framed in red, with the "
-               "boxes its check names.</p>\n"
+               "boxes its check names; hover a box for all of its text.</p>\n"
             << failures;
     }
+    out << "<h2>Verdicts</h2>\n" << table(results)
+        << "<p class=\"legend note\"><span>pass: no violation in the traces run</span><span>FAIL: a violation</span>"
+           "<span>FAULT: the engine crashed, hung, leaked or exited</span><span>skip: a capability the property needs is "
+           "missing</span><span>n/a: a property of the other cache family</span><span>blocked: too many traces ended in engine errors</span><span>shared-state FAIL: engines share state across "
+           "instances (each finding with its two-part reproducer)</span></p>\n";
     out << "<h2>Coverage</h2>\n" << coverage_html(results) << "\n</body></html>\n";
     return out.str();
 }

@@ -233,6 +233,7 @@ std::string encode_stats(std::size_t cases, const Coverage& coverage) {
     out << "cases " << cases << "\n";
     for (std::size_t i = 0; i < shape_count; ++i) out << shape_id(static_cast<Shape>(i)) << " " << coverage.shapes[i] << "\n";
     for (std::size_t i = 0; i < op_kind_count; ++i) out << "op:" << op_kind_name(i) << " " << coverage.ops_run[i] << "\n";
+    for (std::size_t i = 0; i < shape_count; ++i) out << "claimed:" << shape_id(static_cast<Shape>(i)) << " " << coverage.claimed[i] << "\n";
     return out.str();
 }
 
@@ -247,6 +248,9 @@ void decode_stats(const std::string& payload, std::size_t* cases, Coverage* cove
         }
         for (std::size_t i = 0; i < op_kind_count; ++i) {
             if (key == std::string("op:") + op_kind_name(i)) coverage->ops_run[i] += static_cast<std::uint32_t>(value);
+        }
+        for (std::size_t i = 0; i < shape_count; ++i) {
+            if (key == std::string("claimed:") + shape_id(static_cast<Shape>(i))) coverage->claimed[i] += static_cast<std::uint32_t>(value);
         }
     }
 }
@@ -263,6 +267,7 @@ class PropertySearch {
 
     void run(PropertySet checked, const WorkloadOptions& workload) {
         model_ = workload.capabilities.model;  // what the search draws in, the shrinker keeps to
+        for (std::size_t i = 0; i < shape_count; ++i) coverage_.claimed[i] = shape_claimed(static_cast<Shape>(i), workload.capabilities);
         Runner runner = runner_for(adapter_, checked, out_);
         // The first trace of an engine process keeps its answers, to
         // compare with its run at the end (check_independence).

@@ -66,6 +66,11 @@ inline constexpr std::size_t shape_count = 0 KVCHECK_SHAPE_LIST(KVCHECK_SHAPE_CO
 #undef KVCHECK_SHAPE_COUNT
 const char* shape_id(Shape shape);       // "re_add_after_delete"
 const char* shape_summary(Shape shape);  // one line
+// Whether an engine with `capabilities` can be drawn an operation that
+// makes `shape`: a shape of operations it does not claim (a dump, a
+// returned cache, the contiguous store of a paged-only engine) is never
+// met, and a count of 0 there says nothing about the search.
+bool shape_claimed(Shape shape, const Capabilities& capabilities);
 
 // What a run covered, for distribution reports and fuzzer feedback.
 struct Coverage {
@@ -80,6 +85,10 @@ struct Coverage {
     std::uint32_t refused_merges = 0;     // of those, refused by the engine
     std::uint32_t store_size_max = 0;
     std::array<std::uint32_t, shape_count> shapes{};
+    // Of the searches counted, how many had an engine that claims the
+    // operations of each shape (shape_claimed): reports show a shape only
+    // where some did.
+    std::array<std::uint32_t, shape_count> claimed{};
     void count(Shape shape) { ++shapes[static_cast<std::size_t>(shape)]; }
     std::uint32_t count_of(Shape shape) const { return shapes[static_cast<std::size_t>(shape)]; }
     // Adds another run's counts (states are left out).
