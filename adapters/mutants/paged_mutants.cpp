@@ -368,6 +368,23 @@ class PM20 final : public Pool {
     }
 };
 
+// PM21: a lookup counts only the hits on blocks a sequence holds: a
+// cached free block (freed, still indexed, what an alloc would hit) is
+// missed, as by a lookup that reads the running requests' blocks instead
+// of the prefix index. Allocs still hit it.
+class PM21 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        std::int64_t found = 0;
+        for (const BlockId block : hits(tokens, extra)) {
+            if (blocks_[static_cast<std::size_t>(block)].count == 0) break;
+            ++found;
+        }
+        return found * config_.block_tokens;
+    }
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -427,6 +444,7 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
         paged_mutant<PM20>("PM20", "a rewind keeps the hash of the block it cuts: hits serve K/V for other tokens",
                            {P::prefix_hit_exact, P::index_consistent}),
+        paged_mutant<PM21>("PM21", "a lookup misses cached free blocks: it counts only the hits on held ones", {P::lookup_exact}),
     };
 }
 

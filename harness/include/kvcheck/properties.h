@@ -74,6 +74,8 @@ enum PropertyNeeds : std::uint8_t {
       property_needs_paged)                                                                                        \
     X(no_leak, "no-leak", "with no sequence left, after a step, every count is 0 and every block free",           \
       property_needs_paged)                                                                                        \
+    X(lookup_exact, "lookup-exact", "a lookup's or alloc's cached tokens are the longest chain the index held",    \
+      property_needs_paged)                                                                                        \
     X(paged_roundtrip, "paged-roundtrip", "export gives exactly the sequence's K/V, sharing nothing with the pool", \
       property_needs_paged)
 
