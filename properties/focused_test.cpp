@@ -252,6 +252,7 @@ TEST(PublishedImmutable, ABlockARewindReleasesAndTakesBackForItsCopyIsANewBlock)
     kv::paged::PoolConfig lifo = adapters::PagedReference::default_config();
     lifo.free_to_front = true;
     adapters::PagedReference engine(nullptr, lifo);
+    ASSERT_EQ(engine.capabilities().paged_free_order, PagedFreeOrder::front);
     const Trace trace = parse_trace(
         "paged_import seq=2 modern/f32/0:[kv2 kv2]\n"
         "paged_fork parent=2 child=3\n"

@@ -38,7 +38,7 @@ def test_vllm_kv_cache_manager_holds_every_paged_property(kvcheck, monkeypatch):
                   "--jobs", "2", *PATIENCE)
     assert run.status == 0, run.stdout + run.stderr
     verdicts = paged_verdicts(run)
-    assert len(verdicts) == 13 and set(verdicts.values()) == {"pass"}, verdicts
+    assert len(verdicts) == 15 and set(verdicts.values()) == {"pass"}, verdicts
     assert run.report["adapter"] == "vllm-0.33.0"
 
 
@@ -59,5 +59,5 @@ def test_sglang_radix_cache_holds_every_paged_property(kvcheck, monkeypatch):
                   "--jobs", "2", *PATIENCE)
     assert run.status == 0, run.stdout + run.stderr
     verdicts = paged_verdicts(run)
-    assert len(verdicts) == 13 and set(verdicts.values()) == {"pass"}, verdicts
+    assert len(verdicts) == 15 and set(verdicts.values()) == {"pass"}, verdicts
     assert run.report["adapter"] == "sglang-0.5.23"

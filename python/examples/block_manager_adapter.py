@@ -39,6 +39,7 @@ class BlockManagerExample(BlockManagerAdapter):
         self.bugs = tuple(bugs)
         self.name = "block-manager" + ("" if free_order == "fifo" else "-" + free_order) + "".join("+" + bug for bug in self.bugs)
         self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs, free_order=free_order)
+        self.free_order = "back" if free_order == "fifo" else "front"  # declared: kvcheck checks it (free-order)
 
     # ---- the manager's calls ----
 

@@ -76,6 +76,10 @@ enum PropertyNeeds : std::uint8_t {
       property_needs_paged)                                                                                        \
     X(lookup_exact, "lookup-exact", "a lookup's or alloc's cached tokens are the longest chain the index held",    \
       property_needs_paged)                                                                                        \
+    X(keys_retained, "keys-retained", "a block keeps its key until taken again or evicted; evict and reset as said", \
+      property_needs_paged)                                                                                        \
+    X(free_order, "free-order", "freed blocks join the free queue where the engine declares (back, front, ...)",   \
+      property_needs_paged)                                                                                        \
     X(paged_roundtrip, "paged-roundtrip", "export gives exactly the sequence's K/V, sharing nothing with the pool", \
       property_needs_paged)
 
