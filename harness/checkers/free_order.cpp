@@ -4,7 +4,8 @@
 // the back (`back`, the model's), the front (`front`, LIFO), or the front
 // when they have no key and the back when they have one (`front_unhashed`,
 // vLLM's). An engine declaring `unspecified` (an eviction policy of its
-// own, LRU say) is not judged, nor is a reset (it may put the queue in
+// own, LRU say) is not judged (kvcheck run reports the property skipped
+// for it), nor is a reset (it may put the queue in
 // any order: the reference sorts it).
 //
 // Checked: the free queue before and after each paged operation but reset.
