@@ -3,6 +3,7 @@
 // merge correctness.
 #include "generators.h"
 #include "reference/cache_views.h"
+#include "reference/paged_reference.h"
 #include "reference/reference_engine.h"
 #include "run_util.h"
 
@@ -240,6 +241,30 @@ TEST(StoredImmutable, ALossyCastThatKeepsTheDtypeTagIsCaught) {
     // A cast to the same type is no loss.
     LossyStore same(at::kFloat);
     EXPECT_FALSE(execute(parse_trace("add a modern/f32/1:[kv2]\n"), same).failure);
+}
+
+// A correct pool whose free list is LIFO (a freed block joins the front,
+// as vLLM's unhashed freed blocks do): a rewind releases the block it
+// empties, and its copy of the shared last block takes that block straight
+// back. Nothing else held it: it is a new block, not a table-held block
+// rewritten (issue 41's false published-immutable FAIL, shrunk).
+TEST(PublishedImmutable, ABlockARewindReleasesAndTakesBackForItsCopyIsANewBlock) {
+    kv::paged::PoolConfig lifo = adapters::PagedReference::default_config();
+    lifo.free_to_front = true;
+    adapters::PagedReference engine(nullptr, lifo);
+    ASSERT_EQ(engine.capabilities().paged_free_order, PagedFreeOrder::front);
+    const Trace trace = parse_trace(
+        "paged_import seq=2 modern/f32/0:[kv2 kv2]\n"
+        "paged_fork parent=2 child=3\n"
+        "paged_append seq=3 count=1\n"
+        "paged_rewind seq=3 count=2 token=3\n");
+    const RunResult result = execute(trace, engine);
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, trace, "(a LIFO paged reference)");
+    // The case is the one meant: block 2, dropped by the rewind, is the
+    // copy's target of the shared block 1.
+    const PagedState state = engine.paged_state();
+    EXPECT_EQ(state.tables.at(3), std::vector<std::int64_t>{2});
+    EXPECT_EQ(state.copies, (std::vector<PagedCopy>{{1, 2}}));
 }
 
 }  // namespace

@@ -119,7 +119,12 @@ BlockId Pool::take_free() {
 void Pool::unref(BlockId block) {
     Block& b = blocks_[static_cast<std::size_t>(block)];
     if (b.count <= 0) throw std::logic_error("paged pool: block " + std::to_string(block) + " released with no reference");
-    if (--b.count == 0) free_.push_back(block);
+    if (--b.count != 0) return;
+    if (config_.free_to_front) {
+        free_.push_front(block);
+    } else {
+        free_.push_back(block);
+    }
 }
 
 void Pool::copy_block(BlockId source, BlockId destination) {

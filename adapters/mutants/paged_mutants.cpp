@@ -368,12 +368,75 @@ class PM20 final : public Pool {
     }
 };
 
+// PM21: a lookup counts only the hits on blocks a sequence holds: a
+// cached free block (freed, still indexed, what an alloc would hit) is
+// missed, as by a lookup that reads the running requests' blocks instead
+// of the prefix index. Allocs still hit it.
+class PM21 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        std::int64_t found = 0;
+        for (const BlockId block : hits(tokens, extra)) {
+            if (blocks_[static_cast<std::size_t>(block)].count == 0) break;
+            ++found;
+        }
+        return found * config_.block_tokens;
+    }
+};
+
+// PM22: a block's key is deleted when its count drops to 0 (eager key
+// deletion): freed prefixes never hit again.
+class PM22 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void unref(BlockId block) override {
+        Pool::unref(block);
+        if (blocks_[static_cast<std::size_t>(block)].count == 0) remove_from_index(block);
+    }
+};
+
+// PM23: an inverted evict filter: the keys of the held blocks are dropped,
+// the free blocks' kept.
+class PM23 final : public Pool {
+  public:
+    using Pool::Pool;
+    void evict() override {
+        for (std::size_t b = 1; b < blocks_.size(); ++b) {
+            if (blocks_[b].count > 0) remove_from_index(static_cast<BlockId>(b));
+        }
+    }
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
     PM2Engine()
         : PagedReference([](PoolConfig config, kv::Model& model) { return std::unique_ptr<Pool>(std::make_unique<PM2>(config, model)); }) {}
     void paged_evict() override { static_cast<PM2&>(pool()).evict_all(); }
+};
+
+// PM24: freed blocks join the front of the free queue (LIFO) while the
+// engine declares the back (FIFO): a correct pool of another order than
+// the one it claims (what a serving layer relying on the order, to keep
+// the oldest cached blocks longest, would get wrong).
+class PM24Engine final : public PagedReference {
+  public:
+    PM24Engine() : PagedReference(nullptr, lifo_config()) {}
+    Capabilities capabilities() const override {
+        Capabilities capabilities = PagedReference::capabilities();
+        capabilities.paged_free_order = PagedFreeOrder::back;
+        return capabilities;
+    }
+
+  private:
+    static PoolConfig lifo_config() {
+        PoolConfig config = default_config();
+        config.free_to_front = true;
+        return config;
+    }
 };
 
 template <typename P>
@@ -427,6 +490,15 @@ std::vector<Adapter> paged_mutant_adapters() {
         paged_mutant<PM19>("PM19", "copy-on-write by reference: the copy reads the source's storage", {P::published_immutable}),
         paged_mutant<PM20>("PM20", "a rewind keeps the hash of the block it cuts: hits serve K/V for other tokens",
                            {P::prefix_hit_exact, P::index_consistent}),
+        paged_mutant<PM21>("PM21", "a lookup misses cached free blocks: it counts only the hits on held ones", {P::lookup_exact}),
+        paged_mutant<PM22>("PM22", "eager key deletion: a block's key goes when its count drops to 0", {P::keys_retained}),
+        paged_mutant<PM23>("PM23", "an inverted evict: the held blocks lose their keys, the free ones keep theirs", {P::keys_retained}),
+        {"PM24", "freed blocks join the front of the free queue where the back is declared", "bundled", {P::free_order},
+         [] {
+             auto engine = std::make_shared<PM24Engine>();
+             engine->rename("PM24");
+             return std::shared_ptr<Engine>(std::move(engine));
+         }},
     };
 }
 

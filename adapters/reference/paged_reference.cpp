@@ -35,6 +35,7 @@ PagedReference::PagedReference(PoolFactory make_pool, kv::paged::PoolConfig conf
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
     capabilities.paged = true;
+    capabilities.paged_free_order = pool_->config().free_to_front ? PagedFreeOrder::front : PagedFreeOrder::back;
     return capabilities;
 }
 

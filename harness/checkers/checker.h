@@ -338,6 +338,15 @@ std::string block_text(const PagedState& state, std::int64_t block);
 std::int64_t tables_holding(const PagedState& state, std::int64_t block);
 std::int64_t copies_reading(const PagedState& state, std::int64_t block);
 bool in_free_queue(const PagedState& state, std::int64_t block);
+// Whether `block` is the last block a successful rewind kept, held alone
+// before it and cut (its tokens changed).
+bool cut_by_rewind(const Paged& fact, std::int64_t block);
+// Whether a successful rewind released `block` (only the table positions
+// it dropped held it, and no pending copy read it: it was free once they
+// were released) and took it back as the target of the copy of its kept
+// last block: a new block (with a LIFO free list, the one freed last is
+// taken first), not the one it was.
+bool retaken_by_rewind(const Paged& fact, std::int64_t block);
 
 }  // namespace checkers
 }  // namespace kvcheck

@@ -29,4 +29,29 @@ bool in_free_queue(const PagedState& state, std::int64_t block) {
     return std::find(state.free_queue.begin(), state.free_queue.end(), block) != state.free_queue.end();
 }
 
+bool cut_by_rewind(const Paged& fact, std::int64_t block) {
+    if (fact.by != PagedBy::rewind || fact.refused) return false;
+    const auto was = fact.before.tables.find(fact.seq);
+    const auto now = fact.after.tables.find(fact.seq);
+    if (was == fact.before.tables.end() || now == fact.after.tables.end() || now->second.empty()) return false;
+    const std::size_t last = now->second.size() - 1;
+    const PagedBlock& before = fact.before.blocks[static_cast<std::size_t>(block)];
+    return now->second[last] == block && last < was->second.size() && was->second[last] == block && before.count == 1 &&
+           fact.after.blocks[static_cast<std::size_t>(block)].tokens != before.tokens;
+}
+
+bool retaken_by_rewind(const Paged& fact, std::int64_t block) {
+    if (fact.by != PagedBy::rewind || fact.refused) return false;
+    const auto was = fact.before.tables.find(fact.seq);
+    const auto now = fact.after.tables.find(fact.seq);
+    if (was == fact.before.tables.end() || now == fact.after.tables.end() || now->second.empty()) return false;
+    const std::size_t kept = now->second.size();
+    if (kept > was->second.size() || now->second.back() != block) return false;
+    const auto dropped = std::count(was->second.begin() + static_cast<std::ptrdiff_t>(kept), was->second.end(), block);
+    const PagedCopy copy{was->second[kept - 1], block};
+    const auto copies = [&copy](const PagedState& state) { return std::count(state.copies.begin(), state.copies.end(), copy); };
+    return dropped > 0 && tables_holding(fact.before, block) == dropped && copies_reading(fact.before, block) == 0 &&
+           copies(fact.after) > copies(fact.before);
+}
+
 }  // namespace kvcheck::checkers

@@ -6,12 +6,17 @@
 // source's storage, changed when the source is taken again, is caught).
 // (A free block may be taken and rewritten: it is evicted first. A rewind
 // may cut the last block it keeps, held alone, to the slots it keeps: its
-// tokens then are a prefix of what they were, and it has no identity.)
+// tokens then are a prefix of what they were, and it has no identity. And
+// a rewind releases the blocks it empties before it copies its shared
+// last block: one of them, held by nothing else, may be free in between
+// and come back as the copy's target - a new block, as with a LIFO free
+// list, where the block freed last is taken first.)
 //
 // Checked: every block held and published or shared before a paged
 // operation, against its tokens and K/V digest after it; every other block
 // a table holds before and after it, its filled slots (their digest, or
-// the engine's view of them when the block gained slots).
+// the engine's view of them when the block gained slots); neither for a
+// block a rewind released and took back as its copy's target.
 // Not checked here: where the write went instead (cow-exact).
 #include "checkers/checker.h"
 
@@ -31,7 +36,8 @@ class PublishedImmutable final : public Checker {
             const PagedBlock& was = fact.before.blocks[b];
             const PagedBlock& now = fact.after.blocks[b];
             const auto block = static_cast<std::int64_t>(b);
-            if (rewound(fact, block)) {
+            if (retaken_by_rewind(fact, block)) continue;
+            if (cut_by_rewind(fact, block)) {
                 const bool cut = now.tokens.size() < was.tokens.size() &&
                                  std::equal(now.tokens.begin(), now.tokens.end(), was.tokens.begin()) && !now.keyed;
                 if (!expect(probe, cut, [&] {
@@ -57,19 +63,6 @@ class PublishedImmutable final : public Checker {
     }
 
   private:
-    // Whether `block` is the last block a successful rewind kept, held
-    // alone before it and cut (its tokens changed).
-    static bool rewound(const Paged& fact, std::int64_t block) {
-        if (fact.by != PagedBy::rewind || fact.refused) return false;
-        const auto was = fact.before.tables.find(fact.seq);
-        const auto now = fact.after.tables.find(fact.seq);
-        if (was == fact.before.tables.end() || now == fact.after.tables.end() || now->second.empty()) return false;
-        const std::size_t last = now->second.size() - 1;
-        const PagedBlock& before = fact.before.blocks[static_cast<std::size_t>(block)];
-        return now->second[last] == block && last < was->second.size() && was->second[last] == block && before.count == 1 &&
-               fact.after.blocks[static_cast<std::size_t>(block)].tokens != before.tokens;
-    }
-
     // A block a table holds before and after the operation keeps its
     // filled slots (tokens and K/V): only slots after them are written.
     bool kept_filled_slots(const Paged& fact, Probe& probe, std::int64_t block) {

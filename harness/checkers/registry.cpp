@@ -59,6 +59,7 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_ownership) && !capabilities.owned_marker &&
                               !capabilities.storage_identity) ||
                              ((info.needs & property_needs_paged) && !capabilities.paged) ||
+                             ((info.needs & property_needs_free_order) && capabilities.paged_free_order == PagedFreeOrder::unspecified) ||
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }

@@ -727,6 +727,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", contiguous_not_applicable);
             return;
         }
+        if (property == Property::free_order) {
+            out.send("skipped", "the adapter declares no free-queue order (Capabilities::paged_free_order unspecified)");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

@@ -252,6 +252,19 @@ Metadata read_metadata(const Json& object) {
     return metadata;
 }
 
+namespace {
+
+// A declared free order: "back", "front", "front-unhashed" or "unspecified".
+PagedFreeOrder parse_free_order(const std::string& text) {
+    if (text == "back") return PagedFreeOrder::back;
+    if (text == "front") return PagedFreeOrder::front;
+    if (text == "front-unhashed") return PagedFreeOrder::front_unhashed;
+    if (text == "unspecified") return PagedFreeOrder::unspecified;
+    throw ProtocolError("unknown free order '" + text + "' (known: back, front, front-unhashed, unspecified)");
+}
+
+}  // namespace
+
 Capabilities read_capabilities(const Json& flags) {
     Capabilities capabilities;
     // Its dump cannot run in a fork of kvcheck's process: dump_kill applies
@@ -260,6 +273,8 @@ Capabilities read_capabilities(const Json& flags) {
     // A rewind is asked only of an adapter that claims it (protocol 4's
     // adapters written before it have none).
     capabilities.paged_rewind = false;
+    // A free order is checked only when the adapter declares one.
+    capabilities.paged_free_order = PagedFreeOrder::unspecified;
     const std::array<std::pair<const char*, bool*>, 22> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
@@ -293,6 +308,10 @@ Capabilities read_capabilities(const Json& flags) {
         // capture a structured binding (g++ accepts it, clang refuses).
         const std::string& name = member.first;
         const Json& value = member.second;
+        if (name == "paged_free_order") {
+            capabilities.paged_free_order = in_member("paged_free_order", [&] { return parse_free_order(value.as_string()); });
+            continue;
+        }
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
@@ -302,6 +321,7 @@ Capabilities read_capabilities(const Json& flags) {
         if (!found) {
             std::string names;
             for (const auto& entry : known) names += std::string(names.empty() ? "" : ", ") + entry.first;
+            names += ", paged_free_order";
             throw ProtocolError("unknown capability '" + name + "' (known: " + names + ")");
         }
     }

@@ -32,6 +32,29 @@ def test_the_handshake_says_paged_and_no_store():
     assert hello["capabilities"]["store"] is False
 
 
+def test_the_handshake_declares_the_free_order_the_manager_declares():
+    _, hello = served()
+    assert hello["capabilities"]["paged_free_order"] == "back"
+    lifo = Server(lambda: bma.BlockManagerExample((), "lifo")).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert lifo["capabilities"]["paged_free_order"] == "front"
+
+    class Undeclared(bma.BlockManagerExample):
+        def __init__(self):
+            super().__init__()
+            self.free_order = None
+
+    undeclared = Server(Undeclared).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert "paged_free_order" not in undeclared["capabilities"]  # kvcheck reads it unspecified
+
+
+def test_a_lifo_free_list_puts_freed_blocks_at_the_front():
+    server = Server(lambda: bma.BlockManagerExample((), "lifo"))
+    server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    server.handle({"op": "paged_alloc", "seq": 1, "tokens": [5, 9, 2], "salt": 0})
+    freed = server.handle({"op": "paged_free", "seq": 1})["state"]
+    assert freed["free_queue"][:2] == [1, 2]  # released the last block first: block 1 joined the front last
+
+
 def test_an_alloc_hits_what_a_step_published_and_reports_the_state():
     server, _ = served()
     first = server.handle({"op": "paged_alloc", "seq": 1, "tokens": [5, 9, 2], "salt": 0})

@@ -139,6 +139,11 @@ class _Request:
 
 class SglangRadixCache(BlockManagerAdapter):
     description = f"SGLang {SGLANG_VERSION} RadixCache (page_size = B, LRU eviction)"
+    # No free queue order: the evictable tree pages are evicted by LRU at
+    # allocation (into the allocator's free list, maybe not the pages the
+    # allocation then takes), so a free page may lose its key whenever
+    # pages are taken (free-order not judged; keys-retained reads it so).
+    free_order = "unspecified"
     num_blocks = 8
     block_tokens = 2
 

@@ -112,6 +112,10 @@ class _RecordingHash:
 
 class VllmBlockManager(BlockManagerAdapter):
     description = f"vLLM {VLLM_VERSION} v1 KVCacheManager/BlockPool (prefix caching, one full-attention group)"
+    # BlockPool.free_blocks: a freed block without a hash joins the front
+    # of the free queue (LIFO, "for better GPU locality"), one with a hash
+    # the back (LRU eviction).
+    free_order = "front-unhashed"
     num_blocks = 8
     block_tokens = 2
 

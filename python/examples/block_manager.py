@@ -9,9 +9,10 @@ What it keeps:
   - a block table and the tokens of each sequence;
   - a prefix index: hash -> the blocks cached under it (a hash is the chain
     of the parent block's hash, the block's tokens and the extra keys);
-  - a free queue: freed blocks join the back and keep their hash (still
-    hittable) until allocation takes them from the front, which evicts
-    the hash;
+  - a free queue: freed blocks join the back (or, with free_order="lifo",
+    the front: the block freed last is taken first) and keep their hash
+    (still hittable) until allocation takes them from the front, which
+    evicts the hash;
   - copy-on-write: a write into a block shared with another sequence first
     copies it into a fresh block (the copy holds a reference on its source
     until the worker step);
@@ -40,6 +41,8 @@ from __future__ import annotations
 
 from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
+
+FREE_ORDERS = ("fifo", "lifo")
 
 BUGS = ("reuse_keeps_index", "free_no_decrement", "weak_hash", "cow_by_reference", "hit_not_attached")
 
@@ -94,7 +97,10 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = ()):
+    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = (), free_order: str = "fifo"):
+        if free_order not in FREE_ORDERS:
+            raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
+        self.free_order = free_order
         unknown = sorted(set(bugs).difference(BUGS))
         if unknown:
             raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
@@ -179,8 +185,11 @@ class BlockManager:
         if block.ref_cnt <= 0:
             raise AssertionError(f"block {block_id} released with no reference")
         block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            self.free_queue.append(block_id)  # keeps its hash: hittable until reused
+        if block.ref_cnt == 0:  # keeps its hash: hittable until reused
+            if self.free_order == "lifo":
+                self.free_queue.appendleft(block_id)
+            else:
+                self.free_queue.append(block_id)
 
     def _fill(self, seq: int, first: int, added: Sequence[int]) -> None:
         """Puts tokens at positions [first, first + len(added)) of `seq`,

@@ -3,7 +3,10 @@ glue a Python paged block manager needs to be checked.
 
     kvcheck run --adapter python/examples/block_manager_adapter.py
     kvcheck run --adapter 'python/examples/block_manager_adapter.py --bug weak_hash'
+    kvcheck run --adapter 'python/examples/block_manager_adapter.py --free-order lifo'
 
+--free-order lifo puts freed blocks at the front of the free queue (the
+block freed last is taken first), a correct manager too.
 --bug NAME (repeatable) plants one of the manager's historic bugs (see
 block_manager.BUGS); $KVCHECK_EXAMPLE_BUGS (comma-separated) does the same.
 The adapter maps kvcheck's paged requests onto the manager's calls and
@@ -32,10 +35,11 @@ class BlockManagerExample(BlockManagerAdapter):
     num_blocks = 8
     block_tokens = 2
 
-    def __init__(self, bugs=()):
+    def __init__(self, bugs=(), free_order="fifo"):
         self.bugs = tuple(bugs)
-        self.name = "block-manager" + "".join("+" + bug for bug in self.bugs)
-        self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs)
+        self.name = "block-manager" + ("" if free_order == "fifo" else "-" + free_order) + "".join("+" + bug for bug in self.bugs)
+        self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs, free_order=free_order)
+        self.free_order = "back" if free_order == "fifo" else "front"  # declared: kvcheck checks it (free-order)
 
     # ---- the manager's calls ----
 
@@ -86,12 +90,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=[], choices=block_manager.BUGS,
                         help="plant a historic bug (repeatable)")
+    parser.add_argument("--free-order", default="fifo", choices=block_manager.FREE_ORDERS,
+                        help="where freed blocks join the free queue: the back (fifo) or the front (lifo)")
     arguments = parser.parse_args(argv)
     bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
     unknown = sorted(set(bugs).difference(block_manager.BUGS))
     if unknown:
         parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(block_manager.BUGS)})")
-    serve(lambda: BlockManagerExample(bugs))
+    serve(lambda: BlockManagerExample(bugs, arguments.free_order))
 
 
 if __name__ == "__main__":

@@ -314,7 +314,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
 _STORE_METHODS = ("add", "get", "get_all_ids", "get_cache", "delete", "delete_all", "stored_cache", "stored_ids")
 
 
-def _paged_flags(engine: Adapter) -> Dict[str, bool]:
+def _paged_flags(engine: Adapter) -> Dict[str, Any]:
     """A BlockManagerAdapter is a paged engine; without the store's
     operations, a paged one only (its contiguous properties are n/a)."""
     from . import paged as _paged  # imports this module: imported when first needed
@@ -331,6 +331,9 @@ def _paged_flags(engine: Adapter) -> Dict[str, bool]:
     # Claimed only when true: absent, kvcheck never asks a rewind.
     if manager_has("rewind"):
         flags["paged_rewind"] = True
+    # Declared, kvcheck checks the free queue's order (free-order).
+    if engine.free_order is not None:
+        flags["paged_free_order"] = engine.free_order
     return flags
 
 

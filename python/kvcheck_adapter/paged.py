@@ -305,6 +305,14 @@ class BlockManagerAdapter(Adapter):
     layers: int = 2
     heads: int = 2
     head_dim: int = 4
+    #: Where freed blocks join the free queue, whose front allocation takes
+    #: (kvcheck's free-order property; docs/semantics.md, paged properties):
+    #: "back" (FIFO), "front" (LIFO), "front-unhashed" (a block without a
+    #: key to the front, one with a key to the back: vLLM's), or
+    #: "unspecified" (no queue order: an eviction policy of the manager's
+    #: own, LRU say, which may drop a free block's key whenever blocks are
+    #: taken). None declares nothing: unspecified.
+    free_order: Optional[str] = None
 
     # ---- what the author implements: the manager's calls --------------------------
 
@@ -348,8 +356,8 @@ class BlockManagerAdapter(Adapter):
 
     def free(self, seq: int) -> None:
         """Ends `seq` (finished, preempted or aborted): its blocks' counts
-        drop (the last block first); blocks at 0 join the back of the free
-        queue, keeping their keys."""
+        drop (the last block first); blocks at 0 join the free queue where
+        `free_order` says, keeping their keys (hittable until taken again)."""
         raise NotImplementedError(f"{type(self).__name__}.free")
 
     def lookup(self, tokens: List[int], extra: str) -> int:

@@ -57,6 +57,9 @@ struct PoolConfig {
     std::int64_t layers = 2;
     std::int64_t heads = 2;
     std::int64_t head_dim = 4;
+    // Where freed blocks join the free queue: the back (FIFO, the model's)
+    // or, when set, the front (LIFO: the block freed last is taken first).
+    bool free_to_front = false;
 };
 
 // A block's identity in the prefix index. `parent` is the chain hash of the
@@ -141,9 +144,9 @@ class Pool {
     // truncated. Throws, changing nothing, when that copy finds no free block.
     void rewind(const std::string& seq, std::int64_t n, std::int64_t token);
     // The tokens alloc would find cached (read-only).
-    std::int64_t lookup(const Tokens& tokens, const std::string& extra) const;
+    virtual std::int64_t lookup(const Tokens& tokens, const std::string& extra) const;
     // Drops the key of every free block.
-    void evict();
+    virtual void evict();
     // Drops every key and puts the free blocks in id order; throws while a
     // sequence or a pending copy holds a block.
     void reset();
@@ -185,7 +188,8 @@ class Pool {
     virtual std::optional<BlockId> find(const BlockKey& key) const;
     // Takes the block at the front of the free queue: evicts its key.
     virtual BlockId take_free();
-    // Drops one reference; a block at 0 joins the back of the free queue.
+    // Drops one reference; a block at 0 joins the back of the free queue
+    // (the front with free_to_front).
     virtual void unref(BlockId block);
     // Copies the filled slots of `source` into `destination`'s pending
     // writes (copy-on-write); the copy reads `source` until step().

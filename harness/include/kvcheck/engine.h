@@ -72,6 +72,14 @@ struct ModelDomain {
     bool holds(Layout layout) const;
 };
 
+// Where a paged engine's freed blocks join its free queue, whose front
+// allocation takes (free-order, docs/semantics.md#paged-caches): the back
+// (the model's: FIFO), the front (LIFO), the front for a block without a
+// key and the back for one with (vLLM's), or unspecified: no queue order
+// (an eviction policy of the engine's own, LRU say: a free block may then
+// lose its key in any operation that takes blocks).
+enum class PagedFreeOrder : std::uint8_t { back, front, front_unhashed, unspecified };
+
 // What an engine supports. A property whose observations an engine lacks is
 // reported as skipped; an operation it lacks is never generated.
 // capabilities_fault (kvcheck/workload.h) says what is inconsistent.
@@ -125,6 +133,10 @@ struct Capabilities {
     // kvcheck never draws it. On unless an engine says otherwise (a process
     // adapter claims it: docs/protocol.md).
     bool paged_rewind = true;
+    // With paged: where freed blocks join the free queue (PagedFreeOrder).
+    // The back unless an engine says otherwise (a process adapter that
+    // declares none: unspecified).
+    PagedFreeOrder paged_free_order = PagedFreeOrder::back;
 };
 
 // One deliberate K/V copy (clone or merge), as the engine logged it.

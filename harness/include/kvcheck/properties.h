@@ -26,6 +26,7 @@ enum PropertyNeeds : std::uint8_t {
     // Capabilities::owned_marker, or storage_identity to derive "owned" from.
     property_needs_ownership = 1 << 3,
     property_needs_paged = 1 << 4,  // Capabilities::paged: a property of the paged family
+    property_needs_free_order = 1 << 5,  // Capabilities::paged_free_order declared (not unspecified)
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -74,6 +75,12 @@ enum PropertyNeeds : std::uint8_t {
       property_needs_paged)                                                                                        \
     X(no_leak, "no-leak", "with no sequence left, after a step, every count is 0 and every block free",           \
       property_needs_paged)                                                                                        \
+    X(lookup_exact, "lookup-exact", "a lookup's or alloc's cached tokens are the longest chain the index held",    \
+      property_needs_paged)                                                                                        \
+    X(keys_retained, "keys-retained", "a block keeps its key until taken again or evicted; evict and reset as said", \
+      property_needs_paged)                                                                                        \
+    X(free_order, "free-order", "freed blocks join the free queue where the engine declares (back, front, ...)",   \
+      property_needs_paged | property_needs_free_order)                                                            \
     X(paged_roundtrip, "paged-roundtrip", "export gives exactly the sequence's K/V, sharing nothing with the pool", \
       property_needs_paged)
 

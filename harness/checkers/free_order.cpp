@@ -1,0 +1,79 @@
+// free-order (paged): the free queue keeps the order the engine declares
+// (Capabilities::paged_free_order). Across a paged operation the blocks
+// that stay free keep their relative order, and the blocks it frees join
+// the back (`back`, the model's), the front (`front`, LIFO), or the front
+// when they have no key and the back when they have one (`front_unhashed`,
+// vLLM's). An engine declaring `unspecified` (an eviction policy of its
+// own, LRU say) is not judged (kvcheck run reports the property skipped
+// for it), nor is a reset (it may put the queue in
+// any order: the reference sorts it).
+//
+// Checked: the free queue before and after each paged operation but reset.
+// Not checked here: the order among the blocks one operation frees, and
+// that the queue holds exactly the blocks at count 0 (free-iff-unreferenced).
+#include "checkers/checker.h"
+
+#include <algorithm>
+
+namespace kvcheck::checkers {
+namespace {
+
+class FreeOrder final : public Checker {
+  public:
+    FreeOrder() : Checker(Property::free_order) {}
+
+    void paged(const Paged& fact, Probe& probe) override {
+        const PagedFreeOrder order = probe.capabilities().paged_free_order;
+        if (order == PagedFreeOrder::unspecified || fact.by == PagedBy::reset || !checking(probe)) return;
+        const std::vector<std::int64_t>& was = fact.before.free_queue;
+        const std::vector<std::int64_t>& now = fact.after.free_queue;
+        std::vector<std::int64_t> stayed, front, back;
+        for (const std::int64_t block : was) {
+            if (std::find(now.begin(), now.end(), block) != now.end()) stayed.push_back(block);
+        }
+        for (const std::int64_t block : now) {
+            if (std::find(was.begin(), was.end(), block) != was.end()) continue;
+            (joins_front(order, fact.after, block) ? front : back).push_back(block);
+        }
+        // Where each freed block may be: the front's in any order, then the
+        // blocks that stayed, in their order, then the back's in any order.
+        const auto front_end = now.begin() + static_cast<std::ptrdiff_t>(std::min(front.size(), now.size()));
+        const auto back_begin = now.end() - static_cast<std::ptrdiff_t>(std::min(back.size(), now.size()));
+        const bool ok = now.size() == stayed.size() + front.size() + back.size() &&
+                        std::is_permutation(now.begin(), front_end, front.begin(), front.end()) &&
+                        std::equal(front_end, back_begin, stayed.begin(), stayed.end()) &&
+                        std::is_permutation(back_begin, now.end(), back.begin(), back.end());
+        expect(probe, ok, [&] {
+            return fact.what + ": the free queue went from " + tokens_text(was) + " to " + tokens_text(now) + "; declared " +
+                   order_text(order) + ", it would be " + tokens_text(front) + " then " + tokens_text(stayed) + " then " +
+                   tokens_text(back) + " (the freed blocks at the " + (front.empty() ? "back" : back.empty() ? "front" : "front and back") +
+                   ", the blocks that stayed free in their order)";
+        });
+    }
+
+  private:
+    static bool joins_front(PagedFreeOrder order, const PagedState& state, std::int64_t block) {
+        if (order == PagedFreeOrder::front) return true;
+        if (order != PagedFreeOrder::front_unhashed) return false;
+        return block < 1 || block >= static_cast<std::int64_t>(state.blocks.size()) || !state.blocks[static_cast<std::size_t>(block)].keyed;
+    }
+
+    static std::string order_text(PagedFreeOrder order) {
+        switch (order) {
+            case PagedFreeOrder::back: return "back (freed blocks join the back)";
+            case PagedFreeOrder::front: return "front (freed blocks join the front)";
+            case PagedFreeOrder::front_unhashed: return "front-unhashed (a freed block without a key joins the front, one with a key the back)";
+            case PagedFreeOrder::unspecified: break;
+        }
+        return "unspecified";
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::free_order>() {
+    return std::make_unique<FreeOrder>();
+}
+
+}  // namespace kvcheck::checkers
