@@ -338,6 +338,10 @@ std::string block_text(const PagedState& state, std::int64_t block);
 std::int64_t tables_holding(const PagedState& state, std::int64_t block);
 std::int64_t copies_reading(const PagedState& state, std::int64_t block);
 bool in_free_queue(const PagedState& state, std::int64_t block);
+// `block` of `state`, or null when the state has no such block (below 1, or
+// past its own pool: an engine may report a pool that changed size, so a
+// block of one state is looked up in that state, never by another's size).
+const PagedBlock* block_in(const PagedState& state, std::int64_t block);
 
 }  // namespace checkers
 }  // namespace kvcheck
