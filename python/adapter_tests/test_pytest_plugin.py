@@ -97,7 +97,7 @@ def test_options_the_plugin_sets_itself_are_a_usage_error(run):
     plugin reads JSON: every item failed with a JSONDecodeError traceback
     (issue 43, D23)."""
     for args, named in (("--report html", "--report"), ("--out=r.json", "--out"), ("--trace-dir t", "--trace-dir")):
-        result = run("--kvcheck-adapter", EXAMPLE, "--kvcheck-args", args)
+        result = run("--kvcheck-adapter", EXAMPLE, "--kvcheck-args=" + args)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, (args, result.stdout.str(), result.stderr.str())
         result.stderr.fnmatch_lines([f"*--kvcheck-args may not hold {named}: the kvcheck plugin sets it itself*"])
         assert "JSONDecodeError" not in result.stdout.str() + result.stderr.str()
