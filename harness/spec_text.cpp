@@ -8,6 +8,7 @@
 // combinations that mean nothing for a legacy cache; giving those a meaning
 // is expand()'s job, not the parser's.
 #include "kvcheck/content.h"
+#include "kvcheck/limits.h"
 
 #include <cctype>
 #include <charconv>
@@ -26,8 +27,13 @@ constexpr std::uint8_t slot_bits_all = 0b1111;
 
 bool is_blank(char c) { return c == ' ' || c == '\t'; }
 
+// A long spec is quoted by its start, so that the fault stays in view.
 [[noreturn]] void fail(std::string_view text, const std::string& fault) {
-    throw std::invalid_argument("cache spec '" + std::string(text) + "': " + fault);
+    constexpr std::size_t quoted_max = 80;
+    const std::string quoted = text.size() <= quoted_max
+                                   ? std::string(text)
+                                   : std::string(text.substr(0, quoted_max)) + "... (" + std::to_string(text.size()) + " bytes)";
+    throw std::invalid_argument("cache spec '" + quoted + "': " + fault);
 }
 
 Layout parse_layout(std::string_view spec, std::string_view word) {
@@ -114,6 +120,25 @@ void parse_geometry(std::string_view spec, std::string_view word, CacheSpec& res
     }
     if (result.head_dim < 1 || result.head_dim > cache_head_dim_max) {
         fail(spec, "head_dim " + std::to_string(result.head_dim) + " outside [1, " + std::to_string(cache_head_dim_max) + "]");
+    }
+}
+
+// Within the limits of generated traces (spec_layers_max and its
+// siblings), checked as each layer is read: a spec of a million layers is
+// refused at the seventeenth.
+void check_limits(std::string_view spec, const CacheSpec& result) {
+    if (static_cast<std::int64_t>(result.layers.size()) > spec_layers_max) {
+        fail(spec, "more than " + std::to_string(spec_layers_max) + " layers (the most a generated trace holds)");
+    }
+    const std::int64_t tokens = result.layers.back().tokens;
+    if (tokens > spec_layer_tokens_max) {
+        fail(spec, "layer " + std::to_string(result.layers.size() - 1) + " holds " + std::to_string(tokens) +
+                       " tokens, more than " + std::to_string(spec_layer_tokens_max) + " (the most a generated trace holds)");
+    }
+    if (tokens * result.heads * result.head_dim > spec_slot_values_max) {
+        fail(spec, "layer " + std::to_string(result.layers.size() - 1) + " holds " + std::to_string(tokens) + " tokens of " +
+                       std::to_string(result.heads) + "x" + std::to_string(result.head_dim) + ", more than " +
+                       std::to_string(spec_slot_values_max) + " values a slot");
     }
 }
 
@@ -215,6 +240,7 @@ CacheSpec parse_cache_spec(const std::string& text) {
         while (end < layers.size() && !is_blank(layers[end])) ++end;
         result.layers.push_back(parse_layer(spec, layers.substr(0, end)));
         layers.remove_prefix(end);
+        check_limits(spec, result);
     }
     return result;
 }

@@ -364,6 +364,12 @@ Trace read_trace(const std::string& path) {
     if (file.bytes() > trace_bytes_max || text.size() > trace_bytes_max) {
         throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
     }
+    // Every trace file kvcheck writes holds its header at least: an empty
+    // one is a write cut short (a full disk), not a trace that passes.
+    if (text.empty()) {
+        throw UsageError("trace file " + printable(path, 400) + " is empty (0 bytes): no trace to replay (a trace kvcheck "
+                         "writes has a header; was its write cut short?)");
+    }
     try {
         return parse_trace(text);
     } catch (const TraceParseError& error) {
@@ -469,7 +475,7 @@ int command_run(const Args& args) {
         return 0;
     }
     if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
-    const ConformanceOptions conformance = conformance_options(options);
+    ConformanceOptions conformance = conformance_options(options);
     const ReportFormat format = parse_report_format(options.get("report", "table"));
     const bool bundled = !options.has("adapter");
     std::vector<Adapter> adapters;
@@ -487,6 +493,7 @@ int command_run(const Args& args) {
     }
     // Where the results go is checked before anything runs.
     const TraceDir traces(conformance.trace_dir);
+    conformance.trace_name_suffix = traces.name_suffix();
     OutputFile report(options.get("out", ""));
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
@@ -501,16 +508,20 @@ int command_run(const Args& args) {
         run = check_adapters(adapters, conformance);
     }
     // The HTML report draws each failure step by step: its trace replayed
-    // once more per step (report_html.h).
-    const bool written = report.write(
-        format == ReportFormat::html
-            ? render_html(run.adapters, conformance.seed, run.interrupted_by, picture_failures(run.adapters, conformance))
-            : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    // once more per step (report_html.h). A Ctrl-C while it draws cuts the
+    // drawing short and marks the report incomplete, as one during the run.
+    Pictures pictures;
+    if (format == ReportFormat::html) pictures = picture_failures(run.adapters, conformance);
+    if (run.interrupted_by == 0 && conformance.isolate) run.interrupted_by = interrupted_by();
+    const bool written = report.write(format == ReportFormat::html
+                                          ? render_html(run.adapters, conformance.seed, run.interrupted_by, pictures)
+                                          : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::size_t distinct = 0, operations = 0;
     for (const AdapterResult& result : run.adapters) {
         distinct += result.traces;
         for (const std::uint32_t count : result.coverage.ops_run) operations += count;
+        operations += result.operations_begun;
     }
     // Operations of the distinct traces only: the shrinker's replays and
     // the engine processes' start are in the time, not in the count.
