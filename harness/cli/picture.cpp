@@ -97,41 +97,6 @@ std::vector<BoxPicture> read_boxes(Engine& engine, const std::vector<Handle>& ha
     return boxes;
 }
 
-// A field of a step's message with its tabs, newlines and backslashes
-// escaped: an engine's ids and error text may hold any byte (a stored id
-// "a\tb" split its box's line into the wrong fields; "a\nb" made a box of
-// its own).
-std::string field_text(const std::string& text) {
-    std::string out;
-    out.reserve(text.size());
-    for (const char c : text) {
-        if (c == '\\') {
-            out += "\\\\";
-        } else if (c == '\t') {
-            out += "\\t";
-        } else if (c == '\n') {
-            out += "\\n";
-        } else {
-            out += c;
-        }
-    }
-    return out;
-}
-
-std::string field_value(const std::string& field) {
-    std::string out;
-    out.reserve(field.size());
-    for (std::size_t i = 0; i < field.size(); ++i) {
-        if (field[i] != '\\' || i + 1 == field.size()) {
-            out += field[i];
-            continue;
-        }
-        const char next = field[++i];
-        out += next == 't' ? '\t' : next == 'n' ? '\n' : next;
-    }
-    return out;
-}
-
 // A whole number of a step's message, which this process wrote.
 std::uint64_t field_number(const std::string& field) {
     if (field.empty() || field.find_first_not_of("0123456789") != std::string::npos || field.size() > 19) {
@@ -141,16 +106,18 @@ std::uint64_t field_number(const std::string& field) {
 }
 
 // A step as a message: the op's line, then a line per box of tab-separated
-// fields, each escaped by field_text.
+// fields, each escaped by escape_lines: an engine's ids and error text may
+// hold any byte (a stored id "a\tb" split its box's line into the wrong
+// fields; "a\nb" made a box of its own).
 std::string encode_step(const Op& op, const std::vector<BoxPicture>& boxes) {
     std::ostringstream out;
-    out << field_text(format_op(op)) << "\n";
+    out << escape_lines(format_op(op)) << "\n";
     for (const BoxPicture& box : boxes) {
-        out << (box.entry ? "entry" : "handle") << "\t" << field_text(box.name) << "\t" << box.layers << "\t"
-            << field_text(box.tokens) << "\t" << field_text(box.dtype) << "\t" << field_text(box.layout) << "\t"
+        out << (box.entry ? "entry" : "handle") << "\t" << escape_lines(box.name) << "\t" << box.layers << "\t"
+            << escape_lines(box.tokens) << "\t" << escape_lines(box.dtype) << "\t" << escape_lines(box.layout) << "\t"
             << (box.owned ? 1 : 0) << "\t";
         for (std::size_t i = 0; i < box.storage.size(); ++i) out << (i ? "," : "") << box.storage[i];
-        out << "\t" << field_text(one_line(box.error)) << "\n";
+        out << "\t" << escape_lines(one_line(box.error)) << "\n";
     }
     return out.str();
 }
@@ -159,7 +126,7 @@ StepPicture decode_step(const std::string& payload) {
     std::istringstream in(payload);
     StepPicture step;
     std::getline(in, step.op);
-    step.op = field_value(step.op);
+    step.op = unescape_lines(step.op);
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> fields;
         std::istringstream row(line);
@@ -167,15 +134,15 @@ StepPicture decode_step(const std::string& payload) {
         fields.resize(9);
         BoxPicture box;
         box.entry = fields[0] == "entry";
-        box.name = field_value(fields[1]);
+        box.name = unescape_lines(fields[1]);
         box.layers = static_cast<std::size_t>(field_number(fields[2]));
-        box.tokens = field_value(fields[3]);
-        box.dtype = field_value(fields[4]);
-        box.layout = field_value(fields[5]);
+        box.tokens = unescape_lines(fields[3]);
+        box.dtype = unescape_lines(fields[4]);
+        box.layout = unescape_lines(fields[5]);
         box.owned = fields[6] == "1";
         std::istringstream ids(fields[7]);
         for (std::string id; std::getline(ids, id, ',');) box.storage.push_back(field_number(id));
-        box.error = field_value(fields[8]);
+        box.error = unescape_lines(fields[8]);
         step.boxes.push_back(box);
     }
     return step;
