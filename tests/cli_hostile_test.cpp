@@ -95,18 +95,6 @@ TEST_F(Cli, ConcurrentRunsNeverWriteTheSameTraceFile) {
     fs::remove_all(dir);
 }
 
-// D17: a trace file of 0 bytes (what a write cut short by a full disk
-// left) is refused, not replayed as "every property holds", exit 0.
-TEST_F(Cli, AnEmptyTraceFileIsRefused) {
-    const std::string empty = scratch("zero-bytes.trace");
-    write_file(empty, "");
-    const Outcome replay = kvcheck("replay " + empty + " --adapter reference");
-    EXPECT_EQ(replay.status, 2) << replay.out;
-    EXPECT_TRUE(contains(replay.stderr_text, "trace file " + empty + " is empty (0 bytes)")) << replay.out;
-    EXPECT_FALSE(contains(replay.out, "every property holds")) << replay.out;
-    fs::remove(empty);
-}
-
 // D17: trace files are written whole or not at all. With the file size
 // limit (ulimit -f, SIGXFSZ ignored) below a trace file's size, its write
 // fails (EFBIG, as a full disk's ENOSPC): the report says the trace was not

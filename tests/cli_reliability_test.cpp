@@ -286,6 +286,13 @@ TEST_F(Cli, AnEmptyOrAllSkippedTraceWarnsThatNothingWasChecked) {
     write_file(real, adds(2));
     const Outcome checked = kvcheck("replay " + real + " --adapter reference");
     EXPECT_FALSE(contains(checked.stderr_text, "warning")) << checked.out;
+    // A file of 0 bytes (what a write cut short by a full disk left; issue
+    // 43, D17) is refused, not replayed as "every property holds", exit 0.
+    const std::string zero = scratch("zero-bytes.trace");
+    write_file(zero, "");
+    const Outcome refused = kvcheck("replay " + zero + " --adapter reference");
+    EXPECT_EQ(refused.status, 2) << refused.out;
+    EXPECT_TRUE(contains(refused.stderr_text, "trace file " + zero + " is empty (0 bytes)")) << refused.out;
 }
 
 TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
