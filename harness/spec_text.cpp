@@ -123,25 +123,6 @@ void parse_geometry(std::string_view spec, std::string_view word, CacheSpec& res
     }
 }
 
-// Within the limits of generated traces (spec_layers_max and its
-// siblings), checked as each layer is read: a spec of a million layers is
-// refused at the seventeenth.
-void check_limits(std::string_view spec, const CacheSpec& result) {
-    if (static_cast<std::int64_t>(result.layers.size()) > spec_layers_max) {
-        fail(spec, "more than " + std::to_string(spec_layers_max) + " layers (the most a generated trace holds)");
-    }
-    const std::int64_t tokens = result.layers.back().tokens;
-    if (tokens > spec_layer_tokens_max) {
-        fail(spec, "layer " + std::to_string(result.layers.size() - 1) + " holds " + std::to_string(tokens) +
-                       " tokens, more than " + std::to_string(spec_layer_tokens_max) + " (the most a generated trace holds)");
-    }
-    if (tokens * result.heads * result.head_dim > spec_slot_values_max) {
-        fail(spec, "layer " + std::to_string(result.layers.size() - 1) + " holds " + std::to_string(tokens) + " tokens of " +
-                       std::to_string(result.heads) + "x" + std::to_string(result.head_dim) + ", more than " +
-                       std::to_string(spec_slot_values_max) + " values a slot");
-    }
-}
-
 std::string format_layer(const LayerSpec& layer) {
     if (layer.slots & ~slot_bits_all) {
         throw std::invalid_argument("cache spec layer slots " + std::to_string(layer.slots) +
@@ -211,6 +192,25 @@ std::string format_cache_spec(const CacheSpec& spec) {
     return text + ']';
 }
 
+std::string spec_over_limits(const CacheSpec& spec) {
+    if (static_cast<std::int64_t>(spec.layers.size()) > spec_layers_max) {
+        return std::to_string(spec.layers.size()) + " layers, more than " + std::to_string(spec_layers_max) +
+               " (the most a generated trace holds)";
+    }
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+        const std::int64_t tokens = spec.layers[i].tokens;
+        if (tokens > spec_layer_tokens_max) {
+            return "layer " + std::to_string(i) + " holds " + std::to_string(tokens) + " tokens, more than " +
+                   std::to_string(spec_layer_tokens_max) + " (the most a generated trace holds)";
+        }
+        if (tokens * spec.heads * spec.head_dim > spec_slot_values_max) {
+            return "layer " + std::to_string(i) + " holds " + std::to_string(tokens) + " tokens of " + std::to_string(spec.heads) +
+                   "x" + std::to_string(spec.head_dim) + ", more than " + std::to_string(spec_slot_values_max) + " values a slot";
+        }
+    }
+    return "";
+}
+
 CacheSpec parse_cache_spec(const std::string& text) {
     const std::string_view spec = text;
     const std::size_t slash_1 = spec.find('/');
@@ -240,7 +240,6 @@ CacheSpec parse_cache_spec(const std::string& text) {
         while (end < layers.size() && !is_blank(layers[end])) ++end;
         result.layers.push_back(parse_layer(spec, layers.substr(0, end)));
         layers.remove_prefix(end);
-        check_limits(spec, result);
     }
     return result;
 }

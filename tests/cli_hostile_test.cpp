@@ -166,7 +166,7 @@ TEST_F(Cli, TraceGeometryBeyondTheGeneratedLimitsIsRefused) {
     std::string layers;
     for (int i = 0; i < 4096; ++i) layers += "kv1 ";
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"add a modern/f32/1:[" + layers + "]\n", "more than 16 layers (the most a generated trace holds)"},
+        {"add a modern/f32/1:[" + layers + "]\n", "operation 1 (add) asks for a cache beyond kvcheck's limits: 4096 layers, more than 16"},
         {"add a modern/f32/1:[kv1000000]\n", "layer 0 holds 1000000 tokens, more than 2048"},
         {"add a legacy/f32/1/256x1024:[kv8]\n", "more than 1048576 values a slot"},
     };

@@ -4,12 +4,15 @@
 #include "conformance.h"
 #include "interrupt.h"
 #include "kv/store.h"
+#include "kvcheck/limits.h"
 #include "kvcheck/plugin.h"
 #include "output.h"
 #include "report.h"
 #include "report_html.h"
 #include "text.h"
 #include "wire.h"
+
+#include <boost/pfr.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +27,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <thread>
 
 #include <unistd.h>
@@ -352,6 +356,27 @@ PropertySet property_set(const std::vector<Property>& properties) {
 // is half a megabyte.
 constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
 
+// A cache the trace asks for beyond what generated traces hold (a
+// hand-written 4,096 layers of 10^6 tokens made the reference allocate
+// until it was stopped as hung) is refused before anything runs.
+void refuse_over_limits(const std::string& path, const Trace& trace) {
+    for (std::size_t step = 0; step < trace.size(); ++step) {
+        std::visit(
+            [&](const auto& op) {
+                boost::pfr::for_each_field(op, [&](const auto& field) {
+                    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, CacheSpec>) {
+                        const std::string fault = spec_over_limits(field);
+                        if (!fault.empty()) {
+                            throw UsageError(path + ": operation " + std::to_string(step + 1) + " (" + op_name(trace[step]) +
+                                             ") asks for a cache beyond kvcheck's limits: " + fault);
+                        }
+                    }
+                });
+            },
+            trace[step]);
+    }
+}
+
 // A regular file only (InputFile): a FIFO would block, a device never end.
 Trace read_trace(const std::string& path) {
     const InputFile file(path);
@@ -370,11 +395,14 @@ Trace read_trace(const std::string& path) {
         throw UsageError("trace file " + printable(path, 400) + " is empty (0 bytes): no trace to replay (a trace kvcheck "
                          "writes has a header; was its write cut short?)");
     }
+    Trace trace;
     try {
-        return parse_trace(text);
+        trace = parse_trace(text);
     } catch (const TraceParseError& error) {
         throw UsageError(path + ": " + printable(error.what(), 300));
     }
+    refuse_over_limits(path, trace);
+    return trace;
 }
 
 // The message and notes of a failure, fit for a terminal: an engine's
