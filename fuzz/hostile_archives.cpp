@@ -205,6 +205,17 @@ std::vector<HostileArchive> hostile_archives(const std::vector<ZipRecord>& dump)
     ZipLayout renamed{dump, {}, false, {}};
     renamed.records[pickle].local_name = "archive/data.pkx";
     out.push_back({"local-name-differs.pt", write_zip(renamed), "its local header names it"});
+    // The records torch 2 adds, holding what would make torch 2 read the
+    // dump otherwise than torch 1.13 and kvcheck: big-endian storages
+    // (torch 2 swaps their bytes), an unknown format version.
+    const std::vector<std::pair<std::string, std::string>> torch_records{{"byteorder", "big"}, {".format_version", "2"},
+                                                                         {".storage_alignment", "x"}};
+    for (const auto& [name, value] : torch_records) {
+        ZipLayout added{dump, {}, false, {}};
+        added.records.push_back({"archive/" + name, value, ""});
+        out.push_back({"torch2-" + name.substr(name.find_first_not_of('.')) + "-" + value + ".pt", write_zip(added),
+                       "not what torch 2 writes"});
+    }
     return out;
 }
 

@@ -1,6 +1,7 @@
 // A failure in the one format used everywhere, and the names of the shapes
 // a run counts (kvcheck/executor.h).
 #include "kvcheck/executor.h"
+#include "kvcheck/limits.h"
 
 #include <algorithm>
 #include <sstream>
@@ -21,6 +22,15 @@ constexpr ShapeInfo shape_table[] = {
 };
 
 }  // namespace
+
+std::string cut_text(const std::string& text, std::size_t bytes_max) {
+    if (text.size() <= bytes_max) return text;
+    std::size_t end = bytes_max;
+    // Back to the start of a UTF-8 sequence (a continuation byte is 10xxxxxx).
+    for (int back = 0; back < 3 && end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80; ++back) --end;
+    return text.substr(0, end) + " ... (" + std::to_string(text.size() - end) + " more bytes cut: kvcheck keeps at most " +
+           std::to_string(bytes_max) + " bytes of such text)";
+}
 
 const char* shape_id(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].id; }
 const char* shape_summary(Shape shape) { return shape_table[static_cast<std::size_t>(shape)].summary; }

@@ -8,6 +8,7 @@
 // combinations that mean nothing for a legacy cache; giving those a meaning
 // is expand()'s job, not the parser's.
 #include "kvcheck/content.h"
+#include "kvcheck/limits.h"
 
 #include <cctype>
 #include <charconv>
@@ -26,8 +27,13 @@ constexpr std::uint8_t slot_bits_all = 0b1111;
 
 bool is_blank(char c) { return c == ' ' || c == '\t'; }
 
+// A long spec is quoted by its start, so that the fault stays in view.
 [[noreturn]] void fail(std::string_view text, const std::string& fault) {
-    throw std::invalid_argument("cache spec '" + std::string(text) + "': " + fault);
+    constexpr std::size_t quoted_max = 80;
+    const std::string quoted = text.size() <= quoted_max
+                                   ? std::string(text)
+                                   : std::string(text.substr(0, quoted_max)) + "... (" + std::to_string(text.size()) + " bytes)";
+    throw std::invalid_argument("cache spec '" + quoted + "': " + fault);
 }
 
 Layout parse_layout(std::string_view spec, std::string_view word) {
@@ -184,6 +190,25 @@ std::string format_cache_spec(const CacheSpec& spec) {
         text += format_layer(spec.layers[i]);
     }
     return text + ']';
+}
+
+std::string spec_over_limits(const CacheSpec& spec) {
+    if (static_cast<std::int64_t>(spec.layers.size()) > spec_layers_max) {
+        return std::to_string(spec.layers.size()) + " layers, more than " + std::to_string(spec_layers_max) +
+               " (the most a generated trace holds)";
+    }
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+        const std::int64_t tokens = spec.layers[i].tokens;
+        if (tokens > spec_layer_tokens_max) {
+            return "layer " + std::to_string(i) + " holds " + std::to_string(tokens) + " tokens, more than " +
+                   std::to_string(spec_layer_tokens_max) + " (the most a generated trace holds)";
+        }
+        if (tokens * spec.heads * spec.head_dim > spec_slot_values_max) {
+            return "layer " + std::to_string(i) + " holds " + std::to_string(tokens) + " tokens of " + std::to_string(spec.heads) +
+                   "x" + std::to_string(spec.head_dim) + ", more than " + std::to_string(spec_slot_values_max) + " values a slot";
+        }
+    }
+    return "";
 }
 
 CacheSpec parse_cache_spec(const std::string& text) {

@@ -102,7 +102,13 @@ std::string format_fields(const O& op) {
 
 // ---- parsing ----------------------------------------------------------------
 
-[[noreturn]] void fail(const std::string& fault) { throw TraceParseError(fault); }
+// A NUL of the text quoted is written \x00, as a report prints any other
+// control byte: what() is a C string, cut at the first NUL.
+[[noreturn]] void fail(const std::string& fault) {
+    std::string text;
+    for (const char c : fault) text += c == '\0' ? std::string("\\x00") : std::string(1, c);
+    throw TraceParseError(text);
+}
 
 bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 

@@ -1,4 +1,5 @@
 #include "kvcheck/workload.h"
+#include "kvcheck/limits.h"
 
 #include "kvcheck/splitmix.h"
 
@@ -226,8 +227,8 @@ Scope scope_named(const std::string& name) {
     if (name == "large") {
         scope.name = "large";
         scope.small_percent = 25;
-        scope.cache_layers_max = 16;
-        scope.layer_tokens_max = 2048;
+        scope.cache_layers_max = spec_layers_max;  // the most a trace file may ask for too
+        scope.layer_tokens_max = spec_layer_tokens_max;
         scope.heads_max = 16;
         scope.head_dim_max = 128;
         scope.slot_values_max = 65536;

@@ -24,6 +24,10 @@ constexpr std::size_t end_bytes = 22;
 constexpr std::size_t zip64_end_bytes = 56;
 constexpr std::size_t zip64_locator_bytes = 20;
 constexpr std::uint32_t zip64_sentinel = 0xFFFFFFFFu;
+// The records torch 2.x's torch.save writes beside a dump's (its
+// serialization.py, _save): a format version, the storages' alignment, the
+// byte order, an id of the save.
+constexpr const char* torch_records[] = {".format_version", ".storage_alignment", "byteorder", ".data/serialization_id"};
 
 std::uint32_t crc32(const char* data, std::size_t size) {
     static const auto table = [] {
@@ -157,13 +161,23 @@ class ArchiveReader {
         const std::uint64_t entries = bytes_.u64(record + 32);
         const std::uint64_t size = bytes_.u64(record + 40);
         const std::uint64_t offset = bytes_.u64(record + 48);
-        if (entries != directory->entries || size != directory->size || offset != directory->offset) {
+        // A classic field too small for its value holds all ones, and the
+        // ZIP64 record the value (miniz writes 0xFFFF entries for a dump of
+        // more than 65,535 records): every reader then takes the ZIP64 one.
+        const auto agree = [](std::uint64_t wide, std::uint64_t classic, std::uint64_t all_ones) {
+            return wide == classic || (classic == all_ones && wide >= all_ones);
+        };
+        if (!agree(entries, directory->entries, 0xFFFF) || !agree(size, directory->size, zip64_sentinel) ||
+            !agree(offset, directory->offset, zip64_sentinel)) {
             return fail("the ZIP64 end record (a directory of " + std::to_string(entries) + " entries, " +
                         std::to_string(size) + " bytes at byte " + std::to_string(offset) +
                         ") disagrees with the classic end record (" + std::to_string(directory->entries) + " entries, " +
                         std::to_string(directory->size) + " bytes at byte " + std::to_string(directory->offset) +
                         "): torch reads the ZIP64 directory, other zip readers the classic one");
         }
+        directory->entries = entries;
+        directory->size = size;
+        directory->offset = offset;
         directory->end = record;
         return true;
     }
@@ -294,7 +308,30 @@ class ArchiveReader {
             fail("no version record (" + folder + "version)");
             return;
         }
-        check_version();
+        if (check_version()) check_torch_records();
+    }
+
+    // What torch 2 adds beside a dump's records, each as torch 2.x
+    // writes it: read by torch 2 only (torch 1.13 and kvcheck pass them
+    // by), so each must hold what makes torch 2 read the dump as they do.
+    // A big-endian byte order is refused: torch 2 would swap every
+    // storage's bytes, torch 1.13 and kvcheck would not.
+    void check_torch_records() {
+        for (const auto& [rest, record] : torch_records_) {
+            const std::string_view text = bytes_.text(record.offset, record.size);
+            const bool sound = rest == ".format_version"      ? text == "1"
+                               : rest == ".storage_alignment" ? !text.empty() && text.size() <= 6 &&
+                                                                    text.find_first_not_of("0123456789") == std::string_view::npos
+                               : rest == "byteorder"          ? text == "little"
+                                                              : true;  // .data/serialization_id: an id, any bytes
+            if (!sound) {
+                fail("the record " + quoted(record.name) + " holds " + quoted(text.substr(0, 20)) + ", not what torch 2 " +
+                     (rest == "byteorder" ? "writes on a little-endian machine (kvcheck and torch 1.13 read every storage "
+                                            "as little-endian; torch 2 would swap its bytes)"
+                                          : "writes (" + std::string(rest == ".format_version" ? "1" : "a number") + ")"));
+                return;
+            }
+        }
     }
 
     bool choose(std::size_t i, const Entry& entry, const std::string& folder, std::map<std::string, std::size_t>* seen) {
@@ -308,15 +345,19 @@ class ArchiveReader {
         const std::string rest = entry.name.substr(folder.size());
         const bool storage = rest.size() > 5 && rest.compare(0, 5, "data/") == 0 &&
                              rest.find_first_not_of("0123456789", 5) == std::string::npos;
-        if (!(rest == "data.pkl" || rest == "version" || storage)) {
+        const bool torch_record = std::find(std::begin(torch_records), std::end(torch_records), rest) != std::end(torch_records);
+        if (!(rest == "data.pkl" || rest == "version" || storage || torch_record)) {
             const std::string lowered_storage = rest.size() > 5 && same_without_case(rest.substr(0, 5), "data/") ? rest : "";
-            for (const std::string& known : {std::string("data.pkl"), std::string("version"), lowered_storage}) {
-                if (!known.empty() && same_without_case(rest, known)) {
-                    return fail(named + " differs only in case from " + quoted(folder + known) +
+            std::vector<std::string> known = {"data.pkl", "version", lowered_storage};
+            known.insert(known.end(), std::begin(torch_records), std::end(torch_records));
+            for (const std::string& name : known) {
+                if (!name.empty() && same_without_case(rest, name)) {
+                    return fail(named + " differs only in case from " + quoted(folder + name) +
                                 ": torch matches names without case, other zip readers with it");
                 }
             }
-            return fail(named + " is not a record of a dump (data.pkl, version, data/<n> in " + quoted(folder) + ")");
+            return fail(named + " is not a record of a dump (data.pkl, version, data/<n>, or one of the records torch 2 "
+                                "adds, in " + quoted(folder) + ")");
         }
         if (entry.name.compare(0, folder.size(), folder) != 0) {
             return fail(named + " differs only in case from " + quoted(folder + rest) +
@@ -329,7 +370,9 @@ class ArchiveReader {
                         "directory");
         }
         ArchiveRecord record{entry.name, i, static_cast<std::size_t>(entry.data), static_cast<std::size_t>(entry.size)};
-        if (rest == "data.pkl") {
+        if (torch_record) {
+            torch_records_[rest] = std::move(record);
+        } else if (rest == "data.pkl") {
             archive_.pickle = std::move(record);
         } else if (rest == "version") {
             archive_.version = std::move(record);
@@ -341,7 +384,7 @@ class ArchiveReader {
 
     // torch refuses a version it cannot parse or read; the record is a
     // number and a newline, as torch writes it.
-    void check_version() {
+    bool check_version() {
         std::string_view text = bytes_.text(archive_.version.offset, archive_.version.size);
         if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
         const bool digits = !text.empty() && text.size() <= 4 && text.find_first_not_of("0123456789") == std::string_view::npos;
@@ -351,11 +394,14 @@ class ArchiveReader {
             fail("the version record holds " + quoted(text.substr(0, 20)) + "; torch reads versions " +
                  std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
                  std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion));
+            return false;
         }
+        return true;
     }
 
     Bytes bytes_;
     DumpArchive archive_;
+    std::map<std::string, ArchiveRecord> torch_records_;  // by name in the folder: ".format_version"
 };
 
 }  // namespace

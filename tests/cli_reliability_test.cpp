@@ -32,14 +32,6 @@ namespace {
 using namespace kvtest::cli;
 namespace fs = std::filesystem;
 
-std::string adds(std::size_t count, std::size_t first = 0) {
-    std::string trace;
-    for (std::size_t i = first; i < first + count; ++i) {
-        trace += "add a" + std::to_string(i) + " modern/f32/" + std::to_string(i) + ":[kv1]\n";
-    }
-    return trace;
-}
-
 // Is `text` valid by `checker` (a command reading the file named last)?
 // Skipped (true) when the checker is not installed.
 bool valid_by(const std::string& checker, const std::string& text, std::string* why) {
@@ -52,8 +44,6 @@ bool valid_by(const std::string& checker, const std::string& text, std::string* 
     fs::remove(errors);
     return status == 0;
 }
-
-bool have(const std::string& program) { return std::system(("command -v " + program + " > /dev/null 2>&1").c_str()) == 0; }
 
 // ---- plugins that misbehave -------------------------------------------------------
 
@@ -296,6 +286,13 @@ TEST_F(Cli, AnEmptyOrAllSkippedTraceWarnsThatNothingWasChecked) {
     write_file(real, adds(2));
     const Outcome checked = kvcheck("replay " + real + " --adapter reference");
     EXPECT_FALSE(contains(checked.stderr_text, "warning")) << checked.out;
+    // A file of 0 bytes (what a write cut short by a full disk left; issue
+    // 43, D17) is refused, not replayed as "every property holds", exit 0.
+    const std::string zero = scratch("zero-bytes.trace");
+    write_file(zero, "");
+    const Outcome refused = kvcheck("replay " + zero + " --adapter reference");
+    EXPECT_EQ(refused.status, 2) << refused.out;
+    EXPECT_TRUE(contains(refused.stderr_text, "trace file " + zero + " is empty (0 bytes)")) << refused.out;
 }
 
 TEST_F(Cli, TraceFilesThatAreNoTracesAreErrors) {
@@ -373,12 +370,6 @@ TEST_F(Cli, ReplayAndShrinkEscapeWhatTheEnginePrints) {
 }
 
 // ---- fault diagnostics (issue 28, item 11) ------------------------------------------
-
-// The torch-free fault adapter of python/adapter_tests, doing `fault`.
-std::string fault_adapter(const std::string& fault) {
-    return "--adapter exec:'/usr/bin/python3 " KVCHECK_SOURCE_DIR "/python/adapter_tests/fault_adapter.py --fault " + fault +
-           "'";
-}
 
 // An adapter that closes its reply pipe and goes on running is killed by
 // kvcheck, and that SIGKILL is kvcheck's own: the fault says what the

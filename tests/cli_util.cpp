@@ -72,6 +72,21 @@ std::vector<std::string> entries(const std::string& dir) {
     return names;
 }
 
+std::string adds(std::size_t count, std::size_t first) {
+    std::string trace;
+    for (std::size_t i = first; i < first + count; ++i) {
+        trace += "add a" + std::to_string(i) + " modern/f32/" + std::to_string(i) + ":[kv1]\n";
+    }
+    return trace;
+}
+
+bool have(const std::string& program) { return std::system(("command -v " + program + " > /dev/null 2>&1").c_str()) == 0; }
+
+std::string fault_adapter(const std::string& fault) {
+    return "--adapter exec:'/usr/bin/python3 " KVCHECK_SOURCE_DIR "/python/adapter_tests/fault_adapter.py --fault " + fault +
+           "'";
+}
+
 Outcome kvcheck(const std::string& arguments, const std::string& stdout_path) {
     static int count = 0;
     const std::string out = scratch("stdout-" + std::to_string(count));

@@ -36,6 +36,14 @@ std::string read_file(const std::string& path);
 unsigned long number_before(const std::string& text, const std::string& marker);
 void write_file(const std::string& path, const std::string& text);
 std::vector<std::string> entries(const std::string& dir);
+// A trace of `count` adds, of ids a<first> on.
+std::string adds(std::size_t count, std::size_t first = 0);
+// Is `program` on the PATH (or an executable path)?
+bool have(const std::string& program);
+// The --adapter option of the torch-free fault adapter of
+// python/adapter_tests (fault_adapter.py), doing `fault` (and any options
+// after it).
+std::string fault_adapter(const std::string& fault);
 
 // The fixture of the command-line tests: kvcheck_tmp() is empty after each.
 class Cli : public ::testing::Test {

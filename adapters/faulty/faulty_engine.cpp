@@ -41,6 +41,7 @@
 #define KVCHECK_FAULT_EXIT_CREATE 14
 #define KVCHECK_FAULT_EXIT_DESTROY 15
 #define KVCHECK_FAULT_SHARED_STATIC 16
+#define KVCHECK_FAULT_ODD_IDS 17
 
 #if KVCHECK_FAULT == KVCHECK_FAULT_SEGV
 #define KVCHECK_FAULT_NAME "kvcheck-fault-segv"
@@ -92,6 +93,9 @@
 #elif KVCHECK_FAULT == KVCHECK_FAULT_SHARED_STATIC
 #define KVCHECK_FAULT_NAME "kvcheck-fault-shared-static"
 #define KVCHECK_FAULT_WHAT "memoizes added caches by id in a static map every engine of its process shares"
+#elif KVCHECK_FAULT == KVCHECK_FAULT_ODD_IDS
+#define KVCHECK_FAULT_NAME "kvcheck-fault-odd-ids"
+#define KVCHECK_FAULT_WHAT "stores each added cache a second and third time, under its id with a tab and a newline"
 #else
 #error "define KVCHECK_FAULT as one of the KVCHECK_FAULT_* kinds"
 #endif
@@ -241,6 +245,15 @@ class FaultyEngine final : public vector_engine::VectorEngine {
         return memo;
     }
     int instance_;
+#elif KVCHECK_FAULT == KVCHECK_FAULT_ODD_IDS
+    // Entries the trace never added (store-contract fails), under ids that
+    // hold the bytes a line- or tab-separated format would split on; each
+    // is a real entry, read as any other.
+    void add(const std::string& id, const kvcheck::CacheContent& content, const kvcheck::Metadata& metadata) override {
+        VectorEngine::add(id, content, metadata);
+        VectorEngine::add(id + "\tb", content, metadata);
+        VectorEngine::add(id + "\nb", content, metadata);
+    }
 #elif KVCHECK_FAULT == KVCHECK_FAULT_RARE || KVCHECK_FAULT == KVCHECK_FAULT_OFTEN
     // These raise on some inputs only, as std::invalid_argument, and are
     // otherwise the vector engine (which passes every property).

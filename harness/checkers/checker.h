@@ -347,6 +347,10 @@ bool cut_by_rewind(const Paged& fact, std::int64_t block);
 // last block: a new block (with a LIFO free list, the one freed last is
 // taken first), not the one it was.
 bool retaken_by_rewind(const Paged& fact, std::int64_t block);
+// `block` of `state`, or null when the state has no such block (below 1, or
+// past its own pool: an engine may report a pool that changed size, so a
+// block of one state is looked up in that state, never by another's size).
+const PagedBlock* block_in(const PagedState& state, std::int64_t block);
 
 }  // namespace checkers
 }  // namespace kvcheck

@@ -37,9 +37,12 @@ class CowExact final : public Checker {
         for (std::size_t i = 0; i < was->second.size() && i < now->second.size(); ++i) {
             const std::int64_t old_block = was->second[i];
             const std::int64_t new_block = now->second[i];
-            if (old_block < 1 || old_block >= fact.blocks || new_block < 1 || new_block >= fact.blocks) continue;
-            const PagedBlock& old_before = fact.before.blocks[static_cast<std::size_t>(old_block)];
-            const PagedBlock& old_after = fact.after.blocks[static_cast<std::size_t>(old_block)];
+            const PagedBlock* const source_before = block_in(fact.before, old_block);
+            const PagedBlock* const source_after = block_in(fact.after, old_block);
+            const PagedBlock* const copied = block_in(fact.after, new_block);
+            if (source_before == nullptr || source_after == nullptr || copied == nullptr) continue;  // refcount-exact's
+            const PagedBlock& old_before = *source_before;
+            const PagedBlock& old_after = *source_after;
             if (old_block == new_block) {
                 const bool written = old_after.tokens != old_before.tokens;
                 if (!expect(probe, !(written && old_before.count > 1), [&] {
@@ -59,7 +62,7 @@ class CowExact final : public Checker {
                         [&] { return what + " but no pending copy reads the source"; })) {
                 return;
             }
-            const PagedBlock& copy = fact.after.blocks[static_cast<std::size_t>(new_block)];
+            const PagedBlock& copy = *copied;
             const auto held = static_cast<std::int64_t>(old_before.tokens.size());
             const bool same_tokens = static_cast<std::int64_t>(copy.tokens.size()) >= held &&
                                      std::equal(old_before.tokens.begin(), old_before.tokens.end(), copy.tokens.begin());

@@ -35,9 +35,11 @@ class HitConsumed final : public Checker {
         }
         for (std::int64_t i = 0; i < blocks; ++i) {
             const std::int64_t block = table->second[static_cast<std::size_t>(i)];
-            if (block < 1 || block >= fact.blocks) continue;  // refcount-exact's
-            const PagedBlock& was = fact.before.blocks[static_cast<std::size_t>(block)];
-            const PagedBlock& now = fact.after.blocks[static_cast<std::size_t>(block)];
+            const PagedBlock* const before = block_in(fact.before, block);
+            const PagedBlock* const after = block_in(fact.after, block);
+            if (before == nullptr || after == nullptr) continue;  // refcount-exact's
+            const PagedBlock& was = *before;
+            const PagedBlock& now = *after;
             const bool hit = i * b < fact.cached;
             // A hit is a block cached under this block's tokens, and still
             // cached after the alloc (a hit touches its block, never evicts it).

@@ -19,8 +19,9 @@ class NoReuseWhileRead final : public Checker {
     void paged(const Paged& fact, Probe& probe) override {
         if (!checking(probe)) return;
         for (const PagedCopy& copy : fact.after.copies) {
-            if (copy.source < 1 || copy.source >= static_cast<std::int64_t>(fact.after.blocks.size())) continue;
-            const PagedBlock& source = fact.after.blocks[static_cast<std::size_t>(copy.source)];
+            const PagedBlock* const after = block_in(fact.after, copy.source);
+            if (after == nullptr) continue;  // refcount-exact's
+            const PagedBlock& source = *after;
             if (!expect(probe, source.count >= 1 && !in_free_queue(fact.after, copy.source), [&] {
                     return "after " + fact.what + ": " + block_text(fact.after, copy.source) +
                            " is free while a pending copy into block " + std::to_string(copy.destination) + " reads it";
@@ -28,8 +29,9 @@ class NoReuseWhileRead final : public Checker {
                 return;
             }
             const bool pending_before = std::find(fact.before.copies.begin(), fact.before.copies.end(), copy) != fact.before.copies.end();
-            if (!pending_before) continue;
-            const PagedBlock& was = fact.before.blocks[static_cast<std::size_t>(copy.source)];
+            const PagedBlock* const before = block_in(fact.before, copy.source);
+            if (!pending_before || before == nullptr) continue;
+            const PagedBlock& was = *before;
             if (!expect(probe, source.tokens == was.tokens && source.digest == was.digest, [&] {
                     return fact.what + " rewrote " + block_text(fact.before, copy.source) + " while a pending copy into block " +
                            std::to_string(copy.destination) + " reads it: now " + block_text(fact.after, copy.source);

@@ -25,6 +25,11 @@ std::int64_t copies_reading(const PagedState& state, std::int64_t block) {
     return std::count_if(state.copies.begin(), state.copies.end(), [block](const PagedCopy& c) { return c.source == block; });
 }
 
+const PagedBlock* block_in(const PagedState& state, std::int64_t block) {
+    if (block < 1 || block >= static_cast<std::int64_t>(state.blocks.size())) return nullptr;
+    return &state.blocks[static_cast<std::size_t>(block)];
+}
+
 bool in_free_queue(const PagedState& state, std::int64_t block) {
     return std::find(state.free_queue.begin(), state.free_queue.end(), block) != state.free_queue.end();
 }

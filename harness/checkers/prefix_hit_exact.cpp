@@ -35,9 +35,10 @@ class PrefixHitExact final : public Checker {
         PagedEngine& paged = *probe.engine().paged();
         for (std::int64_t i = 0; i * b < fact.cached; ++i) {
             const std::int64_t block = table->second[static_cast<std::size_t>(i)];
-            if (block < 1 || block >= fact.blocks) continue;  // refcount-exact's
+            const PagedBlock* const after = block_in(fact.after, block);
+            if (after == nullptr) continue;  // refcount-exact's
             const Tokens want(fact.tokens.begin() + i * b, fact.tokens.begin() + (i + 1) * b);
-            const PagedBlock& hit = fact.after.blocks[static_cast<std::size_t>(block)];
+            const PagedBlock& hit = *after;
             if (!expect(probe, hit.tokens == want, [&] {
                     return fact.what + " hit " + block_text(fact.after, block) + " for the tokens " + tokens_text(want);
                 })) {

@@ -4,12 +4,15 @@
 #include "conformance.h"
 #include "interrupt.h"
 #include "kv/store.h"
+#include "kvcheck/limits.h"
 #include "kvcheck/plugin.h"
 #include "output.h"
 #include "report.h"
 #include "report_html.h"
 #include "text.h"
 #include "wire.h"
+
+#include <boost/pfr.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +27,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <thread>
 
 #include <unistd.h>
@@ -352,6 +356,27 @@ PropertySet property_set(const std::vector<Property>& properties) {
 // is half a megabyte.
 constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
 
+// A cache the trace asks for beyond what generated traces hold (a
+// hand-written 4,096 layers of 10^6 tokens made the reference allocate
+// until it was stopped as hung) is refused before anything runs.
+void refuse_over_limits(const std::string& path, const Trace& trace) {
+    for (std::size_t step = 0; step < trace.size(); ++step) {
+        std::visit(
+            [&](const auto& op) {
+                boost::pfr::for_each_field(op, [&](const auto& field) {
+                    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, CacheSpec>) {
+                        const std::string fault = spec_over_limits(field);
+                        if (!fault.empty()) {
+                            throw UsageError(path + ": operation " + std::to_string(step + 1) + " (" + op_name(trace[step]) +
+                                             ") asks for a cache beyond kvcheck's limits: " + fault);
+                        }
+                    }
+                });
+            },
+            trace[step]);
+    }
+}
+
 // A regular file only (InputFile): a FIFO would block, a device never end.
 Trace read_trace(const std::string& path) {
     const InputFile file(path);
@@ -364,11 +389,20 @@ Trace read_trace(const std::string& path) {
     if (file.bytes() > trace_bytes_max || text.size() > trace_bytes_max) {
         throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
     }
+    // Every trace file kvcheck writes holds its header at least: an empty
+    // one is a write cut short (a full disk), not a trace that passes.
+    if (text.empty()) {
+        throw UsageError("trace file " + printable(path, 400) + " is empty (0 bytes): no trace to replay (a trace kvcheck "
+                         "writes has a header; was its write cut short?)");
+    }
+    Trace trace;
     try {
-        return parse_trace(text);
+        trace = parse_trace(text);
     } catch (const TraceParseError& error) {
         throw UsageError(path + ": " + printable(error.what(), 300));
     }
+    refuse_over_limits(path, trace);
+    return trace;
 }
 
 // The message and notes of a failure, fit for a terminal: an engine's
@@ -469,7 +503,7 @@ int command_run(const Args& args) {
         return 0;
     }
     if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
-    const ConformanceOptions conformance = conformance_options(options);
+    ConformanceOptions conformance = conformance_options(options);
     const ReportFormat format = parse_report_format(options.get("report", "table"));
     const bool bundled = !options.has("adapter");
     std::vector<Adapter> adapters;
@@ -487,6 +521,7 @@ int command_run(const Args& args) {
     }
     // Where the results go is checked before anything runs.
     const TraceDir traces(conformance.trace_dir);
+    conformance.trace_name_suffix = traces.name_suffix();
     OutputFile report(options.get("out", ""));
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
@@ -501,16 +536,20 @@ int command_run(const Args& args) {
         run = check_adapters(adapters, conformance);
     }
     // The HTML report draws each failure step by step: its trace replayed
-    // once more per step (report_html.h).
-    const bool written = report.write(
-        format == ReportFormat::html
-            ? render_html(run.adapters, conformance.seed, run.interrupted_by, picture_failures(run.adapters, conformance))
-            : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    // once more per step (report_html.h). A Ctrl-C while it draws cuts the
+    // drawing short and marks the report incomplete, as one during the run.
+    Pictures pictures;
+    if (format == ReportFormat::html) pictures = picture_failures(run.adapters, conformance);
+    if (run.interrupted_by == 0 && conformance.isolate) run.interrupted_by = interrupted_by();
+    const bool written = report.write(format == ReportFormat::html
+                                          ? render_html(run.adapters, conformance.seed, run.interrupted_by, pictures)
+                                          : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::size_t distinct = 0, operations = 0;
     for (const AdapterResult& result : run.adapters) {
         distinct += result.traces;
         for (const std::uint32_t count : result.coverage.ops_run) operations += count;
+        operations += result.operations_begun;
     }
     // Operations of the distinct traces only: the shrinker's replays and
     // the engine processes' start are in the time, not in the count.

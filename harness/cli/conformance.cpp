@@ -406,8 +406,11 @@ class Scheduler {
             }
         }
         // One that crashed, hung or was interrupted sent none: the traces
-        // it began count (their shapes are not known).
-        if (!counted) results_[task.adapter].traces += job.begins;
+        // it began count, and their operations (their shapes are not known).
+        if (!counted) {
+            results_[task.adapter].traces += job.begins;
+            results_[task.adapter].operations_begun += job.operations_begun;
+        }
         if (job.fault) collect_fault(task, result);
         if (result.verdict != "fail") result.output.clear();  // shown with a failure only
         if (result.verdict == "fail") settle_failures(adapter, stems_[task.adapter], result, options_);

@@ -28,6 +28,7 @@ struct ConformanceOptions {
     std::size_t jobs = 2;     // child processes at once
     bool isolate = true;
     std::string trace_dir = "kvcheck-traces";  // must exist and be writable (the commands check it first)
+    std::string trace_name_suffix;             // before ".trace": TraceDir::name_suffix() of the run
     bool progress = true;     // progress lines on stderr,
     double progress_seconds = 5;  // at most one per this many seconds per task (0: at every step of progress)
     WorkloadOptions workload;
@@ -131,6 +132,9 @@ struct AdapterResult {
     std::string domain;      // the model domain searched (domain_text), as its searches report it
     std::size_t traces = 0;  // distinct traces run, over every property's search
     Coverage coverage;       // the shapes of interest they met (Coverage::shapes)
+    // Operations of the traces begun by searches that sent no counts (a
+    // fault or an interrupt ended them): in no kind of coverage.ops_run.
+    std::size_t operations_begun = 0;
     bool all_pass() const;
     bool fails(const std::string& property) const;
 };

@@ -3,15 +3,20 @@
 
 #include "commands.h"
 #include "output.h"
+#include "sandbox.h"
 #include "text.h"
 
 #include <exception>
 #include <iostream>
 #include <map>
 
+#include <sys/prctl.h>
+
 namespace kvcheck::cli {
 
-int main(int argc, char** argv, std::vector<Adapter> bundled) {
+namespace {
+
+int run_command(int argc, char** argv, std::vector<Adapter> bundled) {
     set_bundled_adapters(std::move(bundled));
     const Args args(argv + 1, argv + argc);
     const std::map<std::string, int (*)(const Args&)> commands = {
@@ -39,6 +44,18 @@ int main(int argc, char** argv, std::vector<Adapter> bundled) {
         std::cerr << "kvcheck: error: " << printable(error.what(), 2000) << "\n";
         return 2;
     }
+}
+
+}  // namespace
+
+int main(int argc, char** argv, std::vector<Adapter> bundled) {
+    // Every process an adapter starts stays below kvcheck, even one that
+    // leaves its parent and session (setsid): kvcheck is its subreaper, and
+    // ends it before it exits itself.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const int status = run_command(argc, argv, std::move(bundled));
+    end_descendants();
+    return status;
 }
 
 }  // namespace kvcheck::cli

@@ -1,6 +1,7 @@
 #include "outcomes.h"
 
 #include "interrupt.h"
+#include "output.h"
 #include "kvcheck/search.h"
 #include "search_job.h"
 #include "text.h"
@@ -9,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 
 namespace kvcheck::cli {
 
@@ -32,38 +33,39 @@ std::string Reproduction::label() const {
 
 // Writes the trace of `failure`, the `ordinal`-th (from 0) of `property`, to
 // <trace dir>/<stem>-<property>.trace (the first) or ...-<property>-<n>.trace
-// (the n-th). The reproduce command names the file only once it is written.
+// (the n-th), the run's name suffix before ".trace" when another run holds
+// the directory (TraceDir). Each file is written whole or not at all
+// (replace_file: a full disk leaves no empty trace, which would replay as
+// a pass). The reproduce command names the file only once it is written.
 void write_trace_file(const Adapter& adapter, const std::string& stem, const std::string& property, std::size_t ordinal,
                       FailureReport& failure, const ConformanceOptions& options) {
     const std::string name = options.trace_dir + "/" + stem + "-" + property + (ordinal == 0 ? "" : "-" + std::to_string(ordinal + 1));
-    const std::string file = name + ".trace";
+    const std::string file = name + options.trace_name_suffix + ".trace";
     std::string reproduce = replay_command(adapter, file, parse_property(property));
     std::error_code error;
     fs::create_directories(options.trace_dir, error);  // made by TraceDir, unless removed since
     // A shared-state finding's first part: the trace that, run first in the
     // same engine process, makes the other fail (kvcheck replay --prefix).
     if (!failure.reproduction.prefix.empty()) {
-        const std::string prefix_file = name + ".prefix.trace";
-        std::ofstream prefix(prefix_file, std::ios::binary | std::ios::trunc);
+        const std::string prefix_file = name + ".prefix" + options.trace_name_suffix + ".trace";
+        std::ostringstream prefix;
         prefix << "# kvcheck: run first, in the same engine process, it makes " << file << " fail " << property
                << " on adapter " << printable(adapter.name, 200) << "\n"
                << failure.reproduction.prefix;
-        prefix.close();
-        if (!prefix) {
-            failure.trace_file_error = "cannot write " + prefix_file + ": " + std::strerror(errno);
+        if (const int failed = replace_file(prefix_file, prefix.str())) {
+            failure.trace_file_error = "cannot write " + prefix_file + ": " + std::strerror(failed);
             return;
         }
         failure.prefix_file = prefix_file;
         reproduce += " --prefix " + shell_quoted(prefix_file);
     }
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    std::ostringstream out;
     out << "# kvcheck: " << (failure.fault.empty() ? property + " fails" : "fault (" + printable(failure.fault, 200) + ")")
         << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(failure.message, 2000) << "\n# seed "
         << options.seed << "\n# reproduce: " << reproduce << "\n"
         << failure.trace;
-    out.close();
-    if (!out) {
-        failure.trace_file_error = "cannot write " + file + ": " + std::strerror(errno);
+    if (const int failed = replace_file(file, out.str())) {
+        failure.trace_file_error = "cannot write " + file + ": " + std::strerror(failed);
         return;
     }
     failure.trace_file = file;

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +58,31 @@ bool read_up_to(int fd, std::uint64_t expected, std::size_t bytes_max, Buffer* o
 }
 
 }  // namespace
+
+std::string temporary_beside(const std::string& path) {
+    const std::filesystem::path target(path);
+    return (target.parent_path() / ("." + target.filename().string() + ".kvcheck-" + std::to_string(::getpid()) + ".tmp"))
+        .string();
+}
+
+int replace_file(const std::string& path, const std::string& text) {
+    const std::string temporary = temporary_beside(path);
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    errno = 0;
+    bool ok = fd >= 0 && write_all(fd, text) && ::fsync(fd) == 0;
+    int error = errno;
+    if (fd >= 0 && ::close(fd) != 0 && ok) {
+        ok = false;
+        error = errno;
+    }
+    if (ok && ::rename(temporary.c_str(), path.c_str()) != 0) {
+        ok = false;
+        error = errno;
+    }
+    if (ok) return 0;
+    ::unlink(temporary.c_str());
+    return error != 0 ? error : EIO;
+}
 
 InputFile::InputFile(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -124,16 +150,14 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     // The report is written to a file beside it and renamed over it when
     // complete: a kvcheck killed in mid-run leaves no empty or partial
     // report (nor creates one before the end).
-    const std::filesystem::path target(target_);
-    temporary_ = (target.parent_path() / ("." + target.filename().string() + ".kvcheck-" + std::to_string(::getpid()) + ".tmp"))
-                     .string();
-    const int probe = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const std::string temporary = temporary_beside(target_);
+    const int probe = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (probe < 0) {
-        throw UsageError("cannot write --out " + path_ + ": " + temporary_ + ": " + std::strerror(errno) +
+        throw UsageError("cannot write --out " + path_ + ": " + temporary + ": " + std::strerror(errno) +
                          " (checked before the run)");
     }
     ::close(probe);
-    ::unlink(temporary_.c_str());
+    ::unlink(temporary.c_str());
 }
 
 OutputFile::~OutputFile() {
@@ -149,15 +173,9 @@ bool OutputFile::write(const std::string& text) {
     if (fd_ >= 0) {
         ok = write_all(fd_, text);
     } else {
-        const int fd = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        ok = fd >= 0 && write_all(fd, text) && ::fsync(fd) == 0;
-        const int error = errno;
-        if (fd >= 0) ok = ::close(fd) == 0 && ok;
-        ok = ok && ::rename(temporary_.c_str(), target_.c_str()) == 0;
-        if (!ok) {
-            ::unlink(temporary_.c_str());
-            errno = error != 0 ? error : errno;
-        }
+        const int error = replace_file(target_, text);
+        ok = error == 0;
+        errno = error;
     }
     if (ok) {
         std::cerr << "report written to " << path_ << "\n";
@@ -188,9 +206,16 @@ TraceDir::TraceDir(std::string path) : dir_(std::move(path)) {
     }
     ::close(fd);
     ::unlink(probe.c_str());
+    // A run holds its directory locked until it ends. A run that finds it
+    // held by another names its traces apart (name_suffix): two runs at
+    // once never write the same trace file, and a run alone overwrites
+    // the traces an earlier run left, as always.
+    lock_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) suffix_ = ".run-" + std::to_string(::getpid());
 }
 
 TraceDir::~TraceDir() {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
     if (made_.empty()) return;
     // Innermost first: each removal succeeds only on an empty directory.
     std::error_code ignored;

@@ -38,7 +38,6 @@ class OutputFile {
   private:
     std::string path_;
     std::string target_;     // the file replaced (a symbolic link's target)
-    std::string temporary_;  // written, then renamed to target_
     int fd_ = -1;            // a device or a pipe, written in place
 };
 
@@ -46,6 +45,11 @@ class OutputFile {
 // writing a file in it, when constructed (UsageError naming the directory
 // and the reason otherwise); removed again at the end if this made it and
 // nothing was written in it, so a run that finds nothing leaves nothing.
+//
+// Runs sharing the directory at the same time (two terminals, pytest
+// workers) never write one another's trace files: the first holds the
+// directory locked (flock) until it ends, and one that finds it locked
+// puts name_suffix() (".run-<pid>") before ".trace" in each of its names.
 class TraceDir {
   public:
     explicit TraceDir(std::string dir);
@@ -53,10 +57,20 @@ class TraceDir {
     TraceDir(const TraceDir&) = delete;
     TraceDir& operator=(const TraceDir&) = delete;
 
+    const std::string& name_suffix() const { return suffix_; }
+
   private:
     std::string dir_;
     std::string made_;  // the outermost directory this made, if any
+    int lock_fd_ = -1;   // the directory, locked while this run uses it
+    std::string suffix_;  // "" when this run holds the lock
 };
+
+// Replaces `path` with a file holding `text`, whole or not at all: written
+// to a temporary file beside it (".<name>.kvcheck-<pid>.tmp"), synced,
+// then renamed over it; the temporary file is removed on failure. Returns
+// 0, or the errno of what failed (a full disk leaves no empty file).
+int replace_file(const std::string& path, const std::string& text);
 
 // A file to read, opened only if it is a regular file: opened with
 // O_NONBLOCK (a FIFO with no writer blocks a plain open() for reading

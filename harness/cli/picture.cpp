@@ -4,12 +4,14 @@
 #include "outcomes.h"
 #include "sandbox.h"
 #include "search_job.h"
+#include "text.h"
 
 #include <boost/pfr.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
 #include <type_traits>
 
 namespace kvcheck::cli {
@@ -95,16 +97,27 @@ std::vector<BoxPicture> read_boxes(Engine& engine, const std::vector<Handle>& ha
     return boxes;
 }
 
+// A whole number of a step's message, which this process wrote.
+std::uint64_t field_number(const std::string& field) {
+    if (field.empty() || field.find_first_not_of("0123456789") != std::string::npos || field.size() > 19) {
+        throw std::runtime_error("a step's picture holds " + printable(field, 40) + " where a number belongs");
+    }
+    return std::stoull(field);
+}
+
 // A step as a message: the op's line, then a line per box of tab-separated
-// fields (kvcheck's ids and names hold no tab or newline).
+// fields, each escaped by escape_lines: an engine's ids and error text may
+// hold any byte (a stored id "a\tb" split its box's line into the wrong
+// fields; "a\nb" made a box of its own).
 std::string encode_step(const Op& op, const std::vector<BoxPicture>& boxes) {
     std::ostringstream out;
-    out << format_op(op) << "\n";
+    out << escape_lines(format_op(op)) << "\n";
     for (const BoxPicture& box : boxes) {
-        out << (box.entry ? "entry" : "handle") << "\t" << box.name << "\t" << box.layers << "\t" << box.tokens << "\t"
-            << box.dtype << "\t" << box.layout << "\t" << (box.owned ? 1 : 0) << "\t";
+        out << (box.entry ? "entry" : "handle") << "\t" << escape_lines(box.name) << "\t" << box.layers << "\t"
+            << escape_lines(box.tokens) << "\t" << escape_lines(box.dtype) << "\t" << escape_lines(box.layout) << "\t"
+            << (box.owned ? 1 : 0) << "\t";
         for (std::size_t i = 0; i < box.storage.size(); ++i) out << (i ? "," : "") << box.storage[i];
-        out << "\t" << one_line(box.error) << "\n";
+        out << "\t" << escape_lines(one_line(box.error)) << "\n";
     }
     return out.str();
 }
@@ -113,6 +126,7 @@ StepPicture decode_step(const std::string& payload) {
     std::istringstream in(payload);
     StepPicture step;
     std::getline(in, step.op);
+    step.op = unescape_lines(step.op);
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> fields;
         std::istringstream row(line);
@@ -120,15 +134,15 @@ StepPicture decode_step(const std::string& payload) {
         fields.resize(9);
         BoxPicture box;
         box.entry = fields[0] == "entry";
-        box.name = fields[1];
-        box.layers = fields[2].empty() ? 0 : std::stoul(fields[2]);
-        box.tokens = fields[3];
-        box.dtype = fields[4];
-        box.layout = fields[5];
+        box.name = unescape_lines(fields[1]);
+        box.layers = static_cast<std::size_t>(field_number(fields[2]));
+        box.tokens = unescape_lines(fields[3]);
+        box.dtype = unescape_lines(fields[4]);
+        box.layout = unescape_lines(fields[5]);
         box.owned = fields[6] == "1";
         std::istringstream ids(fields[7]);
-        for (std::string id; std::getline(ids, id, ',');) box.storage.push_back(std::stoull(id));
-        box.error = fields[8];
+        for (std::string id; std::getline(ids, id, ',');) box.storage.push_back(field_number(id));
+        box.error = unescape_lines(fields[8]);
         step.boxes.push_back(box);
     }
     return step;
@@ -171,16 +185,21 @@ std::optional<FailurePicture> picture_failure(const Adapter& adapter, const std:
     Sandbox sandbox(options.limits);
     const std::shared_ptr<Job> job = options.isolate ? sandbox.run(body) : run_in_process(body);
     FailurePicture picture;
-    for (const Message& message : job->messages) {
-        if (message.kind == "step") {
-            picture.steps.push_back(decode_step(message.payload));
-        } else if (message.kind == "failed") {
-            const std::size_t end = message.payload.find('\n');
-            picture.failing_step = std::stoul(message.payload.substr(0, end));
-            picture.message = end == std::string::npos ? "" : message.payload.substr(end + 1);
-        } else if (message.kind == "error") {
-            picture.error = one_line(message.payload);
+    // A picture that cannot be read costs that picture, never the report.
+    try {
+        for (const Message& message : job->messages) {
+            if (message.kind == "step") {
+                picture.steps.push_back(decode_step(message.payload));
+            } else if (message.kind == "failed") {
+                const std::size_t end = message.payload.find('\n');
+                picture.failing_step = static_cast<std::size_t>(field_number(message.payload.substr(0, end)));
+                picture.message = end == std::string::npos ? "" : message.payload.substr(end + 1);
+            } else if (message.kind == "error") {
+                picture.error = one_line(message.payload);
+            }
         }
+    } catch (const std::exception& error) {
+        picture.error = std::string("the picture could not be read: ") + error.what();
     }
     if (job->fault) picture.error = job->fault->kind + ": " + job->fault->detail;
     if (!picture.failing_step && picture.error.empty()) {

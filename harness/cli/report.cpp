@@ -1,4 +1,5 @@
 #include "report.h"
+#include "kvcheck/limits.h"
 
 #include "interrupt.h"
 #include "report_html.h"
@@ -17,6 +18,11 @@ namespace {
 constexpr std::size_t engine_lines_max = 8;
 
 std::string json_or_null(const std::string& text) { return text.empty() ? "null" : json_string(text); }
+
+// Text that may quote an engine (a message, a fault, output): at most
+// failure_message_bytes_max bytes of it in any format (kvcheck/executor.h).
+std::string json_engine_text(const std::string& text) { return json_or_null(cut_text(text)); }
+std::string xml_engine_text(const std::string& text, bool attribute = false) { return xml_text(cut_text(text), attribute); }
 
 // " (12 traces)" for an engine-error group of several traces.
 std::string count_note(const FailureReport& f) {
@@ -86,7 +92,7 @@ std::string json_output(const std::array<CapturedOutput, 2>& output) {
 
 std::string json_list(const std::vector<std::string>& texts) {
     std::string list;
-    for (const std::string& text : texts) list += (list.empty() ? "" : ", ") + json_string(text);
+    for (const std::string& text : texts) list += (list.empty() ? "" : ", ") + json_string(cut_text(text));
     return "[" + list + "]";
 }
 
@@ -103,12 +109,12 @@ std::string json_reproduction(const Reproduction& r, const std::string& prefix_f
 
 std::string json_failure(const FailureReport& f) {
     std::ostringstream out;
-    out << "{\"message\": " << json_or_null(f.message) << ", \"also\": " << json_list(f.also)
-        << ", \"fault\": " << json_or_null(f.fault) << ", \"trace\": " << json_or_null(f.trace)
+    out << "{\"message\": " << json_engine_text(f.message) << ", \"also\": " << json_list(f.also)
+        << ", \"fault\": " << json_engine_text(f.fault) << ", \"trace\": " << json_or_null(f.trace)
         << ", \"found_length\": " << f.found_length << ", \"found_after\": " << f.found_after << ", \"seed\": " << f.seed
-        << ", \"count\": " << f.count << ", \"found_while_searching\": " << json_or_null(f.searching)
+        << ", \"count\": " << f.count << ", \"found_while_searching\": " << json_engine_text(f.searching)
         << ", \"trace_file\": " << json_or_null(f.trace_file) << ", \"trace_file_error\": " << json_or_null(f.trace_file_error)
-        << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_or_null(f.output)
+        << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_engine_text(f.output)
         << ", \"reproduction\": " << json_reproduction(f.reproduction, f.prefix_file) << "}";
     return out.str();
 }
@@ -129,11 +135,11 @@ std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
             << ", \"cases\": " << p.cases << ", \"judged\": " << p.judged << ", \"repeats\": " << p.repeats
             << ", \"seconds\": " << seconds_text(p.seconds)
             << ", \"trace\": " << json_or_null(p.trace) << ", \"found_length\": " << p.found_length
-            << ", \"message\": " << json_or_null(p.message) << ", \"also\": " << json_list(p.also)
-            << ", \"fault\": " << json_or_null(p.fault) << ", \"trace_file\": " << json_or_null(p.trace_file)
+            << ", \"message\": " << json_engine_text(p.message) << ", \"also\": " << json_list(p.also)
+            << ", \"fault\": " << json_engine_text(p.fault) << ", \"trace_file\": " << json_or_null(p.trace_file)
             << ", \"trace_file_error\": " << json_or_null(p.trace_file_error)
             << ", \"reproduce\": " << json_or_null(p.reproduce) << ", \"engine_output\": " << json_output(p.engine_output)
-            << ", \"output\": " << json_or_null(p.output) << ", \"not_applied\": " << json_or_null(p.not_applied)
+            << ", \"output\": " << json_engine_text(p.output) << ", \"not_applied\": " << json_engine_text(p.not_applied)
             << ", \"failures\": [";
         for (std::size_t f = 0; f < p.failures.size(); ++f) out << (f ? ", " : "") << json_failure(p.failures[f]);
         out << "]}";
@@ -191,12 +197,12 @@ std::string render_junit(const std::vector<AdapterResult>& results, int interrup
             out << "    <testcase classname=\"kvcheck." << xml_text(result.adapter.name, true) << "\" name=\"" << xml_text(p.id, true)
                 << "\" time=\"" << seconds_text(p.seconds) << "\">";
             if (p.verdict == "fail") {
-                out << "\n      <failure message=\"" << xml_text(p.message, true) << "\" type=\""
+                out << "\n      <failure message=\"" << xml_engine_text(p.message, true) << "\" type=\""
                     << (p.fault.empty() ? "property" : "fault") << "\">" << xml_text(junit_body(p)) << "</failure>";
             } else if (p.verdict == "blocked") {
-                out << "\n      <error message=\"" << xml_text(p.message, true) << "\" type=\"blocked\"/>";
+                out << "\n      <error message=\"" << xml_engine_text(p.message, true) << "\" type=\"blocked\"/>";
             } else if (p.verdict == "skipped" || p.verdict == "not-run") {
-                out << "\n      <skipped message=\"" << xml_text(p.message, true) << "\"/>";
+                out << "\n      <skipped message=\"" << xml_engine_text(p.message, true) << "\"/>";
             }
             if (p.engine_output[0].bytes > 0) out << "\n      <system-out>" << xml_text(p.engine_output[0].tail) << "</system-out>";
             if (p.engine_output[1].bytes > 0) out << "\n      <system-err>" << xml_text(p.engine_output[1].tail) << "</system-err>";

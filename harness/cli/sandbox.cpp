@@ -140,29 +140,6 @@ int parent_of(int pid) {
     return parent;
 }
 
-// In a sandbox child at the end of its work: kills and reaps every process
-// below it, escaped ones too (they are its children by then), so that
-// nothing an engine started outlives its job.
-void end_descendants() {
-    for (int round = 0; round < 200; ++round) {
-        std::vector<int> below;
-        collect_descendants(::getpid(), below);
-        for (const int pid : below) ::kill(pid, SIGKILL);
-        bool any = false;
-        for (;;) {
-            const pid_t reaped = ::waitpid(-1, nullptr, WNOHANG);
-            if (reaped > 0) {
-                any = true;
-                continue;
-            }
-            if (reaped < 0 && errno == EINTR) continue;
-            if (reaped < 0) return;  // ECHILD: none left
-            break;                   // some still dying
-        }
-        if (!any) ::usleep(5000);
-    }
-}
-
 // The exit status of a child that reported a fault (exit_with_fault).
 constexpr int fault_exit_status = 4;
 
@@ -280,6 +257,26 @@ std::string make_job_dir() {
 }
 
 }  // namespace
+
+void end_descendants() {
+    for (int round = 0; round < 200; ++round) {
+        std::vector<int> below;
+        collect_descendants(::getpid(), below);
+        for (const int pid : below) ::kill(pid, SIGKILL);
+        bool any = false;
+        for (;;) {
+            const pid_t reaped = ::waitpid(-1, nullptr, WNOHANG);
+            if (reaped > 0) {
+                any = true;
+                continue;
+            }
+            if (reaped < 0 && errno == EINTR) continue;
+            if (reaped < 0) return;  // ECHILD: none left
+            break;                   // some still dying
+        }
+        if (!any) ::usleep(5000);
+    }
+}
 
 double monotonic_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -435,6 +432,7 @@ void Sandbox::read_from(Job& job) {
             job.buffer.erase(0, newline + 1 + size);
             if (job.on_message) job.on_message(message);
             if (message.kind == "begin") {
+                job.operations_begun += static_cast<std::size_t>(std::count(message.payload.begin(), message.payload.end(), '\n'));
                 job.last_begin = std::move(message.payload);
                 ++job.begins;
             } else if (message.kind == "end") {

@@ -121,6 +121,7 @@ struct Job {
     std::optional<Fault> fault;     // set when the child ended abnormally
     std::string last_begin;         // payload of the last "begin" message
     std::size_t begins = 0;
+    std::size_t operations_begun = 0;  // in the traces of every "begin" (a line each)
     // The operation of the last trace that was running when the child
     // ended (from its progress page); nullopt when it had not begun one,
     // or when it ended while the trace's engine was made or destroyed
@@ -183,6 +184,13 @@ class Sandbox {
 };
 
 double monotonic_seconds();
+
+// Kills and reaps every process below this one, escaped ones too (a
+// double fork and setsid: this process is a subreaper, so they are its
+// children by then). A sandbox child calls it at the end of its work, so
+// that nothing an engine started outlives its job; kvcheck at its end, so
+// that nothing an adapter started (for the handshake too) outlives it.
+void end_descendants();
 
 // In a sandboxed child: reports a fault of `kind` with `detail` to the
 // parent and ends the child, which the parent then reports as that fault

@@ -1,5 +1,7 @@
 #include "search_job.h"
 
+#include "text.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,35 +22,6 @@ namespace kvcheck::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A message on one line of the child's report and back: an engine's error
-// may span lines (a Python traceback), and keeps them.
-std::string escape_lines(const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-        if (c == '\\') {
-            out += "\\\\";
-        } else if (c == '\n') {
-            out += "\\n";
-        } else {
-            out += c;
-        }
-    }
-    return out;
-}
-
-std::string unescape_lines(const std::string& text) {
-    std::string out;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '\\' && i + 1 < text.size()) {
-            out += text[i + 1] == 'n' ? '\n' : text[i + 1];
-            ++i;
-        } else {
-            out += text[i];
-        }
-    }
-    return out;
-}
 
 // A command's standard output and exit status (-1: it did not exit).
 struct ChildOutput {

@@ -24,10 +24,14 @@ unsigned code_point(const std::string& text, std::size_t at, std::size_t length)
 // Characters a terminal acts on though they are valid UTF-8: the C1
 // controls (U+009B is a CSI, as ESC [ is) and the bidirectional controls,
 // which reorder the text around them (an adapter named "x\u202e..." would
-// make the table lie about what follows).
+// make the table lie about what follows), and the characters that show as
+// nothing at all (a byte-order mark opening a file, U+FEFF, and the
+// zero-width spaces and joiners: a message quoting them would look as if
+// they were not there).
 bool terminal_control(unsigned point) {
-    return (point >= 0x80 && point <= 0x9f) || point == 0x061c || point == 0x200e || point == 0x200f ||
-           (point >= 0x202a && point <= 0x202e) || (point >= 0x2066 && point <= 0x2069);
+    return (point >= 0x80 && point <= 0x9f) || point == 0x061c || (point >= 0x200b && point <= 0x200f) ||
+           (point >= 0x202a && point <= 0x202e) || point == 0x2060 || (point >= 0x2066 && point <= 0x2069) ||
+           point == 0xfeff;
 }
 
 std::string code_point_escape(unsigned point) {
@@ -207,6 +211,37 @@ std::string seconds_text(double seconds) {
     char text[32];
     std::snprintf(text, sizeof text, "%g", seconds);
     return text;
+}
+
+std::string escape_lines(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        if (c == '\\') {
+            out += "\\\\";
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+std::string unescape_lines(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if (text[i] != '\\' || i + 1 == text.size()) {
+            out += text[i];
+            continue;
+        }
+        const char next = text[++i];
+        out += next == 'n' ? '\n' : next == 't' ? '\t' : next;
+    }
+    return out;
 }
 
 }  // namespace kvcheck::cli

@@ -53,6 +53,12 @@ std::string shell_word(const std::string& word);
 // files); never empty. "../../x" gives "_._.._x".
 std::string file_name_part(const std::string& name);
 
+// Text on one line of a message between processes and back: backslash,
+// newline and tab as \\, \n and \t (an engine's error may span lines; an
+// engine's id may hold a tab, where a message splits its fields).
+std::string escape_lines(const std::string& text);
+std::string unescape_lines(const std::string& text);
+
 // Seconds as the user gave them, shortest form: "30", "0.5", "1e+03".
 std::string seconds_text(double seconds);
 

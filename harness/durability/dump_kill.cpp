@@ -112,7 +112,7 @@ DumpRun run_dump(const KillTest& test, std::int64_t kill_at) {
     if (WIFSIGNALED(end.status)) throw std::runtime_error(what + " crashed in its child process (" + posix::signal_name(WTERMSIG(end.status)) + ")");
     if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) throw std::runtime_error(what + " threw: " + end.error);
     if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
-        throw std::runtime_error(what + " ended its child process with status " + std::to_string(WEXITSTATUS(end.status)));
+        throw std::runtime_error(what + " did not end its child process normally (" + posix::wait_status_text(end.status) + ")");
     }
     return run;
 }
@@ -416,8 +416,7 @@ KillOutcome run_kill_test(const KillTest& test) {
         if (WIFEXITED(end.status) && WEXITSTATUS(end.status) == 3) {
             throw std::runtime_error("a fresh engine threw loading " + state + ": " + child_error(end.output));
         }
-        throw std::runtime_error("a fresh engine's process ended early (exit status " + std::to_string(WEXITSTATUS(end.status)) +
-                                 ") loading " + state);
+        throw std::runtime_error("a fresh engine's process ended early (" + posix::wait_status_text(end.status) + ") loading " + state);
     }
 
     const bool metadata = test.engine.capabilities().metadata;

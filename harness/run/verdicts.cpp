@@ -1,4 +1,5 @@
 #include "run/verdicts.h"
+#include "kvcheck/limits.h"
 
 #include <algorithm>
 
@@ -15,7 +16,7 @@ bool Verdicts::checking(Property property) const {
 
 void Verdicts::record(const std::string& property, const std::string& message) {
     const char* late = rechecking_ ? " (found when every entry was read again at the end of the run)" : "";
-    failures_.push_back(Failure{property, step_, message + note_ + late, {}});
+    failures_.push_back(Failure{property, step_, cut_text(message) + note_ + late, {}});
 }
 
 std::optional<Failure> Verdicts::settle() {

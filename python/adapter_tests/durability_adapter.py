@@ -5,6 +5,8 @@ which changes nothing on its side.
 
     --dump no_fsync       the temporary file is never fsynced (as M25)
     --dump no_dir_fsync   the directory is not fsynced after the rename (as M26)
+    --dump stop           each dump_fork copy stops itself (SIGSTOP) before
+                          it dumps (issue 43, D22)
     --clear-preload       the process runs itself again without LD_PRELOAD
                           (as a wrapper that clears the environment does):
                           the dump shim is then not in it
@@ -15,6 +17,7 @@ its `os.fsync` of a regular file, or its `_fsync_directory`.
 
 import argparse
 import os
+import signal
 import stat
 import sys
 import types
@@ -43,9 +46,26 @@ def without_file_fsync() -> types.SimpleNamespace:
     return patched
 
 
+def stop_dump_fork_copies() -> None:
+    """Each dump_fork copy stops itself (SIGSTOP) before it dumps; the
+    adapter process's own dumps are as they were."""
+    from kvcheck_adapter import protocol
+
+    dump_fork = protocol.dump_fork
+
+    def stopping(dump, directory, log_path, kill_at):
+        def stop_then_dump(where):
+            os.kill(os.getpid(), signal.SIGSTOP)
+            dump(where)
+
+        return dump_fork(stop_then_dump, directory, log_path, kill_at)
+
+    protocol.dump_fork = stopping
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dump", choices=("durable", "no_fsync", "no_dir_fsync"), default="durable")
+    parser.add_argument("--dump", choices=("durable", "no_fsync", "no_dir_fsync", "stop"), default="durable")
     parser.add_argument("--clear-preload", action="store_true")
     arguments = parser.parse_args()
     if arguments.clear_preload and "LD_PRELOAD" in os.environ:
@@ -53,6 +73,8 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable] + sys.argv, environment)
     if arguments.dump == "no_fsync":
         activation_memory.os = without_file_fsync()
+    elif arguments.dump == "stop":
+        stop_dump_fork_copies()
     elif arguments.dump == "no_dir_fsync":
         activation_memory._fsync_directory = lambda directory: None
     model = models.Decoder()

@@ -27,8 +27,13 @@ other request:
     --fault flood      write 20 MiB to stdout, wait (up to 60 s) until its
                        output file is cut, then answer with an error saying so
     --fault none       answer every request with an error (a well-behaved
-                       adapter of an engine that rejects everything)
+                       adapter of an engine that rejects everything);
+                       --error-bytes N makes each error N bytes longer
 
+--escape-at-hello does what --fault escape does (a double fork and setsid,
+--escape-mb, --pid-file) while it answers the handshake, once (not when
+the pid file exists): the process kvcheck starts for the handshake, before
+any job, leaves a process behind.
 --bidi-name names it "fault-<U+202E>KIND" in the handshake (a right-to-left
 override, which a terminal would obey if kvcheck's table printed it raw).
 --pid-file PATH writes the process id there first; --noise N prints N lines
@@ -137,6 +142,8 @@ def main():
     parser.add_argument("--fault", required=True)
     parser.add_argument("--pid-file")
     parser.add_argument("--bidi-name", action="store_true")
+    parser.add_argument("--escape-at-hello", action="store_true")
+    parser.add_argument("--error-bytes", type=int, default=0, help="--fault none: add this many bytes to each error")
     parser.add_argument("--escape-mb", type=int, default=0)
     parser.add_argument("--noise", type=int, default=0)
     parser.add_argument("--escapes", action="store_true")
@@ -160,7 +167,7 @@ def main():
         if copy is None:
             return  # the server, shut down
         request_fd, reply_fd = copy._requests.fileno(), copy._reply_fd
-    if args.pid_file and args.fault != "escape":
+    if args.pid_file and args.fault != "escape" and not args.escape_at_hello:
         with open(args.pid_file, "w") as out:
             out.write(str(os.getpid()))
     while True:
@@ -172,6 +179,8 @@ def main():
         if op == "hello" and args.fault == "refuse":
             send(reply_fd, {"ok": False, "error": "RuntimeError: cannot open the store", "traceback": "Traceback: here"})
         elif op == "hello":
+            if args.escape_at_hello and not os.path.exists(args.pid_file):
+                escape(args.pid_file, args.escape_mb)
             version = 99 if args.fault == "version" else request.get("protocol")  # the version kvcheck speaks
             send(reply_fd, {"ok": True, "protocol": version, "name": ("fault-\u202e" if args.bidi_name else "fault-") + args.fault})
         elif args.fault == "reset" and (op == "reset" or request.get("reset") is True):
@@ -183,7 +192,8 @@ def main():
         elif args.fault in ("none", "reset", "escape"):
             if args.fault == "escape" and args.pid_file and not os.path.exists(args.pid_file):
                 escape(args.pid_file, args.escape_mb)
-            send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported", "traceback": ""})
+            send(reply_fd, {"ok": False, "error": f"RuntimeError: {op} is not supported" + "x" * args.error_bytes,
+                            "traceback": ""})
         else:
             hostile = "\x00\x1b[2J\x1b]0;pwned\x07" if args.escapes else ""
             for i in range(args.noise):

@@ -75,3 +75,14 @@ def test_an_adapter_process_without_the_shim_passes_with_the_reason_it_was_not_k
     assert result["not_applied"].startswith(
         "kill/power-cut: not applied, because its dumps cannot run in a copy of the adapter process with the dump "
         "shim armed: the dump shim (libkvcheck_dumpshim.so) is not loaded in the adapter process"), result
+
+
+def test_a_dump_copy_that_stops_itself_is_said_to_have_stopped(kvcheck, scratch_dir):
+    """A copy stopped by SIGSTOP was waited on forever by the SDK (and a
+    stopped wait status read as an exit status by kvcheck): the SDK kills
+    it and replies its status; kvcheck names the stop (issue 43, D22)."""
+    replay = replay_killed_dumps(kvcheck, scratch_dir, f"{DURABILITY_ADAPTER} --dump stop")
+    text = replay.stdout + replay.stderr
+    assert replay.status == 1, text
+    assert "did not end its child process normally (stopped by SIGSTOP)" in text, text
+    assert "hang" not in text and "status 127" not in text and "status 19" not in text, text

@@ -90,3 +90,14 @@ def test_no_kvcheck_is_one_message_saying_what_to_do(pytester, scratch_dir):
     result = pytester.runpytest_subprocess(*PLUGIN, "--kvcheck-bin", missing, "--kvcheck-adapter", EXAMPLE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*the explicit path names {missing}, which is not an executable file*"])
+
+
+def test_options_the_plugin_sets_itself_are_a_usage_error(run):
+    """--kvcheck-args "--report html" made kvcheck write HTML where the
+    plugin reads JSON: every item failed with a JSONDecodeError traceback
+    (issue 43, D23)."""
+    for args, named in (("--report html", "--report"), ("--out=r.json", "--out"), ("--trace-dir t", "--trace-dir")):
+        result = run("--kvcheck-adapter", EXAMPLE, "--kvcheck-args=" + args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (args, result.stdout.str(), result.stderr.str())
+        result.stderr.fnmatch_lines([f"*--kvcheck-args may not hold {named}: the kvcheck plugin sets it itself*"])
+        assert "JSONDecodeError" not in result.stdout.str() + result.stderr.str()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
+import signal
 import sys
 import traceback
 import warnings
@@ -352,6 +354,35 @@ def dump_shim() -> Optional[Callable[[bytes, int, int], int]]:
 _DUMP_ERROR_BYTES_MAX = 60000
 
 
+def _wait_copy(pid: int, errors: int, chunks: list) -> int:
+    """The wait status of the dump copy `pid`, reading what it writes to
+    `errors` meanwhile. A copy that stops itself (SIGSTOP) keeps its end
+    of the pipe open and is reported only with WUNTRACED: it is killed, and
+    its stopped status returned (kvcheck says "stopped by SIGSTOP"), where
+    the request hung."""
+    while True:
+        readable, _, _ = select.select([errors], [], [], 0.05)
+        if readable:
+            chunk = os.read(errors, 65536)
+            if chunk:
+                chunks.append(chunk)
+                continue
+            _, status = os.waitpid(pid, os.WUNTRACED)  # the pipe closed: the copy ended (or is ending)
+        else:
+            waited, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+            if waited == 0:
+                continue
+        if os.WIFSTOPPED(status):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return status
+        while True:  # what it wrote before it ended
+            chunk = os.read(errors, 65536)
+            if not chunk:
+                return status
+            chunks.append(chunk)
+
+
 def dump_fork(dump: Callable[[str], None], directory: str, log_path: str, kill_at: int) -> Dict[str, Any]:
     """The dump_fork request (docs/protocol.md section 10a): `dump(directory)`
     in a copy of this process (os.fork: the copy holds the engine as it is)
@@ -392,13 +423,8 @@ def dump_fork(dump: Callable[[str], None], directory: str, log_path: str, kill_a
     os.close(log)
     os.close(errors_out)
     chunks = []
-    while True:
-        chunk = os.read(errors, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
+    status = _wait_copy(pid, errors, chunks)
     os.close(errors)
-    _, status = os.waitpid(pid, 0)
     error = b"".join(chunks).decode("utf-8", "replace")
     return {"ok": True, "status": status, "error": error or None}
 

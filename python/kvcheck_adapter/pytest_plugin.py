@@ -219,13 +219,33 @@ def _runs(config) -> Runs:
 _RUNS = pytest.StashKey[Runs]()
 
 
+# kvcheck run's options the plugin sets itself (Runs.command), with the
+# plugin's own option for each where it has one: another value would make
+# kvcheck write no JSON report where the plugin reads it.
+_OWN_OPTIONS = {"--report": None, "--out": None, "--adapter": "--kvcheck-adapter or the kvcheck marker",
+                "--trace-dir": "--kvcheck-trace-dir"}
+
+
+def _checked_args(words, where: str):
+    """`words` for kvcheck run, refused with a usage error when one is an
+    option the plugin sets itself."""
+    for word in words:
+        option = word.split("=", 1)[0]
+        if option in _OWN_OPTIONS:
+            instead = _OWN_OPTIONS[option]
+            raise pytest.UsageError(f"{where} may not hold {option}: the kvcheck plugin sets it itself (it reads "
+                                    f"kvcheck's JSON report)" + (f"; use {instead}" if instead else ""))
+    return tuple(words)
+
+
 def _key_from(config, adapter: str, base: str, cases=None, seed=None, extra=()) -> RunKey:
     option_cases = config.getoption("kvcheck_cases")
     option_seed = config.getoption("kvcheck_seed")
     return RunKey(_absolute_adapter(adapter, base),
                   option_cases if option_cases is not None else cases,
                   option_seed if option_seed is not None else seed,
-                  tuple(extra) + tuple(shlex.split(config.getoption("kvcheck_args") or "")))
+                  _checked_args(extra, "the kvcheck marker's args")
+                  + _checked_args(shlex.split(config.getoption("kvcheck_args") or ""), "--kvcheck-args"))
 
 
 # ---- the command-line form ----------------------------------------------------------------
@@ -277,6 +297,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "kvcheck(adapter, cases=None, seed=None, args=()): check ADAPTER (a path "
                                        "relative to the test file) with kvcheck; the test takes the kvcheck_property "
                                        "fixture, once per property")
+    _checked_args(shlex.split(config.getoption("kvcheck_args") or ""), "--kvcheck-args")
     config.stash[_RUNS] = Runs(config)
     adapters = config.getoption("kvcheck_adapter")
     if not adapters:
