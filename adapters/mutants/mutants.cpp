@@ -478,6 +478,24 @@ class M33 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 48;
 };
 
+// M34 (ours, issue 42): an LRU store of 4 items that, full, evicts the most
+// recently used entry instead of the least (a comparator turned round).
+// It declares lru eviction: the entries it keeps are intact, the choice is
+// the bug.
+class M34 final : public ReferenceEngine {
+  public:
+    M34() { set_capacity(capacity); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        if (store_.get(id) == nullptr && store_.size() >= capacity) remove({store_.recency().back()});
+        ReferenceEngine::store_add(id, cache, metadata);
+    }
+
+  private:
+    static constexpr std::size_t capacity = 4;
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -769,6 +787,8 @@ std::vector<Adapter> mutant_adapters() {
                     {P::stored_immutable, P::generation_equivalent}),
         mutant<M33>("M33", "the store keeps at most 48 items and silently evicts the oldest",
                     {P::stored_immutable, P::store_contract}),
+        mutant<M34>("M34", "an LRU store of 4 items evicts the most recently used entry, not the least",
+                    {P::eviction_as_declared}),
     };
 }
 

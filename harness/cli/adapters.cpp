@@ -159,6 +159,7 @@ Adapter load_process_adapter(const process::ProcessCommand& command) {
                     [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
     adapter.paged = hello.capabilities.paged;
     adapter.store = hello.capabilities.store;
+    adapter.policy = hello.capabilities.policy;
     adapter.dump_kill_absent = hello.dump_fork_absent;
     return adapter;
 }

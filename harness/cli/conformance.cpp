@@ -34,9 +34,10 @@ class Scheduler {
     // process adapter starts one): the message, else null.
     static const char* known_not_applicable(const Adapter& adapter, Property property) {
         if (!adapter.model.has_value()) return nullptr;
-        const bool paged_property = !checkable(Capabilities{}).has(property);
-        if (paged_property && !adapter.paged) return paged_not_applicable;
-        if (!paged_property && !adapter.store) return contiguous_not_applicable;
+        const bool paged = paged_property(property);
+        if (paged && !adapter.paged) return paged_not_applicable;
+        if (!paged && !adapter.store) return contiguous_not_applicable;
+        if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
         return nullptr;
     }
 

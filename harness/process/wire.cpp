@@ -354,6 +354,45 @@ ModelDomain read_model(const Json& object) {
     }
 }
 
+namespace {
+
+StorePolicy read_policy_members(const Json& object) {
+    static const std::array<const char*, 4> keys{"capacity_items", "capacity_bytes", "eviction", "listing"};
+    for (const auto& member : object.as_object()) {
+        if (std::find_if(keys.begin(), keys.end(), [&](const char* key) { return member.first == key; }) == keys.end()) {
+            throw ProtocolError("unknown key '" + member.first + "' (known: capacity_items, capacity_bytes, eviction, listing)");
+        }
+    }
+    StorePolicy policy;
+    if (object.find("capacity_items") != nullptr) policy.capacity_items = read_int(object, "capacity_items");
+    if (object.find("capacity_bytes") != nullptr) policy.capacity_bytes = read_int(object, "capacity_bytes");
+    if (object.find("eviction") != nullptr) {
+        const std::string text = read_string(object, "eviction");
+        const std::optional<Eviction> eviction = parse_eviction(text);
+        if (!eviction) throw ProtocolError("'eviction' is '" + text + "' (known: none, lru, fifo, unspecified)");
+        policy.eviction = *eviction;
+    }
+    if (object.find("listing") != nullptr) {
+        const std::string text = read_string(object, "listing");
+        const std::optional<ListingOrder> listing = parse_listing(text);
+        if (!listing) throw ProtocolError("'listing' is '" + text + "' (known: insertion, recency, unordered)");
+        policy.listing = *listing;
+    }
+    return policy;
+}
+
+}  // namespace
+
+StorePolicy read_policy(const Json& object) {
+    try {
+        return read_policy_members(object);
+    } catch (const JsonError& error) {
+        throw ProtocolError(std::string("'store_policy': ") + error.what());
+    } catch (const ProtocolError& error) {
+        throw ProtocolError(std::string("'store_policy': ") + error.what());
+    }
+}
+
 std::vector<CopyRecord> read_copies(const Json& copies) {
     std::vector<CopyRecord> records;
     in_member("copies", [&] {

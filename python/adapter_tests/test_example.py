@@ -34,6 +34,25 @@ def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
     assert result["message"], result
 
 
+def test_a_bounded_store_is_judged_by_what_it_declares(kvcheck):
+    """docs/semantics.md, "Declared store contracts": the example store
+    bounded at 4 items (lru, declared) evicts without a violation; with
+    the bug that evicts the most recently used item, eviction-as-declared
+    fails over the wire, naming what it evicted and what was due."""
+    bounded = f"{EXAMPLE} --capacity 4"
+    checked = ["--property", "eviction-as-declared", "--property", "stored-immutable", "--property", "store-contract"]
+    run = kvcheck("run", "--adapter", bounded, *checked, "--cases", "60")
+    assert run.status == 0, run.stdout + run.stderr
+    assert {p["id"]: p["verdict"] for p in run.report["properties"] if p["id"] in checked} == {
+        "eviction-as-declared": "pass", "stored-immutable": "pass", "store-contract": "pass"}
+    buggy = kvcheck("run", "--adapter", f"{bounded} --bug evicts_most_recent", "--property", "eviction-as-declared",
+                    "--cases", "200", "--failures", "1")
+    assert buggy.status == 1, buggy.stdout + buggy.stderr
+    result = buggy.result("eviction-as-declared")
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert "expected [" in result["message"] and "least recently used first" in result["message"], result
+
+
 def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
     adapter = f"{EXAMPLE} --bug double_copy"
     run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400", "--failures", "1")
