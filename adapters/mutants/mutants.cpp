@@ -154,17 +154,23 @@ class M26 final : public ReferenceEngine {
     UnflushedDirectory files_;
 };
 
-// M27 (ours): the dump's temporary has a name the clean-up of crashed
-// dumps does not look for (".partial-<pid>" where it looks for ".tmp-"):
-// each killed dump leaves its temporary for ever.
+// M27 (ours; issue 42's rule: a leftover is a finding where it changes
+// what a load returns): a load that finds a dump's temporary file takes
+// it for the newest dump and moves it into place first, so a killed
+// dump's partial temporary replaces the complete dump before it.
 class M27 final : public ReferenceEngine {
-  protected:
-    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
-        fs.make_dirs(dir);
-        const std::string target = dir + "/" + kv::dump_file_name;
-        const std::string temporary = target + ".partial-" + std::to_string(::getpid());
-        fs.write_file(temporary, kv::encode_dump(store_.get_all()));
-        fs.rename(temporary, target);
+  public:
+    LoadResult load(const std::string& dir) override {
+        kv::FileSystem& fs = file_system();
+        const std::string prefix = std::string(kv::dump_file_name) + kv::dump_temporary_suffix;
+        try {
+            for (const std::string& name : fs.list(dir)) {
+                if (name.rfind(prefix, 0) == 0) fs.rename(dir + "/" + name, dir + "/" + kv::dump_file_name);
+            }
+        } catch (const kv::IoError&) {
+            // No directory: the load says so.
+        }
+        return ReferenceEngine::load(dir);
     }
 };
 
@@ -775,7 +781,7 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M24>("M24", "generation reports only the working K/V set alive", {P::single_copy}),
         mutant<M25>("M25", "dump never fsyncs its file before the rename", {P::dump_safe}),
         mutant<M26>("M26", "dump never fsyncs the directory after the rename", {P::dump_safe}),
-        mutant<M27>("M27", "a killed dump's temporary file is never removed", {P::dump_safe}),
+        mutant<M27>("M27", "a load takes a killed dump's temporary file for the newest dump", {P::dump_safe}),
         mutant<M28>("M28", "get_cache of one id keeps the copy it hands out as the stored item",
                     {P::owned_marker, P::stored_immutable, P::single_copy}),
         mutant<M29>("M29", "get_cache of ids holding no tokens hands out a cache around the stored lists",

@@ -134,7 +134,9 @@ struct CrashLoad {
     LoadResult result;          // the fresh engine's load
     bool matched = false;       // a successful load gave a store the state may hold
     std::string difference;     // otherwise: how it differs from the new store
-    std::vector<std::string> leftovers;  // temporaries of a dump still there after the load
+    // Temporaries of a dump in the state the load ran on: no finding of
+    // their own, named in the message of a load they may have changed.
+    std::vector<std::string> leftovers;
     std::string changed_by_failure;      // the failed load, repeated on a loaded store, changed it: how
 };
 
@@ -143,7 +145,6 @@ struct DumpKilled {
     std::string kill;    // "killed before call 3 of 7, after fsync ..."; empty: the dump made no counted call
     DumpSlot expected;   // what the slot could hold before the dump
     std::vector<CrashLoad> loads;
-    std::vector<std::string> stale;  // temporaries of an earlier killed dump that a complete dump left
     std::string unfollowed;          // the power-cut model cannot follow this dump: why (nothing was loaded)
 };
 
