@@ -53,6 +53,28 @@ def test_a_bounded_store_is_judged_by_what_it_declares(kvcheck):
     assert "expected [" in result["message"] and "least recently used first" in result["message"], result
 
 
+def test_a_violation_reported_as_also_fails_its_own_row(kvcheck):
+    """Issue 42: a row's verdict counts every violation reported on it. The
+    stored object handed out by get_cache breaks stored-immutable first
+    and single-copy and owned-marker at the same step ("also"): those rows
+    fail too, pointing at the trace that showed it."""
+    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug single_id_returns_stored", "--cases", "20", "--replays", "1",
+                  "--property", "stored-immutable", "--property", "single-copy", "--property", "owned-marker")
+    assert run.status == 1, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.report["properties"]}
+    pointed = 0
+    for row in run.report["properties"]:
+        for failure in row.get("failures") or []:
+            for also in failure.get("also") or []:
+                other = also.split(": ", 1)[0]
+                if other in verdicts:
+                    assert verdicts[other] == "fail", (other, also, verdicts)
+        if (row.get("message") or "").startswith("also at the failing step of"):
+            pointed += 1
+            assert row["reproduce"] and row["trace"], row
+    assert pointed >= 1, verdicts
+
+
 def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
     adapter = f"{EXAMPLE} --bug double_copy"
     run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400", "--failures", "1")
