@@ -4,10 +4,11 @@ property that names it, a failure comes with its trace and replays, an
 exception comes with its Python traceback."""
 
 import os
+import subprocess
 
 import pytest
 
-from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE
+from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE, kvcheck_binary
 
 
 def test_the_fixed_store_holds_every_property(kvcheck):
@@ -73,6 +74,21 @@ def test_a_violation_reported_as_also_fails_its_own_row(kvcheck):
             pointed += 1
             assert row["reproduce"] and row["trace"], row
     assert pointed >= 1, verdicts
+
+
+def test_rows_of_the_other_family_are_left_out_of_the_text_and_marked_in_json(kvcheck, scratch_dir):
+    """Issue 42: a contiguous store's table has no paged rows, one line says
+    how many were left out and why; the JSON keeps them, marked."""
+    checked = ["--property", "store-contract", "--property", "op-atomic", "--property", "no-leak", "--cases", "2"]
+    text = subprocess.run([kvcheck_binary(), "run", "--adapter", EXAMPLE, *checked, "--replays", "0"], cwd=scratch_dir,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert text.returncode == 0, text.stdout + text.stderr
+    rows = [line.split()[0] for line in text.stdout.splitlines() if line.split() and line.split()[-1] in ("pass", "n/a")]
+    assert "store-contract" in rows and "op-atomic" not in rows and "no-leak" not in rows, text.stdout
+    assert "2 properties left out, n/a for every adapter: 2 of the other cache family" in text.stdout, text.stdout
+    run = kvcheck("run", "--adapter", EXAMPLE, *checked)
+    marked = {p["id"]: p["not_applicable"] for p in run.report["properties"]}
+    assert marked["op-atomic"] is True and marked["no-leak"] is True and marked["store-contract"] is False, marked
 
 
 def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
