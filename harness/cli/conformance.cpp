@@ -236,7 +236,7 @@ class Scheduler {
             std::string name = printable(adapters_[key.first].name, 40);
             name.resize(std::max(name.size(), name_width_), ' ');
             std::cerr << "[settled] " << name << " " << row.id << ": now " << verdict << " (was " << said << "): "
-                      << printable(row.message, 160) << "\n";
+                      << printable(row.message, 400) << "\n";
         }
     }
 
