@@ -907,8 +907,12 @@ class Server:
                 made += self._note_copy(copy_of, bool(recording.copies))
             if recording_box is not None:
                 recording_box.append(recording)
+            # A bounded store may have evicted what it was just given
+            # (an item larger than its capacity): nothing to track then.
+            held = set(s.engine.stored_ids()) if stored else set()
             for id in stored:
-                s.tracker.track(s.engine.stored_cache(id))
+                if id in held:
+                    s.tracker.track(s.engine.stored_cache(id))
         reply = self._reply(result or {}, handles, ids)
         reply["copies"] = made
         return reply
