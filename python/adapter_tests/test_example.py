@@ -42,12 +42,12 @@ def test_a_bounded_store_is_judged_by_what_it_declares(kvcheck):
     fails over the wire, naming what it evicted and what was due."""
     bounded = f"{EXAMPLE} --capacity 4"
     checked = ["--property", "eviction-as-declared", "--property", "stored-immutable", "--property", "store-contract"]
-    run = kvcheck("run", "--adapter", bounded, *checked, "--cases", "60")
+    run = kvcheck("run", "--adapter", bounded, *checked, "--cases", "30", "--replays", "1")
     assert run.status == 0, run.stdout + run.stderr
     assert {p["id"]: p["verdict"] for p in run.report["properties"] if p["id"] in checked} == {
         "eviction-as-declared": "pass", "stored-immutable": "pass", "store-contract": "pass"}
     buggy = kvcheck("run", "--adapter", f"{bounded} --bug evicts_most_recent", "--property", "eviction-as-declared",
-                    "--cases", "200", "--failures", "1")
+                    "--cases", "100", "--failures", "1", "--replays", "1")
     assert buggy.status == 1, buggy.stdout + buggy.stderr
     result = buggy.result("eviction-as-declared")
     assert result["verdict"] == "fail" and result["fault"] is None, result
