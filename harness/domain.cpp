@@ -21,6 +21,17 @@ bool has_repeat(const std::vector<T>& items) {
     return false;
 }
 
+// docs/semantics.md#declared-store-contracts
+std::string policy_fault(const StorePolicy& policy) {
+    if (policy.capacity_items < 0) return "store_policy: 'capacity_items' must be 0 (no bound) or more, not " + std::to_string(policy.capacity_items);
+    if (policy.capacity_bytes < 0) return "store_policy: 'capacity_bytes' must be 0 (no bound) or more, not " + std::to_string(policy.capacity_bytes);
+    if (policy.eviction != Eviction::none && !policy.bounded()) {
+        return std::string("store_policy: 'eviction' is ") + eviction_name(policy.eviction) +
+               ", but no capacity is declared ('capacity_items' or 'capacity_bytes')";
+    }
+    return "";
+}
+
 std::string model_fault(const ModelDomain& model) {
     if (model.layers < 1 || model.layers > model_layers_max) {
         return "model: 'layers' must be in [1, " + std::to_string(model_layers_max) + "], not " + std::to_string(model.layers);
@@ -94,6 +105,39 @@ std::optional<Layout> layout_named(const std::string& word) {
 
 }  // namespace
 
+const char* eviction_name(Eviction eviction) {
+    switch (eviction) {
+        case Eviction::none: return "none";
+        case Eviction::lru: return "lru";
+        case Eviction::fifo: return "fifo";
+        case Eviction::unspecified: return "unspecified";
+    }
+    return "?";
+}
+
+const char* listing_name(ListingOrder listing) {
+    switch (listing) {
+        case ListingOrder::insertion: return "insertion";
+        case ListingOrder::recency: return "recency";
+        case ListingOrder::unordered: return "unordered";
+    }
+    return "?";
+}
+
+std::optional<Eviction> parse_eviction(const std::string& text) {
+    for (Eviction e : {Eviction::none, Eviction::lru, Eviction::fifo, Eviction::unspecified}) {
+        if (text == eviction_name(e)) return e;
+    }
+    return std::nullopt;
+}
+
+std::optional<ListingOrder> parse_listing(const std::string& text) {
+    for (ListingOrder l : {ListingOrder::insertion, ListingOrder::recency, ListingOrder::unordered}) {
+        if (text == listing_name(l)) return l;
+    }
+    return std::nullopt;
+}
+
 bool ModelDomain::holds(Dtype dtype) const { return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end(); }
 
 bool ModelDomain::holds(Layout layout) const { return std::find(layouts.begin(), layouts.end(), layout) != layouts.end(); }
@@ -103,6 +147,8 @@ std::string capabilities_fault(const Capabilities& c) {
         return "modern_layout and legacy_layout are both false: the engine takes no cache at all";
     }
     if (!c.store && !c.paged) return "store and paged are both false: the engine has no operation at all";
+    const std::string policy = policy_fault(c.policy);
+    if (!policy.empty()) return policy;
     const ModelDomain& model = c.model;
     if (!model.declared) return "";
     const std::string fault = model_fault(model);

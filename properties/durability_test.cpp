@@ -42,7 +42,10 @@ TEST(DumpKill, EachFlushAndCleanUpMutantIsCaughtInOneStep) {
     for (const std::string name : {"M10", "M25", "M26", "M27"}) {
         std::size_t caught = 0;
         for (std::int64_t point = 0; point < points_max; ++point) {
-            const Trace trace{op::DumpKill{0, point}};
+            // M27's leftover changes what a load returns only where a
+            // complete dump was there before it.
+            const Trace trace = name == "M27" ? Trace{op::Add{"a", spec(1)}, op::Dump{0}, op::DumpKill{0, point}}
+                                              : Trace{op::DumpKill{0, point}};
             const RunResult result = run_on(bundled(name), trace, PropertySet::only(Property::dump_safe));
             if (!result.failure) continue;
             EXPECT_EQ(result.failure->property, property_id(Property::dump_safe)) << name << ": " << result.failure->message;
@@ -51,6 +54,38 @@ TEST(DumpKill, EachFlushAndCleanUpMutantIsCaughtInOneStep) {
         EXPECT_GT(caught, 0u) << name << " passes dump_kill at every point";
         std::cout << "[ dump_kill] " << name << ": caught at " << caught << " of " << points_max << " kill points\n";
     }
+}
+
+// docs/semantics.md#durability: a killed dump's temporary that no load
+// reads is no finding. This store names its temporary so that its clean-up
+// never finds it (the leftover stays for ever); every load, with the
+// leftover beside the dump, still gives what it must.
+class LeavesItsTemporary final : public adapters::ReferenceEngine {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        fs.make_dirs(dir);
+        const std::string target = dir + "/" + kv::dump_file_name;
+        const std::string temporary = target + ".partial-" + std::to_string(::getpid());
+        fs.write_file(temporary, kv::encode_dump(store_.get_all()));
+        fs.rename(temporary, target);
+    }
+};
+
+TEST(DumpKill, ALeftoverThatNoLoadReadsIsNoFinding) {
+    const Adapter leaves{"leaves-its-temporary", "never removes a killed dump's temporary", "bundled", {},
+                         [] { return std::make_shared<LeavesItsTemporary>(); }};
+    for (std::int64_t point = 0; point < points_max; ++point) {
+        const Trace trace = killed_over_a_dump(point);
+        const RunResult result = run_on(leaves, trace, PropertySet::only(Property::dump_safe));
+        EXPECT_FALSE(result.failure) << format_failure(*result.failure, trace, "");
+    }
+    // The same leftover read by the load (M27) is one, and names it.
+    bool named = false;
+    for (std::int64_t point = 0; point < points_max && !named; ++point) {
+        const RunResult result = run_on(bundled("M27"), killed_over_a_dump(point), PropertySet::only(Property::dump_safe));
+        named = result.failure && result.failure->message.find("temporary file left beside it") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << "no failure of M27 names the leftover";
 }
 
 TEST(DumpKill, IsSkippedWithoutAFactoryForFreshEngines) {

@@ -267,5 +267,46 @@ TEST(PublishedImmutable, ABlockARewindReleasesAndTakesBackForItsCopyIsANewBlock)
     EXPECT_EQ(state.copies, (std::vector<PagedCopy>{{1, 2}}));
 }
 
+// docs/semantics.md#declared-store-contracts: an LRU reference of 4 items.
+Adapter lru_reference() {
+    return {"reference-lru4", "the reference, bounded at 4 items (lru)", "bundled", {}, [] {
+                auto engine = std::make_shared<adapters::ReferenceEngine>();
+                engine->set_capacity(4);
+                return std::shared_ptr<Engine>(std::move(engine));
+            }};
+}
+
+// Four entries, "b" handed out as h1 and then the least recently used (the
+// others are used after it): the fifth add evicts "b", whose cache h1
+// still holds intact (a clone of it, and a generation from it, are checked
+// against what "b" held).
+constexpr const char* lru_trace =
+    "add a modern/f32/1:[kv2]\nadd b modern/f32/2:[kv3]\nadd c modern/f32/3:[kv2]\nadd d modern/f32/4:[kv2]\n"
+    "h1 = get b\nh2 = get a\nh3 = get_cache c d\nadd e modern/f32/5:[kv2]\nh4 = clone h1\n"
+    "generate h1 prompt=1 max=2\nget_all\n";
+
+TEST(EvictionAsDeclared, AnLruStoreEvictsTheLeastRecentlyUsedAndHandedOutCachesStayIntact) {
+    const Adapter adapter = lru_reference();
+    const RunResult result = run_on(adapter, parse_trace(lru_trace));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(lru_trace), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+    // The same trace on an unbounded store: nothing is evicted, nothing judged.
+    EXPECT_FALSE(run_on(reference(), parse_trace(lru_trace)).failure);
+}
+
+TEST(EvictionAsDeclared, EvictingTheMostRecentInsteadIsCaughtAndNamed) {
+    const RunResult result = run_on(*adapters::find_bundled("M34"), parse_trace(lru_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "eviction-as-declared");
+    EXPECT_NE(result.failure->message.find("add \"e\" evicted [d], expected [b]"), std::string::npos)
+        << result.failure->message;
+}
+
+TEST(EvictionAsDeclared, AnLruReferencePassesEverySearchedTrace) {
+    WorkloadOptions options;
+    const std::optional<Finding> finding = find_and_shrink(lru_reference(), 42, 150, options);
+    EXPECT_FALSE(finding) << format_failure(finding->reported, finding->shrunk.trace, "");
+}
+
 }  // namespace
 }  // namespace kvcheck::props

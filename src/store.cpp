@@ -37,7 +37,16 @@ void Store::add(const std::vector<NewItem>& items) {
         position->second = std::move(stored);
         ++changes_;
         if (inserted) order_.push_back(item.id);
+        touch(item.id);
+        while (capacity_ > 0 && order_.size() > capacity_) remove({recency_.front()});
     }
+}
+
+void Store::touch(const std::string& id) {
+    if (items_.count(id) == 0) return;
+    const auto found = std::find(recency_.begin(), recency_.end(), id);
+    if (found != recency_.end()) recency_.erase(found);
+    recency_.push_back(id);
 }
 
 ItemPtr Store::get(const std::string& id) const {
@@ -78,6 +87,7 @@ void Store::remove(const std::vector<std::string>& ids) {
         items_.erase(found);
         ++changes_;
         order_.erase(std::find(order_.begin(), order_.end(), id));
+        recency_.erase(std::find(recency_.begin(), recency_.end(), id));
     }
 }
 
@@ -86,6 +96,7 @@ void Store::remove_all() {
     for (const auto& [id, item] : items_) item->stored = false;
     items_.clear();
     order_.clear();
+    recency_.clear();
 }
 
 namespace {
@@ -150,6 +161,7 @@ void Store::load(const std::string& dir, FileSystem& fs, const LoadLimits& limit
     }
     for (const auto& [id, item] : items) item->stored = true;
     for (const auto& [id, item] : items_) item->stored = false;
+    recency_ = order;  // a load stores the dump's items in its order
     order_.swap(order);
     items_.swap(items);
     ++changes_;

@@ -154,17 +154,23 @@ class M26 final : public ReferenceEngine {
     UnflushedDirectory files_;
 };
 
-// M27 (ours): the dump's temporary has a name the clean-up of crashed
-// dumps does not look for (".partial-<pid>" where it looks for ".tmp-"):
-// each killed dump leaves its temporary for ever.
+// M27 (ours; issue 42's rule: a leftover is a finding where it changes
+// what a load returns): a load that finds a dump's temporary file takes
+// it for the newest dump and moves it into place first, so a killed
+// dump's partial temporary replaces the complete dump before it.
 class M27 final : public ReferenceEngine {
-  protected:
-    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
-        fs.make_dirs(dir);
-        const std::string target = dir + "/" + kv::dump_file_name;
-        const std::string temporary = target + ".partial-" + std::to_string(::getpid());
-        fs.write_file(temporary, kv::encode_dump(store_.get_all()));
-        fs.rename(temporary, target);
+  public:
+    LoadResult load(const std::string& dir) override {
+        kv::FileSystem& fs = file_system();
+        const std::string prefix = std::string(kv::dump_file_name) + kv::dump_temporary_suffix;
+        try {
+            for (const std::string& name : fs.list(dir)) {
+                if (name.rfind(prefix, 0) == 0) fs.rename(dir + "/" + name, dir + "/" + kv::dump_file_name);
+            }
+        } catch (const kv::IoError&) {
+            // No directory: the load says so.
+        }
+        return ReferenceEngine::load(dir);
     }
 };
 
@@ -478,6 +484,24 @@ class M33 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 48;
 };
 
+// M34 (ours, issue 42): an LRU store of 4 items that, full, evicts the most
+// recently used entry instead of the least (a comparator turned round).
+// It declares lru eviction: the entries it keeps are intact, the choice is
+// the bug.
+class M34 final : public ReferenceEngine {
+  public:
+    M34() { set_capacity(capacity); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        if (store_.get(id) == nullptr && store_.size() >= capacity) remove({store_.recency().back()});
+        ReferenceEngine::store_add(id, cache, metadata);
+    }
+
+  private:
+    static constexpr std::size_t capacity = 4;
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -757,7 +781,7 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M24>("M24", "generation reports only the working K/V set alive", {P::single_copy}),
         mutant<M25>("M25", "dump never fsyncs its file before the rename", {P::dump_safe}),
         mutant<M26>("M26", "dump never fsyncs the directory after the rename", {P::dump_safe}),
-        mutant<M27>("M27", "a killed dump's temporary file is never removed", {P::dump_safe}),
+        mutant<M27>("M27", "a load takes a killed dump's temporary file for the newest dump", {P::dump_safe}),
         mutant<M28>("M28", "get_cache of one id keeps the copy it hands out as the stored item",
                     {P::owned_marker, P::stored_immutable, P::single_copy}),
         mutant<M29>("M29", "get_cache of ids holding no tokens hands out a cache around the stored lists",
@@ -769,6 +793,8 @@ std::vector<Adapter> mutant_adapters() {
                     {P::stored_immutable, P::generation_equivalent}),
         mutant<M33>("M33", "the store keeps at most 48 items and silently evicts the oldest",
                     {P::stored_immutable, P::store_contract}),
+        mutant<M34>("M34", "an LRU store of 4 items evicts the most recently used entry, not the least",
+                    {P::eviction_as_declared}),
     };
 }
 

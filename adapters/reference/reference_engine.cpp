@@ -18,8 +18,14 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.metadata = true;
     capabilities.returned_caches = returned_caches_;
     capabilities.owned_marker = owned_marker_;
+    if (store_.capacity() > 0) {
+        capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
+        capabilities.policy.eviction = Eviction::lru;
+    }
     return capabilities;
 }
+
+void ReferenceEngine::set_capacity(std::size_t items) { store_.set_capacity(items); }
 
 kv::ConstCachePtr ReferenceEngine::handle(Handle h) const {
     const auto found = handles_.find(h);
@@ -79,6 +85,7 @@ void ReferenceEngine::add_handle(const std::string& id, Handle h) {
 
 void ReferenceEngine::get(const std::string& id, Handle out) {
     const kv::ItemPtr item = store_.get(id);
+    store_.touch(id);
     handles_[out] = item ? item->cache : nullptr;
     handle_metadata_[out] = item ? item->metadata : Metadata{};
 }
@@ -88,6 +95,7 @@ std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::v
     for (const kv::ItemPtr& item : store_.get_by_ids(ids)) {
         found.push_back(item ? std::optional<std::string>(item->id) : std::nullopt);
     }
+    for (const std::string& id : ids) store_.touch(id);
     return found;
 }
 
@@ -99,6 +107,7 @@ std::vector<std::string> ReferenceEngine::get_all_ids() {
 
 void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out) {
     handles_[out] = store_get_cache(ids);
+    for (const std::string& id : ids) store_.touch(id);
 }
 
 void ReferenceEngine::remove(const std::vector<std::string>& ids) {

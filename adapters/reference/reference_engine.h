@@ -45,6 +45,10 @@ class ReferenceEngine : public Engine {
     // Makes it claim no returned caches (Capabilities::returned_caches):
     // kvcheck then never draws turn or extract for it.
     void drop_returned_caches() { returned_caches_ = false; }
+    // Bounds its store at `items` entries, evicting the least recently used
+    // (kv::Store::set_capacity), and declares so (Capabilities::policy:
+    // lru, listed in insertion order). 0: no bound, the default.
+    void set_capacity(std::size_t items);
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;

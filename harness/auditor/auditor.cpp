@@ -81,6 +81,7 @@ void Auditor::store(const std::string& id, ObjectId object, Metadata metadata) {
     const auto [node, inserted] = entries_.try_emplace(id);
     if (inserted) order_.push_back(id);
     node->value = object;
+    touch(id);
     Object& stored = objects_.at(object);
     stored.expect_owned = false;  // storing clears the owned marker
     stored.chain_sets = 1;        // and makes the cache an original: its copy history ends
@@ -91,12 +92,75 @@ void Auditor::remove(const std::string& id) {
     if (!entries_.erase(id)) return;
     metadata_.erase(id);
     order_.erase(std::find(order_.begin(), order_.end(), id));
+    recency_.erase(std::find(recency_.begin(), recency_.end(), id));
 }
 
 void Auditor::remove_all() {
     entries_.clear();
     metadata_.clear();
     order_.clear();
+    recency_.clear();
+}
+
+void Auditor::touch(const std::string& id) {
+    if (entries_.find(id) == nullptr) return;
+    const auto found = std::find(recency_.begin(), recency_.end(), id);
+    if (found != recency_.end()) recency_.erase(found);
+    recency_.push_back(id);
+}
+
+std::int64_t Auditor::stored_bytes() const {
+    std::int64_t bytes = 0;
+    entries_.for_each([&](const std::string&, ObjectId object) { bytes += bytes_of(object); });
+    return bytes;
+}
+
+std::vector<std::string> Auditor::handed_out() const {
+    std::vector<std::string> ids;
+    for (const std::string& id : order_) {
+        const ObjectId entry = *entries_.find(id);
+        for (const auto& [handle, object] : handles_) {
+            if (object && may_alias(*object, entry)) {
+                ids.push_back(id);
+                break;
+            }
+        }
+    }
+    return ids;
+}
+
+std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
+                                                const std::vector<std::pair<std::string, std::int64_t>>& added) const {
+    std::vector<std::string> order = order_;
+    std::vector<std::string> recency = recency_;
+    std::map<std::string, std::int64_t> bytes;
+    std::int64_t total = 0;
+    for (const std::string& id : order_) total += bytes[id] = bytes_of(*entries_.find(id));
+    const auto over = [&] {
+        return (policy.capacity_items > 0 && static_cast<std::int64_t>(order.size()) > policy.capacity_items) ||
+               (policy.capacity_bytes > 0 && total > policy.capacity_bytes);
+    };
+    std::vector<std::string> evicted;
+    for (const auto& [id, size] : added) {
+        const auto known = bytes.find(id);
+        if (known == bytes.end()) {
+            order.push_back(id);
+        } else {
+            total -= known->second;
+            recency.erase(std::find(recency.begin(), recency.end(), id));
+        }
+        recency.push_back(id);
+        total += bytes[id] = size;
+        while (over() && (policy.eviction == Eviction::lru || policy.eviction == Eviction::fifo)) {
+            const std::string victim = policy.eviction == Eviction::lru ? recency.front() : order.front();
+            order.erase(std::find(order.begin(), order.end(), victim));
+            recency.erase(std::find(recency.begin(), recency.end(), victim));
+            total -= bytes.at(victim);
+            bytes.erase(victim);
+            evicted.push_back(victim);
+        }
+    }
+    return evicted;
 }
 
 std::optional<ObjectId> Auditor::entry(const std::string& id) const {
@@ -158,6 +222,7 @@ std::uint64_t Auditor::digest_of(ObjectId id) {
 Snapshot Auditor::snapshot() const {
     Snapshot snapshot;
     snapshot.order = order_;
+    snapshot.recency = recency_;
     entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
     snapshot.metadata = metadata_;
     entries_.for_each([&](const std::string& id, ObjectId object) {
@@ -170,7 +235,7 @@ Snapshot Auditor::snapshot() const {
     return snapshot;
 }
 
-void Auditor::restore(const Snapshot& snapshot) {
+void Auditor::restore(const Snapshot& snapshot, ListingOrder listing) {
     remove_all();
     std::map<ObjectId, ObjectId> made;  // the snapshot's objects -> the new ones
     for (const std::string& id : snapshot.order) {
@@ -186,6 +251,10 @@ void Auditor::restore(const Snapshot& snapshot) {
         }
         store(id, object, snapshot.metadata.at(id));
     }
+    // A load stores the dump's items in the order it lists them: that is
+    // their recency after it (docs/semantics.md#declared-store-contracts).
+    // A snapshot made by hand (a test's) may leave recency out.
+    if (listing == ListingOrder::recency && snapshot.recency.size() == order_.size()) recency_ = snapshot.recency;
 }
 
 std::optional<ObjectId> Auditor::handle(std::int64_t handle) const {

@@ -56,6 +56,7 @@ struct Object {
 // A store's content at the moment of a dump.
 struct Snapshot {
     std::vector<std::string> order;
+    std::vector<std::string> recency;  // least recently used first
     std::map<std::string, CacheContent> entries;
     std::map<std::string, Metadata> metadata;
     // Ids that held one cache object: a load gives them one object again
@@ -103,12 +104,35 @@ class Auditor {
     void remove(const std::string& id);
     void remove_all();
     const std::vector<std::string>& order() const { return order_; }
+    // The stored ids, least recently used first: a use is a store (add,
+    // add_handle, extract, fill) or a hand-out (get, get_by_ids, get_cache)
+    // of the id (docs/semantics.md#declared-store-contracts).
+    const std::vector<std::string>& recency() const { return recency_; }
+    void touch(const std::string& id);  // a stored id was used; others are ignored
+    // The listing a store of `listing` order must give (unordered: insertion
+    // order, compared as a set).
+    const std::vector<std::string>& listing(ListingOrder listing) const {
+        return listing == ListingOrder::recency ? recency_ : order_;
+    }
+    // The K/V bytes the store holds (content_bytes of every entry).
+    std::int64_t stored_bytes() const;
+    // The ids that must not be evicted under Eviction::unspecified: those
+    // handed out, whose object a live handle holds (or a view of it).
+    std::vector<std::string> handed_out() const;
+    // The ids a store of `policy` (lru or fifo) evicts, in order, when
+    // `added` (id, K/V bytes) are stored one after the other into the store
+    // as it is now. Nothing changes here: the run follows what the engine
+    // did, and eviction-as-declared compares.
+    std::vector<std::string> due_evictions(const StorePolicy& policy,
+                                           const std::vector<std::pair<std::string, std::int64_t>>& added) const;
     std::optional<ObjectId> entry(const std::string& id) const;
     // The view and digest the engine's cache of `object` must have.
     const CacheView& view_of(ObjectId object);
     std::uint64_t digest_of(ObjectId object);
     Snapshot snapshot() const;
-    void restore(const Snapshot& snapshot);  // load: new objects, same content
+    // load: new objects, same content; used in the order a store of
+    // `listing` order lists them
+    void restore(const Snapshot& snapshot, ListingOrder listing = ListingOrder::insertion);
 
     // Handles: created (possibly holding no cache) or never created.
     bool handle_created(std::int64_t handle) const { return handles_.count(handle) != 0; }
@@ -135,6 +159,7 @@ class Auditor {
     std::unordered_map<ObjectId, std::vector<ObjectId>> alias_children_;  // alias_parent -> the objects naming it
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
+    std::vector<std::string> recency_;  // least recently used first
     IdMap<ObjectId> entries_;  // in no order: order_ has it
     std::map<std::string, Metadata> metadata_;  // of the stored ids
     std::map<std::int64_t, std::optional<ObjectId>> handles_;

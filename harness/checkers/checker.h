@@ -23,6 +23,9 @@
 //               membership, and at every full read);
 //   HandleFact  a live handle is to be checked against the store's storage
 //               (the handles a step names or reaches, all at a full read);
+//   Evicted     a store with a declared capacity stored items (add,
+//               add_handle, extract, fill): what it evicted, against
+//               what its declared policy evicts, right after the operation;
 //   Paged       a paged operation ran (the paged family, kvcheck/paged.h):
 //               the pool as the engine reported it before and after.
 // What each property asserts: docs/semantics.md#properties.
@@ -131,7 +134,9 @@ struct CrashLoad {
     LoadResult result;          // the fresh engine's load
     bool matched = false;       // a successful load gave a store the state may hold
     std::string difference;     // otherwise: how it differs from the new store
-    std::vector<std::string> leftovers;  // temporaries of a dump still there after the load
+    // Temporaries of a dump in the state the load ran on: no finding of
+    // their own, named in the message of a load they may have changed.
+    std::vector<std::string> leftovers;
     std::string changed_by_failure;      // the failed load, repeated on a loaded store, changed it: how
 };
 
@@ -140,8 +145,30 @@ struct DumpKilled {
     std::string kill;    // "killed before call 3 of 7, after fsync ..."; empty: the dump made no counted call
     DumpSlot expected;   // what the slot could hold before the dump
     std::vector<CrashLoad> loads;
-    std::vector<std::string> stale;  // temporaries of an earlier killed dump that a complete dump left
     std::string unfollowed;          // the power-cut model cannot follow this dump: why (nothing was loaded)
+};
+
+// A store with a declared capacity (Capabilities::policy) stored items,
+// one after the other: per item, the entries it no longer listed after it,
+// of those it held or was given, against what its policy evicts
+// (docs/semantics.md#declared-store-contracts). The auditor has followed
+// the engine: the entries gone are gone from it too.
+struct Evicted {
+    struct Store {
+        std::string id;                  // the item stored
+        bool refused = false;            // policy none: the engine refused it, past the capacity
+        bool over = false;               // with it, the store would exceed its capacity
+        std::size_t items_before = 0;    // entries, and K/V bytes, held with it, before any eviction
+        std::int64_t bytes_before = 0;
+        std::vector<std::string> gone;   // the ids the engine no longer lists after it, in the store's order
+        std::vector<std::string> due;    // lru, fifo: the ids the policy evicts for it, in order
+    };
+    std::string what;                     // the operation, as messages name it: "add \"a\"", "fill i0..i63"
+    StorePolicy policy;
+    std::vector<std::string> handed_out;  // ids a live handle held before the operation
+    std::vector<Store> stores;
+    std::size_t items_after = 0;          // entries, and K/V bytes, held after the operation
+    std::int64_t bytes_after = 0;
 };
 
 struct GotByIds {
@@ -284,6 +311,7 @@ class Checker {
     virtual void listing(bool full_read, Probe&) {}
     virtual void handle(const HandleFact&, Probe&) {}
     virtual void paged(const Paged&, Probe&) {}
+    virtual void evicted(const Evicted&, Probe&) {}
 
   protected:
     bool checking(const Probe& probe) const { return probe.checking(property_); }

@@ -50,6 +50,14 @@ const std::array<Property, property_count>& all_properties() {
     return properties;
 }
 
+bool paged_property(Property property) {
+    return (property_table[static_cast<std::size_t>(property)].needs & property_needs_paged) != 0;
+}
+
+bool capacity_property(Property property) {
+    return (property_table[static_cast<std::size_t>(property)].needs & property_needs_capacity) != 0;
+}
+
 PropertySet checkable(const Capabilities& capabilities) {
     PropertySet set = PropertySet::all();
     for (const PropertyInfo& info : property_table) {
@@ -60,6 +68,7 @@ PropertySet checkable(const Capabilities& capabilities) {
                               !capabilities.storage_identity) ||
                              ((info.needs & property_needs_paged) && !capabilities.paged) ||
                              ((info.needs & property_needs_free_order) && capabilities.paged_free_order == PagedFreeOrder::unspecified) ||
+                             ((info.needs & property_needs_capacity) && !capabilities.policy.bounded()) ||
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }

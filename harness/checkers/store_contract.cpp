@@ -2,7 +2,8 @@
 // and of a stored one its item; get_by_ids answers position by position in
 // request order (none for a missing id); get_all and the store's listing
 // give the ids in insertion order (an overwritten id keeps its place, a
-// re-added one goes last); get_cache of ids none of which exists gives
+// re-added one goes last), or in the order the store declares (recency,
+// or any: docs/semantics.md#declared-store-contracts); get_cache of ids none of which exists gives
 // none, and of ids that exist but of which none holds tokens gives none or
 // a new cache holding no K/V (that it shares nothing with the store is
 // stored-immutable's).
@@ -61,21 +62,40 @@ class StoreContract final : public Checker {
     }
 
     void got_all(const GotAll& got, Probe& probe) override {
-        const std::vector<std::string>& expected = probe.auditor().order();
-        expect(probe, got.ids == expected, [&] {
-            return "get_all returned " + id_list(got.ids) + ", expected " + id_list(expected) + " (insertion order)";
+        if (!checking(probe)) return;
+        const ListingOrder order = probe.capabilities().policy.listing;
+        const std::vector<std::string>& expected = probe.auditor().listing(order);
+        expect(probe, listed_as_declared(got.ids, expected, order), [&] {
+            return "get_all returned " + id_list(got.ids) + ", expected " + id_list(expected) + " (" + order_text(order) + ")";
         });
     }
 
     void listing(bool, Probe& probe) override {
         if (!checking(probe)) return;
-        const std::vector<std::string>& expected = probe.auditor().order();
-        expect(probe, probe.listed() == expected, [&] {
-            return "the store lists " + id_list(probe.listed()) + ", expected " + id_list(expected) + " (insertion order)";
+        const ListingOrder order = probe.capabilities().policy.listing;
+        const std::vector<std::string>& expected = probe.auditor().listing(order);
+        expect(probe, listed_as_declared(probe.listed(), expected, order), [&] {
+            return "the store lists " + id_list(probe.listed()) + ", expected " + id_list(expected) + " (" + order_text(order) + ")";
         });
     }
 
   private:
+    // docs/semantics.md#declared-store-contracts: the listing order a store declares.
+    static bool listed_as_declared(const std::vector<std::string>& listed, const std::vector<std::string>& expected,
+                                   ListingOrder order) {
+        if (order != ListingOrder::unordered) return listed == expected;
+        return ids_difference(listed, expected, false).empty();
+    }
+
+    static std::string order_text(ListingOrder order) {
+        switch (order) {
+            case ListingOrder::insertion: return "insertion order";
+            case ListingOrder::recency: return "recency order, least recently used first";
+            case ListingOrder::unordered: return "in any order";
+        }
+        return "";
+    }
+
     // get hands back the item's metadata as it was stored.
     void check_metadata(const Made& made, Probe& probe) const {
         if (!made.object || !probe.capabilities().metadata || !checking(probe)) return;

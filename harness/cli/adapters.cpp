@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <unistd.h>
 
 namespace kvcheck::cli {
 namespace {
@@ -86,16 +88,66 @@ bool is_python_script(const std::string& word) {
     return word.size() > 3 && word.compare(word.size() - 3, 3, ".py") == 0;
 }
 
-// --python, else $KVCHECK_PYTHON, else $KVCHECK_SDK_PYTHON (the interpreter
-// of the environment the kvcheck wheel was installed into, set by its
-// console script: python/kvcheck_adapter/_tool.py), else Debian's.
-std::string python_of(const AdapterOptions& options) {
-    if (!options.python.empty()) return options.python;
-    for (const char* variable : {"KVCHECK_PYTHON", "KVCHECK_SDK_PYTHON"}) {
-        const char* chosen = std::getenv(variable);
-        if (chosen != nullptr && *chosen != '\0') return chosen;
+// The interpreter a Python script adapter runs under, and why that one.
+struct Interpreter {
+    std::string path;
+    std::string why;  // "--python", "$VIRTUAL_ENV", ...: said in every hint
+};
+
+bool is_executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
+
+std::string environment(const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+}
+
+// The script's own interpreter: a first line `#!/path/to/python ...` (not
+// `#!/usr/bin/env ...`, which names none: the environment's PATH decides,
+// and an active virtual environment is next anyway).
+std::string declared_python(const std::string& script) {
+    std::ifstream file(script);
+    std::string line;
+    if (!std::getline(file, line) || line.rfind("#!", 0) != 0) return "";
+    const std::vector<std::string> words = shell_words(line.substr(2));
+    if (words.empty() || words.front().rfind('/', 0) != 0) return "";
+    if (std::filesystem::path(words.front()).filename() == "env") return "";
+    return words.front();
+}
+
+// The interpreter beside this kvcheck: a kvcheck installed with the SDK
+// into a virtual environment or a prefix (pip's bin/, the .deb's
+// /usr/bin) runs next to the python that imports that SDK.
+std::string python_beside_kvcheck() {
+    std::error_code ignored;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ignored);
+    if (self.empty()) return "";
+    for (const char* name : {"python", "python3"}) {
+        const std::string candidate = (self.parent_path() / name).string();
+        if (is_executable(candidate)) return candidate;
     }
-    return default_python;
+    return "";
+}
+
+// In order: --python; $KVCHECK_PYTHON (its environment form); the
+// script's `#!` interpreter; an active virtual environment's python
+// ($VIRTUAL_ENV/bin/python); the environment's python the kvcheck wheel's
+// console script names ($KVCHECK_SDK_PYTHON), or the python beside this
+// kvcheck (where its installed SDK lives); else Debian's /usr/bin/python3.
+Interpreter python_of(const AdapterOptions& options, const std::string& script) {
+    if (!options.python.empty()) return {options.python, "--python"};
+    const std::string chosen = environment("KVCHECK_PYTHON");
+    if (!chosen.empty()) return {chosen, "$KVCHECK_PYTHON"};
+    const std::string declared = declared_python(script);
+    if (!declared.empty()) return {declared, "the #! line of " + script};
+    const std::string venv = environment("VIRTUAL_ENV");
+    if (!venv.empty() && is_executable(venv + "/bin/python")) return {venv + "/bin/python", "the active virtual environment, $VIRTUAL_ENV"};
+    // The kvcheck wheel's console script names the interpreter of the
+    // environment it is installed into (python/kvcheck_adapter/_tool.py).
+    const std::string wheel = environment("KVCHECK_SDK_PYTHON");
+    if (!wheel.empty()) return {wheel, "the environment the kvcheck wheel is installed in ($KVCHECK_SDK_PYTHON)"};
+    const std::string beside = python_beside_kvcheck();
+    if (!beside.empty()) return {beside, "the python installed beside kvcheck"};
+    return {default_python, "the default: no --python, $KVCHECK_PYTHON, #! line or active virtual environment"};
 }
 
 // The kvcheck_adapter package this kvcheck was installed into by the
@@ -125,8 +177,10 @@ std::string sdk_dir() {
 }
 
 // The command an adapter argument names, or nullopt when it names no
-// process: "exec:COMMAND" as given; "x.py ARGS" run by the interpreter.
-std::optional<process::ProcessCommand> process_command(const std::string& text, const AdapterOptions& options) {
+// process: "exec:COMMAND" as given; "x.py ARGS" run by the interpreter
+// (python_of: `why` says which and why).
+std::optional<process::ProcessCommand> process_command(const std::string& text, const AdapterOptions& options,
+                                                       std::string& why) {
     process::ProcessCommand command;
     if (text.rfind(exec_prefix, 0) == 0) {
         command.argv = shell_words(text.substr(std::strlen(exec_prefix)));
@@ -135,7 +189,9 @@ std::optional<process::ProcessCommand> process_command(const std::string& text, 
         std::vector<std::string> words = shell_words(text);
         if (words.empty() || !is_python_script(words.front())) return std::nullopt;
         if (!std::filesystem::exists(words.front())) throw UsageError("adapter script not found: " + words.front());
-        words.insert(words.begin(), python_of(options));
+        const Interpreter python = python_of(options, words.front());
+        why = python.why;
+        words.insert(words.begin(), python.path);
         command.argv = std::move(words);
     }
     for (const std::string& word : command.argv) command.text += (command.text.empty() ? "" : " ") + shell_quoted(word);
@@ -148,18 +204,22 @@ std::optional<process::ProcessCommand> process_command(const std::string& text, 
     return command;
 }
 
-std::string start_hint(const std::string& detail, const process::ProcessCommand& command) {
-    if (detail.find("No module named 'torch'") != std::string::npos) {
-        return "\nhint: " + command.argv.front() + " has no torch; choose an interpreter that has it with --python PATH "
-               "or $KVCHECK_PYTHON (default " + default_python + ", Debian's, with python3-torch)";
-    }
+// Every import error of an adapter process names --python: the usual
+// cause is an interpreter without the adapter's packages.
+std::string start_hint(const std::string& detail, const process::ProcessCommand& command, const std::string& why) {
+    const bool import_error = detail.find("No module named") != std::string::npos ||
+                              detail.find("ImportError") != std::string::npos;
+    if (!import_error) return "";
+    const std::string interpreter = why.empty() ? "the adapter's command" : command.argv.front() + " (chosen by " + why + ")";
+    std::string hint = "\nhint: " + interpreter + " cannot import what the adapter needs; name an interpreter that can with "
+                       "--python PATH (a virtual environment's: --python .venv/bin/python, or activate it), or $KVCHECK_PYTHON";
     if (detail.find("No module named 'kvcheck_adapter'") != std::string::npos) {
-        return "\nhint: put the SDK's directory (python/ in kvcheck's source tree) on PYTHONPATH";
+        hint += "; the SDK itself: pip install kvcheck's python/ into that interpreter, or put that directory on PYTHONPATH";
     }
-    return "";
+    return hint;
 }
 
-Adapter load_process_adapter(const process::ProcessCommand& command) {
+Adapter load_process_adapter(const process::ProcessCommand& command, const std::string& why) {
     process::LaunchOptions launch;
     launch.on_fault = [](const process::ProcessFault& fault) { exit_with_fault(fault.kind, fault.detail); };
     launch.on_warm_start = [](int pid) { report_adopted_process(pid); };
@@ -173,13 +233,14 @@ Adapter load_process_adapter(const process::ProcessCommand& command) {
         launcher = std::make_shared<process::ProcessLauncher>(command, launch);
         hello = launcher->probe();
     } catch (const process::ProcessError& error) {
-        throw UsageError(error.fault().detail + start_hint(error.fault().detail, command));
+        throw UsageError(error.fault().detail + start_hint(error.fault().detail, command, why));
     }
     launchers()[exec_prefix + command.text] = launcher;
     Adapter adapter{hello.name, hello.description, exec_prefix + command.text, {}, [launcher] { return launcher->make(); },
                     [launcher](int pid) { return launcher->take_output(pid); }, hello.capabilities.model};
     adapter.paged = hello.capabilities.paged;
     adapter.store = hello.capabilities.store;
+    adapter.policy = hello.capabilities.policy;
     adapter.dump_kill_absent = hello.dump_fork_absent;
     return adapter;
 }
@@ -215,7 +276,8 @@ Adapter python_example(const AdapterOptions& options) { return load_adapter(pyth
 
 Adapter load_adapter(const std::string& name_or_path, const AdapterOptions& options) {
     if (const Adapter* bundled = find_bundled(name_or_path)) return *bundled;
-    if (const auto command = process_command(name_or_path, options)) return load_process_adapter(*command);
+    std::string why;
+    if (const auto command = process_command(name_or_path, options, why)) return load_process_adapter(*command, why);
     if (looks_like_path(name_or_path)) return load_plugin(name_or_path);
     std::string names;
     for (const Adapter& bundled : bundled_list()) names += " " + bundled.name;

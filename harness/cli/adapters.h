@@ -26,7 +26,9 @@ using kvcheck::Adapter;
 
 struct AdapterOptions {
     // The interpreter of a Python script adapter; empty: $KVCHECK_PYTHON,
-    // else /usr/bin/python3 (Debian's, which has torch).
+    // else the script's `#!` interpreter, else an active virtual
+    // environment's ($VIRTUAL_ENV/bin/python), else the python beside this
+    // kvcheck (where its installed SDK lives), else /usr/bin/python3.
     std::string python;
 };
 

@@ -136,7 +136,9 @@ std::string usage_of(const std::string& synopsis, const std::string& about, cons
 }
 
 const std::vector<OptionSpec> isolation_options = {
-    {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else /usr/bin/python3)"},
+    {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else the script's #!\n"
+                       "                             interpreter, else $VIRTUAL_ENV/bin/python, else the python beside\n"
+                       "                             kvcheck, else /usr/bin/python3)"},
     {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30,\n"
                         "                             at least 1)"},
     {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit, else at least 1 (default 3600;\n"

@@ -34,9 +34,10 @@ class Scheduler {
     // process adapter starts one): the message, else null.
     static const char* known_not_applicable(const Adapter& adapter, Property property) {
         if (!adapter.model.has_value()) return nullptr;
-        const bool paged_property = !checkable(Capabilities{}).has(property);
-        if (paged_property && !adapter.paged) return paged_not_applicable;
-        if (!paged_property && !adapter.store) return contiguous_not_applicable;
+        const bool paged = paged_property(property);
+        if (paged && !adapter.paged) return paged_not_applicable;
+        if (!paged && !adapter.store) return contiguous_not_applicable;
+        if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
         return nullptr;
     }
 
@@ -120,8 +121,10 @@ class Scheduler {
             if (interrupted_by() != 0) return stop();
         }
         settle_elsewhere();
+        settle_also();
         settle_engine_errors();
         settle_shared_state();
+        say_changed_verdicts();
         return {results_, 0};
     }
 
@@ -181,6 +184,58 @@ class Scheduler {
                 row.repeats = own.repeats;
                 settle_failures(adapter.adapter, stems_[key.first], row, options_);
             }
+        }
+    }
+
+    // A violation reported as "also" at a failing step fails its own row
+    // too, when that row's search passed or was blocked: it points at the
+    // trace that showed it (issue 42: a row's verdict counts every
+    // violation reported on it).
+    void settle_also() {
+        for (std::size_t a = 0; a < results_.size(); ++a) {
+            AdapterResult& adapter = results_[a];
+            std::vector<std::pair<std::string, FailureReport>> found;  // (property, its failure)
+            for (const PropertyResult& row : adapter.properties) {
+                if (row.verdict != "fail") continue;
+                for (const FailureReport& failure : row.failures) {
+                    for (const std::string& also : failure.also) {
+                        const std::size_t colon = also.find(": ");
+                        if (colon == std::string::npos) continue;
+                        FailureReport shown = failure;
+                        shown.also.clear();
+                        shown.fault.clear();
+                        shown.message = "also at the failing step of " + row.id + "'s trace" +
+                                        (failure.trace_file.empty() ? "" : " (" + failure.trace_file + ")") + ": " +
+                                        also.substr(colon + 2);
+                        found.emplace_back(also.substr(0, colon), std::move(shown));
+                    }
+                }
+            }
+            for (auto& [property, failure] : found) {
+                for (PropertyResult& row : adapter.properties) {
+                    if (row.id != property || (row.verdict != "pass" && row.verdict != "blocked")) continue;
+                    row.verdict = "fail";
+                    row.failures = {std::move(failure)};
+                    settle_failures(adapter.adapter, stems_[a], row, options_);
+                    break;
+                }
+            }
+        }
+    }
+
+    // The progress lines said each verdict as its search ended; a verdict
+    // settled later (found by another search, or as "also") is said again,
+    // so that the lines and the final table agree.
+    void say_changed_verdicts() const {
+        if (!options_.progress) return;
+        for (const auto& [key, said] : said_) {
+            const PropertyResult& row = results_[key.first].properties[key.second];
+            const std::string verdict = row.fault.empty() ? row.verdict : "FAULT";
+            if (verdict == said) continue;
+            std::string name = printable(adapters_[key.first].name, 40);
+            name.resize(std::max(name.size(), name_width_), ' ');
+            std::cerr << "[settled] " << name << " " << row.id << ": now " << verdict << " (was " << said << "): "
+                      << printable(row.message, 400) << "\n";
         }
     }
 
@@ -422,6 +477,7 @@ class Scheduler {
         }
         if (options_.progress) {
             const std::string verdict = result.fault.empty() ? result.verdict : "FAULT";
+            said_[{task.adapter, task.property}] = verdict;
             char line[128];
             std::snprintf(line, sizeof line, "%-22s %-7s %5zu cases %6.2f s\n", result.id.c_str(), verdict.c_str(),
                           result.cases, result.seconds);
@@ -470,6 +526,8 @@ class Scheduler {
     std::size_t not_timed_ = 0;    // finished tasks not in it (skipped: they took no time of their own)
     // (adapter, property id) -> the index of the search that found it, and what it found
     std::map<std::pair<std::size_t, std::string>, std::pair<std::size_t, PropertyResult>> elsewhere_;
+    // The verdict each progress line said, by (adapter, property index).
+    std::map<std::pair<std::size_t, std::size_t>, std::string> said_;
     std::vector<std::vector<ErrorGroup>> errors_;  // per adapter: the engine-error groups sent, as collected
     std::vector<std::vector<ErrorGroup>> shared_;  // per adapter: the shared-state findings, as collected
 };

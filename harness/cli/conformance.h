@@ -92,6 +92,11 @@ inline constexpr const char* paged_not_applicable =
 inline constexpr const char* contiguous_not_applicable =
     "n/a: a property of contiguous caches, and the adapter is a paged engine only (Capabilities::store)";
 
+// The verdict message of a property that judges a declared capacity for a
+// store that declares none (Capabilities::policy): nothing may be evicted.
+inline constexpr const char* capacity_not_applicable =
+    "n/a: the adapter declares no capacity (store_policy), so no entry may be evicted (stored-immutable holds it to that)";
+
 struct PropertyResult {
     std::string id;
     // "pass", "fail", "skipped", "blocked" (fewer than 90 % of the search's

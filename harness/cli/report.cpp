@@ -47,6 +47,8 @@ std::string cell(const PropertyResult& result) {
     return result.not_applied.empty() ? "pass" : "pass*";
 }
 
+bool not_applicable(const PropertyResult& result) { return cell(result) == "n/a"; }
+
 struct Counts {
     std::size_t pass = 0, fail = 0, fault = 0, skipped = 0, not_run = 0, blocked = 0, properties = 0;
     void add(const PropertyResult& p) {
@@ -140,6 +142,7 @@ std::string json_adapter(const AdapterResult& result, std::uint64_t seed) {
             << ", \"trace_file_error\": " << json_or_null(p.trace_file_error)
             << ", \"reproduce\": " << json_or_null(p.reproduce) << ", \"engine_output\": " << json_output(p.engine_output)
             << ", \"output\": " << json_engine_text(p.output) << ", \"not_applied\": " << json_engine_text(p.not_applied)
+            << ", \"not_applicable\": " << (not_applicable(p) ? "true" : "false")
             << ", \"failures\": [";
         for (std::size_t f = 0; f < p.failures.size(); ++f) out << (f ? ", " : "") << json_failure(p.failures[f]);
         out << "]}";
@@ -242,6 +245,31 @@ std::string pad(std::string text, std::size_t width) {
 }
 
 // Rows: properties; columns: adapters, each as wide as its name.
+// A row n/a for every adapter of the run (a property of the other cache
+// family, or of a capacity none declares) is left out of the table.
+bool left_out(const std::vector<AdapterResult>& results, std::size_t row) {
+    return std::all_of(results.begin(), results.end(),
+                       [row](const AdapterResult& r) { return not_applicable(r.properties[row]); });
+}
+
+// One line saying how many rows the table leaves out, and why; "" for none.
+std::string left_out_note(const std::vector<AdapterResult>& results) {
+    std::size_t family = 0;
+    std::size_t capacity = 0;
+    for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
+        if (!left_out(results, row)) continue;
+        const std::string& message = results.front().properties[row].message;
+        (message.find("capacity") != std::string::npos ? capacity : family) += 1;
+    }
+    if (family + capacity == 0) return "";
+    std::string why;
+    if (family != 0) why = std::to_string(family) + " of the other cache family (paged or contiguous)";
+    if (capacity != 0) why += (why.empty() ? "" : ", ") + std::to_string(capacity) + " judging a capacity no adapter declares";
+    return std::to_string(family + capacity) + (family + capacity == 1 ? " property" : " properties") +
+           " left out, n/a for every adapter: " + why +
+           " (the JSON report lists them, \"not_applicable\": true)\n";
+}
+
 std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
     std::ostringstream out;
     std::size_t first = std::string("property").size();
@@ -261,6 +289,7 @@ std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
         out << "\n";
     }
     for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
+        if (left_out(results, row)) continue;
         const std::string id = results.front().properties[row].id;
         out << (markdown ? "| " + id + " |" : pad(id, first));
         for (std::size_t i = 0; i < results.size(); ++i) {
@@ -269,6 +298,7 @@ std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
         }
         out << "\n";
     }
+    out << (markdown ? "\n" : "") << left_out_note(results);
     return out.str();
 }
 
@@ -469,7 +499,7 @@ std::string render_report(const std::vector<AdapterResult>& results, ReportForma
         << matrix(results, false);
     out << "\npass: no violation in the cases run; FAIL: a violation (trace below); FAULT: the engine crashed, hung,\n"
            "leaked, ran out of time or exited; skip: the adapter lacks a capability the property needs; n/a: a\n"
-           "property of the other cache family (paged or contiguous)"
+           "property of the other cache family (paged or contiguous), or of a capacity the adapter does not declare"
         << (interrupted_by != 0 ? "; -: not finished" : "")
         << ";\nblocked: fewer than 90 % of the traces could be judged (the others ended in an engine error, grouped\n"
            "by message under engine-error). Each property searches traces of its own, with every property checked\n"

@@ -692,16 +692,20 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
     const std::shared_ptr<Engine> probe = adapter.make();
     const Capabilities capabilities = probe->capabilities();
     if (!checkable(capabilities).has(property)) {
-        if (!capabilities.paged && !checkable(Capabilities{}).has(property)) {
+        if (!capabilities.paged && paged_property(property)) {
             out.send("skipped", paged_not_applicable);
             return;
         }
-        if (!capabilities.store && checkable(Capabilities{}).has(property)) {
+        if (!capabilities.store && !paged_property(property)) {
             out.send("skipped", contiguous_not_applicable);
             return;
         }
         if (property == Property::free_order) {
             out.send("skipped", "the adapter declares no free-queue order (Capabilities::paged_free_order unspecified)");
+            return;
+        }
+        if (capacity_property(property) && !capabilities.policy.bounded()) {
+            out.send("skipped", capacity_not_applicable);
             return;
         }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");

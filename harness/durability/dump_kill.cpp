@@ -197,7 +197,6 @@ struct State {
 struct StateLoad {
     LoadResult result;
     StoreReading store;
-    std::vector<std::string> names_after;  // what the directory holds after the load
     bool checked_failure = false;  // the failed load was repeated on a store loaded from the complete dump
     LoadResult complete;           // that store's load
     StoreReading after_failure;    // and the store after the repeated load
@@ -224,9 +223,6 @@ void load_states(int out, const std::function<std::shared_ptr<Engine>()>& fresh,
         const LoadResult result = engine->load(dirs[i]);
         write_load(report, result);
         if (result.ok) write_store(report, *engine);
-        const std::vector<std::string> names = read_image(dirs[i]).names();
-        report.number(names.size());
-        for (const std::string& name : names) report.text(name);
         report.number(result.ok ? 0 : 1);
         if (!result.ok) {
             // Once more, from the state as it was, on a store that holds the complete dump.
@@ -259,8 +255,6 @@ std::vector<StateLoad> read_loads(const std::string& output, std::size_t states)
         StateLoad load;
         load.result = read_load(in);
         if (load.result.ok) load.store = read_store(in);
-        const std::uint64_t names = in.number();
-        for (std::uint64_t i = 0; i < names; ++i) load.names_after.push_back(in.text());
         load.checked_failure = in.number() != 0;
         if (load.checked_failure) {
             load.complete = read_load(in);
@@ -368,7 +362,6 @@ KillOutcome run_kill_test(const KillTest& test) {
     fact.unfollowed = returned.unfollowed;
     std::set<std::string> temporaries(test.temporaries.begin(), test.temporaries.end());
     for (const std::string& name : returned.created) temporaries.insert(name);
-    fact.stale = names_in(complete_names, std::set<std::string>(test.temporaries.begin(), test.temporaries.end()));
 
     std::vector<State> states;
     for (const CrashState& state : returned.states) {
@@ -436,7 +429,7 @@ KillOutcome run_kill_test(const KillTest& test) {
                 judged.matched = difference(load.store, previous[k]).empty();
             }
         }
-        judged.leftovers = names_in(load.names_after, temporaries);
+        judged.leftovers = names_in(states[i].image.names(), temporaries);
         if (load.checked_failure && load.complete.ok) judged.changed_by_failure = difference(load.after_failure, now);
         fact.loads.push_back(std::move(judged));
     }

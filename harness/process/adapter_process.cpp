@@ -425,6 +425,7 @@ void AdapterProcess::handshake(double seconds) {
         if (reply.find("description")) hello_.description = read_string(reply, "description");
         if (const Json* flags = reply.find("capabilities")) hello_.capabilities = read_capabilities(*flags);
         if (const Json* model = reply.find("model")) hello_.capabilities.model = read_model(*model);
+        if (const Json* policy = reply.find("store_policy")) hello_.capabilities.policy = read_policy(*policy);
         const std::string fault = capabilities_fault(hello_.capabilities);
         if (!fault.empty()) throw ProtocolError(fault);
         if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");

@@ -344,13 +344,18 @@ std::vector<T> read_names(const Json& object, const char* name, Parse parse) {
     return items;
 }
 
-ModelDomain read_model_members(const Json& object) {
-    static const std::array<const char*, 6> keys{"layers", "heads", "head_dim", "dtypes", "layouts", "odd_layers"};
+// Refuses a member of `object` that is none of `keys`, naming them all.
+void only_keys(const Json& object, const std::vector<const char*>& keys) {
     for (const auto& member : object.as_object()) {
-        if (std::find_if(keys.begin(), keys.end(), [&](const char* key) { return member.first == key; }) == keys.end()) {
-            throw ProtocolError("unknown key '" + member.first + "' (known: layers, heads, head_dim, dtypes, layouts, odd_layers)");
-        }
+        if (std::find_if(keys.begin(), keys.end(), [&](const char* key) { return member.first == key; }) != keys.end()) continue;
+        std::string known;
+        for (const char* key : keys) known += std::string(known.empty() ? "" : ", ") + key;
+        throw ProtocolError("unknown key '" + member.first + "' (known: " + known + ")");
     }
+}
+
+ModelDomain read_model_members(const Json& object) {
+    only_keys(object, {"layers", "heads", "head_dim", "dtypes", "layouts", "odd_layers"});
     ModelDomain model;
     model.declared = true;
     model.layers = read_int(object, "layers");
@@ -364,14 +369,52 @@ ModelDomain read_model_members(const Json& object) {
 
 }  // namespace
 
-ModelDomain read_model(const Json& object) {
+namespace {
+
+// A handshake object read by `read`, every error of it named after `name`.
+template <typename Read>
+auto in_object(const char* name, Read read) -> decltype(read()) {
     try {
-        return read_model_members(object);
+        return read();
     } catch (const JsonError& error) {
-        throw ProtocolError(std::string("'model': ") + error.what());
+        throw ProtocolError(std::string("'") + name + "': " + error.what());
     } catch (const ProtocolError& error) {
-        throw ProtocolError(std::string("'model': ") + error.what());
+        throw ProtocolError(std::string("'") + name + "': " + error.what());
     }
+}
+
+}  // namespace
+
+ModelDomain read_model(const Json& object) {
+    return in_object("model", [&] { return read_model_members(object); });
+}
+
+namespace {
+
+StorePolicy read_policy_members(const Json& object) {
+    only_keys(object, {"capacity_items", "capacity_bytes", "eviction", "listing"});
+    StorePolicy policy;
+    if (object.find("capacity_items") != nullptr) policy.capacity_items = read_int(object, "capacity_items");
+    if (object.find("capacity_bytes") != nullptr) policy.capacity_bytes = read_int(object, "capacity_bytes");
+    if (object.find("eviction") != nullptr) {
+        const std::string text = read_string(object, "eviction");
+        const std::optional<Eviction> eviction = parse_eviction(text);
+        if (!eviction) throw ProtocolError("'eviction' is '" + text + "' (known: none, lru, fifo, unspecified)");
+        policy.eviction = *eviction;
+    }
+    if (object.find("listing") != nullptr) {
+        const std::string text = read_string(object, "listing");
+        const std::optional<ListingOrder> listing = parse_listing(text);
+        if (!listing) throw ProtocolError("'listing' is '" + text + "' (known: insertion, recency, unordered)");
+        policy.listing = *listing;
+    }
+    return policy;
+}
+
+}  // namespace
+
+StorePolicy read_policy(const Json& object) {
+    return in_object("store_policy", [&] { return read_policy_members(object); });
 }
 
 std::vector<CopyRecord> read_copies(const Json& copies) {

@@ -83,6 +83,10 @@ Capabilities read_capabilities(const Json& flags);
 // unknown key, a missing one or a value of the wrong type is an error
 // naming it. Declared; capabilities_fault judges the values.
 ModelDomain read_model(const Json& object);
+// The handshake's "store_policy" (docs/protocol.md section 3): capacity,
+// eviction and listing order; every key optional. Throws ProtocolError
+// naming an unknown key or value.
+StorePolicy read_policy(const Json& object);
 // An item's metadata: an object of strings.
 Metadata read_metadata(const Json& object);
 std::vector<CopyRecord> read_copies(const Json& copies);

@@ -141,6 +141,81 @@ std::optional<ObjectId> Transitions::known_source(std::int64_t handle, bool* hol
     return object;
 }
 
+// ---- a bounded store (docs/semantics.md#declared-store-contracts) ------------------
+
+void Transitions::use(const std::string& id) {
+    const StorePolicy& policy = readings_.capabilities().policy;
+    if (policy.eviction == Eviction::lru || policy.listing == ListingOrder::recency) audit_.touch(id);
+}
+
+void Transitions::begin_stores(std::string what) {
+    const StorePolicy& policy = readings_.capabilities().policy;
+    if (!policy.bounded()) return;
+    checkers::Evicted fact;
+    fact.what = std::move(what);
+    fact.policy = policy;
+    fact.handed_out = audit_.handed_out();
+    evicted_ = std::move(fact);
+}
+
+// One item stored into a bounded store, followed: what the policy evicts
+// for it, then the call (a store that never evicts refuses an add past its
+// capacity: the engine's error is then the refusal, and nothing is
+// stored; any other error stays an error of the step), then the entries
+// the engine no longer lists are let go of (eviction-as-declared judges
+// whether the policy let them go). Item by item, so that an entry evicted
+// and stored again within one fill is followed as the new entry it is.
+bool Transitions::store_item(const std::string& id, std::int64_t bytes, const std::function<void()>& call,
+                             const std::function<void()>& follow) {
+    if (!evicted_) {
+        call();
+        follow();
+        return true;
+    }
+    const StorePolicy& policy = evicted_->policy;
+    const auto past_capacity = [&](std::int64_t items, std::int64_t total) {
+        return (policy.capacity_items > 0 && items > policy.capacity_items) ||
+               (policy.capacity_bytes > 0 && total > policy.capacity_bytes);
+    };
+    checkers::Evicted::Store one;
+    one.id = id;
+    const std::optional<ObjectId> entry = audit_.entry(id);
+    one.items_before = audit_.order().size() + (entry ? 0 : 1);
+    one.bytes_before = audit_.stored_bytes() - (entry ? audit_.bytes_of(*entry) : 0) + bytes;
+    one.over = past_capacity(static_cast<std::int64_t>(one.items_before), one.bytes_before);
+    one.due = audit_.due_evictions(policy, {{id, bytes}});
+    if (policy.eviction == Eviction::none && one.over) {
+        try {
+            call();
+        } catch (const std::exception&) {
+            one.refused = true;
+            evicted_->stores.push_back(std::move(one));
+            return false;
+        }
+    } else {
+        call();
+    }
+    follow();
+    const std::vector<std::string> listed = engine_.stored_ids();
+    const std::set<std::string> held(listed.begin(), listed.end());
+    for (const std::string& stored : audit_.order()) {
+        if (held.count(stored) == 0) one.gone.push_back(stored);
+    }
+    for (const std::string& gone : one.gone) {
+        audit_.remove(gone);
+        readings_.drop(gone);
+        added_specs_.erase(gone);
+    }
+    evicted_->stores.push_back(std::move(one));
+    return true;
+}
+
+void Transitions::settle_evictions() {
+    if (!evicted_) return;
+    evicted_->items_after = audit_.order().size();
+    evicted_->bytes_after = audit_.stored_bytes();
+}
+
 // ---- the store ------------------------------------------------------------------
 
 template <>
@@ -157,8 +232,12 @@ std::optional<Fact> Transitions::apply(const op::Add& op) {
     added_specs_[op.id] = op.cache;
     if (op.meta.value != 0) coverage_.count(Shape::metadata_item);
     Metadata metadata = item_metadata(op.meta);
-    engine_.add(op.id, content, metadata);
-    audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false), std::move(metadata));
+    const std::int64_t bytes = content_bytes(content);
+    begin_stores("add " + checkers::in_quotes(op.id));
+    store_item(op.id, bytes, [&] { engine_.add(op.id, content, metadata); }, [&] {
+        audit_.store(op.id, audit_.new_object(std::move(content), Origin::stored_item, false), std::move(metadata));
+    });
+    settle_evictions();
     return Fact{};
 }
 
@@ -169,10 +248,14 @@ std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
     // Storing a conversion's view of another cache is outside the contract.
     if (!object || audit_.object(*object).alias_parent != 0) return std::nullopt;
     if (audit_.object(*object).fed) count_reuse();
-    engine_.add_handle(op.id, op.handle.value);
-    added_specs_.erase(op.id);
-    audit_.store(op.id, *object);
-    audit_.object(*object).origin = Origin::stored_item;
+    begin_stores("add_handle " + checkers::in_quotes(op.id));
+    const bool stored = store_item(op.id, audit_.bytes_of(*object), [&] { engine_.add_handle(op.id, op.handle.value); }, [&] {
+        added_specs_.erase(op.id);
+        audit_.store(op.id, *object);
+        audit_.object(*object).origin = Origin::stored_item;
+    });
+    settle_evictions();
+    if (!stored) return Fact{};  // refused: the handle holds what it held
     checkers::Made fact = made(MadeBy::stored_back, op.handle.value, object);
     fact.id = op.id;
     return fact;
@@ -181,6 +264,7 @@ std::optional<Fact> Transitions::apply(const op::AddHandle& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::Get& op) {
     engine_.get(op.id, op.out.value);
+    use(op.id);
     const std::optional<ObjectId> entry = audit_.entry(op.id);
     // No cache for a stored id: store-contract's (the fact keeps the entry);
     // the handle is followed as holding none (as get_cache's).
@@ -192,7 +276,9 @@ std::optional<Fact> Transitions::apply(const op::Get& op) {
 
 template <>
 std::optional<Fact> Transitions::apply(const op::GetByIds& op) {
-    return checkers::GotByIds{op.ids, engine_.get_by_ids(op.ids)};
+    checkers::GotByIds fact{op.ids, engine_.get_by_ids(op.ids)};
+    for (const std::string& id : op.ids) use(id);
+    return fact;
 }
 
 template <>
@@ -218,6 +304,7 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
     const bool mixed = dtypes_mixed(contents);
     checkers::Made fact = made(MadeBy::get_cache, op.out.value, std::nullopt);
     fact.refused = run_merge(mixed, [&] { engine_.get_cache(op.ids, op.out.value); });
+    for (const std::string& id : op.ids) use(id);
     fact.ids = op.ids.size();
     fact.merged = parts.size() > 1;
     if (fact.refused) {
@@ -326,15 +413,19 @@ std::optional<Fact> Transitions::apply(const op::DeleteAll&) {
 // A run of adds: each item as `add` stores it.
 template <>
 std::optional<Fact> Transitions::apply(const op::Fill& op) {
+    if (op.count > 0) begin_stores("fill " + op::fill_id(op.first) + ".." + op::fill_id(op.first + op.count - 1));
     for (std::int64_t k = 0; k < op.count; ++k) {
         CacheSpec spec = op.cache;
         spec.seed += static_cast<std::uint64_t>(k);
         const std::string id = op::fill_id(op.first + k);
         CacheContent content = expand(spec);
-        engine_.add(id, content, {});
-        added_specs_[id] = spec;
-        audit_.store(id, audit_.new_object(std::move(content), Origin::stored_item, false));
+        const std::int64_t bytes = content_bytes(content);
+        store_item(id, bytes, [&] { engine_.add(id, content, {}); }, [&] {
+            added_specs_[id] = spec;
+            audit_.store(id, audit_.new_object(std::move(content), Origin::stored_item, false));
+        });
     }
+    settle_evictions();
     return Fact{};
 }
 
@@ -443,15 +534,19 @@ std::optional<Fact> Transitions::apply(const op::Turn& op) { return generate(op.
 template <>
 std::optional<Fact> Transitions::apply(const op::Extract& op) {
     if (op.prompt.empty()) return std::nullopt;
-    engine_.extract(op.id, op.prompt);
     CacheContent fresh;
     fresh.layout = fresh_layout_;
     CacheView view = engine_.fed_view(fresh, op.prompt);
-    const ObjectId object = audit_.new_object(std::move(fresh), Origin::stored_item, false);
-    audit_.set_fed(object, op.prompt, std::move(view));
-    added_specs_.erase(op.id);
-    audit_.store(op.id, object);
-    coverage_.count(Shape::extracted_memory);
+    const std::int64_t bytes = view_bytes(view);
+    begin_stores("extract " + checkers::in_quotes(op.id));
+    store_item(op.id, bytes, [&] { engine_.extract(op.id, op.prompt); }, [&] {
+        const ObjectId object = audit_.new_object(std::move(fresh), Origin::stored_item, false);
+        audit_.set_fed(object, op.prompt, std::move(view));
+        added_specs_.erase(op.id);
+        audit_.store(op.id, object);
+        coverage_.count(Shape::extracted_memory);
+    });
+    settle_evictions();
     return Fact{};
 }
 
@@ -498,7 +593,7 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
     // The loaded store must be one of the dumps the slot may hold; the
     // expected store becomes that one.
     for (const Snapshot& candidate : fact.expected.candidates) {
-        audit_.restore(candidate);
+        audit_.restore(candidate, readings_.capabilities().policy.listing);
         fact.difference = readings_.store_difference(false);  // the order is store-contract's to check
         if (fact.difference.empty()) {
             audit_.slots()[op.slot] = DumpSlot{{candidate}, fact.expected.corrupted, false};
@@ -649,6 +744,7 @@ std::optional<Fact> Transitions::apply(const op::Release& op) {
 // variant fails to link.
 std::optional<Fact> Transitions::apply(const Op& operation) {
     copies_ = checkers::Copies{};
+    evicted_.reset();
     copies_.what = op_name(operation);  // an operation that copies nothing
     return std::visit([this](const auto& op) { return apply(op); }, operation);
 }

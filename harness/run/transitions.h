@@ -43,6 +43,9 @@ class Transitions {
     // The copies the operation just applied makes, by its semantics (the
     // run fills in what the engine logged).
     const checkers::Copies& copies_expected() const { return copies_; }
+    // What a store with a declared capacity evicted in the operation just
+    // applied, when it stored items (docs/semantics.md#declared-store-contracts).
+    const std::optional<checkers::Evicted>& evicted() const { return evicted_; }
 
   private:
     // One per operation type, each defined in transitions.cpp: an operation
@@ -70,6 +73,17 @@ class Transitions {
     void count_content(const CacheContent& content);
     void count_copy_of(const CacheContent& content);
     void count_merge(bool mixed, bool refused);
+    // A bounded store (Capabilities::policy): an operation that stores
+    // items begins an Evicted fact (begin_stores), stores each item
+    // (store_item: the engine's `call`, the auditor's `follow`, then the
+    // entries the engine no longer lists let go; false when a store that
+    // never evicts refused it), and ends it (settle_evictions). Unbounded:
+    // store_item calls and follows, nothing more.
+    void begin_stores(std::string what);
+    bool store_item(const std::string& id, std::int64_t bytes, const std::function<void()>& call,
+                    const std::function<void()>& follow);
+    void settle_evictions();
+    void use(const std::string& id);  // a stored id handed out: its recency
 
     Engine& engine_;
     Auditor& audit_;
@@ -78,6 +92,7 @@ class Transitions {
     Coverage& coverage_;
     Layout fresh_layout_;
     checkers::Copies copies_;
+    std::optional<checkers::Evicted> evicted_;
     // For the shape counts: ids deleted so far, and the spec each id added
     // from a spec holds.
     std::set<std::string> deleted_ids_;

@@ -4,10 +4,11 @@ property that names it, a failure comes with its trace and replays, an
 exception comes with its Python traceback."""
 
 import os
+import subprocess
 
 import pytest
 
-from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE
+from conftest import ADAPTER_PYTHON, BUG_PROPERTIES as BUGS, EXAMPLE, HERE, kvcheck_binary
 
 
 def test_the_fixed_store_holds_every_property(kvcheck):
@@ -32,6 +33,62 @@ def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
     assert result["verdict"] == "fail" and result["fault"] is None, result
     assert result["trace"] and result["reproduce"]
     assert result["message"], result
+
+
+def test_a_bounded_store_is_judged_by_what_it_declares(kvcheck):
+    """docs/semantics.md, "Declared store contracts": the example store
+    bounded at 4 items (lru, declared) evicts without a violation; with
+    the bug that evicts the most recently used item, eviction-as-declared
+    fails over the wire, naming what it evicted and what was due."""
+    bounded = f"{EXAMPLE} --capacity 4"
+    checked = ["--property", "eviction-as-declared", "--property", "stored-immutable", "--property", "store-contract"]
+    run = kvcheck("run", "--adapter", bounded, *checked, "--cases", "30", "--replays", "1")
+    assert run.status == 0, run.stdout + run.stderr
+    assert {p["id"]: p["verdict"] for p in run.report["properties"] if p["id"] in checked} == {
+        "eviction-as-declared": "pass", "stored-immutable": "pass", "store-contract": "pass"}
+    buggy = kvcheck("run", "--adapter", f"{bounded} --bug evicts_most_recent", "--property", "eviction-as-declared",
+                    "--cases", "100", "--failures", "1", "--replays", "1")
+    assert buggy.status == 1, buggy.stdout + buggy.stderr
+    result = buggy.result("eviction-as-declared")
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert "expected [" in result["message"] and "least recently used first" in result["message"], result
+
+
+def test_a_violation_reported_as_also_fails_its_own_row(kvcheck):
+    """Issue 42: a row's verdict counts every violation reported on it. The
+    stored object handed out by get_cache breaks stored-immutable first
+    and single-copy and owned-marker at the same step ("also"): those rows
+    fail too, pointing at the trace that showed it."""
+    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug single_id_returns_stored", "--cases", "20", "--replays", "1",
+                  "--property", "stored-immutable", "--property", "single-copy", "--property", "owned-marker")
+    assert run.status == 1, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.report["properties"]}
+    pointed = 0
+    for row in run.report["properties"]:
+        for failure in row.get("failures") or []:
+            for also in failure.get("also") or []:
+                other = also.split(": ", 1)[0]
+                if other in verdicts:
+                    assert verdicts[other] == "fail", (other, also, verdicts)
+        if (row.get("message") or "").startswith("also at the failing step of"):
+            pointed += 1
+            assert row["reproduce"] and row["trace"], row
+    assert pointed >= 1, verdicts
+
+
+def test_rows_of_the_other_family_are_left_out_of_the_text_and_marked_in_json(kvcheck, scratch_dir):
+    """Issue 42: a contiguous store's table has no paged rows, one line says
+    how many were left out and why; the JSON keeps them, marked."""
+    checked = ["--property", "store-contract", "--property", "op-atomic", "--property", "no-leak", "--cases", "2"]
+    text = subprocess.run([kvcheck_binary(), "run", "--adapter", EXAMPLE, *checked, "--replays", "0"], cwd=scratch_dir,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert text.returncode == 0, text.stdout + text.stderr
+    rows = [line.split()[0] for line in text.stdout.splitlines() if line.split() and line.split()[-1] in ("pass", "n/a")]
+    assert "store-contract" in rows and "op-atomic" not in rows and "no-leak" not in rows, text.stdout
+    assert "2 properties left out, n/a for every adapter: 2 of the other cache family" in text.stdout, text.stdout
+    run = kvcheck("run", "--adapter", EXAMPLE, *checked)
+    marked = {p["id"]: p["not_applicable"] for p in run.report["properties"]}
+    assert marked["op-atomic"] is True and marked["no-leak"] is True and marked["store-contract"] is False, marked
 
 
 def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):

@@ -4,6 +4,7 @@ copy accounting, the framing, and the simulated power cut."""
 
 import json
 import os
+import re
 import threading
 
 import pytest
@@ -15,7 +16,7 @@ from kvcheck_adapter import cache as kv
 from kvcheck_adapter import content
 from kvcheck_adapter import protocol
 from kvcheck_adapter import wire
-from kvcheck_adapter.adapter import Adapter, RequestError, Server, capabilities_of
+from kvcheck_adapter.adapter import Adapter, RequestError, Server, capabilities_of, store_policy_of
 from kvcheck_adapter.crash import power_cut
 
 from conftest import cache_json, handle_facts, new_server
@@ -224,6 +225,31 @@ def test_hello_declares_the_model_an_adapter_names():
 
     with pytest.raises(TypeError, match="ModelObject.model is a object: it declares the model's caches as a dict"):
         Server(ModelObject).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+
+
+def test_hello_declares_the_store_policy_an_adapter_names():
+    """docs/protocol.md section 3, "store_policy": from the adapter's
+    capacity_items, capacity_bytes, eviction and listing; absent when
+    undeclared; a declaration that does not hold together is refused by name."""
+    class Bounded(Adapter):
+        capacity_items = 16
+        eviction = "lru"
+        listing = "recency"
+
+    hello = Server(Bounded).handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert hello["store_policy"] == {"capacity_items": 16, "eviction": "lru", "listing": "recency"}
+    _, undeclared = new_server()
+    assert "store_policy" not in undeclared
+    bounded = activation_memory_adapter.ActivationMemoryAdapter(capacity=4)
+    assert store_policy_of(bounded) == {"capacity_items": 4, "eviction": "lru"}
+    for attributes, words in [({"capacity_items": 4}, "declares a capacity but no eviction"),
+                              ({"eviction": "lru"}, "but no capacity is declared"),
+                              ({"capacity_items": 0, "eviction": "lru"}, "capacity_items is 0: a positive int"),
+                              ({"capacity_items": 4, "eviction": "random"}, "eviction is 'random' (known: lru, fifo"),
+                              ({"listing": "sorted"}, "listing is 'sorted' (known: insertion, recency, unordered)")]:
+        adapter = type("Odd", (Adapter,), attributes)()
+        with pytest.raises(ValueError, match=re.escape(words)):
+            store_policy_of(adapter)
 
 
 def test_the_declared_model_reaches_kvcheck_and_bounds_its_caches(kvcheck):

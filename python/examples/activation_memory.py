@@ -38,6 +38,12 @@ mutants M30-M32):
                             extract keeps the model's working cache as the
                             session's: the next generation from no cache
                             continues in the stored memory.
+A bounded store (ActivationMemory(capacity=N)): at most N items, the least
+recently used evicted to make room (a use: add, get, get_by_ids,
+get_cache); its adapter declares so (capacity_items, eviction "lru"), and
+kvcheck's eviction-as-declared holds it to it. The bug of that policy:
+  evicts_most_recent        a full store evicts the most recently used
+                            item instead (needs a capacity).
 
     store = ActivationMemory()
     store.add([{"id": "a", "cache": cache, "metadata": {"source": "doc1"}}])
@@ -74,6 +80,7 @@ BUGS = (
     "turn_drops_last_token",
     "stored_turn_stays_writable",
     "extract_keeps_working_cache",
+    "evicts_most_recent",
 )
 
 # The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
@@ -92,6 +99,12 @@ RETURNED_BUG_PROPERTIES = {
     "turn_drops_last_token": "generation-equivalent",
     "stored_turn_stays_writable": "stored-immutable",
     "extract_keeps_working_cache": "stored-immutable",
+}
+
+# The bug of a bounded store and the property that catches it over the
+# process boundary (the adapter run with --capacity).
+CAPACITY_BUG_PROPERTIES = {
+    "evicts_most_recent": "eviction-as-declared",
 }
 
 DUMP_FILE_NAME = "activation-memory.pt"
@@ -133,13 +146,20 @@ def _as_item(item) -> MemoryItem:
 class ActivationMemory:
     """The store. `bugs` names the historic bugs to plant (see BUGS)."""
 
-    def __init__(self, bugs: Iterable[str] = (), model: Optional[models.Decoder] = None):
+    def __init__(self, bugs: Iterable[str] = (), model: Optional[models.Decoder] = None,
+                 capacity: Optional[int] = None):
         self.bugs = frozenset(bugs)
         unknown = sorted(self.bugs.difference(BUGS))
         if unknown:
             raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity {capacity}: at least 1, or None for no bound")
+        if "evicts_most_recent" in self.bugs and capacity is None:
+            raise ValueError("the bug evicts_most_recent needs a capacity (a bounded store)")
         self.model = model if model is not None else models.Decoder()
+        self.capacity = capacity
         self._items: Dict[str, MemoryItem] = {}  # insertion order, as kept by dict
+        self._recency: Dict[str, None] = {}  # least recently used first (with a capacity)
         # The planted bugs' chat sessions: caches handed back by
         # generate_returning (stored_turn_stays_writable), the cache extract
         # made (extract_keeps_working_cache).
@@ -165,28 +185,51 @@ class ActivationMemory:
             kv.layout_of(item.cache)  # a KV cache of either layout, or TypeError
         for item in new:
             kv.set_owned(item.cache, False)
+            if self.capacity is not None and item.id not in self._items and len(self._items) >= self.capacity:
+                self._evict()
             self._items[item.id] = item
+            self._use(item.id)
+
+    def _use(self, item_id: str) -> None:
+        if item_id in self._items:
+            self._recency.pop(item_id, None)
+            self._recency[item_id] = None
+
+    def _evict(self) -> None:
+        """Makes room for one item: the least recently used goes (the
+        cache anyone holds of it stays theirs)."""
+        order = list(self._recency)
+        victim = order[-1] if "evicts_most_recent" in self.bugs else order[0]
+        del self._items[victim]
+        del self._recency[victim]
 
     # Reads hand out a record of the stored item: its cache is the stored
     # object itself (read-only by contract: generate clones it), its
-    # metadata a copy, so that editing it changes nothing stored.
+    # metadata a copy, so that editing it changes nothing stored. Each is a
+    # use of the item (its recency); peek reads without using.
 
-    def get(self, item_id: str) -> Optional[MemoryItem]:
+    def peek(self, item_id: str) -> Optional[MemoryItem]:
         item = self._items.get(item_id)
         return None if item is None else MemoryItem(item.id, item.cache, dict(item.metadata))
+
+    def get(self, item_id: str) -> Optional[MemoryItem]:
+        self._use(item_id)
+        return self.peek(item_id)
 
     def get_by_ids(self, ids: Sequence[str]) -> List[Optional[MemoryItem]]:
         return [self.get(item_id) for item_id in ids]
 
     def get_all(self) -> List[MemoryItem]:
-        return [self.get(item_id) for item_id in self._items]
+        return [self.peek(item_id) for item_id in self._items]
 
     def delete(self, ids: Sequence[str]) -> None:
         for item_id in ids:
             self._items.pop(item_id, None)
+            self._recency.pop(item_id, None)
 
     def delete_all(self) -> None:
         self._items = {}
+        self._recency = {}
 
     # ---- caches ----
 
@@ -212,6 +255,8 @@ class ActivationMemory:
         kept); none -> None. One: an owned clone of its cache. Several: an
         owned merge, every layer initialized. Stored caches are unchanged."""
         parts = [self._items[i].cache for i in ids if i in self._items and kv.holds_tokens(self._items[i].cache)]
+        for item_id in ids:
+            self._use(item_id)
         if not parts:
             return None
         if len(parts) == 1:
@@ -337,6 +382,7 @@ class ActivationMemory:
         for item in items:
             loaded[item.id] = item
         self._items = loaded
+        self._recency = dict.fromkeys(loaded)  # used in the dump's order
 
 
 def _drop_last_token(cache) -> None:

@@ -3,10 +3,13 @@
 
     kvcheck run --adapter python/examples/activation_memory_adapter.py
     kvcheck run --adapter 'python/examples/activation_memory_adapter.py --bug double_copy'
+    kvcheck run --adapter 'python/examples/activation_memory_adapter.py --capacity 4 --bug evicts_most_recent'
 
 --bug NAME (repeatable) plants one of the store's historic bugs (see
 activation_memory.BUGS); $KVCHECK_EXAMPLE_BUGS (comma-separated) does the
-same. The adapter only maps kvcheck's operations onto the store's API; the
+same. --capacity N bounds the store at N items, the least recently used
+evicted to make room, and declares so (capacity_items, eviction "lru"). The
+adapter only maps kvcheck's operations onto the store's API; the
 SDK (kvcheck_adapter.adapter) keeps the handles and computes every
 observation (views, storage identities, the owned marker, copies) from the
 cache objects the store hands out.
@@ -32,10 +35,14 @@ from kvcheck_adapter.crash import power_cut  # noqa: E402
 class ActivationMemoryAdapter(Adapter):
     description = "the example Python activation-memory store (python/examples/activation_memory.py)"
 
-    def __init__(self, bugs=(), model=None):
+    def __init__(self, bugs=(), model=None, capacity=None):
         self.bugs = tuple(bugs)
-        self.name = "activation-memory" + "".join("+" + bug for bug in self.bugs)
-        self.store = activation_memory.ActivationMemory(bugs=self.bugs, model=model)
+        self.name = "activation-memory" + (f"-lru{capacity}" if capacity else "") + "".join("+" + bug for bug in self.bugs)
+        self.store = activation_memory.ActivationMemory(bugs=self.bugs, model=model, capacity=capacity)
+        if capacity is not None:
+            # The declared contract (docs/semantics.md, "Declared store contracts").
+            self.capacity_items = capacity
+            self.eviction = "lru"
 
     # ---- the store ----
 
@@ -43,7 +50,7 @@ class ActivationMemoryAdapter(Adapter):
         self.store.add([{"id": id, "cache": cache, "metadata": metadata}])
 
     def get(self, id):
-        item = self.store.get(id)
+        item = self.store.get(id)  # a use: its recency
         return None if item is None else Item(item.cache, item.metadata)
 
     def get_by_ids(self, ids):
@@ -62,13 +69,13 @@ class ActivationMemoryAdapter(Adapter):
         self.store.delete_all()
 
     def stored_cache(self, id):
-        item = self.store.get(id)  # the stored object itself (a read-only record)
+        item = self.store.peek(id)  # the stored object itself (a read-only record); an observation: no use
         if item is None:
             raise KeyError(id)
         return item.cache
 
     def entry_metadata(self, id):
-        item = self.store.get(id)
+        item = self.store.peek(id)
         if item is None:
             raise KeyError(id)
         return item.metadata
@@ -128,6 +135,8 @@ def argument_parser(doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=[], choices=activation_memory.BUGS,
                         help="plant a historic bug (repeatable)")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="bound the store at N items, least recently used evicted (declared: lru)")
     return parser
 
 
@@ -142,11 +151,14 @@ def bugs_of(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> l
 
 def main(argv=None) -> None:
     parser = argument_parser(__doc__)
-    bugs = bugs_of(parser, parser.parse_args(argv))
+    arguments = parser.parse_args(argv)
+    bugs = bugs_of(parser, arguments)
+    if "evicts_most_recent" in bugs and arguments.capacity is None:
+        parser.error("--bug evicts_most_recent needs --capacity N (a bounded store)")
     # One model for every engine of the process: it keeps no state between
     # calls (decoder.py), and making its weights costs a tenth of a trace.
     model = models.Decoder()
-    serve(lambda: ActivationMemoryAdapter(bugs, model))
+    serve(lambda: ActivationMemoryAdapter(bugs, model, arguments.capacity))
 
 
 if __name__ == "__main__":

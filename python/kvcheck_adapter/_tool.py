@@ -4,9 +4,11 @@ wheel put beside this module (_bin/kvcheck).
 
 It runs it with two things set: its own name as argv[0], and
 $KVCHECK_SDK_PYTHON, this interpreter, which kvcheck uses for a `.py`
-adapter when neither --python nor $KVCHECK_PYTHON chooses one: the
-environment kvcheck was installed into is the one that has the SDK (and,
-usually, the user's engine).
+adapter when nothing before it in kvcheck's order chooses one (--python,
+$KVCHECK_PYTHON, the script's #! line, an active virtual environment:
+harness/cli/adapters.cpp, python_of): the environment kvcheck was
+installed into is the one that has the SDK (and, usually, the user's
+engine).
 """
 
 from __future__ import annotations

@@ -93,6 +93,23 @@ class Adapter:
     #: {"layers": 2, "heads": 2, "head_dim": 8, "dtypes": ["f32"],
     #:  "layouts": ["modern"], "odd_layers": False}. Every key is required.
     model: Optional[Dict[str, Any]] = None
+    #: A bounded store's declared contract (docs/semantics.md, "Declared
+    #: store contracts"; docs/protocol.md, "store_policy"). Undeclared: no
+    #: capacity, nothing is ever evicted, listing in insertion order.
+    #: capacity_items / capacity_bytes: at most this many entries / bytes of
+    #: K/V (None: no bound). eviction: "lru" (the least recently used first;
+    #: a use is add, get, get_by_ids, get_cache), "fifo" (the first stored
+    #: first), "none" (never evicts: an add past the capacity raises and
+    #: stores nothing), "unspecified" (any entry may go, never one handed
+    #: out by get and still held). With a capacity, an entry evicted as the
+    #: policy says is no violation; one evicted against it fails
+    #: eviction-as-declared. listing: the order get_all_ids and stored_ids
+    #: give, "insertion" (default), "recency" (least recently used first,
+    #: as an OrderedDict LRU iterates) or "unordered".
+    capacity_items: Optional[int] = None
+    capacity_bytes: Optional[int] = None
+    eviction: Optional[str] = None
+    listing: str = "insertion"
     #: Where the owned marker comes from: None, each cache's `owned`
     #: attribute (the SDK's caches carry one); "derived", for caches without
     #: a marker (transformers' own): see derived_owned.
@@ -286,6 +303,40 @@ def _overrides(engine: Adapter, method: str) -> bool:
     return getattr(type(engine), method) is not getattr(Adapter, method)
 
 
+def store_policy_of(engine: Adapter) -> Optional[Dict[str, Any]]:
+    """The handshake's "store_policy" (docs/protocol.md section 3) from the
+    adapter's capacity_items, capacity_bytes, eviction and listing; None
+    when it declares none of them. A declaration that does not hold
+    together raises TypeError or ValueError naming the attribute."""
+    policy: Dict[str, Any] = {}
+    for name in ("capacity_items", "capacity_bytes"):
+        value = getattr(engine, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(engine).__name__}.{name} is {value!r}: a positive int, or None for no bound")
+        policy[name] = value
+    if engine.eviction is not None:
+        if engine.eviction not in _EVICTIONS:
+            raise ValueError(f"{type(engine).__name__}.eviction is {engine.eviction!r} (known: {', '.join(_EVICTIONS)})")
+        if engine.eviction != "none" and not policy:
+            raise ValueError(f"{type(engine).__name__}.eviction is {engine.eviction!r}, but no capacity is declared "
+                             "(capacity_items or capacity_bytes)")
+        policy["eviction"] = engine.eviction
+    elif policy:
+        raise ValueError(f"{type(engine).__name__} declares a capacity but no eviction: say how it makes room "
+                         f"(eviction = one of {', '.join(_EVICTIONS)})")
+    if engine.listing != "insertion":
+        if engine.listing not in _LISTINGS:
+            raise ValueError(f"{type(engine).__name__}.listing is {engine.listing!r} (known: {', '.join(_LISTINGS)})")
+        policy["listing"] = engine.listing
+    return policy or None
+
+
+_EVICTIONS = ("lru", "fifo", "none", "unspecified")
+_LISTINGS = ("insertion", "recency", "unordered")
+
+
 def capabilities_of(engine: Adapter) -> Dict[str, bool]:
     """The capability flags kvcheck is told: those the implemented methods
     allow, then the engine's own overrides."""
@@ -474,6 +525,9 @@ class Server:
                                 "model's caches as a dict (docs/protocol.md, \"model\") or is None; keep a model "
                                 "object under another name")
             reply["model"] = dict(engine.model)
+        policy = store_policy_of(engine)
+        if policy is not None:
+            reply["store_policy"] = policy
         return reply
 
     def _op_reset(self, request):
@@ -860,8 +914,12 @@ class Server:
                 made += self._note_copy(copy_of, bool(recording.copies))
             if recording_box is not None:
                 recording_box.append(recording)
+            # A bounded store may have evicted what it was just given
+            # (an item larger than its capacity): nothing to track then.
+            held = set(s.engine.stored_ids()) if stored else set()
             for id in stored:
-                s.tracker.track(s.engine.stored_cache(id))
+                if id in held:
+                    s.tracker.track(s.engine.stored_cache(id))
         reply = self._reply(result or {}, handles, ids)
         reply["copies"] = made
         return reply
@@ -999,4 +1057,4 @@ def serve(factory: Callable[[], Adapter]) -> None:
     _protocol.serve_loop(connection, Server(factory).handle)
 
 
-__all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "derived_owned", "serve"]
+__all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "derived_owned", "serve", "store_policy_of"]

@@ -103,6 +103,18 @@ class Store {
     void remove(const std::vector<std::string>& ids);  // missing ids are ignored
     void remove_all();
 
+    // An optional capacity (docs/semantics.md#declared-store-contracts):
+    // at most `items` entries (0: no bound, the default). An add past it
+    // evicts the least recently used entry (a use: add, or touch). What the
+    // evicted item's holders hold stays as it is: the store lets go of it.
+    void set_capacity(std::size_t items) { capacity_ = items; }
+    std::size_t capacity() const { return capacity_; }
+    // `id` was handed out (get, get_by_ids, get_cache): its recency. A
+    // missing id is ignored.
+    void touch(const std::string& id);
+    // The stored ids, least recently used first.
+    const std::vector<std::string>& recency() const { return recency_; }
+
     std::size_t size() const { return order_.size(); }
     // Moves whenever the set of stored items changes (an add, a remove, a
     // load): a pointer from find() is still good while it stays.
@@ -132,6 +144,8 @@ class Store {
   private:
     std::shared_ptr<Copier> copier_;
     std::vector<std::string> order_;
+    std::vector<std::string> recency_;  // least recently used first
+    std::size_t capacity_ = 0;
     std::map<std::string, ItemPtr> items_;
     std::uint64_t changes_ = 0;
 };

@@ -39,6 +39,9 @@ struct Adapter {
     // the cache families its engines can be checked on.
     bool paged = false;
     bool store = true;
+    // With `model` known: the handshake's Capabilities::policy (whether
+    // eviction-as-declared applies).
+    StorePolicy policy = {};
     // A process adapter whose dumps kvcheck cannot kill (its handshake:
     // no dump_fork): why, for the dump-safe row's note. Empty otherwise.
     std::string dump_kill_absent = {};

@@ -80,6 +80,40 @@ struct ModelDomain {
 // lose its key in any operation that takes blocks).
 enum class PagedFreeOrder : std::uint8_t { back, front, front_unhashed, unspecified };
 
+// How a store bounds itself, as its author declares it
+// (docs/semantics.md#declared-store-contracts). Undeclared (the default):
+// no capacity, nothing is ever evicted, the listing is in insertion order.
+// With a capacity, kvcheck follows evictions instead of reporting the
+// entries gone: one the policy evicts is no violation, one evicted against
+// it is (eviction-as-declared).
+//
+//   Capabilities c;
+//   c.policy = {16, 0, Eviction::lru, ListingOrder::recency};  // an LRU of 16 items, listed least recent first
+enum class Eviction : std::uint8_t {
+    none,         // never evicts: an add past the capacity is refused, the store unchanged
+    lru,          // the least recently used entry first (a use: add, get, get_by_ids, get_cache)
+    fifo,         // the entry stored first first (insertion order; an overwrite keeps its place)
+    unspecified,  // any entry may go, never one handed out (a live get of it, or a view of that)
+};
+enum class ListingOrder : std::uint8_t {
+    insertion,  // get_all and the listing in insertion order (the default)
+    recency,    // least recently used first, most recent last (an LRU's own order)
+    unordered,  // any order: only the set of ids is compared
+};
+struct StorePolicy {
+    std::int64_t capacity_items = 0;  // at most this many entries; 0: no bound
+    std::int64_t capacity_bytes = 0;  // at most this many bytes of K/V (content_bytes); 0: no bound
+    Eviction eviction = Eviction::none;
+    ListingOrder listing = ListingOrder::insertion;
+
+    bool bounded() const { return capacity_items > 0 || capacity_bytes > 0; }
+};
+
+const char* eviction_name(Eviction eviction);  // "none", "lru", "fifo", "unspecified"
+const char* listing_name(ListingOrder listing);  // "insertion", "recency", "unordered"
+std::optional<Eviction> parse_eviction(const std::string& text);
+std::optional<ListingOrder> parse_listing(const std::string& text);
+
 // What an engine supports. A property whose observations an engine lacks is
 // reported as skipped; an operation it lacks is never generated.
 // capabilities_fault (kvcheck/workload.h) says what is inconsistent.
@@ -113,6 +147,8 @@ struct Capabilities {
     bool returned_caches = false;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
+    // The store's capacity, eviction policy and listing order; undeclared by default.
+    StorePolicy policy;
     // A paged block manager (kvcheck/paged.h): Engine::paged() answers, the
     // paged operations are drawn and the paged properties checked. Off
     // unless an engine claims it.

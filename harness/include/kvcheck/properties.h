@@ -27,6 +27,7 @@ enum PropertyNeeds : std::uint8_t {
     property_needs_ownership = 1 << 3,
     property_needs_paged = 1 << 4,  // Capabilities::paged: a property of the paged family
     property_needs_free_order = 1 << 5,  // Capabilities::paged_free_order declared (not unspecified)
+    property_needs_capacity = 1 << 6,  // a declared capacity (Capabilities::policy.bounded())
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -49,6 +50,9 @@ enum PropertyNeeds : std::uint8_t {
       "generating via the store equals generating from a fresh copy", property_needs_nothing)                      \
     X(dump_safe, "dump-safe", "dumps round-trip; bad or interrupted dumps never lose data", property_needs_dump)   \
     X(store_contract, "store-contract", "ids, order and missing ids of the store API", property_needs_nothing)      \
+    X(eviction_as_declared, "eviction-as-declared",                                                                \
+      "a bounded store evicts only past its declared capacity, and only what its declared policy names",           \
+      property_needs_capacity)                                                                                     \
     /* the paged family (kvcheck/paged.h) */                                                                       \
     X(op_atomic, "op-atomic",                                                                                      \
       "a refused operation changes nothing and was needed: an alloc of L tokens faces fewer free blocks "          \
@@ -125,5 +129,9 @@ class PropertySet {
 
 // Which properties an engine's capabilities let kvcheck check.
 PropertySet checkable(const Capabilities& capabilities);
+// A property of the paged family (property_needs_paged)?
+bool paged_property(Property property);
+// A property that judges a declared capacity (property_needs_capacity)?
+bool capacity_property(Property property);
 
 }  // namespace kvcheck

@@ -1,0 +1,118 @@
+// eviction-as-declared: a store that declares a capacity
+// (Capabilities::policy, docs/semantics.md#declared-store-contracts)
+// evicts only when the items it is given would take it past that
+// capacity, only what its declared policy names (lru: the least recently
+// used; fifo: the first stored; unspecified: any entry but one handed out;
+// none: nothing, it refuses the add instead), and holds no more than its
+// capacity afterwards.
+//
+// Checked: at each step that stores items (add, add_handle, extract,
+// fill), the entries the engine no longer lists, of those it held or was
+// given, against the policy's (the Evicted fact); the entries and bytes it
+// holds after.
+// Not checked here: that what is left is intact, and that a cache handed
+// out before its entry was evicted stays intact (stored-immutable,
+// layout-roundtrip, generation-equivalent, which follow the evictions);
+// the order of the listing (store-contract, in the declared order).
+#include "checkers/checker.h"
+
+#include <algorithm>
+
+namespace kvcheck::checkers {
+namespace {
+
+std::string capacity_text(const StorePolicy& policy) {
+    std::string text;
+    if (policy.capacity_items > 0) text += std::to_string(policy.capacity_items) + " items";
+    if (policy.capacity_bytes > 0) text += (text.empty() ? "" : ", ") + std::to_string(policy.capacity_bytes) + " bytes";
+    return text;
+}
+
+std::string held_text(std::size_t items, std::int64_t bytes) {
+    return std::to_string(items) + (items == 1 ? " item" : " items") + " (" + std::to_string(bytes) + " bytes)";
+}
+
+bool same_ids(std::vector<std::string> a, std::vector<std::string> b) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    return a == b;
+}
+
+class EvictionAsDeclared final : public Checker {
+  public:
+    EvictionAsDeclared() : Checker(Property::eviction_as_declared) {}
+
+    void evicted(const Evicted& e, Probe& probe) override {
+        if (!checking(probe)) return;
+        const std::string declared = std::string("declared: ") + capacity_text(e.policy) + ", eviction " +
+                                     eviction_name(e.policy.eviction);
+        for (const Evicted::Store& one : e.stores) {
+            // "add "e"", or within a fill "fill i0..i63: storing "i5"".
+            const std::string what = e.stores.size() == 1 ? e.what : e.what + ": storing " + in_quotes(one.id);
+            if (!one.over && !one.gone.empty()) {
+                fail(probe, what + " evicted " + id_list(one.gone) + ", but the store had room: with it, it would hold " +
+                                held_text(one.items_before, one.bytes_before) + " (" + declared + ")");
+                return;
+            }
+            if (!policy_kept(e, one, what, declared, probe)) return;
+        }
+        check_capacity(e, declared, probe);
+    }
+
+  private:
+    bool policy_kept(const Evicted& e, const Evicted::Store& one, const std::string& what, const std::string& declared,
+                     Probe& probe) const {
+        switch (e.policy.eviction) {
+            case Eviction::none:
+                return expect(probe, one.gone.empty(), [&] {
+                    return what + " evicted " + id_list(one.gone) + ", but the store evicts nothing (" + declared +
+                           "): an add past the capacity must be refused";
+                });
+            case Eviction::lru:
+            case Eviction::fifo:
+                return expect(probe, same_ids(one.gone, one.due), [&] {
+                    const char* which = e.policy.eviction == Eviction::lru ? "the least recently used" : "the first stored";
+                    return what + " evicted " + id_list(one.gone) + ", expected " + id_list(one.due) + " (" + which +
+                           " first; " + declared + ")";
+                });
+            case Eviction::unspecified:
+                for (const std::string& id : one.gone) {
+                    const bool handed = std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end();
+                    const bool kept = expect(probe, !handed, [&] {
+                        return what + " evicted " + in_quotes(id) + ", which a live handle holds (" + declared +
+                               ": an entry handed out is never evicted)";
+                    });
+                    if (!kept) return false;
+                }
+                return true;
+        }
+        return true;
+    }
+
+    // After the operation the store holds no more than its capacity; under
+    // unspecified eviction, unless every entry left is handed out.
+    void check_capacity(const Evicted& e, const std::string& declared, Probe& probe) const {
+        const StorePolicy& policy = e.policy;
+        const bool within = (policy.capacity_items == 0 || static_cast<std::int64_t>(e.items_after) <= policy.capacity_items) &&
+                            (policy.capacity_bytes == 0 || e.bytes_after <= policy.capacity_bytes);
+        if (within) return;
+        if (policy.eviction == Eviction::unspecified) {
+            const std::vector<std::string>& held = probe.auditor().order();
+            const bool all_handed_out = std::all_of(held.begin(), held.end(), [&](const std::string& id) {
+                return std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end();
+            });
+            if (all_handed_out) return;
+        }
+        fail(probe, "after " + e.what + " the store holds " + held_text(e.items_after, e.bytes_after) +
+                        ", over its capacity (" + declared + ")");
+    }
+};
+
+}  // namespace
+
+template <>
+std::unique_ptr<Checker> make_checker<Property::eviction_as_declared>() {
+    return std::make_unique<EvictionAsDeclared>();
+}
+
+}  // namespace kvcheck::checkers
