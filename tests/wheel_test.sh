@@ -7,7 +7,9 @@
 # `kvcheck` is on the environment's PATH, links the torch wheel's libtorch
 # (no Debian library or dev package), the bundled adapters pass, the SDK
 # example store passes run by the environment's own interpreter (no
-# --python, no $KVCHECK_PYTHON), and the SDK finds the wheel's kvcheck.
+# --python, no $KVCHECK_PYTHON), the walkthrough's LRU store passes at the
+# default budget and its eviction bug is caught, and the SDK finds the
+# wheel's kvcheck.
 #   tests/wheel_test.sh [BUILD_DIR]   (default build/wheel, kept: a rebuild is incremental)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -69,6 +71,21 @@ kvcheck run --adapter "$scratch/which_python_adapter.py" --cases 10 --quiet --tr
   >"$scratch/example.log" 2>&1 || { cat "$scratch/example.log" >&2; fail "the SDK example store does not pass"; }
 [[ $(cat "$scratch/adapter-python") == "$env/bin/python"* ]] || fail "the adapter ran under $(cat "$scratch/adapter-python"), not the wheel's environment"
 echo "wheel_test: the SDK example store passes under the environment's own interpreter"
+# The walkthrough's store (docs/walkthrough.md section 2, as written: an
+# LRU store of 4 entries and its adapter declaring capacity 4, lru) at the
+# default budget passes every property; with its eviction turned around
+# (the most recent entry goes) eviction-as-declared fails.
+awk '/^```python/ { inside = 1; next } /^```/ { if (inside) exit } inside' "$root/docs/walkthrough.md" >"$scratch/my_adapter.py"
+grep -q 'capacity_items, eviction, listing = 4, "lru"' "$scratch/my_adapter.py" || fail "docs/walkthrough.md's first block is not the LRU adapter"
+kvcheck run --adapter "$scratch/my_adapter.py" --trace-dir "$scratch/traces" >"$scratch/walkthrough.log" 2>&1 \
+  || { cat "$scratch/walkthrough.log" >&2; fail "the walkthrough's LRU store does not pass at the default budget"; }
+grep -q "eviction-as-declared  *pass" "$scratch/walkthrough.log" || fail "eviction-as-declared was not judged: $(cat "$scratch/walkthrough.log")"
+sed 's/self.items.popitem(last=False)/self.items.popitem(last=True)/' "$scratch/my_adapter.py" >"$scratch/evicts_recent_adapter.py"
+status=0
+kvcheck run --adapter "$scratch/evicts_recent_adapter.py" --trace-dir "$scratch/traces" >"$scratch/evicts.log" 2>&1 || status=$?
+[[ $status == 1 ]] && grep -q "ERROR: eviction-as-declared" "$scratch/evicts.log" \
+  || { cat "$scratch/evicts.log" >&2; fail "evicting the most recent entry was not caught by eviction-as-declared (exit $status)"; }
+echo "wheel_test: the walkthrough's LRU store passes the default budget; evicting the most recent fails eviction-as-declared"
 "$env/bin/python" -B -c '
 import sys
 from kvcheck_adapter.locate import locate_kvcheck
