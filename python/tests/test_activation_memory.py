@@ -168,8 +168,9 @@ def test_each_bug_is_caught_by_its_property(bug, name):
 
 
 def test_every_bug_is_named_and_unknown_ones_are_refused():
-    # The bugs of returned caches are caught through kvcheck (adapter_tests/test_returned_caches.py).
-    assert sorted(list(CAUGHT_BY) + list(am.RETURNED_BUG_PROPERTIES)) == sorted(am.BUGS)
+    # The bugs of returned caches are caught through kvcheck (adapter_tests/test_returned_caches.py),
+    # and so is the bounded store's eviction bug (adapter_tests/test_example.py: eviction-as-declared).
+    assert sorted(list(CAUGHT_BY) + list(am.RETURNED_BUG_PROPERTIES) + ["evicts_most_recent"]) == sorted(am.BUGS)
     with pytest.raises(ValueError, match="unknown bug"):
         am.ActivationMemory(bugs=["no_such_bug"])
 
