@@ -45,6 +45,10 @@ Assumptions (contract differences, declared rather than papered over):
     declared contract differences"). max_bytes is never set:
     KVCache.nbytes counts its buffers, grown 256 tokens at a time, not the
     K/V it holds, which kvcheck's capacity_bytes counts;
+  - the ids are listed by the adapter, those the trie still holds, in
+    insertion order (an overwritten id keeping its place): LRUPromptCache
+    has no listing, and its LRU's order (an overwrite moves a key to the
+    back) is none kvcheck's contract names;
   - no storage identities, no copy log: MLX arrays are immutable values whose
     copies share their buffer until written (a deep copy of a KVCache shares
     every buffer with its source: the data addresses are equal), and MLX has

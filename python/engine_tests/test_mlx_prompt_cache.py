@@ -42,7 +42,7 @@ def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, m
 # difference (trace 40 of 50: FAIL, overwrite of a held i6 before an
 # eviction), the verdict recorded; declared lru instead (a get_cache a use),
 # it FAILs at trace 45 with "the least recently used first" (measured).
-# 16 s wall (ctest label real-engines).
+# 14-19 s wall, measured on a loaded machine (ctest label real-engines).
 BOUNDED = ("--property", "eviction-as-declared", "--property", "stored-immutable", "--cases", "50", "--failures", "1")
 
 
@@ -71,7 +71,8 @@ def test_mlx_lm_prompt_cache_bounded_evicts_first_stored_first_but_for_overwrite
     assert run.report["adapter"] == "mlx-lm-0.32.2-max2", run.stdout + run.stderr
     assert run.result("stored-immutable")["verdict"] == "pass", run.result("stored-immutable")
     eviction = run.result("eviction-as-declared")
-    assert eviction["verdict"] == "fail" and eviction["failures"], eviction
+    assert eviction["verdict"] == "fail", eviction
+    assert eviction["failures"], eviction
     for failure in eviction["failures"]:
         assert "(the first stored first; declared: 2 items, eviction fifo)" in failure["message"], failure
         assert stores_an_id_again(failure["trace"]), failure
