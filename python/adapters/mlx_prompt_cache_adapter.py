@@ -33,7 +33,10 @@ Assumptions (contract differences, declared rather than papered over):
     none of kvcheck's exactly: the entry least recently *stored* goes
     first (one LRU tier, "assistant", as every insert here is: CacheOrder
     pops the front of its deque). insert_cache is its only use: an
-    overwrite moves the key to the back, fetch_nearest_cache moves nothing.
+    overwrite moves the key to the back, fetch_nearest_cache moves nothing
+    (known upstream: ml-explore/mlx-lm#1495, "eviction ignores fetch
+    recency (FIFO, not LRU)", closed by a maintainer as non-essential; its
+    fix, PR #1496, closed unmerged: the engine's contract as shipped).
     So declared "lru", every get_cache between two stores differs (kvcheck
     counts it a use); declared "unspecified", the entries it evicts include
     ones a caller holds (insert_cache keeps the caller's object, get hands
