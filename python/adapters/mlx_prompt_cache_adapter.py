@@ -17,7 +17,7 @@ The mapping (python/README.md, "Real engines"):
 | get_cache(one id) | `fetch_nearest_cache(model, key(id))`: an exact hit, a deep copy |
 | get_cache(several), concat | new `KVCache`s given each part's K/V in order by `update_and_fetch` |
 | clone | `copy.deepcopy` (what fetch_nearest_cache does) |
-| delete(ids) | a new `LRUPromptCache` given the remaining entries again by `insert_cache`, in order (the class has no removal) |
+| delete(ids) | a new `LRUPromptCache` given the remaining entries again by `insert_cache`, in the order of its LRU (the class has no removal) |
 | delete_all | a new `LRUPromptCache` |
 | generate | `generate_step(prompt, model, prompt_cache=copy, max_tokens=n)` (greedy): on a deep copy, or on the input itself when it is a copy the store handed out |
 
@@ -26,13 +26,32 @@ Assumptions (contract differences, declared rather than papered over):
     key is a prefix of another: inserting a trimmable cache drops every
     entry whose key is a prefix of its key (`pop_prefixes`), an eviction
     kvcheck's store contract has no name for yet;
-  - no eviction: max_size and max_bytes are far above anything a trace
-    stores (TODO: declared capacity and eviction policy, issue 40 / the
-    users issue: then a small budget, and its LRU order, can be checked);
-  - the ids are listed by the adapter in insertion order (an overwritten id
-    keeping its place): LRUPromptCache has no listing, and re-inserting a
-    key moves it to the back of its LRU, an order kvcheck's contract has no
-    name for yet;
+  - eviction: none by default (max_size and max_bytes far above anything a
+    trace stores). With --max-size N, max_size is N and the adapter
+    declares capacity_items N, eviction "fifo", listing "insertion"; what
+    insert_cache evicts is no longer listed. mlx-lm's order is its own,
+    none of kvcheck's exactly: the entry least recently *stored* goes
+    first (one LRU tier, "assistant", as every insert here is: CacheOrder
+    pops the front of its deque). insert_cache is its only use: an
+    overwrite moves the key to the back, fetch_nearest_cache moves nothing
+    (known upstream: ml-explore/mlx-lm#1495, "eviction ignores fetch
+    recency (FIFO, not LRU)", closed by a maintainer as non-essential; its
+    fix, PR #1496, closed unmerged: the engine's contract as shipped).
+    So declared "lru", every get_cache between two stores differs (kvcheck
+    counts it a use); declared "unspecified", the entries it evicts include
+    ones a caller holds (insert_cache keeps the caller's object, get hands
+    out the stored one), which that policy forbids; declared "fifo", only an
+    overwrite of an entry still held differs (kvcheck's fifo keeps its
+    place, mlx-lm moves it to the back): then eviction-as-declared fails
+    with "evicted [x], expected [y] (the first stored first ...)", a
+    contract difference, not a finding (docs/semantics.md, "Real engines:
+    declared contract differences"). max_bytes is never set:
+    KVCache.nbytes counts its buffers, grown 256 tokens at a time, not the
+    K/V it holds, which kvcheck's capacity_bytes counts;
+  - the ids are listed by the adapter, those the trie still holds, in
+    insertion order (an overwritten id keeping its place): LRUPromptCache
+    has no listing, and its LRU's order (an overwrite moves a key to the
+    back) is none kvcheck's contract names;
   - no storage identities, no copy log: MLX arrays are immutable values whose
     copies share their buffer until written (a deep copy of a KVCache shares
     every buffer with its source: the data addresses are equal), and MLX has
@@ -100,9 +119,13 @@ def to_torch(array) -> torch.Tensor:
 class MlxPromptCacheAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, model):
+    def __init__(self, model, max_size=None):
         self.model_ = model
-        self.name = f"mlx-lm-{VERSION}"
+        self.max_size = max_size
+        self.name = f"mlx-lm-{VERSION}" + (f"-max{max_size}" if max_size else "")
+        if max_size is not None:
+            self.capacity_items = max_size
+            self.eviction = "fifo"  # the nearest of kvcheck's policies: see the module doc
         self.description = f"mlx-lm {VERSION}'s LRUPromptCache of KVCaches (python/adapters/mlx_prompt_cache_adapter.py)"
         self.model = {"layers": LAYERS, "heads": KV_HEADS, "head_dim": HEAD_DIM, "dtypes": ["f32"],
                       "layouts": ["modern"], "odd_layers": False}
@@ -114,18 +137,25 @@ class MlxPromptCacheAdapter(Adapter):
         }
         self.prompt_cache = self.new_prompt_cache()
         self.keys = {}  # id -> its trie key, in insertion order
+        self.next_key = 0  # keys are never reused: an evicted or deleted id's key stays retired
         self.handed_out = weakref.WeakValueDictionary()  # object id -> a copy handed out
 
-    @staticmethod
-    def new_prompt_cache():
-        return mlx_cache.LRUPromptCache(max_size=NO_EVICTION, max_bytes=NO_EVICTION)
+    def new_prompt_cache(self):
+        return mlx_cache.LRUPromptCache(max_size=self.max_size or NO_EVICTION, max_bytes=NO_EVICTION)
 
     def key_of(self, id):
         key = self.keys.get(id)
         if key is None:
-            n = len(self.keys) + getattr(self, "_retired", 0)
+            n, self.next_key = self.next_key, self.next_key + 1
             key = [n // VOCAB, n % VOCAB]
         return key
+
+    def holds(self, key):
+        try:
+            self.prompt_cache._trie.get(MODEL_KEY, key)
+        except KeyError:
+            return False
+        return True
 
     # ---- caches ----
 
@@ -178,6 +208,8 @@ class MlxPromptCacheAdapter(Adapter):
         self.prompt_cache.insert_cache(MODEL_KEY, key, cache)
         self.handed_out.pop(_object_id(cache), None)  # stored: no copy handed out any more
         self.keys[id] = key
+        # What insert_cache evicted to keep max_size is no longer held.
+        self.keys = {id: key for id, key in self.keys.items() if self.holds(key)}
 
     def stored_cache(self, id):
         return self.prompt_cache._trie.get(MODEL_KEY, self.keys[id]).prompt_cache
@@ -208,16 +240,17 @@ class MlxPromptCacheAdapter(Adapter):
         gone = [id for id in ids if id in self.keys]
         if not gone:
             return
-        kept = [(id, self.keys[id], self.stored_cache(id)) for id in self.keys if id not in gone]
-        self._retired = getattr(self, "_retired", 0) + len(gone)
+        kept_keys = {tuple(key) for id, key in self.keys.items() if id not in gone}
+        # Given again in the order of mlx-lm's LRU (least recently inserted
+        # first), so that the new cache evicts as the old one would have.
+        order = [list(tokens) for _, tokens in self.prompt_cache._lru._lrus["assistant"] if tuple(tokens) in kept_keys]
+        entries = [(key, self.prompt_cache._trie.get(MODEL_KEY, key).prompt_cache) for key in order]
         self.prompt_cache = self.new_prompt_cache()
-        self.keys = {}
-        for id, key, cache in kept:
+        for key, cache in entries:
             self.prompt_cache.insert_cache(MODEL_KEY, key, cache)
-            self.keys[id] = key
+        self.keys = {id: key for id, key in self.keys.items() if id not in gone}
 
     def delete_all(self):
-        self._retired = getattr(self, "_retired", 0) + len(self.keys)
         self.prompt_cache = self.new_prompt_cache()
         self.keys = {}
 
@@ -252,9 +285,13 @@ class _Held(list):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--max-size", type=int, default=None, metavar="N",
+                        help="LRUPromptCache's max_size (entries); declared as capacity_items N")
+    arguments = parser.parse_args(argv)
+    if arguments.max_size is not None and arguments.max_size < 1:
+        parser.error(f"--max-size is {arguments.max_size}: a positive number of entries")
     model = tiny_model()
-    serve(lambda: MlxPromptCacheAdapter(model))
+    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size))
 
 
 if __name__ == "__main__":

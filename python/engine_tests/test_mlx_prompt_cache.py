@@ -31,3 +31,48 @@ def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, m
     assert {p: verdicts.get(p) for p in JUDGED} == {p: "pass" for p in JUDGED}, verdicts
     assert {p: verdicts.get(p) for p in DECLARED_ABSENT} == {p: "skipped" for p in DECLARED_ABSENT}, verdicts
     assert run.report["adapter"] == "mlx-lm-0.32.2"
+
+
+# --max-size 2: LRUPromptCache evicts, declared capacity_items 2, eviction
+# fifo (the adapter's module doc: mlx-lm evicts the entry least recently
+# stored, so an overwrite moves an entry to the back where kvcheck's fifo
+# keeps its place). eviction-as-declared searches, stored-immutable beside
+# it (a cache handed out stays intact when its entry goes; every property
+# is checked on every trace). At this seed and budget the search meets that
+# difference (trace 40 of 50: FAIL, overwrite of a held i6 before an
+# eviction), the verdict recorded; declared lru instead (a get_cache a use),
+# it FAILs at trace 45 with "the least recently used first" (measured).
+# 14-19 s wall, measured on a loaded machine (ctest label real-engines).
+BOUNDED = ("--property", "eviction-as-declared", "--property", "stored-immutable", "--cases", "50", "--failures", "1")
+
+
+def stores_an_id_again(trace):
+    """Whether a trace's text stores an id it stored before (add, add_handle,
+    or an id of a fill's range i<first>..): what the declared difference
+    needs, an overwrite, which mlx-lm moves to the back."""
+    stored = []
+    for line in trace.splitlines():
+        words = line.split()
+        if words and words[0] in ("add", "add_handle"):
+            stored.append(words[1])
+        elif words and words[0] == "fill":
+            fields = dict(word.split("=", 1) for word in words if "=" in word)
+            first, count = int(fields["first"]), int(fields["count"])
+            stored += [f"i{n}" for n in range(first, first + count)]
+    return len(stored) != len(set(stored))
+
+
+def test_mlx_lm_prompt_cache_bounded_evicts_first_stored_first_but_for_overwrites(kvcheck, monkeypatch):
+    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
+    if not os.path.isdir(environment):
+        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
+    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+    run = kvcheck("run", "--adapter", ADAPTER + " --max-size 2", *BOUNDED, "--jobs", "2", "--timeout", "600")
+    assert run.report["adapter"] == "mlx-lm-0.32.2-max2", run.stdout + run.stderr
+    assert run.result("stored-immutable")["verdict"] == "pass", run.result("stored-immutable")
+    eviction = run.result("eviction-as-declared")
+    assert eviction["verdict"] == "fail", eviction
+    assert eviction["failures"], eviction
+    for failure in eviction["failures"]:
+        assert "(the first stored first; declared: 2 items, eviction fifo)" in failure["message"], failure
+        assert stores_an_id_again(failure["trace"]), failure
