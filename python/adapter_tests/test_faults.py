@@ -119,7 +119,8 @@ def test_an_interpreter_without_torch_is_refused_with_a_hint(kvcheck):
     assert run.status == 2, run.stdout + run.stderr
     assert "exited with status 1 before answering the handshake" in run.stderr, run.stderr
     assert "ModuleNotFoundError: No module named 'torch'" in run.stderr, run.stderr
-    assert "has no torch; choose an interpreter that has it with --python" in run.stderr, run.stderr
+    # The hint names --python (harness/cli/adapters.cpp, start_hint: any import error).
+    assert "cannot import what the adapter needs; name an interpreter that can with --python" in run.stderr, run.stderr
 
 
 def path_python_without_torch():
