@@ -1,6 +1,7 @@
 #include "sandbox.h"
 
 #include "interrupt.h"
+#include "proc_file.h"
 #include "text.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 
 #include <fcntl.h>
@@ -85,13 +87,26 @@ void write_all(int fd, const std::string& bytes) {
 
 // A "kB" field of /proc/<pid>/status, in bytes; 0 when absent.
 std::int64_t status_bytes(const std::string& pid, const char* field) {
-    std::ifstream status("/proc/" + pid + "/status");
+    std::istringstream status(posix::read_proc_file("/proc/" + pid + "/status"));
     std::string line;
     const std::size_t length = std::strlen(field);
     while (std::getline(status, line)) {
         if (line.compare(0, length, field) == 0) return std::atoll(line.c_str() + length) * 1024;
     }
     return 0;
+}
+
+// The children of every thread of `pid`, from /proc (none when it is gone,
+// or ends while it is read: no error, and no exception).
+std::vector<int> children_of(int pid) {
+    std::vector<int> children;
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+    std::error_code error;
+    for (fs::directory_iterator task(tasks, error), end; !error && task != end; task.increment(error)) {
+        std::istringstream listed(posix::read_proc_file((task->path() / "children").string()));
+        for (int child = 0; listed >> child;) children.push_back(child);
+    }
+    return children;
 }
 
 // The resident memory of a child and of every process it started (an
@@ -101,12 +116,7 @@ std::int64_t status_bytes(const std::string& pid, const char* field) {
 std::int64_t tree_resident_bytes(int pid, int depth = 0) {
     std::int64_t total = status_bytes(std::to_string(pid), "VmRSS:");
     if (depth >= 8) return total;
-    std::error_code error;
-    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
-        std::ifstream children(task.path() / "children");
-        int child = 0;
-        while (children >> child) total += tree_resident_bytes(child, depth + 1);
-    }
+    for (const int child : children_of(pid)) total += tree_resident_bytes(child, depth + 1);
     return total;
 }
 
@@ -117,21 +127,15 @@ std::int64_t tree_resident_bytes(int pid, int depth = 0) {
 // init.
 void collect_descendants(int pid, std::vector<int>& found, int depth = 0) {
     if (depth >= 64) return;
-    std::error_code error;
-    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
-        std::ifstream children(task.path() / "children");
-        int child = 0;
-        while (children >> child) {
-            found.push_back(child);
-            collect_descendants(child, found, depth + 1);
-        }
+    for (const int child : children_of(pid)) {
+        found.push_back(child);
+        collect_descendants(child, found, depth + 1);
     }
 }
 
 // The parent process of `pid` from /proc (0 when it is gone).
 int parent_of(int pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::string text = posix::read_proc_file("/proc/" + std::to_string(pid) + "/stat");
     const std::size_t close = text.rfind(')');
     if (close == std::string::npos) return 0;
     char state = 0;

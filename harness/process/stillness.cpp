@@ -1,10 +1,11 @@
 #include "stillness.h"
 
+#include "proc_file.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <dirent.h>
-#include <fstream>
-#include <iterator>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 
@@ -33,8 +34,7 @@ namespace {
 // The text after the ")" that ends the command name of a /proc stat file
 // (a name may hold spaces and parentheses); "" when it cannot be read.
 std::string stat_fields(const std::string& path) {
-    std::ifstream in(path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = posix::read_proc_file(path);
     const std::size_t close = text.rfind(')');
     return close == std::string::npos ? "" : text.substr(close + 1);
 }
@@ -90,7 +90,7 @@ void add_below(int pid, std::vector<int>& found, int depth) {
     if (dir == nullptr) return;
     while (const dirent* entry = ::readdir(dir)) {
         if (entry->d_name[0] == '.') continue;
-        std::ifstream children(tasks + "/" + entry->d_name + "/children");
+        std::istringstream children(posix::read_proc_file(tasks + "/" + entry->d_name + "/children"));
         int child = 0;
         while (children >> child) {
             found.push_back(child);
