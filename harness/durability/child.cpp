@@ -1,8 +1,12 @@
 #include "durability/child.h"
 
+#include "process/stillness.h"
+
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -23,6 +27,18 @@ void one_openmp_thread() {
     void (*set_threads)(int) = nullptr;
     std::memcpy(&set_threads, &symbol, sizeof symbol);
     set_threads(1);
+}
+
+double monotonic_seconds() {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) / 1e9;
+}
+
+// How often a silent child's processes are sampled: often enough for a
+// short limit, at most every 250 ms.
+int poll_ms(double seconds_max) {
+    return static_cast<int>(std::clamp(seconds_max * 1000 / 10, 10.0, 250.0));
 }
 
 }  // namespace
@@ -63,11 +79,17 @@ ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max)
     ::close(pipe_fds[1]);
     ChildEnd end;
     char chunk[65536];
+    // Hung by the rule of every limit (process/stillness.h): still for
+    // `seconds_max` with the CPU, not merely silent on a loaded machine.
+    process::Stillness still;
+    still.restart(process::sample_processes(process::process_tree(pid), monotonic_seconds()));
     for (;;) {
         pollfd ready{pipe_fds[0], POLLIN, 0};
-        const int polled = ::poll(&ready, 1, static_cast<int>(seconds_max * 1000));
+        const int polled = ::poll(&ready, 1, poll_ms(seconds_max));
         if (polled < 0 && errno == EINTR) continue;
         if (polled == 0) {
+            still.observe(process::sample_processes(process::process_tree(pid), monotonic_seconds()));
+            if (!still.hung(seconds_max)) continue;
             end.hung = true;
             ::kill(pid, SIGKILL);
             break;

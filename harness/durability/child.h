@@ -66,7 +66,9 @@ struct ChildEnd {
 // Runs `body` in a forked child, which reports through `out`, and waits for
 // it to end. The child dies with this process (PR_SET_PDEATHSIG), ends with
 // _exit (no atexit handler, no destructor of the parent's objects), and is
-// killed when silent for `seconds_max`.
+// killed when silent and still for `seconds_max`: still by the rule of
+// every limit (process/stillness.h): time the child waited for a CPU that
+// other processes had does not count.
 ChildEnd run_child(const std::function<void(int out)>& body, double seconds_max);
 
 // The exception a child reported, if any, else "(no message)".

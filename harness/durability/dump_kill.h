@@ -33,7 +33,7 @@
 namespace kvcheck::durability {
 
 struct KillOptions {
-    double child_seconds_max = 600;  // a child silent this long is killed and reported hung
+    double child_seconds_max = 600;  // a child silent and still this long (process/stillness.h) is killed and reported hung
     std::size_t prefixes_max = 8;    // prefixes of the pending name changes tried (power_cut.h)
 };
 

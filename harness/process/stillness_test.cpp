@@ -1,7 +1,10 @@
 // The hang rule (stillness.h) on fake clocks: what a deadlock, a busy loop,
 // a multi-threaded engine, a starved engine and a thread stuck in the
-// kernel count; and what is read of real processes from /proc.
+// kernel count; what is read of real processes from /proc; and the dump
+// children's limit (durability/child.h) following the same rule.
 #include "stillness.h"
+
+#include "durability/child.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +12,9 @@
 #include <csignal>
 #include <fstream>
 #include <iterator>
+#include <sched.h>
+#include <sys/resource.h>
+#include <ctime>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -183,6 +189,51 @@ TEST(ProcessTree, HoldsTheProcessAndEveryOneBelowIt) {
     ASSERT_EQ(tree.size(), 2U);
     EXPECT_EQ(tree[0], parent.pid);
     EXPECT_NE(tree[1], parent.pid);
+}
+
+double cpu_seconds() {
+    timespec now{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) / 1e9;
+}
+
+void on_first_cpu() {
+    cpu_set_t first;
+    CPU_ZERO(&first);
+    CPU_SET(0, &first);
+    ::sched_setaffinity(0, sizeof first, &first);
+}
+
+TEST(ChildLimit, ABlockedChildIsHungAfterItsLimit) {
+    const durability::ChildEnd end = durability::run_child([](int) { ::sleep(60); }, 0.5);
+    EXPECT_TRUE(end.hung);
+    ASSERT_TRUE(WIFSIGNALED(end.status));
+    EXPECT_EQ(WTERMSIG(end.status), SIGKILL);
+}
+
+TEST(ChildLimit, AChildStarvedOfTheCpuIsNotHung) {
+    // A busy loop and the child (niced) share one CPU: the child's 0.15 s of
+    // CPU take over a second of wall time, silent; a limit of 1 s of
+    // wall time called it hung (the rule before), its CPU is far under it.
+    Child hog;
+    hog.pid = ::fork();
+    if (hog.pid == 0) {
+        on_first_cpu();
+        for (;;) {
+        }
+    }
+    const durability::ChildEnd end = durability::run_child(
+        [](int) {
+            on_first_cpu();
+            (void)!::nice(10);
+            const double start = cpu_seconds();
+            volatile unsigned spin = 0;
+            while (cpu_seconds() - start < 0.15) spin = spin + 1;
+        },
+        1.0);
+    EXPECT_FALSE(end.hung);
+    ASSERT_TRUE(WIFEXITED(end.status));
+    EXPECT_EQ(WEXITSTATUS(end.status), 0);
 }
 
 }  // namespace
