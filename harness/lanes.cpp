@@ -35,7 +35,7 @@ Tokens prompt_of(Chooser& choose, const WorkloadOptions& options) {
 void store_reader(Chooser& choose, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
     const HandleName handle{draft.name()};
     calls.push_back(op::GetCache{handle, {lane_ids[choose.below(lane_ids.size())]}});
-    calls.push_back(op::Generate{handle, prompt_of(choose, options), choose.between(0, options.new_tokens_max)});
+    calls.push_back(op::Generate{handle, prompt_of(choose, options), choose.between(1, options.new_tokens_max)});
     calls.push_back(op::Release{handle});
 }
 

@@ -711,10 +711,6 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }
-    if (property == Property::linearizable && options.workload.lanes <= 1) {
-        out.send("skipped", "judged on traces of several clients: kvcheck run --lanes N (docs/semantics.md#linearizable)");
-        return;
-    }
     WorkloadOptions workload = options.workload;
     workload.capabilities = capabilities;
     if (options.model) workload.capabilities.model = *options.model;
