@@ -104,12 +104,12 @@ class LM2 final : public ReferenceEngine {
     std::map<Handle, std::pair<std::string, kv::ConstCachePtr>> sources_;
 };
 
-template <typename P>
-Adapter lane_paged_mutant(const std::string& name, std::string description, std::vector<Property> breaks) {
-    Adapter adapter{name, std::move(description), "bundled", std::move(breaks), [name] {
-                        auto engine = std::make_shared<PagedReference>([](kv::paged::PoolConfig config, kv::Model& model) {
-                            return std::unique_ptr<Pool>(std::make_unique<P>(config, model));
-                        });
+// An engine of type E (made from `args`), named `name`: a concurrency
+// mutant, listed with the lanes its bug needs.
+template <typename E, typename... Args>
+Adapter lane_mutant(const std::string& name, std::string description, std::vector<Property> breaks, Args... args) {
+    Adapter adapter{name, std::move(description), "bundled", std::move(breaks), [name, args...] {
+                        auto engine = std::make_shared<E>(args...);
                         engine->rename(name);
                         return std::shared_ptr<Engine>(std::move(engine));
                     }};
@@ -117,15 +117,10 @@ Adapter lane_paged_mutant(const std::string& name, std::string description, std:
     return adapter;
 }
 
-template <typename E>
-Adapter lane_mutant(const std::string& name, std::string description, std::vector<Property> breaks) {
-    Adapter adapter{name, std::move(description), "bundled", std::move(breaks), [name] {
-                        auto engine = std::make_shared<E>();
-                        engine->rename(name);
-                        return std::shared_ptr<Engine>(std::move(engine));
-                    }};
-    adapter.lanes = 2;
-    return adapter;
+// The paged reference over a pool of type P.
+template <typename P>
+PagedReference::PoolFactory pool_of() {
+    return [](kv::paged::PoolConfig config, kv::Model& model) { return std::unique_ptr<Pool>(std::make_unique<P>(config, model)); };
 }
 
 using P = Property;
@@ -134,8 +129,8 @@ using P = Property;
 
 std::vector<Adapter> lane_mutant_adapters() {
     return {
-        lane_paged_mutant<LM1>("LM1", "lookup-then-pin without re-validation: an alloc pins the blocks its request's lookup hit",
-                               {P::prefix_hit_exact, P::hit_consumed, P::lookup_exact}),
+        lane_mutant<PagedReference>("LM1", "lookup-then-pin without re-validation: an alloc pins the blocks its request's lookup hit",
+                                    {P::prefix_hit_exact, P::hit_consumed, P::lookup_exact}, pool_of<LM1>()),
         lane_mutant<LM2>("LM2", "a handed-out copy is taken again from its entry, overwritten since, at its first generation",
                          {P::single_copy, P::generation_equivalent, P::linearizable}),
     };
