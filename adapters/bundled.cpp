@@ -18,6 +18,7 @@ const std::vector<Adapter>& bundled() {
                            return std::shared_ptr<Engine>(std::move(engine));
                        }});
         for (Adapter& mutant : paged_mutant_adapters()) all.push_back(std::move(mutant));
+        for (Adapter& mutant : lane_mutant_adapters()) all.push_back(std::move(mutant));
         return all;
     }();
     return adapters;

@@ -1,4 +1,5 @@
 #include "kvcheck/workload.h"
+#include "kvcheck/lanes.h"
 #include "kvcheck/limits.h"
 
 #include "kvcheck/splitmix.h"
@@ -270,6 +271,7 @@ Swarm uniform_swarm(const WorkloadOptions& options) {
     swarm.weights[kind<op::Fill>()] = options.scope.store_items_max > 0 ? 1 : 0;
     swarm.weights[kind<op::PagedAlloc>()] = 6;  // a pool needs sequences to be interesting
     swarm.weights[kind<op::PagedStep>()] = 3;
+    swarm.weights[kind<op::SwitchLane>()] = 0;  // one client: lanes are drawn by harness/lanes.cpp
     // An operation the engine cannot run is never generated.
     for (std::size_t kind_index = 0; kind_index < op_kind_count; ++kind_index) {
         if (!engine_supports(c, op_needs(kind_index))) swarm.weights[kind_index] = 0;
@@ -765,6 +767,10 @@ op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
     return rewind;
 }
 
+// Never drawn here (weight 0): the lanes of a concurrent trace are laid
+// out by harness/lanes.cpp.
+op::SwitchLane draw(Drawing&, op::SwitchLane*) { return {}; }
+
 template <std::size_t K>
 Op draw_kind(Drawing& d) {
     using T = std::variant_alternative_t<K, Op>;
@@ -809,6 +815,7 @@ Trace generate_trace(Chooser& choose, const Swarm& swarm, const WorkloadOptions&
 
 Trace trace_for_seed(std::uint64_t seed, const WorkloadOptions& options) {
     SeededChooser choose(seed);
+    if (options.lanes > 1) return concurrent_trace(choose, options);
     const Swarm swarm = random_swarm(choose, options);
     return generate_trace(choose, swarm, options);
 }

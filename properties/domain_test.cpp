@@ -207,7 +207,9 @@ TEST_P(MutantInAModel, IsCaughtByAPropertyItBreaks) {
 std::vector<std::string> mutant_names() {
     std::vector<std::string> names;
     for (const auto& adapter : adapters::bundled()) {
-        if (!adapter.breaks.empty() && !adapter.make()->capabilities().paged) names.push_back(adapter.name);
+        if (!adapter.breaks.empty() && adapter.lanes == 1 && !adapter.make()->capabilities().paged) {
+            names.push_back(adapter.name);
+        }
     }
     return names;
 }

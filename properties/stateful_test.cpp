@@ -47,6 +47,7 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
     // (The paged family's kinds are PagedStateful's: the reference is no paged engine.)
     for (std::size_t k = 0; k < op_kind_count; ++k) {
         if ((op_needs(k) & needs_paged) != 0) continue;
+        if (k == op_kind<op::SwitchLane>()) continue;  // one client's traces have none (properties/lanes_test.cpp)
         EXPECT_GT(total.ops_run[k], 0u) << op_kind_name(k) << " never ran in " << cases << " cases";
     }
     EXPECT_GT(total.modern_caches, 0u);

@@ -12,5 +12,8 @@ namespace kvcheck::adapters {
 std::vector<Adapter> mutant_adapters();
 // The paged reference's mutants (paged_mutants.cpp).
 std::vector<Adapter> paged_mutant_adapters();
+// The concurrency mutants (lane_mutants.cpp): found with several clients
+// (Adapter::lanes), not by one.
+std::vector<Adapter> lane_mutant_adapters();
 
 }  // namespace kvcheck::adapters

@@ -312,6 +312,10 @@ class Checker {
     virtual void handle(const HandleFact&, Probe&) {}
     virtual void paged(const Paged&, Probe&) {}
     virtual void evicted(const Evicted&, Probe&) {}
+    // Every operation run (not skipped), after its facts: a checker that
+    // follows the trace itself (linearizable, which groups calls into
+    // requests by lane).
+    virtual void called(const Op&, Probe&) {}
 
   protected:
     bool checking(const Probe& probe) const { return probe.checking(property_); }

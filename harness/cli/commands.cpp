@@ -156,6 +156,9 @@ const std::vector<OptionSpec> run_options = [] {
                        "                             from (seed, p, i) by splitmix64: other seeds, other traces"},
         {"cases", true, "traces per property (default 200)"},
         {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
+        {"lanes", true, "clients per trace (default 1): above 1, each trace is that many lanes of requests\n"
+                        "                             interleaved by a seeded schedule (random or PCT), checked call by call\n"
+                        "                             (docs/semantics.md#concurrent-clients); at most 15"},
         {"model", true, "search one model's caches only, instead of what each engine declares:\n"
                         "                             layers=N,heads=N,head_dim=N,dtype=f32[+f16+bf16],layout=modern[+legacy]\n"
                         "                             [,odd_layers=yes|no] (heads, head_dim default 2, 4; odd_layers no)"},
@@ -273,6 +276,7 @@ ConformanceOptions conformance_options(const Options& options) {
     } catch (const std::invalid_argument& error) {
         throw UsageError(std::string("--scope: ") + error.what());
     }
+    conformance.workload.lanes = static_cast<std::int64_t>(options.number("lanes", 1, 1, op::SwitchLane::lanes_max - 1));
     if (options.has("model")) {
         try {
             conformance.model = parse_model_domain(options.get("model", ""));
@@ -511,6 +515,12 @@ int command_run(const Args& args) {
     std::vector<Adapter> adapters;
     if (bundled) {
         adapters = bundled_adapters();
+        // The concurrency mutants are the self-check's with --lanes, the
+        // others without (kvcheck/adapter.h, Adapter::lanes).
+        const bool lanes = conformance.workload.lanes > 1;
+        adapters.erase(std::remove_if(adapters.begin(), adapters.end(),
+                                      [lanes](const Adapter& a) { return !a.breaks.empty() && (a.lanes > 1) != lanes; }),
+                       adapters.end());
         // The Python example store joins the self-check when it can run
         // here (scripts/bootstrap installs Debian's python3-torch).
         try {
@@ -529,6 +539,7 @@ int command_run(const Args& args) {
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
+              << (conformance.workload.lanes > 1 ? std::to_string(conformance.workload.lanes) + " lanes; " : "")
               << "domain: " << domains_searched(adapters, conformance.model) << "; " << limits_text(conformance.limits) << "\n";
     if (conformance.isolate) install_interrupt_handlers();
     const auto started = std::chrono::steady_clock::now();

@@ -41,6 +41,13 @@ class Scheduler {
         return nullptr;
     }
 
+    // known_not_applicable, and what this run cannot judge whatever the
+    // adapter: linearizable without --lanes.
+    const char* not_applicable(const Adapter& adapter, Property property) const {
+        if (property == Property::linearizable && options_.workload.lanes <= 1) return lanes_not_applicable;
+        return known_not_applicable(adapter, property);
+    }
+
     Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
         : adapters_(adapters), options_(options), sandbox_(options.limits) {
         properties_ = options.properties;
@@ -52,7 +59,7 @@ class Scheduler {
             for (Property p : properties_) {
                 PropertyResult property;
                 property.id = property_id(p);
-                if (const char* message = known_not_applicable(adapter, p)) {
+                if (const char* message = not_applicable(adapter, p)) {
                     property.verdict = "skipped";
                     property.message = message;
                 }
@@ -78,7 +85,7 @@ class Scheduler {
         }
         for (std::size_t a = 0; a < adapters.size(); ++a) {
             for (std::size_t p = 0; p < properties_.size(); ++p) {
-                if (known_not_applicable(adapters[a], properties_[p]) != nullptr) continue;  // no job: n/a
+                if (not_applicable(adapters[a], properties_[p]) != nullptr) continue;  // no job: n/a
                 Task task;
                 task.adapter = a;
                 task.property = p;

@@ -94,6 +94,10 @@ inline constexpr const char* contiguous_not_applicable =
 
 // The verdict message of a property that judges a declared capacity for a
 // store that declares none (Capabilities::policy): nothing may be evicted.
+// The verdict message of linearizable in a run of one client (no --lanes):
+// it judges requests of several clients only.
+inline constexpr const char* lanes_not_applicable =
+    "n/a: judged on traces of several clients only (kvcheck run --lanes N, docs/semantics.md#linearizable)";
 inline constexpr const char* capacity_not_applicable =
     "n/a: the adapter declares no capacity (store_policy), so no entry may be evicted (stored-immutable holds it to that)";
 

@@ -256,16 +256,23 @@ bool left_out(const std::vector<AdapterResult>& results, std::size_t row) {
 std::string left_out_note(const std::vector<AdapterResult>& results) {
     std::size_t family = 0;
     std::size_t capacity = 0;
+    std::size_t lanes = 0;
     for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
         if (!left_out(results, row)) continue;
         const std::string& message = results.front().properties[row].message;
-        (message.find("capacity") != std::string::npos ? capacity : family) += 1;
+        if (message.find("--lanes") != std::string::npos) {
+            ++lanes;
+        } else {
+            (message.find("capacity") != std::string::npos ? capacity : family) += 1;
+        }
     }
-    if (family + capacity == 0) return "";
+    if (family + capacity + lanes == 0) return "";
     std::string why;
     if (family != 0) why = std::to_string(family) + " of the other cache family (paged or contiguous)";
     if (capacity != 0) why += (why.empty() ? "" : ", ") + std::to_string(capacity) + " judging a capacity no adapter declares";
-    return std::to_string(family + capacity) + (family + capacity == 1 ? " property" : " properties") +
+    if (lanes != 0) why += (why.empty() ? "" : ", ") + std::to_string(lanes) + " judged with --lanes only";
+    const std::size_t count = family + capacity + lanes;
+    return std::to_string(count) + (count == 1 ? " property" : " properties") +
            " left out, n/a for every adapter: " + why +
            " (the JSON report lists them, \"not_applicable\": true)\n";
 }

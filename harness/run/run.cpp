@@ -263,6 +263,7 @@ void Run::run_step(const Op& operation) {
     if (const std::optional<checkers::Evicted>& evicted = transitions_.evicted()) {
         for (const auto& checker : checkers_) checker->evicted(*evicted, *this);
     }
+    for (const auto& checker : checkers_) checker->called(operation, *this);
     if (options_.record_answers) answer_ = answer_of(operation, *fact, read_copies ? &copies.logged : nullptr);
     if (op_changes_ids(operation)) listing_due_ = true;
     if (!reads_store_) return;

@@ -121,5 +121,7 @@ template <> std::optional<Fact> Transitions::apply(const op::PagedStep& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedImport& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedExport& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedRewind& op);
+// A context switch between clients (run/lane_transitions.cpp).
+template <> std::optional<Fact> Transitions::apply(const op::SwitchLane& op);
 
 }  // namespace kvcheck

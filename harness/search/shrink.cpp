@@ -1,6 +1,7 @@
 #include "kvcheck/shrink.h"
 
 #include "kvcheck/domain.h"
+#include "search/shrink_lanes.h"
 
 #include <boost/pfr.hpp>
 
@@ -201,7 +202,9 @@ class Shrinker {
     ShrinkResult run() {
         bool progress = true;
         while (progress && budget_left()) {
-            progress = drop_chunks();
+            progress = drop_lanes();
+            progress = drop_chunks() || progress;
+            progress = fewer_switches() || progress;
             progress = simplify_geometry() || progress;
             progress = simplify_ops() || progress;
         }
@@ -237,6 +240,10 @@ class Shrinker {
             for (std::size_t start = 0; start < best_.size() && budget_left();) {
                 Trace candidate = best_;
                 const std::size_t end = std::min(start + chunk, candidate.size());
+                if (shrink_lanes::relabels(best_, start, end)) {  // a call would move to another lane
+                    start += chunk;
+                    continue;
+                }
                 candidate.erase(candidate.begin() + static_cast<std::ptrdiff_t>(start),
                                 candidate.begin() + static_cast<std::ptrdiff_t>(end));
                 if (try_candidate(candidate)) {
@@ -250,13 +257,20 @@ class Shrinker {
         return progress;
     }
 
-    bool simplify_geometry() {
+    // A concurrent trace (kvcheck/lanes.h): fewer lanes, then fewer
+    // context switches (the same calls per lane, interleaved otherwise).
+    bool drop_lanes() { return first_failing(shrink_lanes::fewer_lanes); }
+    bool fewer_switches() { return first_failing(shrink_lanes::fewer_switches); }
+
+    // Tries the candidates `simpler` gives of the best trace, again after
+    // each that fails the same way, until none does.
+    bool first_failing(const std::function<std::vector<Trace>(const Trace&)>& simpler) {
         bool progress = false;
         bool changed = true;
         while (changed && budget_left()) {
             changed = false;
-            for (const Trace& simpler : simpler_geometries(best_, options_.model)) {
-                if (try_candidate(simpler)) {
+            for (const Trace& candidate : simpler(best_)) {
+                if (try_candidate(candidate)) {
                     changed = progress = true;
                     break;
                 }
@@ -265,12 +279,17 @@ class Shrinker {
         return progress;
     }
 
+    bool simplify_geometry() {
+        return first_failing([this](const Trace& trace) { return simpler_geometries(trace, options_.model); });
+    }
+
     bool simplify_ops() {
         bool progress = false;
         for (std::size_t i = 0; i < best_.size() && budget_left(); ++i) {
             bool changed = true;
             while (changed && i < best_.size() && budget_left()) {
                 changed = false;
+                if (std::holds_alternative<op::SwitchLane>(best_[i])) break;  // its lane is the calls' after it
                 for (const Op& simpler : simpler_ops(best_[i], options_.model)) {
                     Trace candidate = best_;
                     candidate[i] = simpler;

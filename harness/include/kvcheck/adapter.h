@@ -45,6 +45,10 @@ struct Adapter {
     // A process adapter whose dumps kvcheck cannot kill (its handshake:
     // no dump_fork): why, for the dump-safe row's note. Empty otherwise.
     std::string dump_kill_absent = {};
+    // The clients a search needs to find what `breaks` lists (kvcheck run
+    // --lanes): 1 for the mutants one client finds; more for a concurrency
+    // mutant, whose bug lies between two calls of one client's request.
+    std::int64_t lanes = 1;
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }

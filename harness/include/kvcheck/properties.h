@@ -86,7 +86,11 @@ enum PropertyNeeds : std::uint8_t {
     X(free_order, "free-order", "freed blocks join the free queue where the engine declares (back, front, ...)",   \
       property_needs_paged | property_needs_free_order)                                                            \
     X(paged_roundtrip, "paged-roundtrip", "export gives exactly the sequence's K/V, sharing nothing with the pool", \
-      property_needs_paged)
+      property_needs_paged)                                                                                        \
+    /* concurrent clients (kvcheck/lanes.h): judged on traces of several lanes */                                 \
+    X(linearizable, "linearizable",                                                                                \
+      "the requests of concurrent clients give what some order of whole requests, kept by the schedule, gives",    \
+      property_needs_nothing)
 
 enum class Property : std::uint8_t {
 #define KVCHECK_PROPERTY_ENUM(name, id, summary, needs) name,

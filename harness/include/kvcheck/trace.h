@@ -516,6 +516,26 @@ struct PagedRewind {
     bool well_formed() const { return count >= 1 && token >= 0; }
 };
 
+// ---- concurrent clients (docs/semantics.md#concurrent-clients) ----
+// A context switch: the steps after it, up to the next switch, are client
+// `lane`'s calls. A trace without one is one client's (lane 0), as every
+// trace was; `kvcheck run --lanes N` draws traces of N clients
+// (harness/lanes.cpp) whose switches are their schedule, so a trace file
+// carries lanes and schedule and replays exactly. Calls nothing: the
+// engine never sees it. Last in the variant (the kinds before it keep
+// their indices).
+struct SwitchLane {
+    static constexpr const char* name = "switch";
+    static constexpr std::array<const char*, 1> fields{"lane"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_nothing;
+    static constexpr std::size_t list_min = 0;
+    static constexpr std::int64_t lanes_max = 16;
+    std::int64_t lane = 0;
+    bool well_formed() const { return lane >= 0 && lane < lanes_max; }
+};
+
 }  // namespace op
 
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
@@ -526,7 +546,9 @@ using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAl
                         // the paged family
                         op::PagedAlloc, op::PagedAppend, op::PagedFork, op::PagedFree, op::PagedLookup,
                         op::PagedEvict, op::PagedReset, op::PagedStep, op::PagedImport, op::PagedExport,
-                        op::PagedRewind>;
+                        op::PagedRewind,
+                        // concurrent clients
+                        op::SwitchLane>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;

@@ -97,6 +97,9 @@ struct WorkloadOptions {
     // Draw dump_kill (three processes a step): kvcheck run draws it in
     // dump-safe's own search only, the one property it judges.
     bool dump_kill = true;
+    // Clients (kvcheck run --lanes, kvcheck/lanes.h): above 1, each trace
+    // is that many lanes of requests interleaved by a seeded schedule.
+    std::int64_t lanes = 1;
 };
 
 struct Swarm {

@@ -1,0 +1,139 @@
+// The concurrency mutants (docs/semantics.md#known-concurrency-bugs): bugs
+// of a multi-call client protocol, which a call of another client between
+// two of a request's calls exposes. Each is the paged reference (or the
+// reference) with one seam overridden, like the mutants of mutants.cpp and
+// paged_mutants.cpp; each is listed with the properties it breaks under
+// `kvcheck run --lanes N` (Adapter::lanes), where the lanes workload
+// (harness/lanes.cpp) draws the protocol and other clients' calls inside it.
+#include "mutants/mutants.h"
+
+#include "reference/paged_reference.h"
+#include "reference/reference_engine.h"
+
+#include <map>
+#include <utility>
+
+namespace kvcheck::adapters {
+namespace {
+
+using kv::paged::BlockId;
+using kv::paged::BlockKey;
+using kv::paged::Pool;
+
+// LM1: lookup-then-pin without re-validation. A lookup hands its request a
+// ticket (the blocks it hit, by key), and the alloc of the same request
+// (same tokens, same extra keys) pins the ticket's blocks instead of
+// looking the keys up again, as a scheduler that takes references on the
+// blocks its earlier lookup returned. Alone, nothing happens between the
+// two; with another client's evict, or an alloc or append that takes the
+// ticket's cached free blocks for other tokens, the alloc pins blocks that
+// no longer hold its prefix.
+class LM1 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        tickets_.erase({tokens, extra});
+        const std::vector<BlockKey> keys = block_keys(tokens, extra);
+        const std::vector<BlockId> found = hits(tokens, extra);
+        std::map<BlockKey, BlockId>& ticket = tickets_[{tokens, extra}];
+        for (std::size_t i = 0; i < found.size(); ++i) ticket[keys[i]] = found[i];
+        return static_cast<std::int64_t>(found.size()) * config_.block_tokens;
+    }
+
+  protected:
+    std::vector<BlockKey> block_keys(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        const auto ticket = tickets_.find({tokens, extra});
+        current_ = ticket == tickets_.end() ? nullptr : &ticket->second;
+        return Pool::block_keys(tokens, extra);
+    }
+    std::optional<BlockId> find(const BlockKey& key) const override {
+        if (current_ != nullptr) {
+            const auto at = current_->find(key);
+            if (at != current_->end()) return at->second;  // the lookup's answer, not looked up again
+        }
+        return Pool::find(key);
+    }
+    void attach_hits(kv::paged::Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t rest) override {
+        Pool::attach_hits(sequence, hits, rest);
+        for (auto at = tickets_.begin(); at != tickets_.end(); ++at) {
+            if (&at->second == current_) {
+                tickets_.erase(at);  // the ticket is used up by its request's alloc
+                break;
+            }
+        }
+        current_ = nullptr;
+    }
+
+  private:
+    mutable std::map<std::pair<kv::paged::Tokens, std::string>, std::map<BlockKey, BlockId>> tickets_;
+    mutable const std::map<BlockKey, BlockId>* current_ = nullptr;
+};
+
+// LM2: a handed-out copy is refreshed from its entry at use. get_cache of
+// one id hands out an owned copy and remembers where it came from; the
+// first generation from it, when the entry was overwritten since, takes
+// the copy again from the entry as it now is (a client that holds a key
+// and fetches the K/V when it generates, not when it asked). Alone, a
+// request's copy and its generation see one entry; with another client's
+// add of the id in between, the generation is from K/V the request never
+// got.
+class LM2 final : public ReferenceEngine {
+  public:
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        ReferenceEngine::get_cache(ids, out);
+        sources_.erase(out);
+        if (ids.size() == 1 && store_.get(ids.front())) sources_[out] = {ids.front(), store_.get(ids.front())->cache};
+    }
+    GenerateResult generate(Handle handle, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                            bool stream) override {
+        const auto source = sources_.find(handle);
+        if (source != sources_.end()) {
+            const std::string id = source->second.first;
+            const kv::ItemPtr now = store_.get(id);
+            if (now && now->cache != source->second.second) get_cache({id}, handle);
+            sources_.erase(handle);
+        }
+        return ReferenceEngine::generate(handle, prompt, max_new_tokens, stream);
+    }
+    void release(Handle handle) override {
+        sources_.erase(handle);
+        ReferenceEngine::release(handle);
+    }
+
+  private:
+    std::map<Handle, std::pair<std::string, kv::ConstCachePtr>> sources_;
+};
+
+// An engine of type E (made from `args`), named `name`: a concurrency
+// mutant, listed with the lanes its bug needs.
+template <typename E, typename... Args>
+Adapter lane_mutant(const std::string& name, std::string description, std::vector<Property> breaks, Args... args) {
+    Adapter adapter{name, std::move(description), "bundled", std::move(breaks), [name, args...] {
+                        auto engine = std::make_shared<E>(args...);
+                        engine->rename(name);
+                        return std::shared_ptr<Engine>(std::move(engine));
+                    }};
+    adapter.lanes = 2;
+    return adapter;
+}
+
+// The paged reference over a pool of type P.
+template <typename P>
+PagedReference::PoolFactory pool_of() {
+    return [](kv::paged::PoolConfig config, kv::Model& model) { return std::unique_ptr<Pool>(std::make_unique<P>(config, model)); };
+}
+
+using P = Property;
+
+}  // namespace
+
+std::vector<Adapter> lane_mutant_adapters() {
+    return {
+        lane_mutant<PagedReference>("LM1", "lookup-then-pin without re-validation: an alloc pins the blocks its request's lookup hit",
+                                    {P::prefix_hit_exact, P::hit_consumed, P::lookup_exact}, pool_of<LM1>()),
+        lane_mutant<LM2>("LM2", "a handed-out copy is taken again from its entry, overwritten since, at its first generation",
+                         {P::single_copy, P::generation_equivalent, P::linearizable}),
+    };
+}
+
+}  // namespace kvcheck::adapters

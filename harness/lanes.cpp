@@ -1,0 +1,225 @@
+// The lanes workload: client requests (docs/semantics.md#concurrent-clients)
+// and the schedule that interleaves them (kvcheck/lanes.h).
+#include "kvcheck/lanes.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+namespace kvcheck {
+namespace {
+
+// Lane k names handles and sequences k * lane_names_stride + 1, 2, ...:
+// no two lanes share one, as no two clients share a private object.
+constexpr std::int64_t lane_names_stride = 100;
+constexpr std::int64_t requests_per_lane_max = 3;
+// The ids every store request names: few, so that lanes meet on them.
+const Ids lane_ids = {"a", "b"};
+
+struct LaneDraft {
+    std::int64_t lane = 0;
+    std::int64_t next_name = 1;
+    std::int64_t name() { return lane * lane_names_stride + next_name++; }
+};
+
+// ---- the contiguous store's requests ----
+
+Tokens prompt_of(Chooser& choose, const WorkloadOptions& options) {
+    Tokens prompt;
+    const std::int64_t count = choose.between(1, options.prompt_tokens_max);
+    for (std::int64_t i = 0; i < count; ++i) prompt.push_back(choose.between(1, 31));
+    return prompt;
+}
+
+// A reader: a copy of an entry, a generation from it, its release.
+void store_reader(Chooser& choose, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
+    const HandleName handle{draft.name()};
+    calls.push_back(op::GetCache{handle, {lane_ids[choose.below(lane_ids.size())]}});
+    calls.push_back(op::Generate{handle, prompt_of(choose, options), choose.between(1, options.new_tokens_max)});
+    calls.push_back(op::Release{handle});
+}
+
+void store_request(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
+    const std::string& id = lane_ids[choose.below(lane_ids.size())];
+    switch (choose.below(6)) {
+        case 0: case 1: case 2: store_reader(choose, options, draft, calls); break;
+        case 3: case 4: calls.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}}); break;
+        default: calls.push_back(op::Delete{{id}}); break;
+    }
+}
+
+// ---- the paged family's requests ----
+
+// A request's tokens: one of the trace's prompts, now and then a token longer.
+Tokens request_tokens(Chooser& choose, const std::vector<Tokens>& prompts) {
+    Tokens tokens = prompts[choose.below(prompts.size())];
+    if (choose.one_in(3)) tokens.push_back(choose.between(1, 3));
+    return tokens;
+}
+
+// A scheduler's request: look its prefix up, then allocate it (pinning the
+// hits), decode, and end it.
+void paged_pin(Chooser& choose, const std::vector<Tokens>& prompts, LaneDraft& draft, Trace& calls) {
+    const Tokens tokens = request_tokens(choose, prompts);
+    const std::int64_t seq = draft.name();
+    calls.push_back(op::PagedLookup{tokens, 0});
+    calls.push_back(op::PagedAlloc{seq, tokens, 0});
+    if (choose.one_in(2)) calls.push_back(op::PagedAppend{seq, choose.between(1, 2)});
+    calls.push_back(op::PagedFree{seq});
+}
+
+// Another request's churn: an evict, a worker step, or fresh tokens taking
+// free blocks (cached ones among them).
+void paged_churn(Chooser& choose, LaneDraft& draft, Trace& calls) {
+    switch (choose.below(3)) {
+        case 0: calls.push_back(op::PagedEvict{}); break;
+        case 1: calls.push_back(op::PagedStep{}); break;
+        default: {
+            Tokens fresh;
+            const std::int64_t length = choose.between(3, 6);
+            for (std::int64_t i = 0; i < length; ++i) fresh.push_back(choose.between(4, 6));
+            const std::int64_t seq = draft.name();
+            calls.push_back(op::PagedAlloc{seq, std::move(fresh), 0});
+            calls.push_back(op::PagedFree{seq});
+        }
+    }
+}
+
+std::vector<Tokens> paged_prompts(Chooser& choose) {
+    std::vector<Tokens> prompts(2);
+    for (Tokens& tokens : prompts) {
+        const std::int64_t length = choose.between(3, 6);
+        for (std::int64_t i = 0; i < length; ++i) tokens.push_back(choose.between(1, 3));
+    }
+    return prompts;
+}
+
+// ---- schedules ----
+
+std::size_t pick_random(Chooser& choose, const std::vector<std::size_t>& left) {
+    std::vector<std::size_t> ready;
+    for (std::size_t lane = 0; lane < left.size(); ++lane) {
+        if (left[lane] > 0) ready.push_back(lane);
+    }
+    return ready[choose.below(ready.size())];
+}
+
+}  // namespace
+
+LanePlan draw_lanes(Chooser& choose, const WorkloadOptions& options) {
+    const Capabilities& c = options.capabilities;
+    const std::int64_t clients = std::clamp<std::int64_t>(options.lanes, 2, op::SwitchLane::lanes_max - 1);
+    LanePlan plan;
+    plan.kind = choose.one_in(2) ? ScheduleKind::random : ScheduleKind::pct;
+    plan.depth = choose.between(1, 3);
+    const bool paged = c.paged && (!c.store || choose.one_in(2));
+    // Caches a read's generation can continue: no one-sided, legacy-named
+    // or uninitialized layers (the model refuses those).
+    Swarm swarm = random_swarm(choose, options);
+    swarm.odd_layers = false;
+    const std::vector<Tokens> prompts = paged ? paged_prompts(choose) : std::vector<Tokens>{};
+    // Lane 0 runs alone first: what the requests meet (stored entries, a
+    // cached prefix).
+    plan.lanes.resize(static_cast<std::size_t>(clients) + 1);
+    Trace& setup = plan.lanes[0];
+    if (paged) {
+        const std::int64_t seq = lane_names_stride - 1;
+        setup = {op::PagedAlloc{seq, prompts[0], 0}, op::PagedStep{}, op::PagedFree{seq}};
+    } else {
+        for (const std::string& id : lane_ids) setup.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}});
+    }
+    for (std::int64_t lane = 1; lane <= clients; ++lane) {
+        LaneDraft draft{lane};
+        Trace& calls = plan.lanes[static_cast<std::size_t>(lane)];
+        const std::int64_t requests = choose.between(1, requests_per_lane_max);
+        for (std::int64_t r = 0; r < requests; ++r) {
+            if (!paged) {
+                store_request(choose, swarm, options, draft, calls);
+            } else if (choose.below(3) < 2) {
+                paged_pin(choose, prompts, draft, calls);
+            } else {
+                paged_churn(choose, draft, calls);
+            }
+        }
+    }
+    return plan;
+}
+
+Trace schedule_lanes(Chooser& choose, const LanePlan& plan) {
+    Trace trace = plan.lanes.at(0);
+    const std::size_t lanes = plan.lanes.size();
+    std::vector<std::size_t> left(lanes, 0);
+    std::vector<std::size_t> next(lanes, 0);
+    std::size_t total = 0;
+    for (std::size_t lane = 1; lane < lanes; ++lane) total += left[lane] = plan.lanes[lane].size();
+    // pct: distinct priorities depth..depth+lanes-1 in a random order, and
+    // depth - 1 change points among the steps; at change point j the
+    // running lane drops to priority j (below every initial one).
+    std::vector<std::int64_t> priority(lanes, 0);
+    std::vector<std::size_t> change_at;
+    if (plan.kind == ScheduleKind::pct) {
+        std::vector<std::size_t> order(lanes - 1);
+        std::iota(order.begin(), order.end(), std::size_t{1});
+        for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[choose.below(i)]);
+        for (std::size_t rank = 0; rank < order.size(); ++rank) {
+            priority[order[rank]] = plan.depth + static_cast<std::int64_t>(rank);
+        }
+        for (std::int64_t j = 1; j < plan.depth && total > 1; ++j) {
+            change_at.push_back(1 + static_cast<std::size_t>(choose.below(total - 1)));
+        }
+    }
+    std::int64_t current = -1;
+    for (std::size_t step = 0; step < total; ++step) {
+        std::size_t lane = 0;
+        if (plan.kind == ScheduleKind::random) {
+            lane = pick_random(choose, left);
+        } else {
+            for (std::size_t candidate = 1; candidate < lanes; ++candidate) {
+                if (left[candidate] > 0 && (lane == 0 || priority[candidate] > priority[lane])) lane = candidate;
+            }
+            for (std::size_t j = 0; j < change_at.size(); ++j) {
+                if (change_at[j] != step) continue;
+                priority[lane] = static_cast<std::int64_t>(j) + 1;
+                std::size_t best = 0;
+                for (std::size_t candidate = 1; candidate < lanes; ++candidate) {
+                    if (left[candidate] > 0 && (best == 0 || priority[candidate] > priority[best])) best = candidate;
+                }
+                lane = best;
+            }
+        }
+        if (static_cast<std::int64_t>(lane) != current) {
+            trace.push_back(op::SwitchLane{static_cast<std::int64_t>(lane)});
+            current = static_cast<std::int64_t>(lane);
+        }
+        trace.push_back(plan.lanes[lane][next[lane]++]);
+        --left[lane];
+    }
+    return trace;
+}
+
+Trace concurrent_trace(Chooser& choose, const WorkloadOptions& options) {
+    const LanePlan plan = draw_lanes(choose, options);
+    return schedule_lanes(choose, plan);
+}
+
+std::vector<std::int64_t> lanes_of(const Trace& trace) {
+    std::vector<std::int64_t> lanes;
+    lanes.reserve(trace.size());
+    std::int64_t lane = 0;
+    for (const Op& step : trace) {
+        if (const auto* to = std::get_if<op::SwitchLane>(&step)) lane = to->lane;
+        lanes.push_back(lane);
+    }
+    return lanes;
+}
+
+std::size_t lane_count(const Trace& trace) {
+    std::set<std::int64_t> calling;
+    const std::vector<std::int64_t> lanes = lanes_of(trace);
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        if (lanes[i] > 0 && !std::holds_alternative<op::SwitchLane>(trace[i])) calling.insert(lanes[i]);
+    }
+    return std::max<std::size_t>(calling.size(), 1);
+}
+
+}  // namespace kvcheck

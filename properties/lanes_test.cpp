@@ -1,0 +1,166 @@
+// Concurrent clients at the operation level (kvcheck/lanes.h,
+// docs/semantics.md#concurrent-clients): lanes traces are seeded and replay
+// from their text; one client's traces are unchanged; each concurrency
+// mutant is found with lanes, under a property it breaks, shrunk to at most
+// 3 lanes, and the sequential search of the same budget does not find it;
+// the references pass the lanes search.
+#include "run_util.h"
+
+#include "kvcheck/lanes.h"
+#include "search/shrink_lanes.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+namespace kvcheck::props {
+namespace {
+
+constexpr std::size_t traces_max = 300;  // per search: the lanes find LM1 in a few dozen
+constexpr std::uint64_t first_seed = 1;
+
+WorkloadOptions lanes_options(const Adapter& adapter, std::int64_t lanes) {
+    WorkloadOptions options;
+    options.capabilities = adapter.make()->capabilities();
+    options.lanes = lanes;
+    return options;
+}
+
+std::size_t switches_in(const Trace& trace) {
+    return static_cast<std::size_t>(std::count_if(trace.begin(), trace.end(), [](const Op& step) {
+        return std::holds_alternative<op::SwitchLane>(step);
+    }));
+}
+
+TEST(Lanes, OneClientDrawsTheSequentialTraces) {
+    const Adapter* adapter = adapters::find_bundled("paged-reference");
+    ASSERT_NE(adapter, nullptr);
+    WorkloadOptions one = lanes_options(*adapter, 1);
+    for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+        const Trace trace = trace_for_seed(seed, one);
+        EXPECT_EQ(switches_in(trace), 0u) << format_trace(trace);
+        EXPECT_EQ(lane_count(trace), 1u);
+    }
+}
+
+TEST(Lanes, TracesAreSeededAndReplayFromText) {
+    for (const char* name : {"reference", "paged-reference"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        const WorkloadOptions options = lanes_options(*adapter, 3);
+        for (std::uint64_t seed = 1; seed <= 50; ++seed) {
+            const Trace trace = trace_for_seed(seed, options);
+            EXPECT_EQ(trace, trace_for_seed(seed, options));
+            EXPECT_EQ(parse_trace(format_trace(trace)), trace);
+            EXPECT_GE(switches_in(trace), 1u) << format_trace(trace);
+            EXPECT_LE(lane_count(trace), 3u);
+            // Each lane's calls name handles and sequences of its own.
+            const std::vector<std::int64_t> lanes = lanes_of(trace);
+            for (std::size_t i = 0; i < trace.size(); ++i) {
+                if (lanes[i] == 0) continue;
+                const std::int64_t made = created_handle(trace[i]);
+                if (made != 0) {
+                    EXPECT_EQ(made / 100, lanes[i]) << format_trace(trace);
+                }
+                if (const auto* alloc = std::get_if<op::PagedAlloc>(&trace[i])) {
+                    EXPECT_EQ(alloc->seq / 100, lanes[i]) << format_trace(trace);
+                }
+            }
+        }
+    }
+}
+
+// The shrinker's lane moves: a lane dropped whole, runs swapped only where
+// that joins runs of one lane, and no cut that moves a call to another lane.
+TEST(Lanes, ShrinkingDropsLanesAndSwitchesButNeverMovesACall) {
+    const Op a1 = op::PagedStep{}, b1 = op::PagedEvict{}, a2 = op::GetAll{}, c1 = op::DeleteAll{};
+    const Trace trace = {op::SwitchLane{1}, a1, op::SwitchLane{2}, b1, op::SwitchLane{1}, a2, op::SwitchLane{3}, c1};
+    EXPECT_TRUE(shrink_lanes::relabels(trace, 2, 3));   // b1 would join lane 1
+    EXPECT_FALSE(shrink_lanes::relabels(trace, 2, 4));  // lane 2's switch and its call: none moves
+    EXPECT_FALSE(shrink_lanes::relabels(trace, 1, 2));  // a call alone
+    const std::vector<Trace> fewer = shrink_lanes::fewer_lanes(trace);
+    ASSERT_EQ(fewer.size(), 3u);
+    EXPECT_EQ(fewer[0], (Trace{op::SwitchLane{1}, a1, op::SwitchLane{2}, b1, op::SwitchLane{1}, a2}));
+    EXPECT_EQ(fewer[1], (Trace{op::SwitchLane{1}, a1, a2, op::SwitchLane{3}, c1}));
+    EXPECT_EQ(fewer[2], (Trace{op::SwitchLane{2}, b1, op::SwitchLane{3}, c1}));
+    const std::vector<Trace> joined = shrink_lanes::fewer_switches(trace);
+    ASSERT_EQ(joined.size(), 2u);  // b1 after a2, or a1 after b1: lane 1 in one run either way
+    EXPECT_EQ(joined[0], (Trace{op::SwitchLane{2}, b1, op::SwitchLane{1}, a1, a2, op::SwitchLane{3}, c1}));
+    EXPECT_EQ(joined[1], (Trace{op::SwitchLane{1}, a1, a2, op::SwitchLane{2}, b1, op::SwitchLane{3}, c1}));
+    for (const Trace& candidate : joined) EXPECT_EQ(lane_count(candidate), 3u);
+    EXPECT_TRUE(shrink_lanes::fewer_lanes(Trace{a1, b1}).empty());  // one client: nothing to do
+    EXPECT_TRUE(shrink_lanes::fewer_switches(Trace{a1, b1}).empty());
+}
+
+TEST(Lanes, ReferencesPassTheLanesSearch) {
+    for (const char* name : {"reference", "paged-reference"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        const std::optional<Finding> finding = find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 3));
+        EXPECT_FALSE(finding) << format_failure(finding->shrunk.failure, finding->shrunk.trace,
+                                                reproduce_command(*adapter, finding->shrunk.trace));
+    }
+}
+
+std::vector<std::string> lane_mutant_names() {
+    std::vector<std::string> names;
+    for (const auto& adapter : adapters::bundled()) {
+        if (adapter.lanes > 1) names.push_back(adapter.name);
+    }
+    return names;
+}
+
+class LaneMutant : public ::testing::TestWithParam<std::string> {};
+
+// Found with 6 lanes under a property it breaks, shrunk to at most 3 lanes,
+// replayed from text; the sequential search of the same budget and seeds
+// (the same engine, one client) does not find it.
+TEST_P(LaneMutant, IsFoundWithLanesAndNotByOneClient) {
+    const Adapter* adapter = adapters::find_bundled(GetParam());
+    ASSERT_NE(adapter, nullptr);
+    // 6 clients: the shrinker takes it down to the few the bug needs.
+    const std::optional<Finding> finding = find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 6));
+    ASSERT_TRUE(finding) << adapter->name << " survived " << traces_max << " lanes traces";
+    const ShrinkResult& shrunk = finding->shrunk;
+    const std::optional<Property> reported = parse_property(shrunk.failure.property);
+    const auto& breaks = adapter->breaks;
+    EXPECT_TRUE(reported && std::find(breaks.begin(), breaks.end(), *reported) != breaks.end())
+        << adapter->name << " was reported under " << shrunk.failure.property << ":\n"
+        << format_failure(shrunk.failure, shrunk.trace, reproduce_command(*adapter, shrunk.trace));
+    EXPECT_LE(lane_count(shrunk.trace), 3u) << format_trace(shrunk.trace);
+    const RunResult again = run_on(*adapter, parse_trace(format_trace(shrunk.trace)));
+    ASSERT_TRUE(again.failure);
+    EXPECT_EQ(again.failure->property, shrunk.failure.property);
+    std::cout << "[ lanes    ] " << adapter->name << ": " << shrunk.failure.property << " after " << finding->traces_tried
+              << " traces (seed " << finding->seed << "), shrunk " << finding->found.size() << " -> "
+              << shrunk.trace.size() << " ops, " << lane_count(shrunk.trace) << " lanes, " << switches_in(shrunk.trace)
+              << " switches\n"
+              << format_trace(shrunk.trace);
+
+    const std::optional<Finding> alone = find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 1));
+    EXPECT_FALSE(alone) << adapter->name << " was found by one client:\n"
+                        << format_failure(alone->shrunk.failure, alone->shrunk.trace,
+                                          reproduce_command(*adapter, alone->shrunk.trace));
+}
+
+// Each property it is listed under catches it alone, with lanes.
+TEST_P(LaneMutant, BreaksEachListedPropertyOnItsOwn) {
+    const Adapter* adapter = adapters::find_bundled(GetParam());
+    ASSERT_NE(adapter, nullptr);
+    for (const Property property : adapter->breaks) {
+        const std::optional<Finding> finding =
+            find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 3), PropertySet::only(property));
+        ASSERT_TRUE(finding) << adapter->name << " never breaks " << property_id(property) << " alone";
+        EXPECT_EQ(finding->shrunk.failure.property, property_id(property))
+            << format_failure(finding->shrunk.failure, finding->shrunk.trace, reproduce_command(*adapter, finding->shrunk.trace));
+        EXPECT_LE(lane_count(finding->shrunk.trace), 3u) << format_trace(finding->shrunk.trace);
+        std::cout << "[ alone    ] " << adapter->name << " / " << property_id(property) << ": "
+                  << finding->shrunk.trace.size() << " ops after " << finding->traces_tried << " traces\n";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bundled, LaneMutant, ::testing::ValuesIn(lane_mutant_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kvcheck::props
