@@ -2,7 +2,9 @@
 
 #include "reference/cache_views.h"
 
+#include <optional>
 #include <stdexcept>
+#include <typeinfo>
 
 namespace kvcheck::adapters {
 namespace {
@@ -24,6 +26,73 @@ std::vector<std::pair<at::Tensor, at::Tensor>> layers_of(const kv::Cache& cache)
     for (std::int64_t l = 0; l < cache.layer_count(); ++l) kv.emplace_back(kv::logical_keys(cache, l), kv::logical_values(cache, l));
     return kv;
 }
+
+// A block's digest (PagedBlock::digest: view_digest of paged_block_view of
+// its filled slots) read straight from the pool's rows: the modern cache
+// block_kv gives, each layer's keys and values [1, heads, filled, head_dim],
+// hashed without a tensor made. Through block_kv a block costs a dozen
+// trips through libtorch's dispatcher, and the pool is read around every
+// paged operation: that was nearly all of a checked operation's time.
+// Only for kv::paged::Pool itself, whose block_kv this mirrors: a subclass
+// (a mutant) may read a block otherwise, and is read through block_kv.
+class RowDigests {
+  public:
+    explicit RowDigests(const kv::paged::Pool& pool) : config_(pool.config()) {
+        usable_ = typeid(pool) == typeid(kv::paged::Pool);
+        const std::vector<const std::vector<at::Tensor>*> lists = {&pool.written_keys(), &pool.staged_keys(),
+                                                                   &pool.written_values(), &pool.staged_values()};
+        for (const std::vector<at::Tensor>* list : lists) {
+            usable_ = usable_ && static_cast<std::int64_t>(list->size()) == config_.layers;
+        }
+        for (std::int64_t l = 0; usable_ && l < config_.layers; ++l) {
+            for (const std::vector<at::Tensor>* list : lists) {
+                const at::Tensor& t = (*list)[static_cast<std::size_t>(l)];
+                usable_ = usable_ && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                          t.sizes() == at::IntArrayRef({config_.blocks, config_.heads, config_.block_tokens, config_.head_dim});
+                if (usable_) rows_.push_back(t.data_ptr<float>());
+            }
+        }
+    }
+
+    // The digest, or nothing when it must be read through block_kv.
+    std::optional<std::uint64_t> of(std::int64_t block, const kv::paged::Block& b) {
+        const auto filled = static_cast<std::int64_t>(b.tokens.size());
+        if (!usable_ || b.written < 0 || b.written > filled || filled > config_.block_tokens) return std::nullopt;
+        ViewDigest digest(Layout::modern, static_cast<std::size_t>(config_.layers));
+        const std::int64_t shape[] = {1, config_.heads, filled, config_.head_dim};
+        for (std::int64_t l = 0; l < config_.layers; ++l) {
+            digest.layer(true);
+            for (std::size_t side = 0; side < 2; ++side) {  // keys, then values: written rows, then pending
+                const float* written = rows_[static_cast<std::size_t>(4 * l) + 2 * side];
+                const float* staged = rows_[static_cast<std::size_t>(4 * l) + 2 * side + 1];
+                gather(block, b.written, filled, written, staged);
+                digest.slot(Dtype::f32, shape, 4, content_hash(values_.data(), values_.size()));
+            }
+            digest.absent_slot();  // key_cache
+            digest.absent_slot();  // value_cache
+        }
+        return digest.value();
+    }
+
+  private:
+    // The block's [heads, filled, head_dim] values: slots below `written`
+    // from the written rows, the rest from the pending ones.
+    void gather(std::int64_t block, std::int64_t written, std::int64_t filled, const float* main, const float* staged) {
+        const std::int64_t d = config_.head_dim;
+        values_.clear();
+        for (std::int64_t h = 0; h < config_.heads; ++h) {
+            for (std::int64_t s = 0; s < filled; ++s) {
+                const float* row = (s < written ? main : staged) + ((block * config_.heads + h) * config_.block_tokens + s) * d;
+                values_.insert(values_.end(), row, row + d);
+            }
+        }
+    }
+
+    kv::paged::PoolConfig config_;
+    bool usable_ = false;
+    std::vector<const float*> rows_;  // per layer: written keys, staged keys, written values, staged values
+    std::vector<float> values_;
+};
 
 }  // namespace
 
@@ -76,6 +145,8 @@ PagedState PagedReference::paged_state() {
     PagedState state;
     state.block_tokens = pool_->config().block_tokens;
     const auto& blocks = pool_->blocks();
+    RowDigests rows(*pool_);
+    state.blocks.reserve(blocks.size());
     for (std::size_t b = 0; b < blocks.size(); ++b) {
         const kv::paged::Block& block = blocks[b];
         PagedBlock facts;
@@ -85,8 +156,13 @@ PagedState PagedReference::paged_state() {
         facts.tokens = block.tokens;
         facts.written = block.written;
         if (!block.tokens.empty()) {
-            const auto kv = pool_->block_kv(static_cast<std::int64_t>(b));
-            facts.digest = digest_of(*cache_of(kv, 0, static_cast<std::int64_t>(block.tokens.size())));
+            const std::optional<std::uint64_t> fast = row_digests_ ? rows.of(static_cast<std::int64_t>(b), block) : std::nullopt;
+            if (fast) {
+                facts.digest = *fast;
+            } else {
+                const auto kv = pool_->block_kv(static_cast<std::int64_t>(b));
+                facts.digest = digest_of(*cache_of(kv, 0, static_cast<std::int64_t>(block.tokens.size())));
+            }
         }
         state.blocks.push_back(std::move(facts));
     }

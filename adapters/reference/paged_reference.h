@@ -50,12 +50,19 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     std::vector<std::uint64_t> paged_pool_storage() override;
     std::optional<PagedTokens> paged_decode_exported(std::int64_t seq, std::int64_t count) override;
 
+    // Whether paged_state reads blocks' K/V from the pool's rows (the
+    // default, for kv::paged::Pool itself) or through a tensor per block
+    // (block_kv, as a subclass is always read): the slow reading is kept to
+    // test the fast one against (tests/paged_readings_test.cpp).
+    void read_rows(bool rows) { row_digests_ = rows; }
+
   protected:
     kv::paged::Pool& pool() { return *pool_; }
 
   private:
     kv::models::Decoder paged_model_;
     std::unique_ptr<kv::paged::Pool> pool_;
+    bool row_digests_ = true;
 };
 
 }  // namespace kvcheck::adapters
