@@ -27,6 +27,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     static kv::paged::PoolConfig default_config() { return {8, 2, 2, 2, 4}; }
 
     explicit PagedReference(PoolFactory make_pool = nullptr, kv::paged::PoolConfig config = default_config());
+    ~PagedReference() override;
 
     Capabilities capabilities() const override;
     PagedEngine* paged() override { return this; }
@@ -54,7 +55,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     // default, for kv::paged::Pool itself) or through a tensor per block
     // (block_kv, as a subclass is always read): the slow reading is kept to
     // test the fast one against (tests/paged_readings_test.cpp).
-    void read_rows(bool rows) { row_digests_ = rows; }
+    void read_rows(bool rows) { read_rows_ = rows; }
 
   protected:
     kv::paged::Pool& pool() { return *pool_; }
@@ -62,7 +63,9 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
   private:
     kv::models::Decoder paged_model_;
     std::unique_ptr<kv::paged::Pool> pool_;
-    bool row_digests_ = true;
+    class RowDigests;  // the blocks' digests read from the pool's rows, remembered
+    std::unique_ptr<RowDigests> row_digests_;
+    bool read_rows_ = true;
 };
 
 }  // namespace kvcheck::adapters
