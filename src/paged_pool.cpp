@@ -172,6 +172,7 @@ void Pool::stage(BlockId block, std::int64_t slot, const std::vector<std::pair<a
 // and slicing and concatenating tensors cost a dozen trips through
 // libtorch's dispatcher per block, most of an append's time.
 std::vector<std::pair<at::Tensor, at::Tensor>> Pool::block_kv(BlockId block) const {
+    if (block < 0 || block >= config_.blocks) throw std::out_of_range("paged pool: no block " + std::to_string(block));
     const Block& b = blocks_[static_cast<std::size_t>(block)];
     const auto filled = static_cast<std::int64_t>(b.tokens.size());
     if (b.written < 0 || b.written > filled || filled > config_.block_tokens) {
