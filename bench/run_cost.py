@@ -63,7 +63,7 @@ def main():
     for name in names:
         for repeat in range(args.repeats):
             for side in ("before", "after"):
-                binary = args.before if side == "before" else args.after
+                binary = os.path.abspath(args.before if side == "before" else args.after)  # each run has its own cwd
                 runs[name][side].append(run_once(binary, COMMANDS[name]))
                 last = runs[name][side][-1]
                 print(f"{name} {side} {repeat + 1}/{args.repeats}: {last['wall_s']:.2f} s wall, "

@@ -1,5 +1,6 @@
 #include "kv/paged_pool.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 
@@ -35,10 +36,10 @@ Pool::Pool(PoolConfig config, Model& model) : config_(config), model_(model) {
     for (BlockId b = 1; b < config_.blocks; ++b) free_.push_back(b);
     const auto shape = std::vector<std::int64_t>{config_.blocks, config_.heads, config_.block_tokens, config_.head_dim};
     for (std::int64_t l = 0; l < config_.layers; ++l) {
-        keys_.push_back(at::zeros(shape));
-        values_.push_back(at::zeros(shape));
-        staged_keys_.push_back(at::zeros(shape));
-        staged_values_.push_back(at::zeros(shape));
+        keys_.push_back(at::zeros(shape, at::kFloat));  // float32, contiguous: block_kv reads their rows
+        values_.push_back(at::zeros(shape, at::kFloat));
+        staged_keys_.push_back(at::zeros(shape, at::kFloat));
+        staged_values_.push_back(at::zeros(shape, at::kFloat));
     }
 }
 
@@ -166,14 +167,35 @@ void Pool::stage(BlockId block, std::int64_t slot, const std::vector<std::pair<a
     }
 }
 
+// Copied row by row from the pool's (contiguous float32) tensors into new
+// ones: a block is read at every append (its sequence's K/V) and export,
+// and slicing and concatenating tensors cost a dozen trips through
+// libtorch's dispatcher per block, most of an append's time.
 std::vector<std::pair<at::Tensor, at::Tensor>> Pool::block_kv(BlockId block) const {
+    if (block < 0 || block >= config_.blocks) throw std::out_of_range("paged pool: no block " + std::to_string(block));
     const Block& b = blocks_[static_cast<std::size_t>(block)];
     const auto filled = static_cast<std::int64_t>(b.tokens.size());
+    if (b.written < 0 || b.written > filled || filled > config_.block_tokens) {
+        throw std::logic_error("paged pool: block " + std::to_string(block) + " has " + std::to_string(b.written) +
+                               " slots written of " + std::to_string(filled) + " filled");
+    }
+    const std::int64_t d = config_.head_dim;
+    const std::int64_t rows = config_.heads * config_.block_tokens * d;  // a block's floats in each tensor
     std::vector<std::pair<at::Tensor, at::Tensor>> kv;
+    kv.reserve(keys_.size());
     for (std::size_t l = 0; l < keys_.size(); ++l) {
         auto side = [&](const at::Tensor& main, const at::Tensor& staged) {
-            return at::cat({main[block].narrow(1, 0, b.written), staged[block].narrow(1, b.written, filled - b.written)}, 1)
-                .unsqueeze(0);
+            at::Tensor out = at::detail::empty_cpu({1, config_.heads, filled, d}, at::kFloat);
+            float* to = out.data_ptr<float>();
+            const float* written = main.data_ptr<float>() + block * rows;
+            const float* pending = staged.data_ptr<float>() + block * rows;
+            for (std::int64_t h = 0; h < config_.heads; ++h) {
+                for (std::int64_t slot = 0; slot < filled; ++slot, to += d) {
+                    const float* from = (slot < b.written ? written : pending) + (h * config_.block_tokens + slot) * d;
+                    std::copy(from, from + d, to);
+                }
+            }
+            return out;
         };
         kv.emplace_back(side(keys_[l], staged_keys_[l]), side(values_[l], staged_values_[l]));
     }

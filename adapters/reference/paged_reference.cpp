@@ -2,7 +2,10 @@
 
 #include "reference/cache_views.h"
 
+#include <cstring>
+#include <optional>
 #include <stdexcept>
+#include <typeinfo>
 
 namespace kvcheck::adapters {
 namespace {
@@ -27,10 +30,130 @@ std::vector<std::pair<at::Tensor, at::Tensor>> layers_of(const kv::Cache& cache)
 
 }  // namespace
 
+// A block's digest (PagedBlock::digest: view_digest of paged_block_view of
+// its filled slots) read straight from the pool's rows: the modern cache
+// block_kv gives, each layer's keys and values [1, heads, filled, head_dim],
+// hashed without a tensor made. Through block_kv a block costs a dozen
+// trips through libtorch's dispatcher, and the pool is read around every
+// paged operation: that was nearly all of a checked operation's time.
+// Only for kv::paged::Pool itself, whose block_kv this mirrors: a subclass
+// (a mutant) may read a block otherwise, and is read through block_kv.
+//
+// A digest is remembered with everything it is made of: the block's
+// written and filled slots and its whole rows in the four tensors of each
+// layer (a copy); it is given again only while all of them are the same,
+// byte for byte, so that a block an operation did not touch costs a
+// comparison, and one it changed (or whose rows changed by any other way)
+// is hashed again.
+class PagedReference::RowDigests {
+  public:
+    // Looks at the pool's tensors (at each reading: nothing is assumed of
+    // them between two); false when the rows cannot be read here.
+    bool attach(const kv::paged::Pool& pool) {
+        config_ = pool.config();
+        rows_.clear();
+        bool usable = typeid(pool) == typeid(kv::paged::Pool);
+        const std::vector<const std::vector<at::Tensor>*> lists = {&pool.written_keys(), &pool.staged_keys(),
+                                                                   &pool.written_values(), &pool.staged_values()};
+        for (const std::vector<at::Tensor>* list : lists) usable = usable && static_cast<std::int64_t>(list->size()) == config_.layers;
+        for (std::int64_t l = 0; usable && l < config_.layers; ++l) {
+            for (const std::vector<at::Tensor>* list : lists) {
+                const at::Tensor& t = (*list)[static_cast<std::size_t>(l)];
+                usable = usable && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                         t.sizes() == at::IntArrayRef({config_.blocks, config_.heads, config_.block_tokens, config_.head_dim});
+                if (usable) rows_.push_back(t.data_ptr<float>());
+            }
+        }
+        if (!usable) return false;
+        row_floats_ = static_cast<std::size_t>(config_.heads * config_.block_tokens * config_.head_dim);
+        const std::size_t memo_floats = static_cast<std::size_t>(config_.blocks) * rows_.size() * row_floats_;
+        if (known_.size() != static_cast<std::size_t>(config_.blocks) || seen_.size() != memo_floats) {
+            known_.assign(static_cast<std::size_t>(config_.blocks), Known{});
+            seen_.assign(memo_floats, 0.0f);
+        }
+        return true;
+    }
+
+    // The digest, or nothing when it must be read through block_kv.
+    std::optional<std::uint64_t> of(std::int64_t block, const kv::paged::Block& b) {
+        const auto filled = static_cast<std::int64_t>(b.tokens.size());
+        if (rows_.empty() || block < 0 || block >= config_.blocks || b.written < 0 || b.written > filled ||
+            filled > config_.block_tokens) {
+            return std::nullopt;
+        }
+        Known& known = known_[static_cast<std::size_t>(block)];
+        float* seen = seen_.data() + static_cast<std::size_t>(block) * rows_.size() * row_floats_;
+        if (known.valid && known.written == b.written && known.filled == filled && same_rows(block, seen)) return known.digest;
+        for (std::size_t k = 0; k < rows_.size(); ++k) {
+            std::memcpy(seen + k * row_floats_, row(k, block), row_floats_ * sizeof(float));
+        }
+        known = {true, b.written, filled, hash(block, b.written, filled)};
+        return known.digest;
+    }
+
+  private:
+    struct Known {
+        bool valid = false;
+        std::int64_t written = 0;
+        std::int64_t filled = 0;
+        std::uint64_t digest = 0;
+    };
+
+    // Block `block`'s rows in tensor k ([heads, B, head_dim], contiguous).
+    const float* row(std::size_t k, std::int64_t block) const {
+        return rows_[k] + static_cast<std::size_t>(block) * row_floats_;
+    }
+
+    bool same_rows(std::int64_t block, const float* seen) const {
+        for (std::size_t k = 0; k < rows_.size(); ++k) {
+            if (std::memcmp(seen + k * row_floats_, row(k, block), row_floats_ * sizeof(float)) != 0) return false;
+        }
+        return true;
+    }
+
+    std::uint64_t hash(std::int64_t block, std::int64_t written, std::int64_t filled) {
+        ViewDigest digest(Layout::modern, static_cast<std::size_t>(config_.layers));
+        const std::int64_t shape[] = {1, config_.heads, filled, config_.head_dim};
+        for (std::size_t l = 0; l < static_cast<std::size_t>(config_.layers); ++l) {
+            digest.layer(true);
+            for (std::size_t side = 0; side < 2; ++side) {  // keys, then values: written rows, then pending
+                gather(row(4 * l + 2 * side, block), row(4 * l + 2 * side + 1, block), written, filled);
+                digest.slot(Dtype::f32, shape, 4, content_hash(values_.data(), values_.size()));
+            }
+            digest.absent_slot();  // key_cache
+            digest.absent_slot();  // value_cache
+        }
+        return digest.value();
+    }
+
+    // The block's [heads, filled, head_dim] values: slots below `written`
+    // from the written rows, the rest from the pending ones.
+    void gather(const float* main, const float* staged, std::int64_t written, std::int64_t filled) {
+        const std::int64_t d = config_.head_dim;
+        values_.clear();
+        for (std::int64_t h = 0; h < config_.heads; ++h) {
+            for (std::int64_t s = 0; s < filled; ++s) {
+                const float* from = (s < written ? main : staged) + (h * config_.block_tokens + s) * d;
+                values_.insert(values_.end(), from, from + d);
+            }
+        }
+    }
+
+    kv::paged::PoolConfig config_;
+    std::vector<const float*> rows_;  // per layer: written keys, staged keys, written values, staged values
+    std::size_t row_floats_ = 0;
+    std::vector<Known> known_;        // by block
+    std::vector<float> seen_;         // by block: its rows in each tensor when its digest was made
+    std::vector<float> values_;
+};
+
 PagedReference::PagedReference(PoolFactory make_pool, kv::paged::PoolConfig config)
-    : paged_model_(kv::models::DecoderConfig{config.layers, config.heads, config.head_dim, 32, -1, 1}) {
+    : paged_model_(kv::models::DecoderConfig{config.layers, config.heads, config.head_dim, 32, -1, 1}),
+      row_digests_(std::make_unique<RowDigests>()) {
     pool_ = make_pool ? make_pool(config, paged_model_) : std::make_unique<kv::paged::Pool>(config, paged_model_);
 }
+
+PagedReference::~PagedReference() = default;
 
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
@@ -76,6 +199,8 @@ PagedState PagedReference::paged_state() {
     PagedState state;
     state.block_tokens = pool_->config().block_tokens;
     const auto& blocks = pool_->blocks();
+    const bool rows = read_rows_ && row_digests_->attach(*pool_);
+    state.blocks.reserve(blocks.size());
     for (std::size_t b = 0; b < blocks.size(); ++b) {
         const kv::paged::Block& block = blocks[b];
         PagedBlock facts;
@@ -85,8 +210,13 @@ PagedState PagedReference::paged_state() {
         facts.tokens = block.tokens;
         facts.written = block.written;
         if (!block.tokens.empty()) {
-            const auto kv = pool_->block_kv(static_cast<std::int64_t>(b));
-            facts.digest = digest_of(*cache_of(kv, 0, static_cast<std::int64_t>(block.tokens.size())));
+            const std::optional<std::uint64_t> fast = rows ? row_digests_->of(static_cast<std::int64_t>(b), block) : std::nullopt;
+            if (fast) {
+                facts.digest = *fast;
+            } else {
+                const auto kv = pool_->block_kv(static_cast<std::int64_t>(b));
+                facts.digest = digest_of(*cache_of(kv, 0, static_cast<std::int64_t>(block.tokens.size())));
+            }
         }
         state.blocks.push_back(std::move(facts));
     }

@@ -27,6 +27,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     static kv::paged::PoolConfig default_config() { return {8, 2, 2, 2, 4}; }
 
     explicit PagedReference(PoolFactory make_pool = nullptr, kv::paged::PoolConfig config = default_config());
+    ~PagedReference() override;
 
     Capabilities capabilities() const override;
     PagedEngine* paged() override { return this; }
@@ -50,12 +51,21 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     std::vector<std::uint64_t> paged_pool_storage() override;
     std::optional<PagedTokens> paged_decode_exported(std::int64_t seq, std::int64_t count) override;
 
+    // Whether paged_state reads blocks' K/V from the pool's rows (the
+    // default, for kv::paged::Pool itself) or through a tensor per block
+    // (block_kv, as a subclass is always read): the slow reading is kept to
+    // test the fast one against (tests/paged_readings_test.cpp).
+    void read_rows(bool rows) { read_rows_ = rows; }
+
   protected:
     kv::paged::Pool& pool() { return *pool_; }
 
   private:
     kv::models::Decoder paged_model_;
     std::unique_ptr<kv::paged::Pool> pool_;
+    class RowDigests;  // the blocks' digests read from the pool's rows, remembered
+    std::unique_ptr<RowDigests> row_digests_;
+    bool read_rows_ = true;
 };
 
 }  // namespace kvcheck::adapters

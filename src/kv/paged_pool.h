@@ -179,6 +179,14 @@ class Pool {
     CachePtr fresh(const Tokens& tokens) const;
     // Identities of the pool's tensor storages.
     std::vector<const void*> storage() const;
+    // The tensors block_kv reads, per layer, each [N, heads, B, head_dim]
+    // float32: the written K/V and the pending writes. An observer that
+    // reads many blocks reads their rows here rather than through a tensor
+    // per block (PagedReference::paged_state).
+    const std::vector<at::Tensor>& written_keys() const { return keys_; }
+    const std::vector<at::Tensor>& written_values() const { return values_; }
+    const std::vector<at::Tensor>& staged_keys() const { return staged_keys_; }
+    const std::vector<at::Tensor>& staged_values() const { return staged_values_; }
 
   protected:
     // ---- seams (the mutants override one each) ----
