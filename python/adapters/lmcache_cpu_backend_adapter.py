@@ -118,15 +118,21 @@ def layer_views(memory_obj):
     ]
 
 
-def cache_of(memory_obj) -> kv.DynamicCache:
-    """An SDK cache whose every slot is a view of the memory object's buffer."""
-    cache = kv.DynamicCache()
+def point_at(cache, memory_obj) -> None:
+    """Makes every slot of `cache` a view of the memory object's buffer."""
+    cache.layers = []
     for keys, values in layer_views(memory_obj):
         layer = kv.DynamicLayer()
         layer.keys, layer.values, layer.is_initialized = keys, values, True
         cache.layers.append(layer)
     kv.set_owned(cache, False)
     cache.memory_obj = memory_obj
+
+
+def cache_of(memory_obj) -> kv.DynamicCache:
+    """An SDK cache whose every slot is a view of the memory object's buffer."""
+    cache = kv.DynamicCache()
+    point_at(cache, memory_obj)
     return cache
 
 
@@ -213,10 +219,26 @@ class LMCacheCpuBackendAdapter(Adapter):
         key = self.key(self.next_hash)
         self.next_hash += 1
         self.backend.submit_put_task(key, memory_obj)
-        memory_obj.ref_count_down()  # the allocation's reference: the hot cache holds its own
-        kv.set_owned(cache, False)  # the store took the caller's object
+        if self.get_mode == "copy":
+            memory_obj.ref_count_down()  # the allocation's reference: the hot cache holds its own
+            kv.set_owned(cache, False)  # the store took the caller's object
+        else:
+            # The caller keeps its allocation's reference while it holds the
+            # object it stored, which becomes the stored memory object (as
+            # kvcheck's add_handle means: the handle points at the stored item).
+            self.lend(cache, key, memory_obj, pinned=False)
         self.keys[id] = key
         self.settle()
+
+    def lend(self, cache, key, memory_obj, pinned):
+        """`cache` becomes a view of `memory_obj`, holding one reference (and
+        one pin, when `pinned`) until it is dropped (kvcheck's release); a
+        borrow it held before ends first."""
+        ending = getattr(cache, "borrow", None)
+        if ending is not None:
+            ending()
+        point_at(cache, memory_obj)
+        cache.borrow = weakref.finalize(cache, self.give_back, key, memory_obj, pinned)
 
     def get(self, id):
         key = self.keys.get(id)
@@ -226,15 +248,14 @@ class LMCacheCpuBackendAdapter(Adapter):
             copied = self.retrieve(key)
             kv.set_owned(copied, False)  # the stored item as it was read, not a copy the caller may write into
             return copied
-        memory_obj = self.backend.get_blocking(key)
-        borrowed = cache_of(memory_obj)
-        weakref.finalize(borrowed, self.give_back, key, memory_obj)
+        borrowed = kv.DynamicCache()
+        self.lend(borrowed, key, self.backend.get_blocking(key), pinned=True)
         return borrowed
 
-    def give_back(self, key, memory_obj):
-        """The end of a get's borrow: its pin (while the key is still the
-        object's: a forced remove released it) and its reference."""
-        if self.backend.hot_cache.get(key) is memory_obj and memory_obj.is_pinned:
+    def give_back(self, key, memory_obj, pinned):
+        """The end of a borrow: its pin (while the key is still the object's:
+        a forced remove released it) and its reference."""
+        if pinned and self.backend.hot_cache.get(key) is memory_obj and memory_obj.is_pinned:
             self.backend.unpin(key)
         memory_obj.ref_count_down()
 
