@@ -17,7 +17,7 @@ store and retrieve paths make (`cache_engine.py`, `storage_manager.py`):
 
 | kvcheck | LMCache 0.5.6 |
 |---|---|
-| add(id, cache) | `allocate(shape [2, layers, tokens, heads x head_dim], f32)` (KV_2LTD, evicting under its budget, `busy_loop=False` as a store's allocation is), the K/V copied in, `submit_put_task(key, obj)`, the allocation's reference dropped (`ref_count_down`); an overwrite first `remove(old key, force=True)` |
+| add(id, cache) | `allocate(shape [2, layers, tokens, heads x head_dim], f32)` (KV_2LTD, evicting under its budget, `busy_loop=False` as a store's allocation is), the K/V copied in, `submit_put_task(key, obj)`; the caller's object becomes a view of the memory object and keeps the allocation's reference until it is dropped (a handle given by add_handle: until kvcheck releases it; with --get copy the reference is dropped at once); an overwrite first `remove(old key, force=True)` |
 | get(id) | a lookup (`contains(key, pin=True)`, `touch_cache()`), then `get_blocking(key)` (a reference for the caller): the memory object itself, read through views of its buffer, held (pinned and referenced) until kvcheck releases the handle (then `unpin` while the key is still its, and `ref_count_down`) |
 | get_by_ids | the lookup of each id (a use: its recency) |
 | get_cache(ids) | per id, in request order, the retrieve path: lookup, `get_blocking`, the K/V copied out, `ref_count_down`, `unpin`; several ids: their merge |
@@ -46,6 +46,14 @@ contract differences"), never papered over:
     so the caller's object is not kept; the store takes it (its owned
     marker cleared). No copy log (`copy_log` false): an add's copy would
     fail single-copy by construction.
+  - the budget counts what callers hold: an entry removed (overwritten,
+    deleted) while a caller holds it leaves the hot cache but keeps its unit
+    of the buffer until the caller lets go (a reference count above 0 is
+    never freed: the right thing). kvcheck's capacity counts the entries the
+    store lists, so with borrows LMCache evicts while kvcheck counts room:
+    eviction-as-declared FAILs with "evicted [x], but the store had room",
+    a contract difference, not a finding. It never evicts an entry a caller
+    holds, and never frees what a caller holds (stored-immutable passes).
   - when every entry is held by a caller, an add finds no room: LMCache's
     store path then drops the put (`allocate` returns None, the chunk is
     not stored); the adapter raises instead, an engine error of that one
@@ -99,7 +107,12 @@ LAYERS, HEADS, HEAD_DIM = 2, 2, 4  # the SDK decoder's geometry
 # layers of at most 512 tokens of 2 x 4 float32 keys and values: 64 KiB) and
 # the merges of up to 4 of them a handle may store back.
 UNIT_BYTES = 256 * 1024
-UNITS_UNBOUNDED = 512
+# Without --capacity: LMCache's own alignment (4 KiB) over a buffer more than
+# three times what any trace stores (at most about 130 entries of at most
+# 64 KiB), so nothing is evicted; making a buffer costs about 0.1 s a trace
+# per 32 MiB (LMCache's allocator touches it).
+BUFFER_BYTES_UNBOUNDED = 32 * 1024 * 1024
+ALIGN_BYTES_UNBOUNDED = 4096
 # A pin held this long is force-unpinned by LMCache's PinMonitor thread (300 s
 # by default): a wall-clock lease, which kvcheck's traces do not model; set
 # beyond any run, so that nothing depends on time.
@@ -157,17 +170,18 @@ class LMCacheCpuBackendAdapter(Adapter):
             "one_sided_layers": False, "legacy_slot_names": False, "uninitialized_layers": False,
             "generate_stream": False, "copy_log": False,
         }
-        units = capacity or UNITS_UNBOUNDED
+        self.unit_bytes = UNIT_BYTES if capacity else ALIGN_BYTES_UNBOUNDED
+        buffer_bytes = capacity * UNIT_BYTES if capacity else BUFFER_BYTES_UNBOUNDED
         config = LMCacheEngineConfig.from_defaults(
-            local_cpu=True, max_local_cpu_size=units * UNIT_BYTES / 1024**3, cache_policy="LRU",
+            local_cpu=True, max_local_cpu_size=buffer_bytes / 1024**3, cache_policy="LRU",
             pin_timeout_sec=PIN_TIMEOUT_SEC, pin_check_interval_sec=PIN_TIMEOUT_SEC,
-            extra_config={"local_cpu.pinned_align_bytes": UNIT_BYTES})
+            extra_config={"local_cpu.pinned_align_bytes": self.unit_bytes})
         # The process's one pin monitor, as LMCache's engine builder makes it;
         # its thread only force-unpins pins older than PIN_TIMEOUT_SEC, so it
         # is stopped: a process running a second thread is refused by
         # kvcheck's warm starts (a fork copies one thread).
         PinMonitor.GetOrCreate(config).stop_monitoring()
-        self.allocator = MixedMemoryAllocator(units * UNIT_BYTES, align_bytes=UNIT_BYTES)
+        self.allocator = MixedMemoryAllocator(buffer_bytes, align_bytes=self.unit_bytes)
         self.backend = LocalCPUBackend(config, memory_allocator=self.allocator)
         weakref.finalize(self, self.allocator.close)
         self.keys = {}  # id -> its key (a new chunk hash each put)
@@ -204,7 +218,7 @@ class LMCacheCpuBackendAdapter(Adapter):
         parts = [(kv.logical_keys(cache, i), kv.logical_values(cache, i)) for i in range(kv.layer_count(cache))]
         tokens = parts[0][0].shape[2]
         shape = torch.Size([2, LAYERS, tokens, HEADS * HEAD_DIM])
-        if 2 * LAYERS * tokens * HEADS * HEAD_DIM * 4 > UNIT_BYTES:
+        if self.capacity_items is not None and 2 * LAYERS * tokens * HEADS * HEAD_DIM * 4 > UNIT_BYTES:
             raise ValueError(f"an entry of {tokens} tokens is larger than one allocation unit ({UNIT_BYTES} bytes)")
         old = self.keys.pop(id, None)
         if old is not None:
