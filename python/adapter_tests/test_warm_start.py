@@ -131,6 +131,7 @@ def test_a_malformed_fork_request_is_refused_and_the_server_serves_on(scratch_di
         server.call({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
         refused = server.fork({"op": "fork", "id": "t.3"}, [])
         assert refused["ok"] is False and "5 descriptors" in refused["error"], refused
+        assert refused["id"] == "t.3", refused  # else kvcheck waits out its 30 s for an answer it can match
         theirs, ours = copy_pipes(scratch_dir)
         answer = server.fork({"op": "fork", "id": "t.4"}, theirs)
         for fd in theirs:

@@ -213,6 +213,7 @@ def serve_forks(
             if not message and not fds:
                 serving = False  # every process holding the other end is gone
                 continue
+            fork_request = None
             try:
                 fork_request = json.loads(message)
                 if not isinstance(fork_request, dict) or len(fds) != 5:
@@ -223,7 +224,11 @@ def serve_forks(
             except (ValueError, ProtocolError) as error:
                 for fd in fds:
                     os.close(fd)
-                server.send(_encode({"ok": False, "error": str(error)}).encode("utf-8"))
+                # The refusal carries the request's id, as every answer does:
+                # kvcheck passes over an answer without it (one meant for an
+                # earlier request) and would wait out its fork timeout.
+                asked = fork_request.get("id") if isinstance(fork_request, dict) else None
+                server.send(_encode({"ok": False, "id": asked, "error": str(error)}).encode("utf-8"))
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
