@@ -28,19 +28,6 @@ struct Task {
 
 class Scheduler {
   public:
-    // A property of a cache family an adapter is known, without making an
-    // engine, not to hold: a process adapter (its handshake gave its model
-    // and its families). Its verdict is n/a without a job (each job of a
-    // process adapter starts one): the message, else null.
-    static const char* known_not_applicable(const Adapter& adapter, Property property) {
-        if (!adapter.model.has_value()) return nullptr;
-        const bool paged = paged_property(property);
-        if (paged && !adapter.paged) return paged_not_applicable;
-        if (!paged && !adapter.store) return contiguous_not_applicable;
-        if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
-        return nullptr;
-    }
-
     Scheduler(const std::vector<Adapter>& adapters, const ConformanceOptions& options)
         : adapters_(adapters), options_(options), sandbox_(options.limits) {
         properties_ = options.properties;
@@ -533,6 +520,15 @@ class Scheduler {
 };
 
 }  // namespace
+
+const char* known_not_applicable(const Adapter& adapter, Property property) {
+    if (!adapter.model.has_value()) return nullptr;
+    const bool paged = paged_property(property);
+    if (paged && !adapter.paged) return paged_not_applicable;
+    if (!paged && !adapter.store) return contiguous_not_applicable;
+    if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
+    return nullptr;
+}
 
 bool AdapterResult::all_pass() const {
     return std::none_of(properties.begin(), properties.end(),
