@@ -8,8 +8,6 @@
 
 #include "reference/cache_views.h"
 #include "reference/reference_engine.h"
-#include "kv/archive.h"
-#include "kvcheck/dump_bytes.h"
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -171,33 +169,6 @@ class M27 final : public ReferenceEngine {
             }
         } catch (const kv::IoError&) {
             // No directory: the load says so.
-        }
-        return ReferenceEngine::load(dir);
-    }
-};
-
-// M35 (ours; issue 42: corruption found every time): a load that repairs
-// the dump's CRC-32s before it reads the file, as a loader that skips the
-// check does in effect (torch.load checks none): a flipped byte of tensor
-// data loads silently as another value, a flipped pickle byte as another
-// id or metadata value where it still parses.
-class M35 final : public ReferenceEngine {
-  public:
-    LoadResult load(const std::string& dir) override {
-        kv::FileSystem& fs = file_system();
-        const std::string path = dir + "/" + kv::dump_file_name;
-        try {
-            std::vector<char> bytes = fs.read_file(path, kv::LoadLimits{}.file_bytes_max);
-            const DumpLayout layout = dump_layout(std::string_view(bytes.data(), bytes.size()));
-            for (const DumpRecord& record : layout.records) {
-                const std::uint32_t crc = kv::crc32(bytes.data() + record.data_begin, record.data_size);
-                for (const std::size_t field : {record.local_header + 14, record.central_entry + 16}) {
-                    for (std::size_t i = 0; i < 4; ++i) bytes[field + i] = static_cast<char>(crc >> (8 * i) & 0xFF);
-                }
-            }
-            if (layout.archive) fs.write_file(path, bytes);
-        } catch (const kv::IoError&) {
-            // No file: the load says so.
         }
         return ReferenceEngine::load(dir);
     }
@@ -824,7 +795,6 @@ std::vector<Adapter> mutant_adapters() {
                     {P::stored_immutable, P::store_contract}),
         mutant<M34>("M34", "an LRU store of 4 items evicts the most recently used entry, not the least",
                     {P::eviction_as_declared}),
-        mutant<M35>("M35", "a load repairs the dump's CRC-32s first: a flipped byte loads silently", {P::dump_safe}),
     };
 }
 

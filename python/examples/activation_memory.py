@@ -44,7 +44,8 @@ get_cache); its adapter declares so (capacity_items, eviction "lru"), and
 kvcheck's eviction-as-declared holds it to it. The bug of that policy:
   evicts_most_recent        a full store evicts the most recently used
                             item instead (needs a capacity).
-The bug of the dump format (kvcheck's M35 over the process boundary):
+The bug of the dump format (over the process boundary, what the durability
+tests' RepairsCrcs is in process):
   skips_digest              load reads the payload without checking the
                             header or the SHA-256 (torch.load checks no
                             CRC): a flipped byte of tensor data loads as
