@@ -504,7 +504,12 @@ op::Corrupt draw(Drawing& d, op::Corrupt*) {
     const std::int64_t at = d.slot();
     const auto offset = static_cast<std::int64_t>(d.choose.below(1 << 20));
     op::Corrupt corrupt{at, offset, d.choose.one_in(4) ? 1 : 0};
-    if (d.enabled(kind<op::Load>()) && d.choose.one_in(2)) d.follow_up = op::Load{at};
+    // The load that reads the damage follows every corrupt, even in a trace
+    // whose swarm draws no loads of its own (a load needs what a corrupt
+    // needs: a dump): a store that loads a flipped byte of tensor data
+    // silently is found on every trace that draws one
+    // (docs/semantics.md#durability).
+    d.follow_up = op::Load{at};
     return corrupt;
 }
 

@@ -3,6 +3,9 @@
 // caught at some point of a one-step trace, and what the harness cannot
 // judge (no factory, a dump the model cannot follow, a load that crashes)
 // is skipped or reported as an engine error, never passed.
+#include "kv/archive.h"
+#include "kv/store.h"
+#include "kvcheck/dump_bytes.h"
 #include "reference/reference_engine.h"
 #include "run_util.h"
 
@@ -10,8 +13,12 @@
 #include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <unistd.h>
 
 namespace kvcheck::props {
@@ -187,6 +194,132 @@ TEST(DumpKill, ADumpThatThrowsInItsChildIsAnEngineErrorNamingTheThrow) {
     ASSERT_TRUE(result.failure);
     EXPECT_EQ(result.failure->property, engine_error_id);
     EXPECT_NE(result.failure->message.find("the dump threw: disk full"), std::string::npos) << result.failure->message;
+}
+
+// ---- corrupted dumps (issue 42, item 5; docs/semantics.md#durability) -----------------------
+
+// A planted bug (issue 42: corruption found every time), not a bundled
+// mutant: kvcheck run's default budget draws about one flip of tensor data
+// in 200 traces of dump-safe, too few for the self-check. A load that repairs
+// the dump's CRC-32s before it reads the file, as a loader that skips the
+// check does in effect (torch.load checks none): a flipped byte of tensor
+// data loads silently as another value, a flipped pickle byte as another
+// id or metadata value where it still parses.
+class RepairsCrcs final : public adapters::ReferenceEngine {
+  public:
+    LoadResult load(const std::string& dir) override {
+        kv::FileSystem& fs = file_system();
+        const std::string path = dir + "/" + kv::dump_file_name;
+        try {
+            std::vector<char> bytes = fs.read_file(path, kv::LoadLimits{}.file_bytes_max);
+            const DumpLayout layout = dump_layout(std::string_view(bytes.data(), bytes.size()));
+            for (const DumpRecord& record : layout.records) {
+                const std::uint32_t crc = kv::crc32(bytes.data() + record.data_begin, record.data_size);
+                for (const std::size_t field : {record.local_header + 14, record.central_entry + 16}) {
+                    for (std::size_t i = 0; i < 4; ++i) bytes[field + i] = static_cast<char>(crc >> (8 * i) & 0xFF);
+                }
+            }
+            if (layout.archive) fs.write_file(path, bytes);
+        } catch (const kv::IoError&) {
+            // No file: the load says so.
+        }
+        return ReferenceEngine::load(dir);
+    }
+};
+
+const Adapter& repairs_crcs() {
+    static const Adapter adapter{"repairs-crcs", "a load repairs the dump's CRC-32s first", "test", {Property::dump_safe},
+                                 [] { return std::make_shared<RepairsCrcs>(); }};
+    return adapter;
+}
+
+// A dump of one small entry (2 x 64 bytes of K/V), flipped at `offset`,
+// loaded.
+Trace flipped_dump(std::int64_t offset) {
+    return {op::Add{"a", parse_cache_spec("modern/f32/7:[kv2]")}, op::Dump{0}, op::Corrupt{0, offset, 0}, op::Load{0}};
+}
+
+// The size of each byte class (header, metadata, tensor data) of the
+// reference's dump of flipped_dump's store.
+std::array<std::size_t, 3> class_sizes() {
+    const std::string dir = ::testing::TempDir() + "kvcheck-corrupt-classes-" + std::to_string(::getpid());
+    Runner runner;
+    runner.make = bundled("reference").make;
+    runner.options.work_dir = dir;
+    Trace dumped = flipped_dump(0);
+    dumped.resize(2);  // the add and the dump
+    EXPECT_FALSE(runner.run(dumped).failure);
+    std::ifstream stream(dir + "/slot-0/" + kv::dump_file_name, std::ios::binary);
+    const std::string file((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+    std::filesystem::remove_all(dir);
+    const DumpLayout layout = dump_layout(file);
+    EXPECT_TRUE(layout.archive);
+    std::array<std::size_t, 3> sizes{file.size(), 0, 0};
+    for (const DumpRecord& record : layout.records) {
+        sizes[record.tensor_data ? 2 : 1] += record.data_size;
+        sizes[0] -= record.data_size;
+    }
+    return sizes;
+}
+
+// Every byte of a class, as a corrupt's offset: class c of 3 held, byte p.
+std::int64_t offset_of(std::size_t byte_class, std::size_t byte) { return static_cast<std::int64_t>(byte_class + 3 * byte); }
+
+// RepairsCrcs loads whatever the file holds once its CRCs match: every flip of
+// tensor data is found, on every byte, and the failure names the byte's
+// real offset in the file and its class; the reference refuses each one.
+TEST(CorruptDump, EveryFlippedByteOfTensorDataLoadedSilentlyIsFound) {
+    const std::size_t tensor_bytes = class_sizes()[2];
+    ASSERT_EQ(tensor_bytes, 128u);
+    for (std::size_t byte = 0; byte < tensor_bytes; ++byte) {
+        const Trace trace = flipped_dump(offset_of(2, byte));
+        const RunResult caught = run_on(repairs_crcs(), trace, PropertySet::only(Property::dump_safe));
+        ASSERT_TRUE(caught.failure) << "byte " << byte << " of tensor data loaded silently and was not found";
+        EXPECT_EQ(caught.failure->property, "dump-safe");
+        const std::string& message = caught.failure->message;
+        EXPECT_NE(message.find(" gave a store unlike any dump"), std::string::npos) << message;
+        EXPECT_NE(message.find("tensor data: record archive/data/"), std::string::npos) << message;
+        EXPECT_NE(message.find("its byte " + std::to_string(byte % 64) + ")"), std::string::npos) << message;
+        if (byte % 8 != 0) continue;
+        const RunResult refused = run_on(bundled("reference"), trace);
+        EXPECT_FALSE(refused.failure) << format_failure(*refused.failure, trace, "");
+    }
+}
+
+// A flip of the pickle (metadata) or of the archive's structure (header)
+// is a finding only where it changes what the load gives back: never of
+// the reference, which refuses every damaged file (a sample of each
+// class's bytes); where RepairsCrcs fails, its message names the class.
+TEST(CorruptDump, AFlipOfMetadataOrHeaderIsNoFalseFinding) {
+    const std::array<std::size_t, 3> sizes = class_sizes();
+    for (const std::size_t byte_class : {0u, 1u}) {
+        for (std::size_t byte = 0; byte < sizes[byte_class]; byte += 7) {
+            const Trace trace = flipped_dump(offset_of(byte_class, byte));
+            const RunResult refused = run_on(bundled("reference"), trace);
+            EXPECT_FALSE(refused.failure) << format_failure(*refused.failure, trace, "");
+            const RunResult loaded = run_on(repairs_crcs(), trace, PropertySet::only(Property::dump_safe));
+            if (!loaded.failure) continue;
+            const std::string name = byte_class == 0 ? "; header)" : "; metadata: record archive/";
+            EXPECT_NE(loaded.failure->message.find(name), std::string::npos) << loaded.failure->message;
+        }
+    }
+}
+
+// The real byte offset, whatever the trace's offset: a flip of the first
+// tensor byte names its place in the file, within the file's size.
+TEST(CorruptDump, TheReportNamesTheRealByteOffset) {
+    const std::array<std::size_t, 3> sizes = class_sizes();
+    const std::size_t file_bytes = sizes[0] + sizes[1] + sizes[2];
+    const RunResult caught = run_on(repairs_crcs(), flipped_dump(offset_of(2, 0) + 3 * 128 * 7919), PropertySet::only(Property::dump_safe));
+    ASSERT_TRUE(caught.failure);
+    const std::string& message = caught.failure->message;
+    const std::size_t at = message.find("(corrupted: byte ");
+    ASSERT_NE(at, std::string::npos) << message;
+    const std::size_t byte = std::stoul(message.substr(at + 17));
+    EXPECT_LT(byte, file_bytes) << message;
+    EXPECT_NE(message.find(" of " + std::string(kv::dump_file_name) + " flipped (of " + std::to_string(file_bytes) + " bytes; "),
+              std::string::npos)
+        << message;
 }
 
 }  // namespace

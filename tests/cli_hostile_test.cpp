@@ -200,6 +200,27 @@ TEST_F(Cli, AProcessEscapingTheHandshakeAdapterDoesNotOutliveKvcheck) {
     fs::remove_all(scratch("escape-traces"));
 }
 
+// D24: a Ctrl-C while the HTML pictures are drawn (the test's hook
+// raises SIGINT as the drawing begins: it takes about 90 ms) marks the
+// report incomplete and exits 130, as one during the run. It was
+// swallowed: exit 1, a complete-looking report.
+TEST_F(Cli, CtrlCWhileThePicturesAreDrawnMarksTheReportIncomplete) {
+    const std::string report = scratch("drawing-interrupted.html");
+    ::setenv("KVCHECK_TEST_SIGNAL_AT_DRAWING", std::to_string(SIGINT).c_str(), 1);
+    const Outcome run = kvcheck("run --adapter M3 --property single-copy --cases 200 --report html --out " + report +
+                                " --trace-dir " + scratch("drawing-traces"));
+    ::unsetenv("KVCHECK_TEST_SIGNAL_AT_DRAWING");
+    EXPECT_EQ(run.status, 130) << run.out;
+    EXPECT_TRUE(contains(run.stderr_text, "for the HTML report (each trace replayed once per step)")) << run.out;
+    EXPECT_TRUE(contains(run.stderr_text, "interrupted by SIGINT: the report holds the results so far, marked incomplete"))
+        << run.out;
+    const std::string html = read_file(report);
+    EXPECT_TRUE(contains(html, "INCOMPLETE: interrupted by SIGINT")) << html.substr(0, 2000);
+    EXPECT_TRUE(contains(html, "</html>")) << "the report was not written whole";
+    fs::remove(report);
+    fs::remove_all(scratch("drawing-traces"));
+}
+
 // D11: a search ended by a fault sends no counts; the summary counts the
 // operations of the traces it began, not "0 operations checked".
 TEST_F(Cli, TheSummaryCountsTheOperationsOfAFaultedSearch) {

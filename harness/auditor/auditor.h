@@ -73,6 +73,9 @@ struct DumpSlot {
     std::vector<Snapshot> candidates;  // empty: nothing readable was ever written
     bool corrupted = false;
     bool may_be_absent = false;  // a dump crashed before any complete dump was there
+    // What each corrupt did to the slot's files since its last dump, in
+    // words with the real byte offset ("byte 2155 of x.pt flipped ...").
+    std::string damage;
 };
 
 class Auditor {

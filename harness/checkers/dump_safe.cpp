@@ -25,7 +25,9 @@ class DumpSafe final : public Checker {
     DumpSafe() : Checker(Property::dump_safe) {}
 
     void loaded(const Loaded& load, Probe& probe) override {
-        const std::string slot = "load of dump slot " + std::to_string(load.slot);
+        // A corrupted file's damage is named with its real byte offset.
+        const std::string& damage = load.expected.damage;
+        const std::string slot = "load of dump slot " + std::to_string(load.slot) + (damage.empty() ? "" : " (corrupted: " + damage + ")");
         if (!load.result.ok) {
             const DumpSlot& expected = load.expected;
             const bool may_fail = expected.candidates.empty() || expected.corrupted || expected.may_be_absent;

@@ -468,12 +468,57 @@ int command_version(const Args&) {
     return 0;
 }
 
+const std::vector<OptionSpec> list_options = {
+    {"adapter", true, "list only the properties this adapter can be judged on (bundled name, plugin path, Python\n"
+                      "                             script or exec:COMMAND: its handshake says its cache families)"},
+    {"python", true, "the interpreter of a .py adapter (as kvcheck run --python)"},
+};
+
+// kvcheck list --adapter A: the properties A can be judged on, then one
+// line saying how many are left out and why (as the reports say it), for
+// the pytest plugin, which collects an item per property before any run.
+int list_for_adapter(const Options& options) {
+    Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
+    if (!adapter.model.has_value()) {
+        // An engine in this process (bundled, a plugin): one made says.
+        const Capabilities capabilities = adapter.make()->capabilities();
+        adapter.model = capabilities.model;
+        adapter.paged = capabilities.paged;
+        adapter.store = capabilities.store;
+        adapter.policy = capabilities.policy;
+    }
+    std::cout << "adapter: " << printable(adapter.name, 80) << "\n\nproperties:\n";
+    std::vector<PropertyResult> left_out;
+    for (Property p : all_properties()) {
+        const std::string id = property_id(p);
+        // A list is of a run of one client: linearizable is judged with --lanes only.
+        const char* message = p == Property::linearizable ? lanes_not_applicable : known_not_applicable(adapter, p);
+        if (message != nullptr) {
+            PropertyResult row;
+            row.id = id;
+            row.verdict = "skipped";
+            row.message = message;
+            left_out.push_back(std::move(row));
+            continue;
+        }
+        std::cout << "  " << id << std::string(24 - id.size(), ' ') << property_summary(p) << "\n";
+    }
+    const std::string note = not_applicable_note(left_out, "for this adapter");
+    if (!note.empty()) std::cout << "\n" << note << "\n";
+    return 0;
+}
+
 int command_list(const Args& args) {
-    const Options options(args, {}, "list");
+    const Options options(args, list_options, "list");
     if (options.help()) {
-        std::cout << usage_of("kvcheck list", "Lists the bundled adapters and the properties.", {});
+        std::cout << usage_of("kvcheck list [--adapter NAME|PATH [--python PATH]]",
+                              "Lists the bundled adapters and the properties; with --adapter, the properties that\n"
+                              "adapter can be judged on, and how many are left out and why.",
+                              list_options);
         return 0;
     }
+    if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
+    if (options.has("adapter")) return list_for_adapter(options);
     std::cout << "adapters (bundled):\n";
     for (const Adapter& adapter : bundled_adapters()) {
         std::string breaks;

@@ -28,19 +28,6 @@ struct Task {
 
 class Scheduler {
   public:
-    // A property of a cache family an adapter is known, without making an
-    // engine, not to hold: a process adapter (its handshake gave its model
-    // and its families). Its verdict is n/a without a job (each job of a
-    // process adapter starts one): the message, else null.
-    static const char* known_not_applicable(const Adapter& adapter, Property property) {
-        if (!adapter.model.has_value()) return nullptr;
-        const bool paged = paged_property(property);
-        if (paged && !adapter.paged) return paged_not_applicable;
-        if (!paged && !adapter.store) return contiguous_not_applicable;
-        if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
-        return nullptr;
-    }
-
     // known_not_applicable, and what this run cannot judge whatever the
     // adapter: linearizable without --lanes.
     const char* not_applicable(const Adapter& adapter, Property property) const {
@@ -540,6 +527,15 @@ class Scheduler {
 };
 
 }  // namespace
+
+const char* known_not_applicable(const Adapter& adapter, Property property) {
+    if (!adapter.model.has_value()) return nullptr;
+    const bool paged = paged_property(property);
+    if (paged && !adapter.paged) return paged_not_applicable;
+    if (!paged && !adapter.store) return contiguous_not_applicable;
+    if (capacity_property(property) && !adapter.policy.bounded()) return capacity_not_applicable;
+    return nullptr;
+}
 
 bool AdapterResult::all_pass() const {
     return std::none_of(properties.begin(), properties.end(),

@@ -49,6 +49,30 @@ std::string cell(const PropertyResult& result) {
 
 bool not_applicable(const PropertyResult& result) { return cell(result) == "n/a"; }
 
+}  // namespace
+
+std::string not_applicable_note(const std::vector<PropertyResult>& rows, const std::string& whom) {
+    std::size_t family = 0;
+    std::size_t capacity = 0;
+    std::size_t lanes = 0;
+    for (const PropertyResult& row : rows) {
+        if (row.message.find("--lanes") != std::string::npos) {
+            ++lanes;
+        } else {
+            (row.message.find("capacity") != std::string::npos ? capacity : family) += 1;
+        }
+    }
+    const std::size_t count = family + capacity + lanes;
+    if (count == 0) return "";
+    std::string why;
+    if (family != 0) why = std::to_string(family) + " of the other cache family (paged or contiguous)";
+    if (capacity != 0) why += (why.empty() ? "" : ", ") + std::to_string(capacity) + " judging a capacity, and none is declared";
+    if (lanes != 0) why += (why.empty() ? "" : ", ") + std::to_string(lanes) + " judged with --lanes only";
+    return std::to_string(count) + (count == 1 ? " property" : " properties") + " left out, n/a " + whom + ": " + why;
+}
+
+namespace {
+
 struct Counts {
     std::size_t pass = 0, fail = 0, fault = 0, skipped = 0, not_run = 0, blocked = 0, properties = 0;
     void add(const PropertyResult& p) {
@@ -254,27 +278,12 @@ bool left_out(const std::vector<AdapterResult>& results, std::size_t row) {
 
 // One line saying how many rows the table leaves out, and why; "" for none.
 std::string left_out_note(const std::vector<AdapterResult>& results) {
-    std::size_t family = 0;
-    std::size_t capacity = 0;
-    std::size_t lanes = 0;
+    std::vector<PropertyResult> rows;
     for (std::size_t row = 0; row < results.front().properties.size(); ++row) {
-        if (!left_out(results, row)) continue;
-        const std::string& message = results.front().properties[row].message;
-        if (message.find("--lanes") != std::string::npos) {
-            ++lanes;
-        } else {
-            (message.find("capacity") != std::string::npos ? capacity : family) += 1;
-        }
+        if (left_out(results, row)) rows.push_back(results.front().properties[row]);
     }
-    if (family + capacity + lanes == 0) return "";
-    std::string why;
-    if (family != 0) why = std::to_string(family) + " of the other cache family (paged or contiguous)";
-    if (capacity != 0) why += (why.empty() ? "" : ", ") + std::to_string(capacity) + " judging a capacity no adapter declares";
-    if (lanes != 0) why += (why.empty() ? "" : ", ") + std::to_string(lanes) + " judged with --lanes only";
-    const std::size_t count = family + capacity + lanes;
-    return std::to_string(count) + (count == 1 ? " property" : " properties") +
-           " left out, n/a for every adapter: " + why +
-           " (the JSON report lists them, \"not_applicable\": true)\n";
+    const std::string note = not_applicable_note(rows, "for every adapter");
+    return note.empty() ? "" : note + " (the JSON report lists them, \"not_applicable\": true)\n";
 }
 
 std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {

@@ -43,6 +43,12 @@ ReportFormat parse_report_format(const std::string& name);
 // and in all (kvcheck run --stats).
 std::string render_stats(const std::vector<AdapterResult>& results);
 
+// "N properties left out, n/a WHOM: how many of the other cache family,
+// how many judging a capacity none declares", of `rows` (each n/a: its
+// message says why); "" for none. The text and markdown tables and
+// `kvcheck list --adapter` say it.
+std::string not_applicable_note(const std::vector<PropertyResult>& rows, const std::string& whom);
+
 // What an engine printed, fit for a terminal: the last `lines_max` lines of
 // its stderr (`captured`, what the sandbox kept of it) and of an
 // out-of-process engine's own last output (Adapter::take_output), escaped

@@ -4,6 +4,8 @@
 #include "text.h"
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <cctype>
@@ -341,6 +343,12 @@ Pictures picture_failures(const std::vector<AdapterResult>& results, const Confo
     if (options.progress && !drawn.empty()) {
         std::cerr << "kvcheck run: drawing " << drawn.size() << (drawn.size() == 1 ? " failure" : " failures")
                   << " for the HTML report (each trace replayed once per step)\n";
+    }
+    // A test's hook: $KVCHECK_TEST_SIGNAL_AT_DRAWING=N raises signal N as
+    // the drawing begins. A drawing takes about 90 ms, too short to land a
+    // Ctrl-C in from outside at will (Cli.CtrlCWhileThePicturesAreDrawnMarksTheReportIncomplete).
+    if (const char* signal = std::getenv("KVCHECK_TEST_SIGNAL_AT_DRAWING"); signal != nullptr && !drawn.empty()) {
+        std::raise(std::atoi(signal));
     }
     Pictures pictures;
     for (const auto& [a, i, f] : drawn) {

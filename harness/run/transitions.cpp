@@ -555,7 +555,7 @@ std::optional<Fact> Transitions::apply(const op::Extract& op) {
 template <>
 std::optional<Fact> Transitions::apply(const op::Dump& op) {
     engine_.dump(slots_.dir(op.slot));
-    audit_.slots()[op.slot] = DumpSlot{{audit_.snapshot()}, false, false};
+    audit_.slots()[op.slot] = DumpSlot{{audit_.snapshot()}, false, false, {}};
     return Fact{};
 }
 
@@ -571,9 +571,12 @@ std::optional<Fact> Transitions::apply(const op::DumpCrash& op) {
 
 template <>
 std::optional<Fact> Transitions::apply(const op::Corrupt& op) {
-    if (!slots_.corrupt(op.slot, op.offset, op.truncate != 0)) return std::nullopt;
+    const std::optional<std::string> damage = slots_.corrupt(op.slot, op.offset, op.truncate != 0);
+    if (!damage) return std::nullopt;
     coverage_.count(Shape::corrupted_dump);
-    audit_.slots()[op.slot].corrupted = true;
+    DumpSlot& slot = audit_.slots()[op.slot];
+    slot.corrupted = true;
+    slot.damage += (slot.damage.empty() ? "" : "; ") + *damage;
     return Fact{};
 }
 
@@ -596,7 +599,7 @@ std::optional<Fact> Transitions::apply(const op::Load& op) {
         audit_.restore(candidate, readings_.capabilities().policy.listing);
         fact.difference = readings_.store_difference(false);  // the order is store-contract's to check
         if (fact.difference.empty()) {
-            audit_.slots()[op.slot] = DumpSlot{{candidate}, fact.expected.corrupted, false};
+            audit_.slots()[op.slot] = DumpSlot{{candidate}, fact.expected.corrupted, false, fact.expected.damage};
             fact.matched = true;
             return fact;
         }
@@ -622,6 +625,7 @@ std::optional<Fact> Transitions::apply(const op::DumpKill& op) {
         slot.candidates = {store};
         slot.corrupted = false;
         slot.may_be_absent = false;
+        slot.damage.clear();
     }
     temporaries = std::move(outcome.temporaries);
     return std::move(outcome.fact);

@@ -33,7 +33,8 @@ other request:
 --escape-at-hello does what --fault escape does (a double fork and setsid,
 --escape-mb, --pid-file) while it answers the handshake, once (not when
 the pid file exists): the process kvcheck starts for the handshake, before
-any job, leaves a process behind.
+any job, leaves a process behind (with --warm, the fork server does, as it
+answers the handshake).
 --bidi-name names it "fault-<U+202E>KIND" in the handshake (a right-to-left
 override, which a terminal would obey if kvcheck's table printed it raw).
 --pid-file PATH writes the process id there first; --noise N prints N lines
@@ -159,11 +160,12 @@ def main():
     if args.warm and "KVCHECK_FORK_FD" in os.environ:
         from kvcheck_adapter import protocol
 
-        copy = protocol.serve_forks(
-            protocol.Connection.from_environment(),
-            int(os.environ["KVCHECK_FORK_FD"]),
-            lambda request: {"ok": True, "protocol": protocol.PROTOCOL_VERSION, "name": f"fault-{args.fault}"},
-        )
+        def hello(request):
+            if args.escape_at_hello and not os.path.exists(args.pid_file):
+                escape(args.pid_file, args.escape_mb)  # from the fork server itself
+            return {"ok": True, "protocol": protocol.PROTOCOL_VERSION, "name": f"fault-{args.fault}"}
+
+        copy = protocol.serve_forks(protocol.Connection.from_environment(), int(os.environ["KVCHECK_FORK_FD"]), hello)
         if copy is None:
             return  # the server, shut down
         request_fd, reply_fd = copy._requests.fileno(), copy._reply_fd

@@ -107,6 +107,26 @@ def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_di
     assert shrink.status == 1 and os.path.isfile(shrunk_file), shrink.stdout + shrink.stderr
 
 
+def test_a_flipped_byte_of_tensor_data_that_loads_silently_is_found_with_its_offset(kvcheck, scratch_dir, byte=77):
+    """Issue 42, item 5: a store that loads a flipped byte of tensor data
+    silently fails dump-safe on every trace that flips one (the offset's
+    class 2 of 3: tensor data, then its byte), and the failure names the
+    real byte offset in the file (it said offset=967004 of a 3,293-byte
+    file). The store with its digest refuses the file: no finding."""
+    trace = os.path.join(scratch_dir, "flip.trace")
+    with open(trace, "w") as file:
+        file.write(f"add a modern/f32/7:[kv2]\ndump slot=0\ncorrupt slot=0 offset={2 + 3 * byte} truncate=0\nload slot=0\n")
+    silent = kvcheck("replay", trace, "--adapter", f"{EXAMPLE} --bug skips_digest", "--property", "dump-safe")
+    assert silent.status == 1 and "ERROR: dump-safe: load of dump slot 0 (corrupted: byte " in silent.stdout, \
+        silent.stdout + silent.stderr
+    said = silent.stdout.split("(corrupted: byte ", 1)[1]
+    offset, size = int(said.split()[0]), int(said.split("flipped (of ", 1)[1].split()[0])
+    assert offset < size and f"tensor data: record archive/data/" in said, said
+    assert f"of activation-memory.pt flipped (of {size} bytes; " in said, said
+    fixed = kvcheck("replay", trace, "--adapter", EXAMPLE, "--property", "dump-safe")
+    assert fixed.status == 0 and "every property holds" in fixed.stdout, fixed.stdout + fixed.stderr
+
+
 def test_an_exception_is_the_steps_engine_error_with_its_traceback(kvcheck):
     adapter = os.path.join(HERE, "raising_adapter.py")
     run = kvcheck("run", "--adapter", adapter, "--property", "merge-correct", "--cases", "200")

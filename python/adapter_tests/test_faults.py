@@ -12,6 +12,7 @@ Time limits are generous: only the hang test waits for one."""
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -84,6 +85,27 @@ def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_
     while not process_gone(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert process_gone(pid), f"the hung adapter process {pid} outlived its sandbox child"
+
+
+@pytest.mark.parametrize("where", ["handshake", "operation"])
+@pytest.mark.parametrize("start", ["cold", "warm"])
+def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(kvcheck, scratch_dir, start, where):
+    # Issue 43, D7: a double fork and setsid (the grandchild's parent exits,
+    # it is in a session of its own) from the process kvcheck starts for the
+    # handshake, before any job, or from the one a job runs; warm, from the
+    # fork server as it answers the handshake, or from one of its copies.
+    pid_file = os.path.join(scratch_dir, "escaped.pid")
+    how = ["none", "--escape-at-hello"] if where == "handshake" else ["escape"]
+    warm = ["--warm"] if start == "warm" else []
+    run = kvcheck("run", "--adapter", fault_adapter(*how, "--escape-mb", "1", "--pid-file", pid_file, *warm),
+                  "--property", "store-contract", "--cases", "2")
+    assert run.status == 1, run.stdout + run.stderr
+    with open(pid_file) as file:
+        escaped = int(file.read())
+    gone = process_gone(escaped)
+    if not gone:
+        os.kill(escaped, signal.SIGKILL)
+    assert gone, f"the escaped process {escaped} outlived kvcheck ({start} start, from the {where})"
 
 
 @pytest.mark.parametrize("start", ["cold", "warm"])

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import EXAMPLE, PYTHON_DIR, kvcheck_binary
 
+PAGED_EXAMPLE = os.path.join(PYTHON_DIR, "examples", "block_manager_adapter.py")
+
 pytest_plugins = ["pytester"]
 PLUGIN = ["-p", "kvcheck_adapter.pytest_plugin"]
 
@@ -50,6 +52,22 @@ def test_each_property_is_an_item_and_k_selects(run):
     names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
     assert "single-copy" in names and "engine-error" in names and "shared-state" in names, names
     assert len(names) == len(set(names)) > 5, names
+
+
+@pytest.mark.parametrize("adapter, kept, left_out, why", [
+    (EXAMPLE, "single-copy", ["refcount-exact", "eviction-as-declared"],
+     "of the other cache family (paged or contiguous), 1 judging a capacity, and none is declared"),
+    (PAGED_EXAMPLE, "refcount-exact", ["single-copy", "stored-immutable"], "of the other cache family (paged or contiguous)"),
+])
+def test_properties_an_adapter_cannot_be_judged_on_are_not_collected(run, adapter, kept, left_out, why):
+    """Issue 42, item 4: a contiguous store collected the 15 paged rows (and
+    a paged block manager the contiguous ones) as SKIPPED items; they are
+    left out, and one line says how many and why, as the reports say it."""
+    collected = run("--kvcheck-adapter", adapter, "--collect-only", "-q")
+    names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
+    assert kept in names and "engine-error" in names, names
+    assert not set(left_out) & set(names), names
+    collected.stdout.fnmatch_lines([f"kvcheck: *{os.path.basename(adapter)}: * properties left out, n/a for this adapter: *{why}*"])
 
 
 def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pytester):

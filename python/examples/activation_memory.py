@@ -44,6 +44,12 @@ get_cache); its adapter declares so (capacity_items, eviction "lru"), and
 kvcheck's eviction-as-declared holds it to it. The bug of that policy:
   evicts_most_recent        a full store evicts the most recently used
                             item instead (needs a capacity).
+The bug of the dump format (over the process boundary, what the durability
+tests' RepairsCrcs is in process):
+  skips_digest              load reads the payload without checking the
+                            header or the SHA-256 (torch.load checks no
+                            CRC): a flipped byte of tensor data loads as
+                            another value.
 
     store = ActivationMemory()
     store.add([{"id": "a", "cache": cache, "metadata": {"source": "doc1"}}])
@@ -81,6 +87,7 @@ BUGS = (
     "stored_turn_stays_writable",
     "extract_keeps_working_cache",
     "evicts_most_recent",
+    "skips_digest",
 )
 
 # The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
@@ -105,6 +112,12 @@ RETURNED_BUG_PROPERTIES = {
 # process boundary (the adapter run with --capacity).
 CAPACITY_BUG_PROPERTIES = {
     "evicts_most_recent": "eviction-as-declared",
+}
+
+# The bug of the dump format and the property that catches it: on every
+# trace that flips a byte of tensor data (docs/semantics.md#durability).
+DUMP_BUG_PROPERTIES = {
+    "skips_digest": "dump-safe",
 }
 
 DUMP_FILE_NAME = "activation-memory.pt"
@@ -372,7 +385,8 @@ class ActivationMemory:
         if not _SAFE_LOAD:
             raise DumpError(f"cannot load dump {path}: torch {torch.__version__} has no safe loader (weights_only)")
         with open(path, "rb") as file:
-            archive = _verified_payload(file.read(), path)
+            data = file.read()
+        archive = data[_HEADER_BYTES:] if "skips_digest" in self.bugs else _verified_payload(data, path)
         try:
             payload = torch.load(io.BytesIO(archive), weights_only=True)
         except Exception as error:  # torch.load raises many kinds for a bad file

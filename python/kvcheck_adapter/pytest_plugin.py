@@ -5,10 +5,14 @@ the `pytest11` entry point. Two forms:
 
     pytest --kvcheck-adapter my_adapter.py [--kvcheck-cases 200] [--kvcheck-seed 7] [-k single-copy]
 
-collects one item per property (`my_adapter.py::single-copy`, and
-`engine-error` and `shared-state`, the engine-level rows): a pass is PASSED, a violation is
-FAILED with kvcheck's shrunk trace, the check's message and the command
-that replays it, a property the adapter cannot be judged on is SKIPPED.
+collects one item per property the adapter can be judged on
+(`my_adapter.py::single-copy`, and `engine-error` and `shared-state`, the
+engine-level rows), as `kvcheck list --adapter` names them: those of the
+other cache family, or judging a capacity it does not declare, are left
+out, and a line after collection says how many and why. A pass is PASSED,
+a violation is FAILED with kvcheck's shrunk trace, the check's message and
+the command that replays it, a property the adapter cannot be judged on
+for another reason is SKIPPED.
 `--kvcheck-adapter` takes what `kvcheck run --adapter` takes (a script with
 its arguments: 'my_adapter.py --bug x'); repeat it for several adapters.
 With no test paths given, only the adapters are collected.
@@ -135,6 +139,8 @@ class Runs:
         self.results: Dict[RunKey, Dict] = {}
         self.errors: Dict[RunKey, str] = {}
         self._kvcheck: Optional[Kvcheck] = None
+        self._properties: Dict[str, List[Tuple[str, str]]] = {}  # by adapter
+        self.left_out: Dict[str, str] = {}  # by adapter: "N properties left out, n/a for this adapter: why"
 
     def kvcheck(self) -> Kvcheck:
         if self._kvcheck is None:
@@ -161,7 +167,7 @@ class Runs:
         command = [self.kvcheck().path, "run", "--adapter", key.adapter, "--report", "json", "--out", report_path,
                    "--quiet", "--trace-dir", self.trace_dir]
         chosen = sorted({p for p in self.selected.get(key, []) if p not in ENGINE_ROWS})
-        if chosen and len(chosen) < len(self.properties()) - len(ENGINE_ROWS):  # all but the engine-level rows
+        if chosen and len(chosen) < len(self.properties(key)) - len(ENGINE_ROWS):  # all but the engine-level rows
             for property_id in chosen:
                 command += ["--property", property_id]
         if key.cases is not None:
@@ -170,15 +176,18 @@ class Runs:
             command += ["--seed", str(key.seed)]
         return command + list(key.extra)
 
+    def _environment(self) -> Dict[str, str]:
+        environment = dict(os.environ)
+        # The adapter runs under this interpreter, which has the SDK.
+        environment.setdefault("KVCHECK_PYTHON", sys.executable)
+        return environment
+
     def _run(self, key: RunKey) -> None:
         scratch = tempfile.mkdtemp(prefix="kvcheck-pytest-")
         try:
             command = self.command(key, os.path.join(scratch, "report.json"))
-            environment = dict(os.environ)
-            # The adapter runs under this interpreter, which has the SDK.
-            environment.setdefault("KVCHECK_PYTHON", sys.executable)
             finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=environment, cwd=str(self.config.invocation_params.dir))
+                                      env=self._environment(), cwd=str(self.config.invocation_params.dir))
             report_path = os.path.join(scratch, "report.json")
             if finished.returncode not in (0, 1) or not os.path.isfile(report_path):
                 self.errors[key] = (f"kvcheck could not check {key.adapter} (exit status {finished.returncode}):\n"
@@ -189,12 +198,16 @@ class Runs:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def properties(self) -> List[Tuple[str, str]]:
-        """(id, summary) of every property, as `kvcheck list` prints them,
-        and the engine-level rows (engine-error, shared-state)."""
-        if not hasattr(self, "_properties"):
-            listed = subprocess.run([self.kvcheck().path, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+    def properties(self, key: RunKey) -> List[Tuple[str, str]]:
+        """(id, summary) of every property the adapter of `key` can be
+        judged on, as `kvcheck list --adapter` prints them (its handshake
+        says its cache families and capacity), and the engine-level rows
+        (engine-error, shared-state). The others are left out: their count
+        and why is in left_out."""
+        if key.adapter not in self._properties:
+            command = [self.kvcheck().path, "list", "--adapter", key.adapter, *_python_option(key.extra)]
+            listed = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=self._environment(), cwd=str(self.config.invocation_params.dir))
             found, in_section = [], False
             for line in listed.stdout.splitlines():
                 if line == "properties:":
@@ -203,13 +216,26 @@ class Runs:
                     identifier, _, summary = line.strip().partition(" ")
                     found.append((identifier, summary.strip()))
                 elif in_section:
-                    break
+                    in_section = False
+                elif " left out, n/a " in line:
+                    self.left_out[key.adapter] = line
             if listed.returncode != 0 or not found:
-                raise pytest.UsageError(f"`{self.kvcheck().path} list` named no properties (exit status "
-                                        f"{listed.returncode}): {listed.stderr.strip()[:400]}")
-            self._properties = found + [(ENGINE_ERROR, "engine errors, grouped by message"),
-                                        (SHARED_STATE, "state shared across engine instances")]
-        return self._properties
+                raise pytest.UsageError(f"`{shlex.join(command)}` named no properties (exit status "
+                                        f"{listed.returncode}): {listed.stderr.strip()[:2000]}")
+            self._properties[key.adapter] = found + [(ENGINE_ERROR, "engine errors, grouped by message"),
+                                                     (SHARED_STATE, "state shared across engine instances")]
+        return self._properties[key.adapter]
+
+
+def _python_option(words) -> List[str]:
+    """The --python option among kvcheck run's `words`, for kvcheck list."""
+    found = []
+    for n, word in enumerate(words):
+        if word == "--python" and n + 1 < len(words):
+            found = [word, words[n + 1]]
+        elif word.startswith("--python="):
+            found = [word]
+    return found
 
 
 def _runs(config) -> Runs:
@@ -259,7 +285,7 @@ class AdapterFile(pytest.File):
         self.key = key
 
     def collect(self):
-        for property_id, summary in _runs(self.config).properties():
+        for property_id, summary in _runs(self.config).properties(self.key):
             yield PropertyItem.from_parent(self, name=property_id, summary=summary)
 
 
@@ -321,6 +347,14 @@ def pytest_configure(config):
         config.args.extend(script for script in config._kvcheck_adapter_files if script not in config.args)
 
 
+def pytest_report_collectionfinish(config, items):
+    # One line per adapter whose properties of the other cache family (or
+    # judging a capacity it does not declare) were not collected, as the
+    # text and HTML reports say it.
+    runs = _runs(config)
+    return [f"kvcheck: {adapter}: {note}" for adapter, note in sorted(runs.left_out.items())]
+
+
 def pytest_report_header(config):
     runs = _runs(config)
     if config.getoption("kvcheck_adapter") or config.getoption("kvcheck_bin"):
@@ -354,7 +388,7 @@ def pytest_generate_tests(metafunc):
     if marker is None:
         raise pytest.UsageError(f"{metafunc.definition.nodeid} takes kvcheck_property but has no "
                                 "@pytest.mark.kvcheck(ADAPTER) naming its adapter")
-    ids = [property_id for property_id, _ in _runs(metafunc.config).properties()]
+    ids = [property_id for property_id, _ in _runs(metafunc.config).properties(_marker_key(metafunc.definition))]
     metafunc.parametrize("kvcheck_property", ids, ids=ids, indirect=True)
 
 

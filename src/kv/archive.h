@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -58,6 +59,9 @@ struct DumpArchive {
     ArchiveRecord version;
     std::map<std::string, ArchiveRecord> storages;
 };
+
+// The CRC-32 a ZIP record carries of its bytes (IEEE 802.3, reflected).
+std::uint32_t crc32(const char* data, std::size_t size);
 
 // Decides which records torch will read from `file` (a whole dump file),
 // refusing any archive that is ambiguous or damaged (every record stored,

@@ -230,8 +230,11 @@ struct Load {
     std::int64_t slot = 0;
     bool well_formed() const { return true; }
 };
-// Flips one byte of the dump file in a slot (offset modulo its size), or
-// truncates it to `offset` bytes when truncate=1.
+// Flips one byte of the dump files in a slot: `offset` picks a byte class
+// (header, metadata, tensor data: kvcheck/dump_bytes.h) evenly, then a
+// byte of it (DumpSlots::corrupt; the report names the real byte offset).
+// With truncate=1, cuts the file holding byte `offset` modulo the files'
+// size to end before it.
 struct Corrupt {
     static constexpr const char* name = "corrupt";
     static constexpr std::array<const char*, 3> fields{"slot", "offset", "truncate"};
