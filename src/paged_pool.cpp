@@ -51,13 +51,14 @@ Sequence& Pool::sequence(const std::string& seq) {
 // ---- keys and lookup ----------------------------------------------------------
 
 std::vector<BlockKey> Pool::keys_of(const Tokens& tokens, const std::string& extra, std::size_t count) const {
+    const std::string keyed = key_extra(extra);
     std::vector<BlockKey> keys;
     std::uint64_t parent = 0;
     const auto b = static_cast<std::size_t>(config_.block_tokens);
     for (std::size_t i = 0; i < count && (i + 1) * b <= tokens.size(); ++i) {
         BlockKey key{parent, Tokens(tokens.begin() + static_cast<std::ptrdiff_t>(i * b),
                                     tokens.begin() + static_cast<std::ptrdiff_t>((i + 1) * b)),
-                     extra};
+                     keyed};
         parent = chain_hash(key);
         keys.push_back(std::move(key));
     }
@@ -257,7 +258,7 @@ std::int64_t Pool::alloc(const std::string& seq, const Tokens& tokens, const std
     reader.table = shared;
     CachePtr working = gather(reader);
     const Tokens missing(tokens.begin() + cached, tokens.end());
-    const std::int64_t next = model_.forward(missing, *working);
+    const std::int64_t next = model_.forward_extra(missing, *working, extra);
     Sequence& made = sequences_.emplace(seq, Sequence{}).first->second;
     made.extra = extra;
     made.next = next;
@@ -282,7 +283,7 @@ Tokens Pool::append(const std::string& seq, std::int64_t k) {
     std::int64_t next = s.next;
     for (std::int64_t i = 0; i < k; ++i) {
         added.push_back(next);
-        next = model_.forward({next}, *working);
+        next = model_.forward_extra({next}, *working, s.extra);
     }
     write_tokens(s, *working, length, added);
     s.next = next;
@@ -423,9 +424,9 @@ CachePtr Pool::read_sequence(const std::string& seq) const {
     return gather(at->second);
 }
 
-CachePtr Pool::fresh(const Tokens& tokens) const {
+CachePtr Pool::fresh(const Tokens& tokens, const std::string& extra) const {
     CachePtr cache = Cache::make(Layout::modern);
-    if (!tokens.empty()) model_.forward(tokens, *cache);
+    if (!tokens.empty()) model_.forward_extra(tokens, *cache, extra);
     return cache;
 }
 

@@ -410,6 +410,17 @@ class PM23 final : public Pool {
     }
 };
 
+// PM25: the extra keys are left out of the block keys (a manager hashing
+// the tokens alone, as one that predates LoRA or cache salts): a request
+// hits blocks another adapter's or salt's request computed.
+class PM25 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    std::string key_extra(const std::string&) const override { return ""; }
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -499,6 +510,8 @@ std::vector<Adapter> paged_mutant_adapters() {
              engine->rename("PM24");
              return std::shared_ptr<Engine>(std::move(engine));
          }},
+        paged_mutant<PM25>("PM25", "extra keys left out of the block keys: hits across LoRA adapters and salts",
+                           {P::index_consistent, P::prefix_hit_exact, P::hit_consumed}),
     };
 }
 

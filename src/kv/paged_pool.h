@@ -7,7 +7,10 @@
 // reference count, the tokens its slots hold, and at most one key: its
 // identity in the prefix index, (parent key, its B tokens, the sequence's
 // extra keys such as an adapter name or a salt). A sequence holds a block
-// table (block ids in token order) and its tokens.
+// table (block ids in token order), its tokens and its extra keys, which
+// the model mixes into every K/V it computes for it (Model::forward_extra,
+// as a LoRA adapter does): a hit across extra keys reads another request's
+// K/V.
 //
 // Ownership, in one paragraph: a block's count is the number of block
 // tables holding it plus the pending copies reading it. A block whose
@@ -175,8 +178,9 @@ class Pool {
     // K/V of a block's filled slots, as its sequence reads them (pending
     // writes included): per layer {keys, values}, each [1, heads, filled, head_dim].
     virtual std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
-    // The K/V the model computes for `tokens` with no past: a new cache.
-    CachePtr fresh(const Tokens& tokens) const;
+    // The K/V the model computes for `tokens` under extra keys `extra`
+    // with no past: a new cache.
+    CachePtr fresh(const Tokens& tokens, const std::string& extra) const;
     // Identities of the pool's tensor storages.
     std::vector<const void*> storage() const;
 
@@ -184,6 +188,8 @@ class Pool {
     // ---- seams (the mutants override one each) ----
     // The keys of the blocks of `tokens` a prefix lookup may hit, in order.
     virtual std::vector<BlockKey> block_keys(const Tokens& tokens, const std::string& extra) const;
+    // The extra keys a block key of a sequence with extra keys `extra` carries.
+    virtual std::string key_extra(const std::string& extra) const { return extra; }
     // The block the index holds under `key`, if any.
     virtual std::optional<BlockId> find(const BlockKey& key) const;
     // Takes the block at the front of the free queue: evicts its key.
