@@ -42,6 +42,11 @@ Pool::Pool(PoolConfig config, Model& model) : config_(config), model_(model) {
     }
 }
 
+void Pool::use(const std::string& seq) {
+    ++operations_;
+    for (const BlockId block : sequence(seq).table) blocks_[static_cast<std::size_t>(block)].used = operations_;
+}
+
 Sequence& Pool::sequence(const std::string& seq) {
     const auto at = sequences_.find(seq);
     if (at == sequences_.end()) throw std::invalid_argument("paged pool: no " + seq_text(seq));
@@ -123,6 +128,11 @@ void Pool::unref(BlockId block) {
     if (--b.count != 0) return;
     if (config_.free_to_front) {
         free_.push_front(block);
+    } else if (config_.free_by_last_use) {
+        const auto later = std::find_if(free_.begin(), free_.end(), [this, &b](BlockId other) {
+            return blocks_[static_cast<std::size_t>(other)].used > b.used;
+        });
+        free_.insert(later, block);
     } else {
         free_.push_back(block);
     }
@@ -265,6 +275,7 @@ std::int64_t Pool::alloc(const std::string& seq, const Tokens& tokens, const std
     attach_hits(made, shared, needed);
     made.tokens.assign(tokens.begin(), tokens.begin() + cached);
     write_tokens(made, *working, cached, missing);
+    use(seq);
     return cached;
 }
 
@@ -287,6 +298,7 @@ Tokens Pool::append(const std::string& seq, std::int64_t k) {
     }
     write_tokens(s, *working, length, added);
     s.next = next;
+    use(seq);
     return added;
 }
 
@@ -295,6 +307,7 @@ void Pool::fork(const std::string& parent, const std::string& child) {
     const Sequence copy = sequence(parent);
     for (const BlockId block : copy.table) ++blocks_[static_cast<std::size_t>(block)].count;
     sequences_.emplace(child, copy);
+    use(child);
 }
 
 void Pool::free(const std::string& seq) {
@@ -320,6 +333,7 @@ void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
     const std::int64_t kept = std::max<std::int64_t>(1, length - n);
     if (kept == length) {
         s.next = token;
+        use(seq);
         return;
     }
     const std::int64_t b = config_.block_tokens;
@@ -349,6 +363,7 @@ void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
     }
     s.tokens.resize(static_cast<std::size_t>(kept));
     s.next = token;
+    use(seq);
 }
 
 void Pool::evict() {
@@ -361,7 +376,10 @@ void Pool::reset() {
                                  std::to_string(copies_.size()) + " pending copies hold blocks");
     }
     index_.clear();
-    for (Block& b : blocks_) b.key.reset();
+    for (Block& b : blocks_) {
+        b.key.reset();
+        b.used = 0;
+    }
     std::sort(free_.begin(), free_.end());
 }
 
@@ -414,6 +432,7 @@ void Pool::import_contiguous(const std::string& seq, const Cache& cache) {
     created.imported = true;
     Sequence& made = sequences_.emplace(seq, std::move(created)).first->second;
     write_tokens(made, cache, 0, Tokens(static_cast<std::size_t>(length), -1));
+    use(seq);
 }
 
 CachePtr Pool::export_contiguous(const std::string& seq) const { return read_sequence(seq); }

@@ -450,6 +450,20 @@ class PM24Engine final : public PagedReference {
     }
 };
 
+// PM26: freed blocks join the back of the free queue in the order they are
+// freed (FIFO) while the engine declares least recently used first: a
+// sequence used long ago and freed late goes behind blocks used since (an
+// LRU list that refreshes a block when it is released instead of when it
+// is used).
+class PM26Engine final : public PagedReference {
+  public:
+    Capabilities capabilities() const override {
+        Capabilities capabilities = PagedReference::capabilities();
+        capabilities.paged_free_order = PagedFreeOrder::lru;
+        return capabilities;
+    }
+};
+
 template <typename P>
 std::shared_ptr<Engine> paged_engine_of() {
     return std::make_shared<PagedReference>(
@@ -512,6 +526,13 @@ std::vector<Adapter> paged_mutant_adapters() {
          }},
         paged_mutant<PM25>("PM25", "extra keys left out of the block keys: hits across LoRA adapters and salts",
                            {P::index_consistent, P::prefix_hit_exact, P::hit_consumed}),
+        {"PM26", "freed blocks join the back in free order where least recently used first is declared", "bundled",
+         {P::free_order},
+         [] {
+             auto engine = std::make_shared<PM26Engine>();
+             engine->rename("PM26");
+             return std::shared_ptr<Engine>(std::move(engine));
+         }},
     };
 }
 

@@ -35,7 +35,10 @@ PagedReference::PagedReference(PoolFactory make_pool, kv::paged::PoolConfig conf
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
     capabilities.paged = true;
-    capabilities.paged_free_order = pool_->config().free_to_front ? PagedFreeOrder::front : PagedFreeOrder::back;
+    const kv::paged::PoolConfig& config = pool_->config();
+    capabilities.paged_free_order = config.free_to_front      ? PagedFreeOrder::front
+                                    : config.free_by_last_use ? PagedFreeOrder::lru
+                                                              : PagedFreeOrder::back;
     return capabilities;
 }
 

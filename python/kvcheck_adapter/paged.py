@@ -312,9 +312,11 @@ class BlockManagerAdapter(Adapter):
     #: Where freed blocks join the free queue, whose front allocation takes
     #: (kvcheck's free-order property; docs/semantics.md, paged properties):
     #: "back" (FIFO), "front" (LIFO), "front-unhashed" (a block without a
-    #: key to the front, one with a key to the back: vLLM's), or
-    #: "unspecified" (no queue order: an eviction policy of the manager's
-    #: own, LRU say, which may drop a free block's key whenever blocks are
+    #: key to the front, one with a key to the back: vLLM's), "lru" (least
+    #: recently used first: a block is used by each allocate, append, fork,
+    #: rewind or import_sequence whose sequence's table holds it after it),
+    #: or "unspecified" (no queue order: an eviction policy of the
+    #: manager's own, which may drop a free block's key whenever blocks are
     #: taken). None declares nothing: unspecified.
     free_order: Optional[str] = None
 

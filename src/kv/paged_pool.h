@@ -63,6 +63,12 @@ struct PoolConfig {
     // Where freed blocks join the free queue: the back (FIFO, the model's)
     // or, when set, the front (LIFO: the block freed last is taken first).
     bool free_to_front = false;
+    // When set (and not free_to_front): least recently used first. A block
+    // is used by every operation after which the table of the sequence it
+    // names holds it (alloc, append, fork, rewind, import); a freed block
+    // joins the queue after every free block used before it or with it,
+    // before those used after it. A reset forgets every use.
+    bool free_by_last_use = false;
 };
 
 // A block's identity in the prefix index. `parent` is the chain hash of the
@@ -91,6 +97,7 @@ struct Block {
     Tokens tokens;             // the tokens its slots hold (filled = tokens.size())
     std::int64_t written = 0;  // slots whose K/V are written; [written, filled) are pending
     std::uint64_t epoch = 0;   // bumped each time the block is taken from the free queue
+    std::uint64_t used = 0;    // the operation that used it last (free_by_last_use; 0: none since a reset)
 };
 
 struct Sequence {
@@ -240,6 +247,9 @@ class Pool {
     // The hits of a lookup: the blocks the index holds for the leading keys.
     std::vector<BlockId> hits(const Tokens& tokens, const std::string& extra) const;
     Sequence& sequence(const std::string& seq);
+    // Marks the blocks of the sequence's table used by the operation now
+    // ending (free_by_last_use's order).
+    void use(const std::string& seq);
 
     PoolConfig config_;
     Model& model_;
@@ -254,6 +264,7 @@ class Pool {
         BlockKey key;
     };
     std::vector<Publication> publications_;
+    std::uint64_t operations_ = 0;  // the operations that used blocks so far
     // Per layer [N, heads, B, head_dim]: written K/V, and pending writes.
     std::vector<at::Tensor> keys_, values_, staged_keys_, staged_values_;
 };
