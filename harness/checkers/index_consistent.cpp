@@ -35,7 +35,9 @@ class IndexConsistent final : public Checker {
     // Each table's keyed blocks carry the keys of its sequence's salt.
     void judge_tables(const Paged& fact, Probe& probe) const {
         const PagedState& s = fact.after;
-        for (const auto& [seq, table] : s.tables) {
+        for (const auto& entry : s.tables) {
+            const std::int64_t seq = entry.first;  // not a structured binding: the lambda below captures it
+            const std::vector<std::int64_t>& table = entry.second;
             const std::optional<std::int64_t> salt = learnt_.salt_of(seq);
             if (!salt) continue;
             const PagedKey* previous = nullptr;
