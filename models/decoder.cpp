@@ -231,6 +231,11 @@ constexpr float unembedding_scale = 1.0F;
 // exactness, because the logits themselves are bit-reproducible.
 constexpr float readout_gain = 8.0F;
 
+// Extra keys' row: unit values like the embedding's, so that a request's
+// extra keys move every K/V as much as another token would.
+constexpr float extra_scale = 1.0F;
+constexpr std::uint64_t extra_salt = 0x4C6F5241ULL;  // "LoRA": extra keys' stream apart from the weights'
+
 }  // namespace
 
 Decoder::Decoder(DecoderConfig config) : config_(config) {
@@ -267,12 +272,34 @@ const Decoder::Weights& Decoder::weights_for(std::int64_t heads, std::int64_t he
     return weights;
 }
 
+namespace {
+
+// The seed of extra keys' row: config.seed, the geometry, then each byte
+// and the length, each folded in by a splitmix64 step (the Python decoder's
+// _extra_seed is the same fold).
+std::uint64_t extra_seed(std::uint64_t seed, std::int64_t heads, std::int64_t head_dim, const std::string& extra) {
+    std::uint64_t h = kvcheck::splitmix64(seed ^ extra_salt);
+    h = kvcheck::splitmix64(h ^ (static_cast<std::uint64_t>(heads) << 32 | static_cast<std::uint64_t>(head_dim)));
+    for (const char c : extra) h = kvcheck::splitmix64(h ^ static_cast<unsigned char>(c));
+    return kvcheck::splitmix64(h ^ extra.size());
+}
+
+}  // namespace
+
 // x_i = embedding[token_i] + position(first_position + i), [n, E] row-major.
 // The position term is sinusoidal, computed in double from the position
-// alone and rounded to float32 before the sum.
-std::vector<float> Decoder::embed_rows(const Weights& weights, std::int64_t width,
-                                       const std::vector<std::int64_t>& tokens, std::int64_t first_position) {
+// alone and rounded to float32 before the sum. Extra keys add their row
+// after it.
+std::vector<float> Decoder::embed_rows(const Weights& weights, std::int64_t heads, std::int64_t head_dim,
+                                       const std::vector<std::int64_t>& tokens, std::int64_t first_position,
+                                       const std::string& extra) const {
+    const std::int64_t width = heads * head_dim;
     const auto count = static_cast<std::int64_t>(tokens.size());
+    std::vector<float> adapter;
+    if (!extra.empty()) {
+        WeightSource random(extra_seed(config_.seed, heads, head_dim, extra));
+        adapter = seeded(random, 1, width, extra_scale);
+    }
     std::vector<float> x(at_index(count * width));
     for (std::int64_t i = 0; i < count; ++i) {
         const auto position = static_cast<double>(first_position + i);
@@ -280,7 +307,9 @@ std::vector<float> Decoder::embed_rows(const Weights& weights, std::int64_t widt
         for (std::int64_t e = 0; e < width; ++e) {
             const double angle = position * weights.position_rates[at_index(e)];
             const double term = e % 2 == 0 ? std::sin(angle) : std::cos(angle);
-            x[at_index(i * width + e)] = embedded[e] + static_cast<float>(term) * position_scale;
+            float value = embedded[e] + static_cast<float>(term) * position_scale;
+            if (!adapter.empty()) value += adapter[at_index(e)];
+            x[at_index(i * width + e)] = value;
         }
     }
     return x;
@@ -288,6 +317,15 @@ std::vector<float> Decoder::embed_rows(const Weights& weights, std::int64_t widt
 
 std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
                                  at::ScalarType dtype) {
+    return run(tokens, cache, dtype, "");
+}
+
+std::int64_t Decoder::forward_extra(const std::vector<std::int64_t>& tokens, Cache& cache, const std::string& extra) {
+    return run(tokens, cache, cache_dtype(cache), extra);
+}
+
+std::int64_t Decoder::run(const std::vector<std::int64_t>& tokens, Cache& cache, at::ScalarType dtype,
+                          const std::string& extra) {
     check_tokens(tokens, config_.vocab_size);
     if (!at::isFloatingType(dtype)) throw std::invalid_argument("Decoder: the K/V dtype must be floating");
     const auto count = static_cast<std::int64_t>(tokens.size());
@@ -295,7 +333,7 @@ std::int64_t Decoder::forward_as(const std::vector<std::int64_t>& tokens, Cache&
     const std::int64_t width = heads.width();
     const std::int64_t layer_count = std::max(config_.layer_count, cache.layer_count());
     const Weights& model = weights_for(heads.count, heads.dims, layer_count);
-    std::vector<float> x = embed_rows(model, width, tokens, cache.get_seq_length(0));
+    std::vector<float> x = embed_rows(model, heads.count, heads.dims, tokens, cache.get_seq_length(0), extra);
     std::vector<float> qkv(at_index(count * 3 * width));
     std::vector<float> attended(at_index(count * width));
     std::vector<float> product(at_index(width));

@@ -267,6 +267,37 @@ TEST(PublishedImmutable, ABlockARewindReleasesAndTakesBackForItsCopyIsANewBlock)
     EXPECT_EQ(state.copies, (std::vector<PagedCopy>{{1, 2}}));
 }
 
+// A correct pool whose free list is least recently used first (declared
+// lru): every paged property holds on searched traces, free-order included;
+// the same pool declaring the back (PM26 is the converse) is caught.
+Adapter paged_lru_reference() {
+    return {"paged-reference-lru", "the paged reference, free blocks least recently used first", "bundled", {}, [] {
+                kv::paged::PoolConfig lru = adapters::PagedReference::default_config();
+                lru.free_by_last_use = true;
+                return std::shared_ptr<Engine>(std::make_shared<adapters::PagedReference>(nullptr, lru));
+            }};
+}
+
+TEST(FreeOrder, AnLruPoolPassesEverySearchedTrace) {
+    ASSERT_EQ(paged_lru_reference().make()->capabilities().paged_free_order, PagedFreeOrder::lru);
+    const std::optional<Finding> finding = find_and_shrink(paged_lru_reference(), 42, 300, WorkloadOptions{});
+    EXPECT_FALSE(finding) << format_failure(finding->reported, finding->shrunk.trace, "(an LRU paged reference)");
+}
+
+TEST(FreeOrder, AnLruPoolPutsASequenceUsedLongAgoAheadOfOneUsedSince) {
+    const Trace trace = parse_trace(
+        "paged_alloc seq=1 tokens=1,2,3 salt=0\n"
+        "paged_alloc seq=2 tokens=3,1,2 salt=0\n"
+        "paged_append seq=2 count=1\n"
+        "paged_free seq=2\n"
+        "paged_free seq=1\n");
+    const RunResult lru = run_on(paged_lru_reference(), trace);
+    EXPECT_FALSE(lru.failure) << format_failure(*lru.failure, trace, "(an LRU paged reference)");
+    const RunResult fifo = run_on(*adapters::find_bundled("PM26"), trace);
+    ASSERT_TRUE(fifo.failure);
+    EXPECT_EQ(fifo.failure->property, "free-order");
+}
+
 // docs/semantics.md#declared-store-contracts: an LRU reference of 4 items.
 Adapter lru_reference() {
     return {"reference-lru4", "the reference, bounded at 4 items (lru)", "bundled", {}, [] {

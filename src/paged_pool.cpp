@@ -43,6 +43,11 @@ Pool::Pool(PoolConfig config, Model& model) : config_(config), model_(model) {
     }
 }
 
+void Pool::use(const std::string& seq) {
+    ++operations_;
+    for (const BlockId block : sequence(seq).table) blocks_[static_cast<std::size_t>(block)].used = operations_;
+}
+
 Sequence& Pool::sequence(const std::string& seq) {
     const auto at = sequences_.find(seq);
     if (at == sequences_.end()) throw std::invalid_argument("paged pool: no " + seq_text(seq));
@@ -52,13 +57,14 @@ Sequence& Pool::sequence(const std::string& seq) {
 // ---- keys and lookup ----------------------------------------------------------
 
 std::vector<BlockKey> Pool::keys_of(const Tokens& tokens, const std::string& extra, std::size_t count) const {
+    const std::string keyed = key_extra(extra);
     std::vector<BlockKey> keys;
     std::uint64_t parent = 0;
     const auto b = static_cast<std::size_t>(config_.block_tokens);
     for (std::size_t i = 0; i < count && (i + 1) * b <= tokens.size(); ++i) {
         BlockKey key{parent, Tokens(tokens.begin() + static_cast<std::ptrdiff_t>(i * b),
                                     tokens.begin() + static_cast<std::ptrdiff_t>((i + 1) * b)),
-                     extra};
+                     keyed};
         parent = chain_hash(key);
         keys.push_back(std::move(key));
     }
@@ -123,6 +129,11 @@ void Pool::unref(BlockId block) {
     if (--b.count != 0) return;
     if (config_.free_to_front) {
         free_.push_front(block);
+    } else if (config_.free_by_last_use) {
+        const auto later = std::find_if(free_.begin(), free_.end(), [this, &b](BlockId other) {
+            return blocks_[static_cast<std::size_t>(other)].used > b.used;
+        });
+        free_.insert(later, block);
     } else {
         free_.push_back(block);
     }
@@ -279,13 +290,14 @@ std::int64_t Pool::alloc(const std::string& seq, const Tokens& tokens, const std
     reader.table = shared;
     CachePtr working = gather(reader);
     const Tokens missing(tokens.begin() + cached, tokens.end());
-    const std::int64_t next = model_.forward(missing, *working);
+    const std::int64_t next = model_.forward_extra(missing, *working, extra);
     Sequence& made = sequences_.emplace(seq, Sequence{}).first->second;
     made.extra = extra;
     made.next = next;
     attach_hits(made, shared, needed);
     made.tokens.assign(tokens.begin(), tokens.begin() + cached);
     write_tokens(made, *working, cached, missing);
+    use(seq);
     return cached;
 }
 
@@ -304,10 +316,11 @@ Tokens Pool::append(const std::string& seq, std::int64_t k) {
     std::int64_t next = s.next;
     for (std::int64_t i = 0; i < k; ++i) {
         added.push_back(next);
-        next = model_.forward({next}, *working);
+        next = model_.forward_extra({next}, *working, s.extra);
     }
     write_tokens(s, *working, length, added);
     s.next = next;
+    use(seq);
     return added;
 }
 
@@ -316,6 +329,7 @@ void Pool::fork(const std::string& parent, const std::string& child) {
     const Sequence copy = sequence(parent);
     for (const BlockId block : copy.table) ++blocks_[static_cast<std::size_t>(block)].count;
     sequences_.emplace(child, copy);
+    use(child);
 }
 
 void Pool::free(const std::string& seq) {
@@ -341,6 +355,7 @@ void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
     const std::int64_t kept = std::max<std::int64_t>(1, length - n);
     if (kept == length) {
         s.next = token;
+        use(seq);
         return;
     }
     const std::int64_t b = config_.block_tokens;
@@ -370,6 +385,7 @@ void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
     }
     s.tokens.resize(static_cast<std::size_t>(kept));
     s.next = token;
+    use(seq);
 }
 
 void Pool::evict() {
@@ -382,7 +398,10 @@ void Pool::reset() {
                                  std::to_string(copies_.size()) + " pending copies hold blocks");
     }
     index_.clear();
-    for (Block& b : blocks_) b.key.reset();
+    for (Block& b : blocks_) {
+        b.key.reset();
+        b.used = 0;
+    }
     std::sort(free_.begin(), free_.end());
 }
 
@@ -435,6 +454,7 @@ void Pool::import_contiguous(const std::string& seq, const Cache& cache) {
     created.imported = true;
     Sequence& made = sequences_.emplace(seq, std::move(created)).first->second;
     write_tokens(made, cache, 0, Tokens(static_cast<std::size_t>(length), -1));
+    use(seq);
 }
 
 CachePtr Pool::export_contiguous(const std::string& seq) const { return read_sequence(seq); }
@@ -445,9 +465,9 @@ CachePtr Pool::read_sequence(const std::string& seq) const {
     return gather(at->second);
 }
 
-CachePtr Pool::fresh(const Tokens& tokens) const {
+CachePtr Pool::fresh(const Tokens& tokens, const std::string& extra) const {
     CachePtr cache = Cache::make(Layout::modern);
-    if (!tokens.empty()) model_.forward(tokens, *cache);
+    if (!tokens.empty()) model_.forward_extra(tokens, *cache, extra);
     return cache;
 }
 

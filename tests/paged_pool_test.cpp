@@ -48,7 +48,7 @@ class PagedPool : public ::testing::Test {
     // The sequence's K/V, read through its table, equal the model's on its tokens.
     void expect_fresh(const std::string& seq) {
         const kv::CachePtr exported = pool.export_contiguous(seq);
-        const kv::CachePtr fresh = pool.fresh(pool.sequences().at(seq).tokens);
+        const kv::CachePtr fresh = pool.fresh(pool.sequences().at(seq).tokens, pool.sequences().at(seq).extra);
         for (std::int64_t l = 0; l < 2; ++l) {
             EXPECT_TRUE(at::equal(kv::logical_keys(*exported, l), kv::logical_keys(*fresh, l))) << seq << " layer " << l;
             EXPECT_TRUE(at::equal(kv::logical_values(*exported, l), kv::logical_values(*fresh, l))) << seq << " layer " << l;
@@ -80,6 +80,27 @@ TEST_F(PagedPool, AHitSharesBlocksAndItsContentIsAFreshComputation) {
     EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(pool.sequences().at("b").table[0])].count, 2);
     expect_fresh("a");
     expect_fresh("b");
+    expect_consistent();
+}
+
+// Extra keys are part of a block's identity and of what the model computes
+// (as a LoRA's are): the same tokens under another salt miss, and their
+// K/V differ everywhere; under the same salt they hit.
+TEST_F(PagedPool, ExtraKeysSeparateHitsAndChangeTheKV) {
+    pool.alloc("a", {5, 9, 2, 7, 1}, "salt-1");
+    pool.step();
+    EXPECT_EQ(pool.lookup({5, 9, 2, 7, 1}, ""), 0);
+    EXPECT_EQ(pool.alloc("b", {5, 9, 2, 7, 1}, ""), 0);
+    EXPECT_EQ(pool.alloc("c", {5, 9, 2, 7, 1}, "salt-1"), 4);
+    expect_fresh("a");
+    expect_fresh("b");
+    expect_fresh("c");
+    const kv::CachePtr plain = pool.export_contiguous("b");
+    const kv::CachePtr salted = pool.export_contiguous("a");
+    for (std::int64_t l = 0; l < 2; ++l) {
+        const at::Tensor differ = kv::logical_keys(*plain, l).ne(kv::logical_keys(*salted, l));
+        EXPECT_TRUE(differ.all().item<bool>()) << "layer " << l << ": a K/V value the salt left unchanged";
+    }
     expect_consistent();
 }
 

@@ -410,6 +410,17 @@ class PM23 final : public Pool {
     }
 };
 
+// PM25: the extra keys are left out of the block keys (a manager hashing
+// the tokens alone, as one that predates LoRA or cache salts): a request
+// hits blocks another adapter's or salt's request computed.
+class PM25 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    std::string key_extra(const std::string&) const override { return ""; }
+};
+
 // The paged reference whose evict is PM2's.
 class PM2Engine final : public PagedReference {
   public:
@@ -436,6 +447,20 @@ class PM24Engine final : public PagedReference {
         PoolConfig config = default_config();
         config.free_to_front = true;
         return config;
+    }
+};
+
+// PM26: freed blocks join the back of the free queue in the order they are
+// freed (FIFO) while the engine declares least recently used first: a
+// sequence used long ago and freed late goes behind blocks used since (an
+// LRU list that refreshes a block when it is released instead of when it
+// is used).
+class PM26Engine final : public PagedReference {
+  public:
+    Capabilities capabilities() const override {
+        Capabilities capabilities = PagedReference::capabilities();
+        capabilities.paged_free_order = PagedFreeOrder::lru;
+        return capabilities;
     }
 };
 
@@ -497,6 +522,15 @@ std::vector<Adapter> paged_mutant_adapters() {
          [] {
              auto engine = std::make_shared<PM24Engine>();
              engine->rename("PM24");
+             return std::shared_ptr<Engine>(std::move(engine));
+         }},
+        paged_mutant<PM25>("PM25", "extra keys left out of the block keys: hits across LoRA adapters and salts",
+                           {P::index_consistent, P::prefix_hit_exact, P::hit_consumed}),
+        {"PM26", "freed blocks join the back in free order where least recently used first is declared", "bundled",
+         {P::free_order},
+         [] {
+             auto engine = std::make_shared<PM26Engine>();
+             engine->rename("PM26");
              return std::shared_ptr<Engine>(std::move(engine));
          }},
     };

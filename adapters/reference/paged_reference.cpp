@@ -158,7 +158,10 @@ PagedReference::~PagedReference() = default;
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
     capabilities.paged = true;
-    capabilities.paged_free_order = pool_->config().free_to_front ? PagedFreeOrder::front : PagedFreeOrder::back;
+    const kv::paged::PoolConfig& config = pool_->config();
+    capabilities.paged_free_order = config.free_to_front      ? PagedFreeOrder::front
+                                    : config.free_by_last_use ? PagedFreeOrder::lru
+                                                              : PagedFreeOrder::back;
     return capabilities;
 }
 
@@ -240,8 +243,8 @@ CacheView PagedReference::paged_block_view(std::int64_t block, std::int64_t slot
 
 CacheView PagedReference::paged_sequence_view(std::int64_t seq) { return view_of(*pool_->read_sequence(seq_name(seq))); }
 
-CacheView PagedReference::paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) {
-    const kv::CachePtr fresh = pool_->fresh(tokens);
+CacheView PagedReference::paged_fresh_view(const PagedTokens& tokens, std::int64_t salt, std::int64_t first, std::int64_t count) {
+    const kv::CachePtr fresh = pool_->fresh(tokens, extra_of(salt));
     if (first < 0 || count < 0 || first + count > static_cast<std::int64_t>(tokens.size())) {
         throw std::invalid_argument("paged_fresh_view: positions outside the tokens");
     }
@@ -258,10 +261,11 @@ std::optional<PagedTokens> PagedReference::paged_decode_exported(std::int64_t se
     const std::string name = seq_name(seq);
     const kv::CachePtr cache = pool_->export_contiguous(name);
     PagedTokens tokens;
-    std::int64_t next = pool_->sequences().at(name).next;
+    const kv::paged::Sequence& sequence = pool_->sequences().at(name);
+    std::int64_t next = sequence.next;
     for (std::int64_t i = 0; i < count; ++i) {
         tokens.push_back(next);
-        next = paged_model_.forward({next}, *cache);
+        next = paged_model_.forward_extra({next}, *cache, sequence.extra);
     }
     return tokens;
 }

@@ -5,7 +5,7 @@
 // heads of 4, so that short traces fill the pool, evict and reuse.
 //
 // Sequences are named "s<N>" in the pool; a salt of N > 0 is the extra key
-// "salt-N". The paged mutants (adapters/mutants/) hand it a Pool subclass
+// "salt-N", which the decoder mixes into the sequence's K/V. The paged mutants (adapters/mutants/) hand it a Pool subclass
 // with one bug planted.
 //
 //   kvcheck::adapters::PagedReference engine;
@@ -47,7 +47,7 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
     PagedState paged_state() override;
     CacheView paged_block_view(std::int64_t block, std::int64_t slots) override;
     CacheView paged_sequence_view(std::int64_t seq) override;
-    CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) override;
+    CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t salt, std::int64_t first, std::int64_t count) override;
     std::vector<std::uint64_t> paged_pool_storage() override;
     std::optional<PagedTokens> paged_decode_exported(std::int64_t seq, std::int64_t count) override;
 

@@ -213,7 +213,7 @@ struct Paged {
     std::int64_t seq = 0;                // alloc, append, free, import, export, rewind; fork: the child
     std::int64_t parent = 0;             // fork
     Tokens tokens;                       // alloc, lookup
-    std::int64_t salt = 0;               // alloc, lookup
+    std::int64_t salt = 0;               // alloc, lookup; export: the sequence's request's
     std::optional<std::string> refused;  // alloc, append, fork, import, rewind: the engine's refusal
     std::int64_t dropped = 0;            // rewind: the tokens asked dropped (count)
     std::int64_t cached = 0;             // alloc, lookup: the tokens reported cached

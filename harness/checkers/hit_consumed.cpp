@@ -1,14 +1,17 @@
 // hit-consumed (paged): the cached tokens an alloc reports are exactly the
 // K/V it attached: its table starts with that many tokens' worth of blocks
 // that were cached (published) under those tokens before it and still are
-// after it (a hit touches, never evicts), the rest are blocks it took
-// fresh, and the sequence's K/V, read through its table, equal the
-// engine's model on all its tokens.
+// after it (a hit touches, never evicts), each carrying the request's keys
+// (published by a request of its salt, under that salt's extra keys at its
+// position, chaining from the previous hit's key, as far as the engine's
+// pools have shown what its keys mean: key_learning.h), the rest are
+// blocks it took fresh, and the sequence's K/V, read through its table,
+// equal the engine's model on all its tokens under its extra keys.
 //
 // Checked: at each successful alloc.
 // Not checked here: the hit blocks' own content (prefix-hit-exact), K/V
 // after appends (paged-roundtrip, at export).
-#include "checkers/checker.h"
+#include "checkers/key_learning.h"
 
 namespace kvcheck::checkers {
 namespace {
@@ -18,7 +21,13 @@ class HitConsumed final : public Checker {
     HitConsumed() : Checker(Property::hit_consumed) {}
 
     void paged(const Paged& fact, Probe& probe) override {
-        if (fact.by != PagedBy::alloc || fact.refused || !checking(probe)) return;
+        if (!checking(probe)) return;
+        if (fact.by == PagedBy::alloc && !fact.refused) judge(fact, probe);
+        learnt_.learn(fact);
+    }
+
+  private:
+    void judge(const Paged& fact, Probe& probe) const {
         const std::int64_t b = fact.before.block_tokens;
         const auto length = static_cast<std::int64_t>(fact.tokens.size());
         const auto table = fact.after.tables.find(fact.seq);
@@ -33,11 +42,15 @@ class HitConsumed final : public Checker {
             })) {
             return;
         }
+        const PagedKey* previous = nullptr;  // the key of the hit before
         for (std::int64_t i = 0; i < blocks; ++i) {
             const std::int64_t block = table->second[static_cast<std::size_t>(i)];
             const PagedBlock* const before = block_in(fact.before, block);
             const PagedBlock* const after = block_in(fact.after, block);
-            if (before == nullptr || after == nullptr) continue;  // refcount-exact's
+            if (before == nullptr || after == nullptr) {
+                previous = nullptr;
+                continue;  // refcount-exact's
+            }
             const PagedBlock& was = *before;
             const PagedBlock& now = *after;
             const bool hit = i * b < fact.cached;
@@ -53,14 +66,25 @@ class HitConsumed final : public Checker {
                 })) {
                 return;
             }
+            if (!hit) continue;
+            const std::string why = foreign_key(learnt_, fact.salt, i, was.key, previous);
+            if (!expect(probe, why.empty(), [&] {
+                    return fact.what + " reported " + std::to_string(fact.cached) + " cached tokens; its block " + std::to_string(i) +
+                           " is the hit " + block_text(fact.before, block) + ": " + why;
+                })) {
+                return;
+            }
+            previous = &was.key;
         }
         PagedEngine& paged = *probe.engine().paged();
-        const std::string difference = view_difference(paged.paged_sequence_view(fact.seq), paged.paged_fresh_view(fact.tokens, 0, length));
+        const std::string difference = view_difference(paged.paged_sequence_view(fact.seq), paged.paged_fresh_view(fact.tokens, fact.salt, 0, length));
         expect(probe, difference.empty(), [&] {
             return fact.what + " reported " + std::to_string(fact.cached) +
                    " cached tokens; the sequence's K/V are not the model's on its tokens: " + difference;
         });
     }
+
+    KeyLearning learnt_;
 };
 
 }  // namespace

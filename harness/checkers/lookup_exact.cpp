@@ -10,49 +10,20 @@
 // A key's parent is an opaque number (the engine's chain hash), and a
 // salt's extra keys are the engine's own string: neither is computed
 // here. They are learnt from the pool as the engine reports it after each
-// paged operation: two keyed blocks next to each other in a table say the
-// identity of the first's key (the second's parent); a keyed block at
-// position i of the table of a sequence allocated with salt X says the
-// extra keys of salt X at position i (an engine may key a salt into the
-// first block only, as vLLM does its cache salt). What is
-// not learnt (or learnt two ways: a buggy engine) is not assumed, so the
-// check is one-sided there: the reported chain must be possible (each of
+// paged operation (key_learning.h). What is not learnt (or learnt two
+// ways: a buggy engine) is not assumed, so the check is one-sided there: the reported chain must be possible (each of
 // its blocks' tokens indexed under keys that may be its own) and at least
 // as long as the part of the chain known to be indexed.
 //
 // Checked: at each lookup and successful alloc, against the index before it.
 // Not checked here: that the hit blocks hold the model's K/V
 // (prefix-hit-exact) or are the ones attached (hit-consumed).
-#include "checkers/checker.h"
+#include "checkers/key_learning.h"
 
-#include <map>
 #include <optional>
-#include <utility>
 
 namespace kvcheck::checkers {
 namespace {
-
-// A value learnt from the engine's reports: unset, known, or seen two
-// ways (then never used).
-template <typename Value>
-struct Learnt {
-    std::optional<Value> value;
-    bool conflicting = false;
-    void see(const Value& seen) {
-        if (value && *value != seen) conflicting = true;
-        value = seen;
-    }
-    std::optional<Value> get() const { return conflicting ? std::nullopt : value; }
-};
-
-// Orders keys for the maps below (PagedKey has no order of its own).
-struct KeyLess {
-    bool operator()(const PagedKey& a, const PagedKey& b) const {
-        if (a.parent != b.parent) return a.parent < b.parent;
-        if (a.tokens != b.tokens) return a.tokens < b.tokens;
-        return a.extra < b.extra;
-    }
-};
 
 class LookupExact final : public Checker {
   public:
@@ -61,9 +32,7 @@ class LookupExact final : public Checker {
     void paged(const Paged& fact, Probe& probe) override {
         if (!checking(probe)) return;
         if ((fact.by == PagedBy::lookup || fact.by == PagedBy::alloc) && !fact.refused) judge(fact, probe);
-        if (fact.by == PagedBy::alloc && !fact.refused) salt_of_[fact.seq] = fact.salt;
-        if (fact.by == PagedBy::fork && !fact.refused && salt_of_.count(fact.parent) != 0) salt_of_[fact.seq] = salt_of_[fact.parent];
-        learn(fact.after);
+        learnt_.learn(fact);
     }
 
   private:
@@ -97,8 +66,7 @@ class LookupExact final : public Checker {
         bool certain = true;
         for (std::int64_t i = 0; i < hittable; ++i) {
             const Tokens chunk(tokens.begin() + i * b, tokens.begin() + (i + 1) * b);
-            const auto salted = extra_of_.find({salt, i});
-            const std::optional<std::string> extra = salted == extra_of_.end() ? std::nullopt : salted->second.get();
+            const std::optional<std::string> extra = learnt_.extra(salt, i);
             std::optional<PagedKey> found;  // the one key it may be, when parent and extra are known
             bool may = false;
             for (const PagedIndexEntry& entry : state.index) {
@@ -111,11 +79,7 @@ class LookupExact final : public Checker {
             chain.possible = i + 1;
             certain = certain && found.has_value();
             if (certain) chain.known = i + 1;
-            parent = std::nullopt;
-            if (found) {
-                const auto identity = identity_of_.find(*found);
-                if (identity != identity_of_.end()) parent = identity->second.get();
-            }
+            parent = found ? learnt_.identity(*found) : std::nullopt;
         }
         return chain;
     }
@@ -133,30 +97,7 @@ class LookupExact final : public Checker {
         return text;
     }
 
-    // Learns key identities (a key's identity is its table successor's
-    // parent) and salts' extra keys from the pool's tables.
-    void learn(const PagedState& state) {
-        for (const auto& [seq, table] : state.tables) {
-            const auto salt = salt_of_.find(seq);
-            for (std::size_t i = 0; i < table.size(); ++i) {
-                const PagedBlock* block = keyed(state, table[i]);
-                if (block == nullptr) continue;
-                if (salt != salt_of_.end()) extra_of_[{salt->second, static_cast<std::int64_t>(i)}].see(block->key.extra);
-                const PagedBlock* next = i + 1 < table.size() ? keyed(state, table[i + 1]) : nullptr;
-                if (next != nullptr) identity_of_[block->key].see(next->key.parent);
-            }
-        }
-    }
-
-    static const PagedBlock* keyed(const PagedState& state, std::int64_t block) {
-        if (block < 1 || block >= static_cast<std::int64_t>(state.blocks.size())) return nullptr;
-        const PagedBlock& b = state.blocks[static_cast<std::size_t>(block)];
-        return b.keyed ? &b : nullptr;
-    }
-
-    std::map<std::int64_t, std::int64_t> salt_of_;  // sequence -> the salt it was allocated with
-    std::map<std::pair<std::int64_t, std::int64_t>, Learnt<std::string>> extra_of_;  // (salt, position) -> extra keys
-    std::map<PagedKey, Learnt<std::uint64_t>, KeyLess> identity_of_;
+    KeyLearning learnt_;
 };
 
 }  // namespace

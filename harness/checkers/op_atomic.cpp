@@ -73,7 +73,7 @@ class OpAtomic final : public Checker {
         const std::int64_t b = s.block_tokens;
         if (fact.by == PagedBy::alloc && b > 0 && !fact.tokens.empty()) {
             try {
-                probe.engine().paged()->paged_fresh_view(fact.tokens, 0, 0);
+                probe.engine().paged()->paged_fresh_view(fact.tokens, fact.salt, 0, 0);
             } catch (const std::exception&) {
                 return unjudged;  // not the model's tokens
             }

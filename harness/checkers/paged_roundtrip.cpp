@@ -29,7 +29,7 @@ class PagedRoundtrip final : public Checker {
             expected = expected_view(*fact.imported);
             source = "the cache it imported";
         } else if (fact.computed && tokens != fact.after.tokens.end()) {
-            expected = paged.paged_fresh_view(tokens->second, 0, static_cast<std::int64_t>(tokens->second.size()));
+            expected = paged.paged_fresh_view(tokens->second, fact.salt, 0, static_cast<std::int64_t>(tokens->second.size()));
             source = "the model's K/V on its tokens " + tokens_text(tokens->second);
         } else {
             expected = paged.paged_sequence_view(fact.seq);

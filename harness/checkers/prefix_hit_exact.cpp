@@ -44,7 +44,7 @@ class PrefixHitExact final : public Checker {
                 })) {
                 return;
             }
-            const std::string difference = view_difference(paged.paged_block_view(block, b), paged.paged_fresh_view(fact.tokens, i * b, b));
+            const std::string difference = view_difference(paged.paged_block_view(block, b), paged.paged_fresh_view(fact.tokens, fact.salt, i * b, b));
             if (!expect(probe, difference.empty(), [&] {
                     return fact.what + " hit " + block_text(fact.after, block) + ", whose K/V are not the model's on " +
                            tokens_text(want) + " at positions " + std::to_string(i * b) + ".." + std::to_string((i + 1) * b - 1) + ": " + difference;

@@ -435,9 +435,9 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
         return reading("paged_sequence_view", [&] { return read_view(member(reply, "view")); });
     }
 
-    CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) override {
+    CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t salt, std::int64_t first, std::int64_t count) override {
         const Json reply =
-            observation(Request("paged_fresh_view").field("tokens", tokens).field("first", first).field("count", count));
+            observation(Request("paged_fresh_view").field("tokens", tokens).field("salt", salt).field("first", first).field("count", count));
         return reading("paged_fresh_view", [&] { return read_view(member(reply, "view")); });
     }
 

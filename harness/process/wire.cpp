@@ -254,13 +254,14 @@ Metadata read_metadata(const Json& object) {
 
 namespace {
 
-// A declared free order: "back", "front", "front-unhashed" or "unspecified".
+// A declared free order: "back", "front", "front-unhashed", "lru" or "unspecified".
 PagedFreeOrder parse_free_order(const std::string& text) {
     if (text == "back") return PagedFreeOrder::back;
     if (text == "front") return PagedFreeOrder::front;
     if (text == "front-unhashed") return PagedFreeOrder::front_unhashed;
+    if (text == "lru") return PagedFreeOrder::lru;
     if (text == "unspecified") return PagedFreeOrder::unspecified;
-    throw ProtocolError("unknown free order '" + text + "' (known: back, front, front-unhashed, unspecified)");
+    throw ProtocolError("unknown free order '" + text + "' (known: back, front, front-unhashed, lru, unspecified)");
 }
 
 }  // namespace

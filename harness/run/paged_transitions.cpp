@@ -79,7 +79,7 @@ std::optional<Fact> Transitions::apply(const op::PagedAlloc& op) {
     std::optional<Fact> result = run_paged(std::move(fact), true, [&op](PagedEngine& paged, Paged& f) {
         f.cached = paged.paged_alloc(op.seq, op.tokens, op.salt);
     });
-    if (!std::get<Paged>(*result).refused) paged_sequences_[op.seq] = PagedSequence{};
+    if (!std::get<Paged>(*result).refused) paged_sequences_[op.seq] = PagedSequence{std::nullopt, true, op.salt};
     return result;
 }
 
@@ -173,6 +173,7 @@ std::optional<Fact> Transitions::apply(const op::PagedExport& op) {
     fact.seq = op.seq;
     fact.imported = at->second.imported;
     fact.computed = at->second.computed;
+    fact.salt = at->second.salt;
     return run_paged(std::move(fact), false, [&op](PagedEngine& paged, Paged& f) {
         f.exported = paged.paged_export(op.seq);
     });

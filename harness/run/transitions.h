@@ -103,6 +103,7 @@ class Transitions {
     struct PagedSequence {
         std::optional<CacheContent> imported;  // only imported (and forked): exactly this
         bool computed = true;                  // every token known: the model's K/V on them
+        std::int64_t salt = 0;                 // its request's extra keys (a fork's: its parent's)
     };
     std::map<std::int64_t, PagedSequence> paged_sequences_;
     template <typename Call>

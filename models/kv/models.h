@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -113,6 +114,16 @@ struct DecoderConfig {
 // attention weight, so dropping or duplicating a cached token changes the
 // logits (and, for a sensitive seed, the tokens).
 //
+// Extra keys (forward_extra: a LoRA adapter's name, a cache salt, as a
+// paged request carries them). A request with extra keys X starts each
+// token as x = (E[token] + pos(P)) + A(X), A(X) an [E] row of uniform
+// values from the splitmix64 stream seeded by the fold of (config.seed, the
+// geometry, X's bytes, X's length) (`extra_seed`), added in float32 after
+// the position term; "" adds nothing, so `forward` is unchanged. So the
+// K/V and the tokens of the same request under two extra keys differ
+// everywhere, as a LoRA's do: a prefix hit across extra keys reads K/V
+// another adapter computed.
+//
 // Geometry. The decoder adapts to the cache it is given, as a family of
 // models would: the first layer whose logical keys (else values) are a 4-D
 // tensor [1, H, S, D] gives its heads H and head_dim D; a cache with no
@@ -133,6 +144,7 @@ class Decoder final : public TypedModel {
 
     std::int64_t forward_as(const std::vector<std::int64_t>& tokens, Cache& cache,
                             at::ScalarType dtype) override;
+    std::int64_t forward_extra(const std::vector<std::int64_t>& tokens, Cache& cache, const std::string& extra) override;
     std::int64_t eos_token() const override { return config_.eos_token; }
     const DecoderConfig& config() const { return config_; }
 
@@ -153,9 +165,12 @@ class Decoder final : public TypedModel {
     // layers, made on first use (and made again, the same layers first, when
     // more layers are needed).
     const Weights& weights_for(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count);
-    // [n, E] row-major: embedding row plus position term per token.
-    static std::vector<float> embed_rows(const Weights& weights, std::int64_t width,
-                                         const std::vector<std::int64_t>& tokens, std::int64_t first_position);
+    // [n, E] row-major: embedding row plus position term per token, plus
+    // `extra`'s row when it is not empty.
+    std::vector<float> embed_rows(const Weights& weights, std::int64_t heads, std::int64_t head_dim,
+                                  const std::vector<std::int64_t>& tokens, std::int64_t first_position,
+                                  const std::string& extra) const;
+    std::int64_t run(const std::vector<std::int64_t>& tokens, Cache& cache, at::ScalarType dtype, const std::string& extra);
 
     DecoderConfig config_;
     std::map<std::pair<std::int64_t, std::int64_t>, Weights> weights_;  // by (heads, head_dim)

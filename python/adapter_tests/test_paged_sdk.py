@@ -96,6 +96,23 @@ def test_views_are_the_models_and_an_export_shares_no_pool_storage():
             assert state["blocks"][b]["digest"] == content.view_digest(wire.view_from_json(view))
 
 
+def test_extra_keys_change_the_kv_of_a_sequence_and_of_the_fresh_view():
+    server, _ = served()
+    server.handle({"op": "paged_alloc", "seq": 1, "tokens": [5, 9, 2], "salt": 0})
+    server.handle({"op": "paged_alloc", "seq": 2, "tokens": [5, 9, 2], "salt": 1})
+    server.handle({"op": "paged_append", "seq": 2, "count": 2})
+    tokens = table(state_of(server), 2)["tokens"]
+    salted = server.handle({"op": "paged_fresh_view", "tokens": tokens, "salt": 1, "first": 0, "count": len(tokens)})["view"]
+    plain = server.handle({"op": "paged_fresh_view", "tokens": tokens, "salt": 0, "first": 0, "count": len(tokens)})["view"]
+    assert server.handle({"op": "paged_sequence_view", "seq": 2})["view"] == salted
+    assert salted != plain
+    assert server.handle({"op": "paged_export", "seq": 2})["view"] == salted
+    # The blocks the two salts computed for [5, 9] hold other K/V.
+    blocks = [table(state_of(server), seq)["blocks"][0] for seq in (1, 2)]
+    views = [server.handle({"op": "paged_block_view", "block": b, "slots": 2})["view"] for b in blocks]
+    assert views[0] != views[1]
+
+
 def test_a_write_into_a_shared_block_is_copied_and_the_copy_holds_its_source():
     server, _ = served()
     server.handle({"op": "paged_alloc", "seq": 1, "tokens": [5, 9, 2], "salt": 0})

@@ -8,6 +8,7 @@
 //   case <n> tokens <prompt> <token,...>      (generate over a clone of it)
 //   case <n> error <prompt> <message>         (generate refused the cache)
 //   case <n> recompute <prompt> <token,...>   (memory cases: without a cache)
+//   case <n> next <token>                      (extra cases: the forward's next token)
 //   hash <count> <content_hash of hash_probe(count)>   (for "hashes <max>")
 //   badspec <n> <parse_cache_spec's message>           (for "badspec <text>")
 //
@@ -147,6 +148,15 @@ void run_case(int number, const std::string& kind, const std::string& rest, cons
             const Tokens tokens = kv::models::generate_without_cache(decoder, sequence, corpus.max_new);
             std::cout << "case " << number << " recompute " << p << " " << join(tokens) << "\n";
         }
+    } else if (kind == "extra") {
+        std::stringstream in(rest);
+        std::string extra, tokens;
+        if (!(in >> extra >> tokens)) throw std::invalid_argument("expected <extra keys> <tokens>");
+        kv::models::Decoder decoder({});
+        const kv::CachePtr cache = kv::Cache::make(kv::Layout::modern);
+        const std::int64_t next = decoder.forward_extra(parse_tokens(tokens), *cache, extra);
+        std::cout << "case " << number << " view " << kvcheck::view_digest(kvcheck::adapters::view_of(*cache)) << "\n";
+        std::cout << "case " << number << " next " << next << "\n";
     } else {
         throw std::invalid_argument("unknown case kind '" + kind + "'");
     }

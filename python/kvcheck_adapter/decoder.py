@@ -337,6 +337,7 @@ class _Weights:
         self._random = random
         self.add_layers(layer_count)
         self.positions: Dict[int, np.ndarray] = {}
+        self.extras: Dict[str, np.ndarray] = {}
         self.scale = float(np.float32(1.0 / math.sqrt(float(head_dim))))
 
     def add_layers(self, layer_count: int) -> None:
@@ -347,6 +348,16 @@ class _Weights:
             qkv = _seeded(self._random, width, 3 * width, _PROJECTION_SCALE)
             out = _seeded(self._random, width, width, _OUTPUT_SCALE)
             self.layers.append((qkv, out))
+
+    def extra_row(self, seed: int, extra: str) -> np.ndarray:
+        """Extra keys' [1, E] row: uniform values from the stream seeded by
+        _extra_seed (read-only: kept for the next forward under them)."""
+        row = self.extras.get(extra)
+        if row is None:
+            row = _seeded(_SplitMix64(_extra_seed(seed, self.heads, self.head_dim, extra)), 1, self.heads * self.head_dim, _EXTRA_SCALE)
+            row.flags.writeable = False
+            self.extras[extra] = row
+        return row
 
     def position_row(self, position: int) -> np.ndarray:
         """The sinusoidal term of a position as a [1, E] row, computed in
@@ -362,6 +373,24 @@ class _Weights:
             row.flags.writeable = False
             self.positions[position] = row
         return row
+
+
+# Extra keys' row (C++ extra_scale, extra_salt: "LoRA").
+_EXTRA_SCALE = 1.0
+_EXTRA_SALT = 0x4C6F5241
+
+
+def _extra_seed(seed: int, heads: int, head_dim: int, extra: str) -> int:
+    """The seed of extra keys' row (C++ extra_seed): config.seed, the
+    geometry, each byte of the extra keys (UTF-8), then their length, each
+    folded in by a splitmix64 step."""
+    mask = (1 << 64) - 1
+    data = extra.encode()
+    h = _splitmix64((seed ^ _EXTRA_SALT) & mask)
+    h = _splitmix64(h ^ (((heads << 32) | head_dim) & mask))
+    for byte in data:
+        h = _splitmix64(h ^ byte)
+    return _splitmix64(h ^ len(data))
 
 
 def _geometry_seed(seed: int, heads: int, head_dim: int) -> int:
@@ -491,12 +520,16 @@ class Decoder:
         # A cache of another kind: it says nothing of its geometry.
         return (self.config.head_count, self.config.head_dim), 0
 
-    def _embed_rows(self, weights: _Weights, tokens: Sequence[int], first_position: int) -> np.ndarray:
+    def _embed_rows(self, weights: _Weights, tokens: Sequence[int], first_position: int, extra: str = "") -> np.ndarray:
         if len(tokens) == 1:  # a decoding step
             token = tokens[0]
-            return weights.embedding[token : token + 1] + weights.position_row(first_position)
-        positions = np.concatenate([weights.position_row(first_position + i) for i in range(len(tokens))])
-        return np.add(weights.embedding[tokens], positions)
+            rows = weights.embedding[token : token + 1] + weights.position_row(first_position)
+        else:
+            positions = np.concatenate([weights.position_row(first_position + i) for i in range(len(tokens))])
+            rows = np.add(weights.embedding[tokens], positions)
+        if extra:
+            rows += weights.extra_row(self.config.seed, extra)
+        return rows
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         if len(tokens) == 0:
@@ -505,12 +538,16 @@ class Decoder:
             if not 0 <= token < self.config.vocab_size:
                 raise ValueError(f"Decoder: token {token} outside [0, {self.config.vocab_size})")
 
-    def forward(self, tokens: Sequence[int], cache) -> int:
+    def forward(self, tokens: Sequence[int], cache, extra: str = "") -> int:
         """Runs `tokens` on top of `cache` (appending their K/V to it in
-        place, in the cache's dtype) and returns the greedy next token."""
-        return self.forward_as(tokens, cache, cache_dtype(cache))
+        place, in the cache's dtype) and returns the greedy next token.
+        `extra`: the request's extra keys (a LoRA adapter's name, a cache
+        salt; C++ forward_extra), mixed into every token's first row, so
+        the same tokens under other extra keys give other K/V; "" mixes
+        nothing in."""
+        return self.forward_as(tokens, cache, cache_dtype(cache), extra)
 
-    def forward_as(self, tokens: Sequence[int], cache, dtype: torch.dtype) -> int:
+    def forward_as(self, tokens: Sequence[int], cache, dtype: torch.dtype, extra: str = "") -> int:
         """As forward, writing K/V of `dtype`. ValueError on a bad token
         list, a non-floating dtype, or a cache whose layer does not hold
         [1, heads, >= n, head_dim] keys and values of one length after the
@@ -520,16 +557,16 @@ class Decoder:
         if not dtype.is_floating_point:
             raise ValueError("Decoder: the K/V dtype must be floating")
         with _copies.model_forward(cache):
-            return self._forward(tokens, cache, dtype)
+            return self._forward(tokens, cache, dtype, extra)
 
-    def _forward(self, tokens: List[int], cache, dtype: torch.dtype) -> int:
+    def _forward(self, tokens: List[int], cache, dtype: torch.dtype, extra: str = "") -> int:
         count = len(tokens)
         (heads, dims), cached_layers = self._shape_of(cache)
         layer_count = max(self.config.layer_count, cached_layers)
         weights = self._weights_for(heads, dims, layer_count)
         width = heads * dims
         past = int(cache.get_seq_length(0))
-        x = self._embed_rows(weights, tokens, past)
+        x = self._embed_rows(weights, tokens, past, extra)
         # torch.arange(past, past + count), made by numpy (a third of the cost).
         cache_kwargs = {"cache_position": torch.from_numpy(np.arange(past, past + count, dtype=np.int64))}
         memo = self._steps

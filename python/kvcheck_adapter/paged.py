@@ -60,7 +60,10 @@ The contract of each call is in its docstring below; the shortest version:
 
 - Sequences are small integers; `tokens` are lists of ints; `extra` is
   the sequence's extra keys as a string ("" or "salt-N"), part of every
-  block key (vLLM's extra_keys, a LoRA name, a cache salt).
+  block key (vLLM's extra_keys, a LoRA name, a cache salt). The SDK's
+  decoder mixes them into the K/V it computes, as a LoRA does: a hit on a
+  block of other extra keys reads K/V computed for another request, which
+  prefix-hit-exact and hit-consumed report.
 - allocate, append, fork and import_sequence may refuse by raising (any
   exception: out of blocks, say). A refusal must leave the manager as it
   was (op-atomic checks the state before and after). The others must not
@@ -280,11 +283,12 @@ def _cache_of(kv: List[Tuple[torch.Tensor, torch.Tensor]]) -> _cache.DynamicCach
 
 
 class _Sequence:
-    __slots__ = ("tokens", "next")
+    __slots__ = ("tokens", "next", "extra")
 
-    def __init__(self, tokens: List[int], next_token: int):
+    def __init__(self, tokens: List[int], next_token: int, extra: str = ""):
         self.tokens = tokens
         self.next = next_token
+        self.extra = extra  # the request's extra keys: the decoder mixes them into its K/V
 
 
 class BlockManagerAdapter(Adapter):
@@ -308,9 +312,11 @@ class BlockManagerAdapter(Adapter):
     #: Where freed blocks join the free queue, whose front allocation takes
     #: (kvcheck's free-order property; docs/semantics.md, paged properties):
     #: "back" (FIFO), "front" (LIFO), "front-unhashed" (a block without a
-    #: key to the front, one with a key to the back: vLLM's), or
-    #: "unspecified" (no queue order: an eviction policy of the manager's
-    #: own, LRU say, which may drop a free block's key whenever blocks are
+    #: key to the front, one with a key to the back: vLLM's), "lru" (least
+    #: recently used first: a block is used by each allocate, append, fork,
+    #: rewind or import_sequence whose sequence's table holds it after it),
+    #: or "unspecified" (no queue order: an eviction policy of the
+    #: manager's own, which may drop a free block's key whenever blocks are
     #: taken). None declares nothing: unspecified.
     free_order: Optional[str] = None
 
@@ -459,7 +465,8 @@ class BlockManagerAdapter(Adapter):
         for token in tokens:  # the model's check, before the manager changes anything
             if not 0 <= token < self._model().config.vocab_size:
                 raise ValueError(f"paged_alloc: token {token} outside [0, {self._model().config.vocab_size})")
-        cached = int(self.allocate(seq, list(tokens), extra_of(salt)))
+        extra = extra_of(salt)
+        cached = int(self.allocate(seq, list(tokens), extra))
         table = self._table(seq)
         b = self.block_tokens
         # The model reads the hit blocks, as the table names them, and runs
@@ -467,9 +474,9 @@ class BlockManagerAdapter(Adapter):
         start = max(0, min(cached, len(tokens) - 1))
         working = self._gather(table, start // b)
         have = working.get_seq_length(0)
-        next_token = self._model().forward(tokens[have:], working)
+        next_token = self._model().forward(tokens[have:], working, extra)
         self._shadow_store().write(table, working, start, tokens[start:])
-        self._sequences()[seq] = _Sequence(list(tokens), next_token)
+        self._sequences()[seq] = _Sequence(list(tokens), next_token, extra)
         return cached
 
     def paged_append(self, seq: int, count: int) -> List[int]:
@@ -480,7 +487,7 @@ class BlockManagerAdapter(Adapter):
         added, next_token = [], sequence.next
         for _ in range(count):
             added.append(next_token)
-            next_token = self._model().forward([next_token], working)
+            next_token = self._model().forward([next_token], working, sequence.extra)
         copies = [(int(s), int(d)) for s, d in (self.append(seq, list(added)) or ())]
         shadow = self._shadow_store()
         for source, destination in copies:
@@ -496,7 +503,7 @@ class BlockManagerAdapter(Adapter):
             raise ValueError(f"paged_fork: sequence {child} exists")
         source = self._sequences()[parent]
         self.fork(parent, child)
-        self._sequences()[child] = _Sequence(list(source.tokens), source.next)
+        self._sequences()[child] = _Sequence(list(source.tokens), source.next, source.extra)
 
     def paged_rewind(self, seq: int, count: int, token: int) -> None:
         sequence = self._sequences()[seq]
@@ -619,12 +626,12 @@ class BlockManagerAdapter(Adapter):
     def paged_sequence_view(self, seq: int) -> Dict[str, Any]:
         return _wire.view_json(self._gather(self._table(seq)))
 
-    def paged_fresh_view(self, tokens: List[int], first: int, count: int) -> Dict[str, Any]:
+    def paged_fresh_view(self, tokens: List[int], first: int, count: int, salt: int = 0) -> Dict[str, Any]:
         if first < 0 or count < 0 or first + count > len(tokens):
             raise ValueError("paged_fresh_view: positions outside the tokens")
         fresh = _cache.DynamicCache()
         if tokens:
-            self._model().forward([int(t) for t in tokens], fresh)
+            self._model().forward([int(t) for t in tokens], fresh, extra_of(salt))
         part = _cache.DynamicCache()
         for l in range(len(fresh.layers)):
             k, v = _cache.logical_keys(fresh, l), _cache.logical_values(fresh, l)
@@ -719,7 +726,8 @@ def handle(engine: Adapter, request: Dict[str, Any]) -> Dict[str, Any]:
     if op == "paged_sequence_view":
         return {"ok": True, "view": m.paged_sequence_view(_int(request, "seq"))}
     if op == "paged_fresh_view":
-        return {"ok": True, "view": m.paged_fresh_view(_ints(request, "tokens"), _int(request, "first"), _int(request, "count"))}
+        salt = _int(request, "salt") if "salt" in request else 0  # kvcheck before extra keys mattered sent none
+        return {"ok": True, "view": m.paged_fresh_view(_ints(request, "tokens"), _int(request, "first"), _int(request, "count"), salt)}
     if op == "paged_pool_storage":
         return {"ok": True, "storage": m.paged_pool_storage()}
     raise RequestError(f"unknown paged request {op!r}")

@@ -109,6 +109,13 @@ def python_lines():
                 recomputed = d.generate_without_cache(model, memory + prompt, max_new)
                 lines.append(f"case {number} recompute {p} {','.join(map(str, recomputed))}")
             number += 1
+        elif kind == "extra":
+            extra, tokens = rest.split()
+            cache = kv.DynamicCache()
+            next_token = model.forward([int(token) for token in tokens.split(",")], cache, extra)
+            lines.append(f"case {number} view {c.view_digest(c.view_of(cache))}")
+            lines.append(f"case {number} next {next_token}")
+            number += 1
         else:
             raise ValueError(f"{CORPUS}:{line_number}: unknown corpus line kind '{kind}'")
     return lines
@@ -121,7 +128,7 @@ def differences(cxx, python):
 
 def test_the_corpus_covers_what_it_must(cxx_lines):
     kinds = {line.split(" ")[2] for line in cxx_lines if line.startswith("case ")}
-    assert {"digest", "slot", "view", "tokens", "error", "recompute"} <= kinds
+    assert {"digest", "slot", "view", "tokens", "error", "recompute", "next"} <= kinds
     assert sum(line.startswith("hash ") for line in cxx_lines) >= 41
     assert sum(line.startswith("badspec ") for line in cxx_lines) >= 20
     specs = [line for line in open(CORPUS) if line.startswith(("spec", "merge"))]
@@ -145,6 +152,7 @@ _FINISH = c._finish
         (c, "_round_to_bf16", lambda bits: bits & np.uint32(0xFFFF0000)),  # bfloat16 truncated, not rounded
         (c, "_round_to_f16", lambda bits: c.round_to_array("bf16", bits.view(np.float32)).view(np.uint32)),  # float16 as bfloat16
         (d, "_geometry_seed", lambda seed, heads, head_dim: seed),  # every geometry's weights from the one seed
+        (d, "_extra_seed", lambda seed, heads, head_dim, extra: seed),  # every extra keys' row the same
         (c, "_NEGATIVE_ZERO_BITS", 0xFFFFFFFF),  # -0 hashed as its own bits
         (c, "_shifted_positions", lambda count: np.zeros(count, dtype=np.uint64)),  # positions left out of the words
         (c, "_finish", lambda total, count: _FINISH(total, 0)),  # the count left out of the final mix

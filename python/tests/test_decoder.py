@@ -32,8 +32,8 @@ def test_generation_with_a_memory_equals_recomputation(layout):
 class _ForgetfulDecoder(d.Decoder):
     """Planted: positions restart at 0 on every forward (the past's length unread)."""
 
-    def _embed_rows(self, weights, tokens, first_position):
-        return super()._embed_rows(weights, tokens, 0)
+    def _embed_rows(self, weights, tokens, first_position, extra=""):
+        return super()._embed_rows(weights, tokens, 0, extra)
 
 
 class _ShortSightedDecoder(d.Decoder):

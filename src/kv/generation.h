@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace kv {
@@ -24,6 +26,15 @@ class Model {
     // Runs `tokens` on top of `cache`, appending their K/V to it in place
     // through Cache::update, and returns the greedy next token.
     virtual std::int64_t forward(const std::vector<std::int64_t>& tokens, Cache& cache) = 0;
+    // `forward` for a request with extra keys (a LoRA adapter's name, a
+    // cache salt: the paged family's, docs/semantics.md#the-model): a model
+    // that serves them mixes them into what it computes, so the K/V of the
+    // same tokens under other extra keys differ. "" is `forward` itself. A
+    // model that cannot tell extra keys apart refuses any.
+    virtual std::int64_t forward_extra(const std::vector<std::int64_t>& tokens, Cache& cache, const std::string& extra) {
+        if (!extra.empty()) throw std::invalid_argument("this model takes no extra keys ('" + extra + "')");
+        return forward(tokens, cache);
+    }
     virtual std::int64_t eos_token() const = 0;
 };
 

@@ -7,7 +7,10 @@
 // reference count, the tokens its slots hold, and at most one key: its
 // identity in the prefix index, (parent key, its B tokens, the sequence's
 // extra keys such as an adapter name or a salt). A sequence holds a block
-// table (block ids in token order) and its tokens.
+// table (block ids in token order), its tokens and its extra keys, which
+// the model mixes into every K/V it computes for it (Model::forward_extra,
+// as a LoRA adapter does): a hit across extra keys reads another request's
+// K/V.
 //
 // Ownership, in one paragraph: a block's count is the number of block
 // tables holding it plus the pending copies reading it. A block whose
@@ -60,6 +63,12 @@ struct PoolConfig {
     // Where freed blocks join the free queue: the back (FIFO, the model's)
     // or, when set, the front (LIFO: the block freed last is taken first).
     bool free_to_front = false;
+    // When set (and not free_to_front): least recently used first. A block
+    // is used by every operation after which the table of the sequence it
+    // names holds it (alloc, append, fork, rewind, import); a freed block
+    // joins the queue after every free block used before it or with it,
+    // before those used after it. A reset forgets every use.
+    bool free_by_last_use = false;
 };
 
 // A block's identity in the prefix index. `parent` is the chain hash of the
@@ -88,6 +97,7 @@ struct Block {
     Tokens tokens;             // the tokens its slots hold (filled = tokens.size())
     std::int64_t written = 0;  // slots whose K/V are written; [written, filled) are pending
     std::uint64_t epoch = 0;   // bumped each time the block is taken from the free queue
+    std::uint64_t used = 0;    // the operation that used it last (free_by_last_use; 0: none since a reset)
 };
 
 struct Sequence {
@@ -175,8 +185,9 @@ class Pool {
     // K/V of a block's filled slots, as its sequence reads them (pending
     // writes included): per layer {keys, values}, each [1, heads, filled, head_dim].
     virtual std::vector<std::pair<at::Tensor, at::Tensor>> block_kv(BlockId block) const;
-    // The K/V the model computes for `tokens` with no past: a new cache.
-    CachePtr fresh(const Tokens& tokens) const;
+    // The K/V the model computes for `tokens` under extra keys `extra`
+    // with no past: a new cache.
+    CachePtr fresh(const Tokens& tokens, const std::string& extra) const;
     // Identities of the pool's tensor storages.
     std::vector<const void*> storage() const;
     // The tensors block_kv reads, per layer, each [N, heads, B, head_dim]
@@ -192,6 +203,8 @@ class Pool {
     // ---- seams (the mutants override one each) ----
     // The keys of the blocks of `tokens` a prefix lookup may hit, in order.
     virtual std::vector<BlockKey> block_keys(const Tokens& tokens, const std::string& extra) const;
+    // The extra keys a block key of a sequence with extra keys `extra` carries.
+    virtual std::string key_extra(const std::string& extra) const { return extra; }
     // The block the index holds under `key`, if any.
     virtual std::optional<BlockId> find(const BlockKey& key) const;
     // Takes the block at the front of the free queue: evicts its key.
@@ -242,6 +255,9 @@ class Pool {
     // The hits of a lookup: the blocks the index holds for the leading keys.
     std::vector<BlockId> hits(const Tokens& tokens, const std::string& extra) const;
     Sequence& sequence(const std::string& seq);
+    // Marks the blocks of the sequence's table used by the operation now
+    // ending (free_by_last_use's order).
+    void use(const std::string& seq);
 
     PoolConfig config_;
     Model& model_;
@@ -256,6 +272,7 @@ class Pool {
         BlockKey key;
     };
     std::vector<Publication> publications_;
+    std::uint64_t operations_ = 0;  // the operations that used blocks so far
     // Per layer [N, heads, B, head_dim]: written K/V, and pending writes.
     std::vector<at::Tensor> keys_, values_, staged_keys_, staged_values_;
 };

@@ -75,10 +75,13 @@ struct ModelDomain {
 // Where a paged engine's freed blocks join its free queue, whose front
 // allocation takes (free-order, docs/semantics.md#paged-caches): the back
 // (the model's: FIFO), the front (LIFO), the front for a block without a
-// key and the back for one with (vLLM's), or unspecified: no queue order
-// (an eviction policy of the engine's own, LRU say: a free block may then
-// lose its key in any operation that takes blocks).
-enum class PagedFreeOrder : std::uint8_t { back, front, front_unhashed, unspecified };
+// key and the back for one with (vLLM's), least recently used first (lru:
+// a block is used by every operation after which the table of a sequence
+// it names holds it: alloc, append, fork, rewind, import; the queue is in
+// the order of its blocks' last uses), or unspecified: no queue order (an
+// eviction policy of the engine's own: a free block may then lose its key
+// in any operation that takes blocks).
+enum class PagedFreeOrder : std::uint8_t { back, front, front_unhashed, lru, unspecified };
 
 // How a store bounds itself, as its author declares it
 // (docs/semantics.md#declared-store-contracts). Undeclared (the default):

@@ -139,9 +139,11 @@ class PagedEngine {
     // A sequence's K/V read through its block table, as the model reads them.
     virtual CacheView paged_sequence_view(std::int64_t seq) = 0;
     // Positions [first, first + count) of the K/V the engine's model
-    // computes for `tokens` on an empty cache (the fresh computation a hit
-    // must equal).
-    virtual CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t first, std::int64_t count) = 0;
+    // computes for `tokens` under the extra keys of `salt` on an empty
+    // cache (the fresh computation a hit must equal). The model mixes the
+    // extra keys in, as a LoRA adapter does (docs/semantics.md#the-model):
+    // the K/V of one request under two salts differ.
+    virtual CacheView paged_fresh_view(const PagedTokens& tokens, std::int64_t salt, std::int64_t first, std::int64_t count) = 0;
     // The identities of the pool's storages.
     virtual std::vector<std::uint64_t> paged_pool_storage() = 0;
     // The tokens `count` greedy decoding steps give on top of the
