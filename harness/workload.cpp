@@ -765,6 +765,18 @@ op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
     return rewind;
 }
 
+// A cache the caller holds cut to a prefix, as a prompt cache reuses a
+// shorter prefix or speculative decoding drops rejected draft tokens; then,
+// half the time, a generation from it (the continuation after the cut).
+op::Trim draw(Drawing& d, op::Trim*) {
+    const HandleName handle = pick_handle(d.choose, d.draft);
+    const op::Trim trim{handle, pick_tokens(d.choose, std::max<std::int64_t>(1, d.swarm.tokens_max))};
+    if (d.enabled(kind<op::Generate>()) && d.choose.one_in(2)) {
+        d.follow_up = op::Generate{handle, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)};
+    }
+    return trim;
+}
+
 template <std::size_t K>
 Op draw_kind(Drawing& d) {
     using T = std::variant_alternative_t<K, Op>;

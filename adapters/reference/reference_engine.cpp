@@ -17,6 +17,7 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.entry_versions = true;
     capabilities.metadata = true;
     capabilities.returned_caches = returned_caches_;
+    capabilities.trim = true;
     capabilities.owned_marker = owned_marker_;
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
@@ -234,6 +235,15 @@ void ReferenceEngine::to_legacy(Handle source, Handle out) {
 void ReferenceEngine::from_legacy(Handle source, Handle out) {
     const kv::ConstCachePtr cache = handle(source);
     handles_[out] = cache ? convert_from_legacy(*cache) : nullptr;
+}
+
+// docs/semantics.md#trimming: only a cache the caller owns is cut; a
+// stored item (what get hands out) is read-only.
+void ReferenceEngine::trim(Handle h, std::int64_t keep) {
+    const kv::ConstCachePtr cache = handle(h);
+    if (!cache) throw std::invalid_argument("trim: the handle holds no cache");
+    if (!cache->owned()) throw std::invalid_argument("trim: the cache is not owned (a stored item is read-only)");
+    kv::crop(*std::const_pointer_cast<kv::Cache>(cache), keep);
 }
 
 void ReferenceEngine::release(Handle h) {
