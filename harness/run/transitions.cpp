@@ -748,7 +748,8 @@ namespace {
 // number and every layer is initialized with keys and values in their
 // modern-named slots (or legacy lists): the start of a cache the model made
 // that a trim may cut into, since the model's updates appended to exactly
-// those slots. nullopt otherwise.
+// those slots (a plain start whose layers the model fed all, checked on its
+// expected view: holds_uniformly). nullopt otherwise.
 std::optional<std::int64_t> plain_tokens(const CacheContent& content) {
     std::optional<std::int64_t> tokens;
     for (const LayerContent& layer : content.layers) {
@@ -761,6 +762,21 @@ std::optional<std::int64_t> plain_tokens(const CacheContent& content) {
         }
     }
     return tokens.value_or(0);
+}
+
+// Does every layer of `view` hold `tokens` keys and values, in their own
+// slots? A model may add layers to what a cache started with (the
+// decoder's layer count), which then hold the fed tokens only: a cut of
+// such a cache is not a prefix of one sequence, and is not run.
+bool holds_uniformly(const CacheView& view, std::int64_t tokens) {
+    for (const LayerView& layer : view.layers) {
+        if (!layer.initialized || layer.slots[key_cache].present || layer.slots[value_cache].present) return false;
+        for (const Slot side : {keys, values}) {
+            const SlotView& slot = layer.slots[side];
+            if (!slot.present || slot.shape.size() != 4 || slot.shape[2] != tokens) return false;
+        }
+    }
+    return true;
 }
 
 std::int64_t most_tokens(const CacheContent& content) {
@@ -797,6 +813,7 @@ std::optional<Fact> Transitions::apply(const op::Trim& op) {
         const std::optional<std::int64_t> start = plain_tokens(content);
         if (!start) return std::nullopt;
         fact.tokens_before = *start + static_cast<std::int64_t>(fed->size());
+        if (!holds_uniformly(audit_.view_of(*object), fact.tokens_before)) return std::nullopt;
         if (op.keep < *start) {
             content = expected_trim(content, op.keep);
             fed->clear();
