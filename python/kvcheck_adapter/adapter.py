@@ -572,9 +572,7 @@ class Server:
     def _op_add_handle(self, request):
         s = self._session
         id, handle = _field(request, "id", str), _field(request, "handle", int)
-        cache = s.handles.get(handle)
-        if cache is None:
-            raise ValueError(f"add_handle: handle {handle} holds no cache")
+        cache = self._held(handle, "add_handle")
         return self._operation(lambda: s.engine.add(id, cache, {}), handles=[handle], ids=[id], stored=[id])
 
     def _op_get(self, request):
@@ -813,9 +811,7 @@ class Server:
     def _op_trim(self, request):
         s = self._session
         handle, keep = _field(request, "handle", int), _field(request, "keep", int)
-        cache = s.handles.get(handle)
-        if cache is None:
-            raise RequestError(f"trim: handle {handle} holds no cache")
+        cache = self._held(handle, "trim")
         return self._operation(lambda: s.engine.trim(cache, keep), handles=[handle])
 
     def _op_release(self, request):
@@ -836,10 +832,11 @@ class Server:
         except KeyError:
             raise KeyError(f"no stored entry {id!r}") from None
 
-    def _held(self, handle: int) -> Cache:
+    def _held(self, handle: int, op: Optional[str] = None) -> Cache:
+        """The cache `handle` holds; an error naming `op` when it holds none."""
         cache = self._session.handles.get(handle)
         if cache is None:
-            raise ValueError(f"handle {handle} holds no cache")
+            raise ValueError(f"{op + ': ' if op else ''}handle {handle} holds no cache")
         return cache
 
     def _op_view_entry(self, request):
