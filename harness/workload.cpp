@@ -589,15 +589,7 @@ op::Turn draw(Drawing& d, op::Turn*) {
             d.follow_up = op::Turn{new_handle(d.draft, layout), turn.out, pick_prompt(d.choose, d.options),
                                    d.choose.between(1, d.options.new_tokens_max)};
             break;
-        default:
-            // Speculative decoding: the drafted tokens the target rejected
-            // cut off, then decoding goes on from the kept prefix. No
-            // choice for an engine without trim.
-            if (!d.enabled(kind<op::Trim>())) break;
-            d.follow_up = op::Trim{turn.out, d.choose.between(1, static_cast<std::int64_t>(turn.prompt.size()) + turn.max)};
-            d.draft.chained.push_back(op::Turn{new_handle(d.draft, layout), turn.out, pick_prompt(d.choose, d.options),
-                                               d.choose.between(1, d.options.new_tokens_max)});
-            break;
+        default: break;
     }
     return turn;
 }

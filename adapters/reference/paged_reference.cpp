@@ -35,6 +35,9 @@ PagedReference::PagedReference(PoolFactory make_pool, kv::paged::PoolConfig conf
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
     capabilities.paged = true;
+    // Trimming is the contiguous reference's (judged there): the paged
+    // reference's traces stay those of the paged family and the store.
+    capabilities.trim = false;
     capabilities.paged_free_order = pool_->config().free_to_front ? PagedFreeOrder::front : PagedFreeOrder::back;
     return capabilities;
 }
