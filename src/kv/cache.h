@@ -145,8 +145,8 @@ CachePtr from_legacy(const Cache& cache);
 // `keep` tokens along seq is rebound to a new tensor holding its first
 // `keep` (no storage of the old tensor kept); the others, empty slots and
 // flags stay as they are; the layer objects and lists are the same. The
-// caller owns the cache: a stored cache is read-only (the reference
-// engine refuses). Requires keep >= 1.
+// caller owns the cache: a stored cache is read-only (kvcheck never asks
+// to cut one). Requires keep >= 1.
 void crop(Cache& cache, std::int64_t keep);
 
 // The logical K or V of layer i: what a model sees. Undefined tensor when
