@@ -6,6 +6,7 @@
 
 #include "kvcheck/splitmix.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
@@ -464,6 +465,26 @@ CacheContent expected_to_legacy(const CacheContent& content) {
     // A cache with no tensor at all converts to float32 empty slots.
     if (!has_any_slot(content)) legacy.dtype = Dtype::f32;
     return legacy;
+}
+
+CacheContent expected_trim(const CacheContent& content, std::int64_t keep) {
+    CacheContent trimmed = content;
+    for (LayerContent& layer : trimmed.layers) {
+        for (SlotContent& slot : layer.slots) {
+            // A prefix of a segment holds the segment's first values: its
+            // tokens are counted from its own first token.
+            std::int64_t left = keep;
+            std::vector<Segment> kept;
+            for (Segment segment : slot.segments) {
+                if (left == 0) break;
+                segment.tokens = std::min(segment.tokens, left);
+                left -= segment.tokens;
+                kept.push_back(segment);
+            }
+            slot.segments = std::move(kept);
+        }
+    }
+    return trimmed;
 }
 
 CacheContent expected_from_legacy(const CacheContent& content) {

@@ -29,6 +29,9 @@ struct Draft {
     std::vector<CacheSpec> added;          // the specs added so far: the same content is stored again at times
     std::vector<std::int64_t> handles;     // handles that likely hold a cache
     std::vector<Layout> layouts;           // their layouts
+    // Handles likely holding a cache the caller owns (get_cache, clone,
+    // concat, turn): what a trim may cut. Bookkeeping only: no choice.
+    std::vector<std::int64_t> owned;
     std::int64_t next_handle = 1;
     // The paged family: sequences likely alive, and the token lists
     // allocated so far (new requests often share their prefixes).
@@ -444,12 +447,23 @@ op::GetByIds draw(Drawing& d, op::GetByIds*) { return {pick_ids(d.choose, d.draf
 
 op::GetAll draw(Drawing&, op::GetAll*) { return {}; }
 
+// A cut of `handle` to a prefix: keep drawn as layer token counts are, so
+// that about half the cuts cut something.
+op::Trim trim_of(Drawing& d, HandleName handle) {
+    return {handle, pick_tokens(d.choose, std::max<std::int64_t>(1, d.swarm.tokens_max))};
+}
+
 op::GetCache draw(Drawing& d, op::GetCache*) {
     Ids ids = pick_ids(d.choose, d.draft, d.options, 1, 3);
     op::GetCache get{new_handle(d.draft, merged_layout(d.draft, ids)), ids};
-    // A copy is followed by a generation from it, as in real use.
+    d.draft.owned.push_back(get.out.value);
+    // A copy is followed by a generation from it, as in real use; or, for
+    // an engine that trims, cut to a prefix first (a prompt cache reusing a
+    // shorter prefix of what it holds). No choice for an engine without trim.
     if (d.enabled(kind<op::Generate>()) && d.choose.one_in(3)) {
         d.follow_up = op::Generate{get.out, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)};
+    } else if (d.enabled(kind<op::Trim>()) && d.choose.one_in(3)) {
+        d.follow_up = trim_of(d, get.out);
     }
     return get;
 }
@@ -524,14 +538,18 @@ op::Make draw(Drawing& d, op::Make*) {
 
 op::Clone draw(Drawing& d, op::Clone*) {
     HandleName source = pick_handle(d.choose, d.draft);
-    return {new_handle(d.draft, layout_of(d.draft, source)), source};
+    const HandleName out = new_handle(d.draft, layout_of(d.draft, source));
+    d.draft.owned.push_back(out.value);
+    return {out, source};
 }
 
 op::Concat draw(Drawing& d, op::Concat*) {
     HandleNames parts;
     const std::int64_t count = d.choose.between(2, 3);
     for (std::int64_t i = 0; i < count; ++i) parts.push_back(pick_handle(d.choose, d.draft));
-    return {new_handle(d.draft, Layout::modern), parts};
+    const HandleName out = new_handle(d.draft, Layout::modern);
+    d.draft.owned.push_back(out.value);
+    return {out, parts};
 }
 
 op::ToLegacy draw(Drawing& d, op::ToLegacy*) {
@@ -552,6 +570,8 @@ op::Release draw(Drawing& d, op::Release*) {
         d.draft.layouts.erase(d.draft.layouts.begin() + static_cast<std::ptrdiff_t>(i));
         break;
     }
+    std::vector<std::int64_t>& owned = d.draft.owned;
+    owned.erase(std::remove(owned.begin(), owned.end(), handle.value), owned.end());
     return {handle};
 }
 
@@ -563,6 +583,7 @@ op::Turn draw(Drawing& d, op::Turn*) {
     const Layout layout = source.value == 0 ? Layout::modern : layout_of(d.draft, source);
     op::Turn turn{new_handle(d.draft, layout), source, pick_prompt(d.choose, d.options),
                   d.choose.between(1, d.options.new_tokens_max)};
+    d.draft.owned.push_back(turn.out.value);
     switch (d.choose.below(3)) {
         case 0: {
             if (!d.enabled(kind<op::AddHandle>())) break;
@@ -770,6 +791,21 @@ op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
         d.follow_up = std::move(alloc);
     }
     return rewind;
+}
+
+// A cache the caller holds cut to a prefix, as a prompt cache reuses a
+// shorter prefix or speculative decoding drops rejected draft tokens; then,
+// half the time, a generation from it (the continuation after the cut).
+op::Trim draw(Drawing& d, op::Trim*) {
+    // Mostly a cache the caller owns (the others are read-only: not run).
+    const std::vector<std::int64_t>& owned = d.draft.owned;
+    const HandleName handle = !owned.empty() && !d.choose.one_in(4) ? HandleName{owned[d.choose.below(owned.size())]}
+                                                                     : pick_handle(d.choose, d.draft);
+    const op::Trim trim = trim_of(d, handle);
+    if (d.enabled(kind<op::Generate>()) && d.choose.one_in(2)) {
+        d.follow_up = op::Generate{handle, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)};
+    }
+    return trim;
 }
 
 // Never drawn here (weight 0): the lanes of a concurrent trace are laid

@@ -339,5 +339,39 @@ TEST(EvictionAsDeclared, AnLruReferencePassesEverySearchedTrace) {
     EXPECT_FALSE(finding) << format_failure(finding->reported, finding->shrunk.trace, "");
 }
 
+// docs/semantics.md#trimming: a get_cache copy cut to 2 tokens, generated
+// from (the kept prefix); a turn's cache (from none: the model's K/V of the
+// prompt and the tokens fed) cut into its fed tokens, then continued; a
+// clone of the cut copy cut again. Every trim runs (none skipped); a
+// trim of what get hands out (read-only) or of a stored-back turn is not.
+constexpr const char* trim_trace =
+    "add a modern/f32/1:[kv5 kv5]\nh1 = get_cache a\ntrim h1 keep=2\nh4 = clone h1\ngenerate h1 prompt=3 max=2\n"
+    "h2 = turn h0 prompt=4,5,6 max=3\ntrim h2 keep=4\nh3 = turn h2 prompt=7 max=2\n"
+    "trim h4 keep=1\nget_all\n";
+
+TEST(TrimExact, TheReferenceCutsOwnedCachesToTheirPrefixAndLeavesTheStoreAlone) {
+    const RunResult result = run_on(reference(), parse_trace(trim_trace));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(trim_trace), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+    // Stored caches are read-only: a trim of a stored item is never run.
+    const RunResult stored = run_on(reference(), parse_trace("add a modern/f32/1:[kv5]\nh1 = get a\ntrim h1 keep=2\n"));
+    EXPECT_FALSE(stored.failure);
+    EXPECT_EQ(stored.coverage.ops_skipped, 1u);
+}
+
+TEST(TrimExact, KeepingATokenTooManyIsCaughtAtTheTrim) {
+    const RunResult result = run_on(*adapters::find_bundled("M35"), parse_trace(trim_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "trim-exact");
+    EXPECT_EQ(result.failure->step, 2u);
+    EXPECT_NE(result.failure->message.find("trim h1 keep=2 (it held 5 tokens)"), std::string::npos) << result.failure->message;
+}
+
+TEST(TrimExact, TrimmingTheEntryACopyCameFromIsStoredImmutables) {
+    const RunResult result = run_on(*adapters::find_bundled("M36"), parse_trace(trim_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "stored-immutable");
+}
+
 }  // namespace
 }  // namespace kvcheck::props

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <unordered_set>
 
 namespace kv {
@@ -423,6 +424,27 @@ CachePtr to_legacy(const Cache& cache) {
         values->push_back(v.defined() ? v : empty_slot(options));
     }
     return Cache::from_slots(std::move(keys), std::move(values));
+}
+
+namespace {
+
+void crop_slot(at::Tensor& slot, std::int64_t keep) {
+    if (!slot.defined() || slot.dim() != 4 || slot.size(2) <= keep) return;
+    slot = slot.narrow(2, 0, keep).clone();
+}
+
+}  // namespace
+
+void crop(Cache& cache, std::int64_t keep) {
+    if (keep < 1) throw std::invalid_argument("crop: keep must be at least 1, got " + std::to_string(keep));
+    if (cache.layout() == Layout::modern) {
+        for (const LayerPtr& layer : *cache.layers()) {
+            for (at::Tensor* slot : {&layer->keys, &layer->values, &layer->key_cache, &layer->value_cache}) crop_slot(*slot, keep);
+        }
+        return;
+    }
+    for (at::Tensor& slot : *cache.key_cache()) crop_slot(slot, keep);
+    for (at::Tensor& slot : *cache.value_cache()) crop_slot(slot, keep);
 }
 
 CachePtr from_legacy(const Cache& cache) {

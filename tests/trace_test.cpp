@@ -78,6 +78,7 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::PagedImport{3, CacheSpec{Layout::modern, Dtype::f32, 7, {LayerSpec{0b11, true, 3}}}}, "paged_import seq=3 modern/f32/7:[kv3]"},
         {op::PagedExport{3}, "paged_export seq=3"},
         {op::PagedRewind{3, 2, 1}, "paged_rewind seq=3 count=2 token=1"},
+        {op::Trim{{2}, 3}, "trim h2 keep=3"},
         {op::SwitchLane{2}, "switch lane=2"},
     };
 }

@@ -13,6 +13,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <unistd.h>
 
@@ -502,6 +503,34 @@ class M34 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 4;
 };
 
+// M35 (ours, issue 40): trim keeps one token too many (an off-by-one in
+// crop's bound, `[..., :keep + 1, :]`).
+class M35 final : public ReferenceEngine {
+  public:
+    void trim(Handle h, std::int64_t keep) override { ReferenceEngine::trim(h, keep + 1); }
+};
+
+// M36 (ours, issue 40): trimming a copy get_cache made of one entry cuts
+// the entry too (a prompt cache that trims the cached prefix it handed a
+// copy of, instead of the copy alone).
+class M36 final : public ReferenceEngine {
+  public:
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        ReferenceEngine::get_cache(ids, out);
+        copied_from_.erase(out);
+        if (ids.size() == 1) copied_from_[out] = ids.front();
+    }
+    void trim(Handle h, std::int64_t keep) override {
+        ReferenceEngine::trim(h, keep);
+        const auto from = copied_from_.find(h);
+        if (from == copied_from_.end() || store_.get(from->second) == nullptr) return;
+        kv::crop(*std::const_pointer_cast<Cache>(stored(from->second)), keep);
+    }
+
+  private:
+    std::map<Handle, std::string> copied_from_;
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -795,6 +824,8 @@ std::vector<Adapter> mutant_adapters() {
                     {P::stored_immutable, P::store_contract}),
         mutant<M34>("M34", "an LRU store of 4 items evicts the most recently used entry, not the least",
                     {P::eviction_as_declared}),
+        mutant<M35>("M35", "trim keeps one token too many", {P::trim_exact}),
+        mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
     };
 }
 

@@ -17,6 +17,7 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.entry_versions = true;
     capabilities.metadata = true;
     capabilities.returned_caches = returned_caches_;
+    capabilities.trim = true;
     capabilities.owned_marker = owned_marker_;
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
@@ -234,6 +235,16 @@ void ReferenceEngine::to_legacy(Handle source, Handle out) {
 void ReferenceEngine::from_legacy(Handle source, Handle out) {
     const kv::ConstCachePtr cache = handle(source);
     handles_[out] = cache ? convert_from_legacy(*cache) : nullptr;
+}
+
+// docs/semantics.md#trimming: kvcheck asks it only of a cache the caller
+// owns (a stored item is read-only). No guard here, as transformers' crop
+// has none: a mutant whose copy is its stored item (M28) then cuts the
+// store, which stored-immutable reports, rather than refusing the trim.
+void ReferenceEngine::trim(Handle h, std::int64_t keep) {
+    const kv::ConstCachePtr cache = handle(h);
+    if (!cache) throw std::invalid_argument("trim: the handle holds no cache");
+    kv::crop(*std::const_pointer_cast<kv::Cache>(cache), keep);
 }
 
 void ReferenceEngine::release(Handle h) {

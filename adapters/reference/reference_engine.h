@@ -79,6 +79,7 @@ class ReferenceEngine : public Engine {
     void to_legacy(Handle source, Handle out) override;
     void from_legacy(Handle source, Handle out) override;
     void release(Handle handle) override;
+    void trim(Handle handle, std::int64_t keep) override;
 
     std::vector<std::string> stored_ids() override;
     CacheView view_entry(const std::string& id) override;

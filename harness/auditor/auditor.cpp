@@ -283,4 +283,17 @@ void Auditor::consumed(ObjectId object) {
     }
 }
 
+void Auditor::trimmed(ObjectId id, CacheContent content, std::optional<std::vector<std::int64_t>> fed,
+                      std::optional<CacheView> view) {
+    Object& object = objects_.at(id);
+    object.content = std::move(content);
+    object.fed.reset();
+    object.view.reset();
+    object.digest.reset();
+    if (fed) set_fed(id, std::move(*fed), std::move(*view));
+    const auto children = alias_children_.find(id);
+    if (children == alias_children_.end()) return;
+    for (const ObjectId child : children->second) consumed(child);
+}
+
 }  // namespace kvcheck

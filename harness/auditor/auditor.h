@@ -150,6 +150,12 @@ class Auditor {
     // A model wrote into `object`: its content, and that of every view
     // derived from it, is no longer known.
     void consumed(ObjectId object);
+    // `object` was trimmed in place (docs/semantics.md#trimming): it holds
+    // `content`, and after it the K/V of `fed` when the model made it (then
+    // read as `view`). A view derived from it (a conversion aliasing it) may
+    // or may not see the cut: its content is no longer known.
+    void trimmed(ObjectId object, CacheContent content, std::optional<std::vector<std::int64_t>> fed,
+                 std::optional<CacheView> view);
 
     std::map<std::int64_t, DumpSlot>& slots() { return slots_; }
     // Per slot, the temporary files killed dumps left there (dump_kill):

@@ -26,6 +26,8 @@
 //   Evicted     a store with a declared capacity stored items (add,
 //               add_handle, extract, fill): what it evicted, against
 //               what its declared policy evicts, right after the operation;
+//   Trimmed     a cache the caller owns was trimmed in place (trim), right
+//               after the operation;
 //   Paged       a paged operation ran (the paged family, kvcheck/paged.h):
 //               the pool as the engine reported it before and after.
 // What each property asserts: docs/semantics.md#properties.
@@ -104,6 +106,17 @@ struct Generated {
     // generated token but the last).
     std::int64_t returned = 0;
     std::optional<ObjectId> returned_object;
+};
+
+// trim (docs/semantics.md#trimming): the cache `handle` points at was cut
+// to its first `keep` tokens; `object` is what it must hold now (the
+// auditor's content cut, or for a cache the model made, the engine's
+// fed_view of what it started from fed the tokens kept).
+struct Trimmed {
+    std::int64_t handle = 0;
+    ObjectId object = 0;
+    std::int64_t keep = 0;
+    std::int64_t tokens_before = 0;  // the most tokens a slot held before the cut
 };
 
 // The copies an operation logged (Engine::take_copies, read right after
@@ -311,6 +324,7 @@ class Checker {
     virtual void listing(bool full_read, Probe&) {}
     virtual void handle(const HandleFact&, Probe&) {}
     virtual void paged(const Paged&, Probe&) {}
+    virtual void trimmed(const Trimmed&, Probe&) {}
     virtual void evicted(const Evicted&, Probe&) {}
     // Every operation run (not skipped), after its facts: a checker that
     // follows the trace itself (linearizable, which groups calls into

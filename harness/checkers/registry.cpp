@@ -69,6 +69,7 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_paged) && !capabilities.paged) ||
                              ((info.needs & property_needs_free_order) && capabilities.paged_free_order == PagedFreeOrder::unspecified) ||
                              ((info.needs & property_needs_capacity) && !capabilities.policy.bounded()) ||
+                             ((info.needs & property_needs_trim) && !capabilities.trim) ||
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }

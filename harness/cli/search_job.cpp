@@ -708,6 +708,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", capacity_not_applicable);
             return;
         }
+        if (property == Property::trim_exact) {
+            out.send("skipped", "the adapter does not claim trim (Capabilities::trim): no trim is drawn");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

@@ -226,6 +226,10 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     void release(Handle handle) override { operation(Request("release").field("handle", handle)); }
+    // With the trim capability.
+    void trim(Handle handle, std::int64_t keep) override {
+        operation(Request("trim").field("handle", handle).field("keep", keep));
+    }
 
     // ---- the reads after a step ----
 

@@ -276,7 +276,7 @@ Capabilities read_capabilities(const Json& flags) {
     capabilities.paged_rewind = false;
     // A free order is checked only when the adapter declares one.
     capabilities.paged_free_order = PagedFreeOrder::unspecified;
-    const std::array<std::pair<const char*, bool*>, 22> known{{
+    const std::array<std::pair<const char*, bool*>, 23> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -301,6 +301,8 @@ Capabilities read_capabilities(const Json& flags) {
         {"paged_fork", &capabilities.paged_fork},
         {"paged_import", &capabilities.paged_import},
         {"paged_rewind", &capabilities.paged_rewind},
+        // trim (docs/protocol.md, "Trimming"): off unless claimed.
+        {"trim", &capabilities.trim},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

@@ -170,6 +170,8 @@ std::string Run::answer_of(const Op& operation, const Fact& fact, const std::vec
                 text += ": " + std::to_string(f.ids.size()) + " ids";
             } else if constexpr (std::is_same_v<F, checkers::Paged>) {
                 text = paged_answer(f);
+            } else if constexpr (std::is_same_v<F, checkers::Trimmed>) {
+                text += ": " + handle_answer(f.handle);
             }
         },
         fact);
@@ -289,6 +291,7 @@ void Run::deliver(const Fact& fact) {
                 if constexpr (std::is_same_v<F, checkers::GotByIds>) checker->got_by_ids(f, *this);
                 if constexpr (std::is_same_v<F, checkers::GotAll>) checker->got_all(f, *this);
                 if constexpr (std::is_same_v<F, checkers::Paged>) checker->paged(f, *this);
+                if constexpr (std::is_same_v<F, checkers::Trimmed>) checker->trimmed(f, *this);
             }
         },
         fact);

@@ -744,6 +744,100 @@ std::optional<Fact> Transitions::apply(const op::Release& op) {
     return Fact{};
 }
 
+// ---- trimming (docs/semantics.md#trimming) ----------------------------------------
+
+namespace {
+
+// The tokens every present slot of `content` holds, when all hold the same
+// number and every layer is initialized with keys and values in their
+// modern-named slots (or legacy lists): the start of a cache the model made
+// that a trim may cut into, since the model's updates appended to exactly
+// those slots (a plain start whose layers the model fed all, checked on its
+// expected view: holds_uniformly). nullopt otherwise.
+std::optional<std::int64_t> plain_tokens(const CacheContent& content) {
+    std::optional<std::int64_t> tokens;
+    for (const LayerContent& layer : content.layers) {
+        if (!layer.initialized || !layer.slots[keys].present || !layer.slots[values].present) return std::nullopt;
+        if (layer.slots[key_cache].present || layer.slots[value_cache].present) return std::nullopt;
+        for (const Slot side : {keys, values}) {
+            const std::int64_t held = layer.slots[side].tokens();
+            if (tokens && *tokens != held) return std::nullopt;
+            tokens = held;
+        }
+    }
+    return tokens.value_or(0);
+}
+
+// Does every layer of `view` hold `tokens` keys and values, in their own
+// slots? A model may add layers to what a cache started with (the
+// decoder's layer count), which then hold the fed tokens only: a cut of
+// such a cache is not a prefix of one sequence, and is not run.
+bool holds_uniformly(const CacheView& view, std::int64_t tokens) {
+    for (const LayerView& layer : view.layers) {
+        if (!layer.initialized || layer.slots[key_cache].present || layer.slots[value_cache].present) return false;
+        for (const Slot side : {keys, values}) {
+            const SlotView& slot = layer.slots[side];
+            if (!slot.present || slot.shape.size() != 4 || slot.shape[2] != tokens) return false;
+        }
+    }
+    return true;
+}
+
+std::int64_t most_tokens(const CacheContent& content) {
+    std::int64_t most = 0;
+    for (const LayerContent& layer : content.layers) {
+        for (const SlotContent& slot : layer.slots) most = std::max(most, slot.tokens());
+    }
+    return most;
+}
+
+}  // namespace
+
+// A cache the caller owns, cut to its first `keep` tokens in place. A
+// stored item, a view of another cache and a cache whose content a model
+// changed unseen are never trimmed (the first two are read-only, the last
+// unknown). A cache the model made holds what it started from and the
+// tokens fed since: the cut keeps a prefix of both, and what it must hold
+// is the engine's model's view of a fresh copy fed the tokens kept.
+template <>
+std::optional<Fact> Transitions::apply(const op::Trim& op) {
+    bool none = false;
+    const std::optional<ObjectId> object = known_source(op.handle.value, &none);
+    if (!object) return std::nullopt;
+    const Object& before = audit_.object(*object);
+    if (!before.expect_owned || before.origin == Origin::stored_item || before.alias_parent != 0) return std::nullopt;
+    checkers::Trimmed fact;
+    fact.handle = op.handle.value;
+    fact.object = *object;
+    fact.keep = op.keep;
+    CacheContent content = before.content;
+    std::optional<Tokens> fed = before.fed;
+    std::optional<CacheView> view;
+    if (fed) {
+        const std::optional<std::int64_t> start = plain_tokens(content);
+        if (!start) return std::nullopt;
+        fact.tokens_before = *start + static_cast<std::int64_t>(fed->size());
+        if (!holds_uniformly(audit_.view_of(*object), fact.tokens_before)) return std::nullopt;
+        if (op.keep < *start) {
+            content = expected_trim(content, op.keep);
+            fed->clear();
+        } else if (op.keep - *start < static_cast<std::int64_t>(fed->size())) {
+            fed->resize(static_cast<std::size_t>(op.keep - *start));
+        }
+        view = engine_.fed_view(content, *fed);
+    } else {
+        fact.tokens_before = most_tokens(content);
+        content = expected_trim(content, op.keep);
+    }
+    engine_.trim(op.handle.value, op.keep);
+    audit_.trimmed(*object, std::move(content), std::move(fed), std::move(view));
+    // Every handle of this cache, and of a view aliasing it, reads anew.
+    for (const auto& [handle, bound] : audit_.handles()) {
+        if (bound && (*bound == *object || audit_.object(*bound).alias_parent == *object)) readings_.forget_handle(handle);
+    }
+    return fact;
+}
+
 // After every specialization above: one missing for an operation of the
 // variant fails to link.
 std::optional<Fact> Transitions::apply(const Op& operation) {

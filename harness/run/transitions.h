@@ -26,7 +26,7 @@
 namespace kvcheck {
 
 using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
-                          checkers::GotAll, checkers::DumpKilled, checkers::Paged>;
+                          checkers::GotAll, checkers::DumpKilled, checkers::Paged, checkers::Trimmed>;
 
 class Transitions {
   public:

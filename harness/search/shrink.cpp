@@ -146,6 +146,7 @@ std::vector<std::int64_t> simpler_integers(std::string_view field, std::int64_t 
     if (field == "bytes" && value > 0) return {value / 2, 0};
     if (field == "offset" && value > 0) return {0};
     if (field == "count" && value > 1) return {1};   // paged_append
+    if (field == "keep" && value > 1) return {1};    // trim
     return {};
 }
 
@@ -183,6 +184,12 @@ std::vector<Op> simpler_ops(const Op& operation, const ModelDomain& model) {
                     drop_each<typename F::value_type>(field, T::list_min, emit);
                 } else if constexpr (std::is_same_v<F, MetaSeed>) {
                     if (field.value != 0) emit(MetaSeed{0});
+                } else if constexpr (std::is_same_v<F, HandleName>) {
+                    // A source handle made by a chain of operations (a turn
+                    // from a turn) may be no cache instead: the chain then
+                    // drops. The handle an operation makes stays.
+                    const bool made_here = index == 0 && std::string_view(T::fields[0]) == "out";
+                    if (!made_here && field.value != 0) emit(HandleName{0});
                 } else if constexpr (std::is_same_v<F, std::int64_t>) {
                     for (const std::int64_t value : simpler_integers(T::fields[index], field)) emit(value);
                 }

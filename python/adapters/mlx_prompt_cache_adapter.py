@@ -20,6 +20,7 @@ The mapping (python/README.md, "Real engines"):
 | delete(ids) | a new `LRUPromptCache` given the remaining entries again by `insert_cache`, in the order of its LRU (the class has no removal) |
 | delete_all | a new `LRUPromptCache` |
 | generate | `generate_step(prompt, model, prompt_cache=copy, max_tokens=n)` (greedy): on a deep copy, or on the input itself when it is a copy the store handed out |
+| trim(handle, keep) | `trim_prompt_cache(cache, offset - keep)` on a copy the caller holds (each `KVCache.trim` lowers its offset; its buffer keeps the tokens past it, which the next `update_and_fetch` overwrites) |
 
 Assumptions (contract differences, declared rather than papered over):
   - key(id): a 2-token key per id, distinct and of one length, so that no
@@ -275,6 +276,17 @@ class MlxPromptCacheAdapter(Adapter):
 
     def generate_fresh(self, cache, prompt, max_new_tokens):
         return self.run(cache, prompt, max_new_tokens)
+
+    # ---- trimming ----
+
+    def trim(self, cache, keep):
+        # mlx-lm's own: trim_prompt_cache trims the same number of tokens
+        # from every layer (KVCache.trim lowers its offset; the buffer stays),
+        # as mlx_lm.server does to reuse a cached prefix. Every layer of a
+        # cache here holds one length (the declared model).
+        held_tokens = cache[0].offset if len(cache) else 0
+        if held_tokens > keep:
+            mlx_cache.trim_prompt_cache(cache, held_tokens - keep)
 
 
 class _Held(list):

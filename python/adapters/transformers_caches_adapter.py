@@ -17,6 +17,7 @@ The mapping (python/README.md, "Real engines"):
 | add, get, get_cache(ids), delete | the store: id -> the cache object itself; get hands out the stored object |
 | get_cache, clone, concat | a new cache of the class filled by `update` with each part's held K/V in order (static: one `index_copy_` a part; dynamic: one `torch.cat` a layer) |
 | generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`) |
+| trim(handle, keep) | `cache.crop(keep - held)` on a copy the caller holds (transformers 5's crop takes the tokens to remove, negative; dynamic: the layer's tensors sliced, static: `cumulative_length` lowered) |
 | generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does |
 
 What kvcheck sees of a static cache is what the model sees: each layer's
@@ -42,9 +43,10 @@ Assumptions (contract differences, declared rather than papered over):
     (fp8 here; quanto and hqq are not installed), which kvcheck's exact
     content comparison reads as changed content (the need: a declared
     per-value tolerance, docs/semantics.md "Real engines");
-  - crop, batch_select_indices, batch_repeat_interleave and reorder_cache
-    are reached only where transformers itself calls them (crop, in
-    assisted decoding): kvcheck's store vocabulary has no trim or batch
+  - crop is kvcheck's `trim` of a copy the caller holds (never of a
+    stored cache: stored caches are read-only); batch_select_indices,
+    batch_repeat_interleave and reorder_cache are reached only where
+    transformers itself calls them: kvcheck's vocabulary has no batch
     operation.
 """
 
@@ -200,6 +202,20 @@ class TransformersCachesAdapter(Adapter):
         else:
             work = self.filled([cache])
         return hf.generate(self.model_, prompt, work, max_new_tokens, **self.options)
+
+    # ---- trimming ----
+
+    def trim(self, cache, keep):
+        # transformers' own Cache.crop, as assisted decoding calls it. In
+        # transformers 5 it takes the tokens to remove, as a negative count
+        # (a positive one, the old crop(max_length), raises): a dynamic
+        # layer is sliced to keys[..., :-n, :], a static one lowers its
+        # cumulative_length (the buffers keep the tokens, which the next
+        # update overwrites). Every layer here holds one length (the
+        # declared model).
+        held_tokens = cache.get_seq_length()
+        if held_tokens > keep:
+            cache.crop(keep - held_tokens)
 
     def generate_fresh(self, cache, prompt, max_new_tokens):
         # The reference: plain greedy on transformers' default class.

@@ -15,7 +15,8 @@ from conftest import PYTHON_DIR, REPO
 ADAPTER = os.path.join(PYTHON_DIR, "adapters", "mlx_prompt_cache_adapter.py")
 # Small budget (ctest label real-engines).
 CASES = "6"
-JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "generation-equivalent", "store-contract"}
+JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "generation-equivalent", "store-contract",
+          "trim-exact"}
 DECLARED_ABSENT = {"single-copy", "owned-marker", "clone-independent"}
 
 

@@ -2,7 +2,8 @@
 transformers_caches_adapter.py; python/README.md "Real engines"), at the
 verdicts recorded there, with transformers 5.25.0 from its pinned
 environment (.venv/transformers/5.25.0; skipped when it is not installed):
-a store of StaticCaches holds every contiguous property; generating with
+a store of StaticCaches holds every contiguous property (trim-exact too:
+the adapter's trim is transformers' crop); generating with
 prompt lookup decoding from a stored cache breaks generation-equivalent,
 transformers' own bug (docs/findings/transformers-1.md): an expected FAIL,
 so that an upstream fix shows up here as a change."""
@@ -18,7 +19,7 @@ VERSION = "5.25.0"
 # Small budgets (ctest label real-engines): each run is seconds of CPU.
 CASES = "6"
 STORE_PROPERTIES = {"stored-immutable", "single-copy", "layout-roundtrip", "merge-correct", "owned-marker",
-                    "clone-independent", "generation-equivalent", "store-contract"}
+                    "clone-independent", "generation-equivalent", "store-contract", "trim-exact"}
 
 
 @pytest.fixture

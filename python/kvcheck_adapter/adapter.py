@@ -235,6 +235,20 @@ class Adapter:
         is what a generation must give."""
         raise NotImplementedError(f"{type(self).__name__}.feed")
 
+    # optional: trimming (capability "trim"; docs/semantics.md, trimming). On
+    # when implemented.
+
+    def trim(self, cache: Cache, keep: int) -> None:
+        """Cuts `cache`, which the caller owns (a get_cache copy, a clone, a
+        merge, a cache generate_returning handed back), to its first `keep`
+        tokens (keep >= 1), in place, as transformers' DynamicCache.crop(keep)
+        and mlx-lm's trim_prompt_cache do: every slot holding more keeps its
+        first `keep` tokens, the others are unchanged. kvcheck never asks it
+        of a stored item (read-only) or a conversion's view. trim-exact
+        compares the cache with a fresh one holding the kept prefix (for a
+        cache the model made: `feed` of the tokens kept)."""
+        raise NotImplementedError(f"{type(self).__name__}.trim")
+
     # ---- caches ------------------------------------------------------------------------------
 
     def make_cache(self, content) -> Cache:
@@ -352,6 +366,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "owned_marker": True,
         "entry_versions": False,
         "returned_caches": all(_overrides(engine, m) for m in ("generate_returning", "extract", "feed")),
+        "trim": _overrides(engine, "trim"),
     }
     flags.update(_paged_flags(engine))
     flags.update(engine.capabilities)
@@ -557,9 +572,7 @@ class Server:
     def _op_add_handle(self, request):
         s = self._session
         id, handle = _field(request, "id", str), _field(request, "handle", int)
-        cache = s.handles.get(handle)
-        if cache is None:
-            raise ValueError(f"add_handle: handle {handle} holds no cache")
+        cache = self._held(handle, "add_handle")
         return self._operation(lambda: s.engine.add(id, cache, {}), handles=[handle], ids=[id], stored=[id])
 
     def _op_get(self, request):
@@ -795,6 +808,12 @@ class Server:
         copy_of = (out, lambda: present) if present else None
         return self._operation(run, handles=[out] + [p for p in parts if p != 0], copy_of=copy_of)
 
+    def _op_trim(self, request):
+        s = self._session
+        handle, keep = _field(request, "handle", int), _field(request, "keep", int)
+        cache = self._held(handle, "trim")
+        return self._operation(lambda: s.engine.trim(cache, keep), handles=[handle])
+
     def _op_release(self, request):
         s = self._session
         handle = _field(request, "handle", int)
@@ -813,10 +832,11 @@ class Server:
         except KeyError:
             raise KeyError(f"no stored entry {id!r}") from None
 
-    def _held(self, handle: int) -> Cache:
+    def _held(self, handle: int, op: Optional[str] = None) -> Cache:
+        """The cache `handle` holds; an error naming `op` when it holds none."""
         cache = self._session.handles.get(handle)
         if cache is None:
-            raise ValueError(f"handle {handle} holds no cache")
+            raise ValueError(f"{op + ': ' if op else ''}handle {handle} holds no cache")
         return cache
 
     def _op_view_entry(self, request):

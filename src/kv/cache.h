@@ -140,6 +140,15 @@ CachePtr to_legacy(const Cache& cache);
 // slots (transformers copies them through update). Empty slots stay empty.
 CachePtr from_legacy(const Cache& cache);
 
+// Cuts the cache to its first `keep` tokens, in place, as transformers'
+// DynamicCache.crop(keep) does: every slot of every layer holding more than
+// `keep` tokens along seq is rebound to a new tensor holding its first
+// `keep` (no storage of the old tensor kept); the others, empty slots and
+// flags stay as they are; the layer objects and lists are the same. The
+// caller owns the cache: a stored cache is read-only (kvcheck never asks
+// to cut one). Requires keep >= 1.
+void crop(Cache& cache, std::int64_t keep);
+
 // The logical K or V of layer i: what a model sees. Undefined tensor when
 // the layer is missing, uninitialized, or lacks that side.
 at::Tensor logical_keys(const Cache& cache, std::int64_t layer_index);

@@ -294,6 +294,10 @@ bool merged_geometry_ok(const std::vector<CacheContent>& parts);
 bool dtypes_mixed(const std::vector<CacheContent>& parts);
 CacheContent expected_to_legacy(const CacheContent& content);
 CacheContent expected_from_legacy(const CacheContent& content);
+// docs/semantics.md#trimming: every present slot of every layer holding
+// more than `keep` tokens keeps its first `keep`; the rest is unchanged
+// (flags, layout, dtype, geometry, slots holding `keep` or fewer).
+CacheContent expected_trim(const CacheContent& content, std::int64_t keep);
 bool content_holds_tokens(const CacheContent& content);
 // The bytes of K/V a copy of `content` holds: every present slot's
 // elements at the content's dtype (4 bytes for f32, 2 for f16 and bf16).

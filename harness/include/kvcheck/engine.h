@@ -148,6 +148,9 @@ struct Capabilities {
     // caches the model wrote into, handed back and stored. Off unless an
     // engine claims it.
     bool returned_caches = false;
+    // trim (docs/semantics.md#trimming): a cache the caller owns can be cut
+    // to its first tokens in place. Off unless an engine claims it.
+    bool trim = false;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.
@@ -260,6 +263,16 @@ class Engine {
     // must give.
     virtual CacheView fed_view(const CacheContent& /*content*/, const std::vector<std::int64_t>& /*tokens*/) {
         throw std::logic_error("fed_view: not supported by this engine");
+    }
+
+    // ---- trimming (docs/semantics.md#trimming) ----
+    // With Capabilities::trim; the default throws. Cuts the cache `handle`
+    // points at, which the caller owns, to its first `keep` tokens (>= 1)
+    // in place: every present slot of every layer holding more keeps its
+    // first `keep` tokens; the others are unchanged. Other handles of the
+    // same cache see the cut; no stored entry changes.
+    virtual void trim(Handle /*handle*/, std::int64_t /*keep*/) {
+        throw std::logic_error("trim: not supported by this engine");
     }
 
     // ---- cache-level ----

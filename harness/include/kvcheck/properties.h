@@ -28,6 +28,7 @@ enum PropertyNeeds : std::uint8_t {
     property_needs_paged = 1 << 4,  // Capabilities::paged: a property of the paged family
     property_needs_free_order = 1 << 5,  // Capabilities::paged_free_order declared (not unspecified)
     property_needs_capacity = 1 << 6,  // a declared capacity (Capabilities::policy.bounded())
+    property_needs_trim = 1 << 7,      // Capabilities::trim
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -53,6 +54,8 @@ enum PropertyNeeds : std::uint8_t {
     X(eviction_as_declared, "eviction-as-declared",                                                                \
       "a bounded store evicts only past its declared capacity, and only what its declared policy names",           \
       property_needs_capacity)                                                                                     \
+    X(trim_exact, "trim-exact", "a trimmed cache equals a fresh computation on the kept prefix",                   \
+      property_needs_trim)                                                                                         \
     /* the paged family (kvcheck/paged.h) */                                                                       \
     X(op_atomic, "op-atomic",                                                                                      \
       "a refused operation changes nothing and was needed: an alloc of L tokens faces fewer free blocks "          \

@@ -84,6 +84,7 @@ enum Needs : std::uint16_t {
     needs_paged_fork = 1 << 7,   // Capabilities::paged_fork
     needs_paged_import = 1 << 8, // Capabilities::paged_import
     needs_paged_rewind = 1 << 9, // Capabilities::paged_rewind
+    needs_trim = 1 << 10,        // Capabilities::trim
 };
 
 namespace op {
@@ -519,6 +520,25 @@ struct PagedRewind {
     bool well_formed() const { return count >= 1 && token >= 0; }
 };
 
+// ---- trimming a cache the caller owns (docs/semantics.md#trimming) ----
+// Cuts the cache `handle` points at to its first `keep` tokens, in place
+// (transformers' DynamicCache.crop(keep), mlx-lm's trim_prompt_cache):
+// speculative decoding dropping rejected draft tokens, a prompt cache
+// reusing a prefix. Run only on a cache the caller owns: a stored item is
+// read-only. After PagedRewind in the variant: the kinds before it keep
+// their indices (the fuzz corpus's choice bytes).
+struct Trim {
+    static constexpr const char* name = "trim";
+    static constexpr std::array<const char*, 2> fields{"handle", "keep"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_trim;
+    static constexpr std::size_t list_min = 0;
+    HandleName handle;
+    std::int64_t keep = 1;
+    bool well_formed() const { return handle.value != 0 && keep >= 1; }
+};
+
 // ---- concurrent clients (docs/semantics.md#concurrent-clients) ----
 // A context switch: the steps after it, up to the next switch, are client
 // `lane`'s calls. A trace without one is one client's (lane 0), as every
@@ -550,6 +570,8 @@ using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAl
                         op::PagedAlloc, op::PagedAppend, op::PagedFork, op::PagedFree, op::PagedLookup,
                         op::PagedEvict, op::PagedReset, op::PagedStep, op::PagedImport, op::PagedExport,
                         op::PagedRewind,
+                        // trimming (after the paged family: the kinds before keep their indices)
+                        op::Trim,
                         // concurrent clients
                         op::SwitchLane>;
 using Trace = std::vector<Op>;
