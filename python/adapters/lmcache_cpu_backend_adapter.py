@@ -101,6 +101,8 @@ from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
 from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
 
+from _decoder_calls import DecoderCalls  # noqa: E402
+
 VERSION = "0.5.6"
 LAYERS, HEADS, HEAD_DIM = 2, 2, 4  # the SDK decoder's geometry
 # One allocation unit: above the largest cache the declared model makes (2
@@ -149,7 +151,7 @@ def cache_of(memory_obj) -> kv.DynamicCache:
     return cache
 
 
-class LMCacheCpuBackendAdapter(Adapter):
+class LMCacheCpuBackendAdapter(DecoderCalls, Adapter):
     listing = "recency"
 
     def __init__(self, model, capacity=None, get="borrow"):
@@ -336,28 +338,6 @@ class LMCacheCpuBackendAdapter(Adapter):
         if memory_obj is None:
             return super().storage(cache)
         return [memory_obj.data_ptr]
-
-    # ---- generation ----
-
-    def generate(self, cache, prompt, max_new_tokens):
-        if cache is None:
-            working = kv.DynamicCache()
-        elif kv.is_owned(cache):
-            working = cache  # a copy the store handed out: the model writes into it
-        else:
-            working = kv.clone(cache)
-        return models.generate(self.model_, prompt, working, max_new_tokens)
-
-    def generate_fresh(self, cache, prompt, max_new_tokens):
-        return models.generate(self.model_, prompt, cache, max_new_tokens)
-
-    # ---- caches ----
-
-    def clone(self, cache):
-        return kv.clone(cache)
-
-    def concat(self, caches):
-        return kv.concat(caches)
 
 
 def main(argv=None) -> None:

@@ -67,6 +67,8 @@ from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
 from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
 
+from _decoder_calls import DecoderCalls  # noqa: E402
+
 VERSION = "0.3.13.post1"
 LAYERS, HEADS, HEAD_DIM = 2, 2, 4  # the SDK decoder's geometry
 SEGMENT_BYTES = 256 * 1024 * 1024
@@ -143,7 +145,7 @@ def cache_of(tensor: torch.Tensor, owned: bool) -> kv.DynamicCache:
     return cache
 
 
-class MooncakeStoreAdapter(Adapter):
+class MooncakeStoreAdapter(DecoderCalls, Adapter):
     name = f"mooncake-{VERSION}"
     description = f"Mooncake {VERSION}'s MooncakeDistributedStore (python/adapters/mooncake_store_adapter.py)"
     model = {"layers": LAYERS, "heads": HEADS, "head_dim": HEAD_DIM, "dtypes": ["f32"], "layouts": ["modern"],
@@ -236,21 +238,6 @@ class MooncakeStoreAdapter(Adapter):
 
     def storage(self, cache):
         return []
-
-    # ---- generation ----
-
-    def generate(self, cache, prompt, max_new_tokens):
-        working = kv.DynamicCache() if cache is None else (cache if kv.is_owned(cache) else kv.clone(cache))
-        return models.generate(self.model_, prompt, working, max_new_tokens)
-
-    def generate_fresh(self, cache, prompt, max_new_tokens):
-        return models.generate(self.model_, prompt, cache, max_new_tokens)
-
-    def clone(self, cache):
-        return kv.clone(cache)
-
-    def concat(self, caches):
-        return kv.concat(caches)
 
 
 def main(argv=None) -> None:
