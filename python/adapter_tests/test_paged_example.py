@@ -35,9 +35,12 @@ def test_the_correct_manager_holds_every_paged_property(kvcheck):
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert verdicts and set(verdicts.values()) == {"pass"}, verdicts
     assert set(BUG_PROPERTIES.values()) <= set(verdicts)
-    # Paged only: every contiguous property is n/a, without a job.
-    other = [p for p in run.report["properties"] if p["id"] not in verdicts and p["id"] != "engine-error"]
+    # Paged only: every contiguous property is n/a, without a job (and
+    # linearizable, judged with --lanes only).
+    other = [p for p in run.report["properties"]
+             if p["id"] not in verdicts and p["id"] not in ("engine-error", "linearizable")]
     assert other and all("paged engine only" in p["message"] for p in other), other
+    assert "--lanes" in run.result("linearizable")["message"], run.result("linearizable")
     assert run.report["adapter"] == "block-manager"
     assert run.report["source"] == f"exec:{ADAPTER_PYTHON} {MANAGER}"
 
