@@ -108,6 +108,21 @@ def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_di
     assert shrink.status == 1 and os.path.isfile(shrunk_file), shrink.stdout + shrink.stderr
 
 
+def test_a_generation_of_no_token_is_no_false_single_copy_finding(kvcheck, scratch_dir):
+    """A generation of max 0 runs no model, so a store whose live sets are
+    sampled at the model's forwards reports none: single-copy judges only
+    its upper bound and its copies (it said "reported 0 K/V sets alive, but
+    2 are" of the correct store). The double copy is still found on it."""
+    trace = os.path.join(scratch_dir, "max0.trace")
+    with open(trace, "w") as file:
+        file.write("add d modern/f32/0:[kv1]\nh7 = get_cache d\ngenerate h7 prompt=1 max=0\n")
+    fixed = kvcheck("replay", trace, "--adapter", EXAMPLE, "--property", "single-copy")
+    assert fixed.status == 0 and "every property holds" in fixed.stdout, fixed.stdout + fixed.stderr
+    doubled = kvcheck("replay", trace, "--adapter", f"{EXAMPLE} --bug double_copy", "--property", "single-copy")
+    assert doubled.status == 1 and "ERROR: single-copy: generate from h7 made 1 copies" in doubled.stdout, \
+        doubled.stdout + doubled.stderr
+
+
 def test_a_flipped_byte_of_tensor_data_that_loads_silently_is_found_with_its_offset(kvcheck, scratch_dir, byte=77):
     """Issue 42, item 5: a store that loads a flipped byte of tensor data
     silently fails dump-safe on every trace that flips one (the offset's
