@@ -131,20 +131,31 @@ Trace stress_order(const Adapter& adapter, const LanePlan& plan) {
     return order;
 }
 
-struct StressFinding {
-    std::size_t traces = 0;
+// A search's first failure: its time, the share of the CPU spent until
+// then (the rest: shrinking), and the traces run, its own included.
+struct Found {
     double seconds = 0;
+    double cpu_share = 1;
+    std::size_t traces = 0;
 };
 
-std::optional<StressFinding> stress_until_failure(const Adapter& adapter, std::uint64_t first_seed) {
+std::optional<Found> stress_until_failure(const Adapter& adapter, std::uint64_t first_seed) {
     const WorkloadOptions options = lanes_options(adapter);
     const double start = now_seconds();
     for (std::size_t i = 0; i < traces_max; ++i) {
         SeededChooser choose(trace_seed(first_seed, 0, i));
         const Trace order = stress_order(adapter, draw_lanes(choose, options));
-        if (props::run_on(adapter, order).failure) return StressFinding{i + 1, now_seconds() - start};
+        if (props::run_on(adapter, order).failure) return Found{now_seconds() - start, 1, i + 1};
     }
     return std::nullopt;
+}
+
+std::optional<Found> kvcheck_until_failure(const Adapter& adapter, std::uint64_t first_seed) {
+    const auto finding = props::find_and_shrink(adapter, first_seed, traces_max, lanes_options(adapter));
+    if (!finding) return std::nullopt;
+    // The shrinking's share of the CPU is taken out in proportion to its wall-clock share.
+    const double total = finding->find_seconds + finding->shrink_seconds;
+    return Found{finding->find_seconds, total > 0 ? finding->find_seconds / total : 1.0, finding->traces_tried};
 }
 
 // The searches of one side over the first seeds: medians over the seeds
@@ -173,40 +184,21 @@ class Tally {
     int missed_ = 0;
 };
 
-void kvcheck_lanes(benchmark::State& state, const Adapter* adapter) {
+// One side's searches from the first seeds.
+template <std::optional<Found> (*until_failure)(const Adapter&, std::uint64_t)>
+void time_to_failure(benchmark::State& state, const Adapter* adapter) {
     Tally tally;
     const double start = now_seconds();
     for (auto _ : state) {
         for (int k = 0; k < seeds_per_mutant; ++k) {
             const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
             const double cpu_start = cpu_seconds();
-            const auto finding = props::find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter));
-            if (!finding) {
+            const std::optional<Found> found = until_failure(*adapter, first_seed);
+            if (!found) {
                 tally.missed();
                 continue;
             }
-            // The shrinking's share of the CPU is taken out in proportion to its wall-clock share.
-            const double total = finding->find_seconds + finding->shrink_seconds;
-            const double find_share = total > 0 ? finding->find_seconds / total : 1.0;
-            tally.found(finding->find_seconds, (cpu_seconds() - cpu_start) * find_share, finding->traces_tried);
-        }
-    }
-    tally.report(state, now_seconds() - start);
-}
-
-void stress(benchmark::State& state, const Adapter* adapter) {
-    Tally tally;
-    const double start = now_seconds();
-    for (auto _ : state) {
-        for (int k = 0; k < seeds_per_mutant; ++k) {
-            const std::uint64_t first_seed = 1 + static_cast<std::uint64_t>(k) * seed_spacing;
-            const double cpu_start = cpu_seconds();
-            const auto finding = stress_until_failure(*adapter, first_seed);
-            if (!finding) {
-                tally.missed();
-                continue;
-            }
-            tally.found(finding->seconds, cpu_seconds() - cpu_start, finding->traces);
+            tally.found(found->seconds, (cpu_seconds() - cpu_start) * found->cpu_share, found->traces);
         }
     }
     tally.report(state, now_seconds() - start);
@@ -215,7 +207,8 @@ void stress(benchmark::State& state, const Adapter* adapter) {
 const bool registered = [] {
     for (const Adapter& adapter : adapters::bundled()) {
         if (adapter.lanes <= 1) continue;
-        for (const auto& [kind, run] : {std::pair{"kvcheck/", kvcheck_lanes}, std::pair{"stress/", stress}}) {
+        for (const auto& [kind, run] : {std::pair{"kvcheck/", time_to_failure<kvcheck_until_failure>},
+                                        std::pair{"stress/", time_to_failure<stress_until_failure>}}) {
             benchmark::RegisterBenchmark((kind + adapter.name).c_str(), run, &adapter)
                 ->Iterations(1)
                 ->UseRealTime()
