@@ -273,7 +273,7 @@ std::string lanes_html(const FailureReport& f) {
     for (std::size_t i = 0; i < trace.size() && i < f.lanes.size(); ++i) {
         if (std::holds_alternative<op::SwitchLane>(trace[i])) continue;
         const bool conflict = std::binary_search(f.conflicts.begin(), f.conflicts.end(), i);
-        out << "<tr><td>" << i + 1 << "</td>";
+        out << "<tr data-step=\"" << i << "\"><td>" << i << "</td>";  // numbered as the step pictures are
         for (const std::int64_t lane : columns) {
             if (lane != f.lanes[i]) {
                 out << "<td></td>";
