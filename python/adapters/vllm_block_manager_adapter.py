@@ -29,7 +29,10 @@ sequence of calls, vllm/v1/core/sched/scheduler.py):
   configuration: hash_block_size == block_size, so no partial-block hits).
 - free:   free(request).
 - lookup: get_computed_blocks of a request that is never allocated
-  (read-only: find_longest_cache_hit looks the hashes up).
+  (read-only: find_longest_cache_hit looks the hashes up). With
+  --reuse-lookup, a probe and not vLLM's way, the next alloc of the same
+  tokens and salt takes the blocks it computed (python/README.md, "Under
+  concurrent clients": found with --lanes, not by one client).
 - evict:  evict_blocks(the ids of the free blocks that have a hash).
 - reset:  reset_prefix_cache().
 - fork, import: not offered (capabilities paged_fork and paged_import
