@@ -1,6 +1,7 @@
 // A failure in the one format used everywhere, and the names of the shapes
 // a run counts (kvcheck/executor.h).
 #include "kvcheck/executor.h"
+#include "kvcheck/lanes.h"
 #include "kvcheck/limits.h"
 
 #include <algorithm>
@@ -85,6 +86,7 @@ std::string format_failure(const Failure& failure, const Trace& trace, const std
     for (std::size_t i = 0; i < trace.size(); ++i) {
         out << format_op(trace[i]) << (i == failure.step ? "  # <- " + failure.property : std::string()) << "\n";
     }
+    out << swimlanes(trace, failure.step, failure.property);
     out << "SUMMARY: kvcheck: " << failure.property << " violated after " << failure.step + 1 << " operation"
         << (failure.step == 0 ? "" : "s") << "\n";
     out << "reproduce: " << reproduce << "\n";

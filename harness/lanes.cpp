@@ -3,7 +3,10 @@
 #include "kvcheck/lanes.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 namespace kvcheck {
@@ -220,6 +223,144 @@ std::size_t lane_count(const Trace& trace) {
         if (lanes[i] > 0 && !std::holds_alternative<op::SwitchLane>(trace[i])) calling.insert(lanes[i]);
     }
     return std::max<std::size_t>(calling.size(), 1);
+}
+
+
+// ---- requests, conflicts and the side-by-side drawing ----
+
+namespace {
+
+// A lane's request in progress: what its next calls name.
+struct OpenRequest {
+    std::size_t first = 0;
+    std::int64_t handle = 0;          // a read's
+    std::int64_t seq = 0;             // a pin's or churn's sequence
+    std::optional<Tokens> looked_up;  // a pin's tokens, before its alloc
+};
+
+// Whether `step` continues `open` (a call of the same lane), and whether it ends it.
+std::pair<bool, bool> continues(const Op& step, const OpenRequest& open) {
+    if (const auto* o = std::get_if<op::Generate>(&step)) return {open.handle != 0 && o->source.value == open.handle, false};
+    if (const auto* o = std::get_if<op::Release>(&step)) return {open.handle != 0 && o->handle.value == open.handle, true};
+    if (const auto* o = std::get_if<op::PagedAlloc>(&step)) {
+        return {open.seq == 0 && open.looked_up && *open.looked_up == o->tokens, false};
+    }
+    if (const auto* o = std::get_if<op::PagedAppend>(&step)) return {open.seq != 0 && o->seq == open.seq, false};
+    if (const auto* o = std::get_if<op::PagedFree>(&step)) return {open.seq != 0 && o->seq == open.seq, true};
+    return {false, false};
+}
+
+// A request that `step` starts, and whether it is open after it.
+std::pair<OpenRequest, bool> starts(const Op& step, std::size_t index) {
+    OpenRequest request;
+    request.first = index;
+    if (const auto* o = std::get_if<op::GetCache>(&step)) request.handle = o->out.value;
+    if (const auto* o = std::get_if<op::PagedLookup>(&step)) request.looked_up = o->tokens;
+    if (const auto* o = std::get_if<op::PagedAlloc>(&step)) request.seq = o->seq;
+    return {request, request.handle != 0 || request.looked_up || request.seq != 0};
+}
+
+std::string cut_to(const std::string& text, std::size_t width) {
+    return text.size() <= width ? text : text.substr(0, width - 3) + "...";
+}
+
+}  // namespace
+
+std::vector<RequestSpan> requests_of(const Trace& trace) {
+    std::vector<RequestSpan> spans(trace.size());
+    const std::vector<std::int64_t> lanes = lanes_of(trace);
+    std::map<std::int64_t, OpenRequest> open;  // by lane
+    std::map<std::size_t, std::vector<std::size_t>> members;  // by first call
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        if (std::holds_alternative<op::SwitchLane>(trace[i])) {
+            spans[i] = {i, i};
+            continue;
+        }
+        const auto lane_open = open.find(lanes[i]);
+        if (lane_open != open.end()) {
+            const auto [goes_on, ends] = continues(trace[i], lane_open->second);
+            if (goes_on) {
+                if (const auto* alloc = std::get_if<op::PagedAlloc>(&trace[i])) lane_open->second.seq = alloc->seq;
+                members[lane_open->second.first].push_back(i);
+                if (ends) open.erase(lane_open);
+                continue;
+            }
+        }
+        const auto [request, stays_open] = starts(trace[i], i);
+        members[i].push_back(i);
+        if (!stays_open) {
+            open.erase(lanes[i]);
+        } else {
+            open[lanes[i]] = request;
+        }
+    }
+    std::set<std::size_t> still_open;
+    for (const auto& [lane, request] : open) still_open.insert(request.first);
+    for (const auto& [first, calls] : members) {
+        const std::size_t last = still_open.count(first) != 0 ? trace.size() : calls.back();
+        for (const std::size_t call : calls) spans[call] = {first, last};
+    }
+    return spans;
+}
+
+std::vector<std::size_t> conflicting_steps(const Trace& trace, std::size_t step) {
+    std::set<std::size_t> marked;
+    if (step >= trace.size()) return {};
+    const std::vector<RequestSpan> spans = requests_of(trace);
+    const std::vector<std::int64_t> lanes = lanes_of(trace);
+    marked.insert(step);
+    for (std::size_t i = 0; i <= step; ++i) {
+        const bool is_switch = std::holds_alternative<op::SwitchLane>(trace[i]);
+        if (is_switch || spans[i].first != i || spans[i].last < step) continue;  // not a request open at the failure
+        for (std::size_t j = i; j <= step; ++j) {
+            if (std::holds_alternative<op::SwitchLane>(trace[j])) continue;
+            if (spans[j].first == i || lanes[j] != lanes[i]) marked.insert(j);
+        }
+    }
+    return {marked.begin(), marked.end()};
+}
+
+std::string swimlanes(const Trace& trace, std::size_t step, const std::string& property) {
+    if (lane_count(trace) < 2) return "";
+    constexpr std::size_t column_chars_max = 40;
+    const std::vector<std::int64_t> lanes = lanes_of(trace);
+    const std::vector<std::size_t> conflicts = conflicting_steps(trace, step);
+    std::vector<std::int64_t> columns;  // the lanes that call, in order
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        if (std::holds_alternative<op::SwitchLane>(trace[i])) continue;
+        if (std::find(columns.begin(), columns.end(), lanes[i]) == columns.end()) columns.push_back(lanes[i]);
+    }
+    std::sort(columns.begin(), columns.end());
+    std::map<std::int64_t, std::size_t> width;
+    for (const std::int64_t lane : columns) width[lane] = ("lane " + std::to_string(lane)).size();
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        if (std::holds_alternative<op::SwitchLane>(trace[i])) continue;
+        width[lanes[i]] = std::max(width[lanes[i]], std::min(column_chars_max, format_op(trace[i]).size() + 2));
+    }
+    const auto row = [&](const std::string& first, const std::map<std::int64_t, std::string>& cells) {
+        std::string line = "# " + std::string(first.size() < 5 ? 5 - first.size() : 0, ' ') + first;
+        for (const std::int64_t lane : columns) {
+            const auto cell = cells.find(lane);
+            const std::string text = cell == cells.end() ? "" : cell->second;
+            line += " | " + text + std::string(width[lane] - std::min(width[lane], text.size()), ' ');
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        return line + "\n";
+    };
+    std::map<std::int64_t, std::string> heads;
+    for (const std::int64_t lane : columns) heads[lane] = "lane " + std::to_string(lane);
+    std::string out = "# the lanes side by side, in schedule order (* a conflicting step: a call of a request still open at the "
+                      "failure, or another lane's call inside one):\n";
+    out += row("step", heads);
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+        if (std::holds_alternative<op::SwitchLane>(trace[i])) continue;
+        const bool conflict = std::binary_search(conflicts.begin(), conflicts.end(), i);
+        const std::string text = (conflict ? "* " : "  ") + cut_to(format_op(trace[i]), column_chars_max - 2);
+        std::string line = row(std::to_string(i + 1), {{lanes[i], text}});
+        if (i == step) line.insert(line.size() - 1, "  <- " + property);
+        out += line;
+    }
+    return out;
 }
 
 }  // namespace kvcheck

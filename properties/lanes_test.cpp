@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <set>
 
 namespace kvcheck::props {
 namespace {
@@ -92,6 +93,48 @@ TEST(Lanes, ShrinkingDropsLanesAndSwitchesButNeverMovesACall) {
     EXPECT_TRUE(shrink_lanes::fewer_switches(Trace{a1, b1}).empty());
 }
 
+// A failure's requests and conflicting steps, and the lanes side by side:
+// the calls of the request open at the failure and the other lanes' calls
+// inside it are marked, the finished requests before it are not.
+TEST(Lanes, AFailureMarksTheOpenRequestsAndTheCallsInsideThem) {
+    const Trace trace = parse_trace(
+        "add a modern/f32/3:[kv2]\n"  // 0: lane 0 sets up
+        "add b modern/f32/3:[kv1]\n"
+        "switch lane=1\n"
+        "h101 = get_cache a\n"       // 3: a read starts
+        "switch lane=2\n"
+        "add a modern/f32/3:[kv1]\n"  // 5: inside it
+        "switch lane=1\n"
+        "generate h101 prompt=5 max=2\n"  // 7: the failure
+        "release h101\n");
+    const std::vector<RequestSpan> spans = requests_of(trace);
+    EXPECT_EQ(spans[3].first, 3u);
+    EXPECT_EQ(spans[3].last, 8u);
+    EXPECT_EQ(spans[7].first, 3u);
+    EXPECT_EQ(spans[5].first, 5u);
+    EXPECT_EQ(spans[5].last, 5u);
+    EXPECT_EQ(conflicting_steps(trace, 7), (std::vector<std::size_t>{3, 5, 7}));
+    EXPECT_EQ(conflicting_steps(trace, 5), (std::vector<std::size_t>{3, 5}));  // the read is open at the add
+    const std::string drawn = swimlanes(trace, 7, "generation-equivalent");
+    EXPECT_NE(drawn.find("| * h101 = get_cache a"), std::string::npos) << drawn;
+    EXPECT_NE(drawn.find("| * add a modern/f32/3:[kv1]"), std::string::npos) << drawn;
+    const std::size_t failing = drawn.find("* generate h101 prompt=5 max=2");
+    ASSERT_NE(failing, std::string::npos) << drawn;
+    EXPECT_EQ(drawn.substr(failing, drawn.find('\n', failing) - failing).rfind("<- generation-equivalent"),
+              drawn.find('\n', failing) - failing - std::string("<- generation-equivalent").size())
+        << drawn;  // the failing call's line ends with its property
+    EXPECT_NE(drawn.find("|   add a modern/f32/3:[kv2]"), std::string::npos) << drawn;  // lane 0's, finished: not marked
+    EXPECT_NE(drawn.find("|   release h101"), std::string::npos) << drawn;                // after the failure
+    // Comments only: a failure pasted into a trace file still parses as the trace.
+    EXPECT_EQ(parse_trace(format_trace(trace) + drawn), trace);
+    // A pin: the lookup and its alloc are one request, another lane's evict inside it.
+    const Trace pin = parse_trace(
+        "switch lane=1\npaged_lookup tokens=1,2,3,1,2 salt=0\nswitch lane=2\npaged_evict\nswitch lane=1\n"
+        "paged_alloc seq=101 tokens=1,2,3,1,2 salt=0\npaged_free seq=101\n");
+    EXPECT_EQ(conflicting_steps(pin, 5), (std::vector<std::size_t>{1, 3, 5}));
+    EXPECT_EQ(swimlanes(Trace{op::PagedStep{}, op::PagedEvict{}}, 1, "x"), "");  // one lane: nothing drawn
+}
+
 TEST(Lanes, ReferencesPassTheLanesSearch) {
     for (const char* name : {"reference", "paged-reference"}) {
         const Adapter* adapter = adapters::find_bundled(name);
@@ -131,11 +174,17 @@ TEST_P(LaneMutant, IsFoundWithLanesAndNotByOneClient) {
     const RunResult again = run_on(*adapter, parse_trace(format_trace(shrunk.trace)));
     ASSERT_TRUE(again.failure);
     EXPECT_EQ(again.failure->property, shrunk.failure.property);
+    EXPECT_EQ(again.failure->step, shrunk.failure.step);
+    // The conflict drawn spans two lanes at least: the race, not one client's calls.
+    const std::vector<std::int64_t> lanes = lanes_of(shrunk.trace);
+    std::set<std::int64_t> conflicting_lanes;
+    for (const std::size_t step : conflicting_steps(shrunk.trace, shrunk.failure.step)) conflicting_lanes.insert(lanes[step]);
+    EXPECT_GE(conflicting_lanes.size(), 2u) << swimlanes(shrunk.trace, shrunk.failure.step, shrunk.failure.property);
     std::cout << "[ lanes    ] " << adapter->name << ": " << shrunk.failure.property << " after " << finding->traces_tried
               << " traces (seed " << finding->seed << "), shrunk " << finding->found.size() << " -> "
               << shrunk.trace.size() << " ops, " << lane_count(shrunk.trace) << " lanes, " << switches_in(shrunk.trace)
               << " switches\n"
-              << format_trace(shrunk.trace);
+              << format_trace(shrunk.trace) << swimlanes(shrunk.trace, shrunk.failure.step, shrunk.failure.property);
 
     const std::optional<Finding> alone = find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 1));
     EXPECT_FALSE(alone) << adapter->name << " was found by one client:\n"

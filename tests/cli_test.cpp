@@ -149,6 +149,42 @@ TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
     EXPECT_TRUE(contains(junit.out, "<failure")) << junit.out;
 }
 
+// A failure of several clients (--lanes): every report draws the lanes side
+// by side with the conflicting steps marked, and `kvcheck replay` runs the
+// schedule exactly: the same calls in another order pass.
+TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
+    const std::string traces = scratch("lanes-traces");
+    const std::string run_options = "run --adapter LM2 --lanes 3 --property generation-equivalent --cases 100 --quiet --trace-dir " + traces;
+    const Outcome run = kvcheck(run_options);
+    EXPECT_EQ(run.status, 1) << run.out;
+    EXPECT_TRUE(contains(run.out, "# the lanes side by side, in schedule order")) << run.out;
+    EXPECT_TRUE(contains(run.out, "  <- generation-equivalent")) << run.out;
+    const std::string json = scratch("lm2.json");
+    EXPECT_EQ(kvcheck(run_options + " --report json --out " + json).status, 1);
+    const std::string report = read_file(json);
+    EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
+    EXPECT_TRUE(contains(report, "\"conflicting_steps\": [")) << report;
+    const std::string html = scratch("lm2.html");
+    EXPECT_EQ(kvcheck(run_options + " --report html --out " + html).status, 1);
+    const std::string page = read_file(html);
+    EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
+    EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
+    EXPECT_TRUE(contains(page, "<td class=\"conflict\">")) << page;
+
+    const std::string setup = "add a modern/f32/3:[kv2]\nadd b modern/f32/3:[kv1]\n";
+    const std::string raced = scratch("raced.trace"), apart = scratch("apart.trace");
+    write_file(raced, setup + "switch lane=1\nh101 = get_cache a\nswitch lane=2\nadd a modern/f32/3:[kv1]\n"
+                              "switch lane=1\ngenerate h101 prompt=5 max=2\nrelease h101\n");
+    write_file(apart, setup + "switch lane=1\nh101 = get_cache a\ngenerate h101 prompt=5 max=2\nrelease h101\n"
+                              "switch lane=2\nadd a modern/f32/3:[kv1]\n");
+    const Outcome replay = kvcheck("replay " + raced + " --adapter LM2");
+    EXPECT_EQ(replay.status, 1) << replay.out;
+    EXPECT_TRUE(contains(replay.out, "violated after 8 operations")) << replay.out;
+    EXPECT_TRUE(contains(replay.out, "* generate h101 prompt=5 max=2 |  <- ")) << replay.out;
+    EXPECT_EQ(kvcheck("replay " + apart + " --adapter LM2").status, 0);
+    EXPECT_EQ(kvcheck("replay " + raced + " --adapter reference").status, 0);
+}
+
 // The report without the times it holds ("seconds": 0.123).
 std::string without_seconds(std::string report) {
     const std::string key = "\"seconds\": ";

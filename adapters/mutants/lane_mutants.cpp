@@ -10,6 +10,8 @@
 #include "reference/paged_reference.h"
 #include "reference/reference_engine.h"
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <utility>
 
@@ -104,6 +106,112 @@ class LM2 final : public ReferenceEngine {
     std::map<Handle, std::pair<std::string, kv::ConstCachePtr>> sources_;
 };
 
+// LM3: a split load/store reference count. A lookup loads the counts of
+// the blocks it hits, and the alloc of the same request (same tokens, same
+// extra keys) stores each loaded count plus one, deciding by the loaded
+// count whether the block leaves the free queue (a scheduler that reads the
+// counts when it plans a request and writes them when it admits it).
+// Alone, nothing happens between the two; with another client's alloc
+// pinning the same blocks in between, an increment is lost (the count says
+// one table where two hold the block, which the first free returns to the
+// free queue while the other still reads it); with another client's free
+// of the last table holding them, a decrement is lost (a block in the free
+// queue with a count of 2, which the next alloc may take while it is held).
+class LM3 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        loads_.erase({tokens, extra});
+        const std::vector<BlockId> found = hits(tokens, extra);
+        std::map<BlockId, std::int64_t>& loaded = loads_[{tokens, extra}];
+        for (const BlockId block : found) loaded[block] = blocks_[static_cast<std::size_t>(block)].count;
+        return static_cast<std::int64_t>(found.size()) * config_.block_tokens;
+    }
+
+  protected:
+    std::vector<BlockKey> block_keys(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        current_ = loads_.find({tokens, extra});
+        return Pool::block_keys(tokens, extra);
+    }
+    void attach_hits(kv::paged::Sequence& sequence, const std::vector<BlockId>& hits, std::int64_t rest) override {
+        if (current_ == loads_.end()) {
+            Pool::attach_hits(sequence, hits, rest);
+            return;
+        }
+        for (const BlockId block : hits) {
+            kv::paged::Block& b = blocks_[static_cast<std::size_t>(block)];
+            const auto load = current_->second.find(block);
+            const std::int64_t loaded = load == current_->second.end() ? b.count : load->second;
+            const auto queued = std::find(free_.begin(), free_.end(), block);
+            if (loaded == 0 && queued != free_.end()) free_.erase(queued);
+            b.count = loaded + 1;  // the store of what was loaded, whatever happened since
+            sequence.table.push_back(block);
+        }
+        loads_.erase(current_);  // used up by its request's alloc
+        current_ = loads_.end();
+    }
+
+  private:
+    using Loads = std::map<std::pair<kv::paged::Tokens, std::string>, std::map<BlockId, std::int64_t>>;
+    mutable Loads loads_;
+    mutable Loads::iterator current_ = loads_.end();
+};
+
+// LM4: get_cache racing delete: a copy in flight is the entry's. get_cache
+// of one id hands out an owned copy that the store counts as its entry's
+// (freed with it) until the first generation from it or its release; a
+// delete of the id frees the entry and its copies in flight, and the next
+// add takes a freed copy's memory for its own entry (a slab handed out
+// again). Alone, a request generates from its copy right after taking it;
+// with another client's delete and add in between, the copy the request
+// holds is the new entry: it aliases the store, and its generation is from
+// K/V the request never got.
+class LM4 final : public ReferenceEngine {
+  public:
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        ReferenceEngine::get_cache(ids, out);
+        forget(out);
+        if (ids.size() == 1 && handle(out)) in_flight_[ids.front()].push_back(out);
+    }
+    GenerateResult generate(Handle h, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                            bool stream) override {
+        forget(h);
+        return ReferenceEngine::generate(h, prompt, max_new_tokens, stream);
+    }
+    void release(Handle h) override {
+        forget(h);
+        ReferenceEngine::release(h);
+    }
+    void remove(const std::vector<std::string>& ids) override {
+        for (const std::string& id : ids) {
+            const auto copies = in_flight_.find(id);
+            if (copies == in_flight_.end()) continue;
+            for (const Handle h : copies->second) freed_.push_back(std::const_pointer_cast<kv::Cache>(handle(h)));
+            in_flight_.erase(copies);
+        }
+        ReferenceEngine::remove(ids);
+    }
+
+  protected:
+    void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
+        if (freed_.empty()) {
+            ReferenceEngine::store_add(id, cache, metadata);
+            return;
+        }
+        const kv::CachePtr memory = freed_.front();
+        freed_.pop_front();
+        *memory = *cache;  // the new entry written into the freed copy's memory
+        ReferenceEngine::store_add(id, memory, metadata);
+    }
+
+  private:
+    void forget(Handle h) {
+        for (auto& [id, handles] : in_flight_) handles.erase(std::remove(handles.begin(), handles.end(), h), handles.end());
+    }
+    std::map<std::string, std::vector<Handle>> in_flight_;
+    std::deque<kv::CachePtr> freed_;
+};
+
 // An engine of type E (made from `args`), named `name`: a concurrency
 // mutant, listed with the lanes its bug needs.
 template <typename E, typename... Args>
@@ -133,6 +241,10 @@ std::vector<Adapter> lane_mutant_adapters() {
                                     {P::prefix_hit_exact, P::hit_consumed, P::lookup_exact}, pool_of<LM1>()),
         lane_mutant<LM2>("LM2", "a handed-out copy is taken again from its entry, overwritten since, at its first generation",
                          {P::single_copy, P::generation_equivalent, P::linearizable}),
+        lane_mutant<PagedReference>("LM3", "a split load/store count: an alloc stores the counts its request's lookup loaded, plus one",
+                                    {P::refcount_exact}, pool_of<LM3>()),
+        lane_mutant<LM4>("LM4", "a copy get_cache hands out is freed with its entry until first used; the next add reuses it",
+                         {P::stored_immutable, P::generation_equivalent, P::linearizable}),
     };
 }
 

@@ -1,6 +1,7 @@
 #include "conformance.h"
 
 #include "interrupt.h"
+#include "kvcheck/lanes.h"
 #include "kvcheck/search.h"
 #include "outcomes.h"
 #include "search_job.h"
@@ -17,6 +18,18 @@
 
 namespace kvcheck::cli {
 namespace {
+
+// A failure in a trace of several lanes: its lanes side by side, with the
+// conflicting steps, for every report (docs/semantics.md#concurrent-clients).
+void draw_lanes(FailureReport& report, std::size_t step, const std::string& property) {
+    if (report.trace.empty()) return;
+    const Trace trace = parse_trace(report.trace);
+    if (lane_count(trace) < 2) return;
+    report.lanes = lanes_of(trace);
+    report.step = step;
+    report.conflicts = conflicting_steps(trace, step);
+    report.swimlanes = swimlanes(trace, step, property);
+}
 
 struct Task {
     std::size_t adapter = 0;
@@ -129,6 +142,7 @@ class Scheduler {
         report.message = found.failure.message;
         report.also = found.failure.also;
         report.trace = found.trace;
+        draw_lanes(report, found.failure.step, found.failure.property);
         report.found_length = found.found_length;
         report.found_after = found.cases;
         report.seed = found.seed;

@@ -69,6 +69,13 @@ struct FailureReport {
     std::vector<std::string> also; // other properties violated at the failing step
     std::string fault;             // "", or "crash: SIGSEGV", ... (see PropertyResult::fault)
     std::string trace;             // the shrunk failing trace; "" for an engine-error group not shrunk
+    // A trace of several lanes (kvcheck/lanes.h): the lane of each of its
+    // steps, the failing step, the conflicting steps (conflicting_steps),
+    // and the lanes side by side as text (swimlanes). Empty for one lane.
+    std::vector<std::int64_t> lanes;
+    std::size_t step = 0;
+    std::vector<std::size_t> conflicts;
+    std::string swimlanes;
     std::size_t found_length = 0;  // operations before shrinking
     std::size_t found_after = 0;   // traces its search had run when it was found, its own included
     std::uint64_t seed = 0;        // the seed of the trace it was found in (0: unknown)

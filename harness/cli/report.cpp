@@ -133,6 +133,20 @@ std::string json_reproduction(const Reproduction& r, const std::string& prefix_f
     return out.str();
 }
 
+// A failure's lanes (null for a trace of one lane): the lane of each step,
+// the failing step and the conflicting ones, numbered from 1 as the text
+// reports number steps.
+std::string json_lanes(const FailureReport& f) {
+    if (f.lanes.empty()) return "null";
+    std::ostringstream out;
+    out << "{\"lane_of_step\": [";
+    for (std::size_t i = 0; i < f.lanes.size(); ++i) out << (i ? ", " : "") << f.lanes[i];
+    out << "], \"failing_step\": " << f.step + 1 << ", \"conflicting_steps\": [";
+    for (std::size_t i = 0; i < f.conflicts.size(); ++i) out << (i ? ", " : "") << f.conflicts[i] + 1;
+    out << "]}";
+    return out.str();
+}
+
 std::string json_failure(const FailureReport& f) {
     std::ostringstream out;
     out << "{\"message\": " << json_engine_text(f.message) << ", \"also\": " << json_list(f.also)
@@ -141,7 +155,8 @@ std::string json_failure(const FailureReport& f) {
         << ", \"count\": " << f.count << ", \"found_while_searching\": " << json_engine_text(f.searching)
         << ", \"trace_file\": " << json_or_null(f.trace_file) << ", \"trace_file_error\": " << json_or_null(f.trace_file_error)
         << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_engine_text(f.output)
-        << ", \"reproduction\": " << json_reproduction(f.reproduction, f.prefix_file) << "}";
+        << ", \"reproduction\": " << json_reproduction(f.reproduction, f.prefix_file) << ", \"lanes\": " << json_lanes(f)
+        << "}";
     return out.str();
 }
 
@@ -371,7 +386,7 @@ std::string failure_text(const PropertyResult& p, const FailureReport& f) {
     std::ostringstream out;
     out << "ERROR: " << p.id << ": " << printable(f.message, 2000) << count_note(f) << "\n";
     for (const std::string& other : f.also) out << "also: " << printable(other, 2000) << "\n";
-    out << f.trace << prefix_note(f);
+    out << f.trace << f.swimlanes << prefix_note(f);
     if (!f.trace.empty() || f.seed != 0) out << shrunk_note(f) << "\n";
     if (!f.reproduce.empty()) out << "reproduce: " << f.reproduce << "\n";
     if (!f.trace_file_error.empty()) out << "the trace was not written: " << printable(f.trace_file_error, 400) << "\n";
@@ -398,7 +413,7 @@ std::string failure_markdown(const PropertyResult& p, const FailureReport& f) {
     if (!f.trace.empty() || f.seed != 0) out << "- " << shrunk_note(f) << "\n";
     if (!f.reproduce.empty()) out << "- reproduce: `" << f.reproduce << "`\n";
     if (!f.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(f.trace_file_error) << "\n";
-    if (!f.trace.empty()) out << "\n```\n" << f.trace << "```\n";
+    if (!f.trace.empty()) out << "\n```\n" << f.trace << f.swimlanes << "```\n";
     if (!f.reproduction.prefix.empty()) out << "\n```\n" << prefix_note(f) << "```\n";
     return out.str();
 }

@@ -2,6 +2,7 @@
 
 #include "interrupt.h"
 #include "text.h"
+#include "kvcheck/trace.h"
 
 #include <algorithm>
 #include <csignal>
@@ -65,6 +66,9 @@ td.skip,td.not-run,td.n\/a{background:#eceef1;color:#596170}td.blocked{backgroun
 .note{color:#596170}.message{border-left:4px solid #c62828;padding:4px 10px;background:#fff;white-space:pre-wrap}
 pre.replay{background:#1d232b;color:#f3f5f7;padding:8px 12px;user-select:all;white-space:pre-wrap;cursor:text}
 pre.trace{background:#f0f2f5;padding:6px 10px;white-space:pre-wrap}
+table.lanes{border-collapse:collapse;font-family:monospace;font-size:12px;margin:6px 0}
+table.lanes th,table.lanes td{border:1px solid #d5d9df;padding:2px 8px;text-align:left;white-space:pre}
+table.lanes td.conflict{background:#fbe1c6}table.lanes td.failing{background:#f8d4d4;outline:2px solid #c62828}
 .steps{display:flex;flex-wrap:wrap;gap:10px;padding-bottom:8px;align-items:flex-start}
 .step{flex:none;width:286px;border:1px solid #d5d9df;border-radius:6px;background:#fff}
 .step.failing{border:2px solid #c62828;box-shadow:0 0 0 3px #f8d4d4}
@@ -249,6 +253,41 @@ std::string picture_html(const FailurePicture& picture, const std::string& messa
     return out.str();
 }
 
+// A failure in a trace of several lanes: a column per lane, a row per
+// call in schedule order; the conflicting calls shaded, the failing one
+// outlined (kvcheck/lanes.h, conflicting_steps).
+std::string lanes_html(const FailureReport& f) {
+    if (f.lanes.empty()) return "";
+    const Trace trace = parse_trace(f.trace);
+    std::vector<std::int64_t> columns;
+    for (std::size_t i = 0; i < trace.size() && i < f.lanes.size(); ++i) {
+        if (!std::holds_alternative<op::SwitchLane>(trace[i])) columns.push_back(f.lanes[i]);
+    }
+    std::sort(columns.begin(), columns.end());
+    columns.erase(std::unique(columns.begin(), columns.end()), columns.end());
+    std::ostringstream out;
+    out << "<p>the lanes side by side, in schedule order (shaded: a call of a request still open at the failure, or "
+           "another lane's call inside one):</p><table class=\"lanes\"><tr><th>step</th>";
+    for (const std::int64_t lane : columns) out << "<th>lane " << lane << "</th>";
+    out << "</tr>";
+    for (std::size_t i = 0; i < trace.size() && i < f.lanes.size(); ++i) {
+        if (std::holds_alternative<op::SwitchLane>(trace[i])) continue;
+        const bool conflict = std::binary_search(f.conflicts.begin(), f.conflicts.end(), i);
+        out << "<tr data-step=\"" << i << "\"><td>" << i << "</td>";  // numbered as the step pictures are
+        for (const std::int64_t lane : columns) {
+            if (lane != f.lanes[i]) {
+                out << "<td></td>";
+                continue;
+            }
+            const char* cls = i == f.step ? " class=\"failing\"" : conflict ? " class=\"conflict\"" : "";
+            out << "<td" << cls << ">" << html(format_op(trace[i])) << "</td>";
+        }
+        out << "</tr>";
+    }
+    out << "</table>";
+    return out.str();
+}
+
 std::string failure_html(const PropertyResult& p, const FailureReport& f, const FailurePicture* picture) {
     std::ostringstream out;
     out << "<div class=\"message\">ERROR: " << html(p.id) << ": " << html(f.message)
@@ -260,6 +299,7 @@ std::string failure_html(const PropertyResult& p, const FailureReport& f, const 
     } else if (!f.trace.empty()) {
         out << "<pre class=\"trace\">" << html(f.trace) << "</pre>";
     }
+    out << lanes_html(f);
     if (!f.reproduction.prefix.empty()) {
         out << "<p>after this prefix, run first in the same engine process" << (f.prefix_file.empty() ? "" : " (" + html(f.prefix_file) + ")")
             << ":</p><pre class=\"trace\">" << html(f.reproduction.prefix) << "</pre>";

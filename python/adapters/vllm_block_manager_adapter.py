@@ -29,7 +29,10 @@ sequence of calls, vllm/v1/core/sched/scheduler.py):
   configuration: hash_block_size == block_size, so no partial-block hits).
 - free:   free(request).
 - lookup: get_computed_blocks of a request that is never allocated
-  (read-only: find_longest_cache_hit looks the hashes up).
+  (read-only: find_longest_cache_hit looks the hashes up). With
+  --reuse-lookup, a probe and not vLLM's way, the next alloc of the same
+  tokens and salt takes the blocks it computed (python/README.md, "Under
+  concurrent clients": found with --lanes, not by one client).
 - evict:  evict_blocks(the ids of the free blocks that have a hash).
 - reset:  reset_prefix_cache().
 - fork, import: not offered (capabilities paged_fork and paged_import
@@ -119,9 +122,18 @@ class VllmBlockManager(BlockManagerAdapter):
     num_blocks = 8
     block_tokens = 2
 
-    def __init__(self, publish_at_schedule=False):
+    def __init__(self, publish_at_schedule=False, reuse_lookup=False):
         self.publish_at_schedule = publish_at_schedule
-        self.name = f"vllm-{VLLM_VERSION}" + ("+publish-at-schedule" if publish_at_schedule else "")
+        # A planted misuse, not vLLM's way (its scheduler calls
+        # get_computed_blocks and allocate_slots in one pass): a lookup's
+        # computed blocks are kept and handed to the next alloc of the same
+        # tokens and salt, as a scheduler that looks up in one pass and
+        # allocates in a later one. The probe of python/README.md ("Under
+        # concurrent clients"): another client's call in between is found.
+        self.reuse_lookup = reuse_lookup
+        self.looked_up = {}  # (tokens, salt) -> (computed blocks, cached tokens)
+        self.name = (f"vllm-{VLLM_VERSION}" + ("+publish-at-schedule" if publish_at_schedule else "")
+                     + ("+reuse-lookup" if reuse_lookup else ""))
         spec = kv_cache_interface.FullAttentionSpec(
             block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32)
         config = kv_cache_interface.KVCacheConfig(
@@ -148,6 +160,8 @@ class VllmBlockManager(BlockManagerAdapter):
     def allocate(self, seq, tokens, extra):
         request = self._request(f"seq-{seq}", tokens, extra)
         blocks, cached, _ = self.manager.get_computed_blocks(request)
+        if (tuple(tokens), extra) in self.looked_up:
+            blocks, cached = self.looked_up.pop((tuple(tokens), extra))
         new = self.manager.allocate_slots(
             request, len(tokens) - cached, num_new_computed_tokens=cached, new_computed_blocks=blocks,
             delay_cache_blocks=not self.publish_at_schedule)
@@ -176,7 +190,9 @@ class VllmBlockManager(BlockManagerAdapter):
 
     def lookup(self, tokens, extra):
         self.lookups += 1
-        _, cached, _ = self.manager.get_computed_blocks(self._request(f"lookup-{self.lookups}", tokens, extra))
+        blocks, cached, _ = self.manager.get_computed_blocks(self._request(f"lookup-{self.lookups}", tokens, extra))
+        if self.reuse_lookup:
+            self.looked_up[(tuple(tokens), extra)] = (blocks, cached)
         return cached
 
     def evict(self):
@@ -227,8 +243,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--publish-at-schedule", action="store_true",
                         help="cache full blocks in allocate_slots, as vLLM's scheduler does, not at the step")
+    parser.add_argument("--reuse-lookup", action="store_true",
+                        help="a planted misuse (a probe): an alloc takes the blocks its tokens' last lookup computed")
     args = parser.parse_args(argv)
-    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule))
+    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule, reuse_lookup=args.reuse_lookup))
 
 
 if __name__ == "__main__":

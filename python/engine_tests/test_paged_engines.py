@@ -55,6 +55,24 @@ def test_vllm_publishing_at_schedule_breaks_published_after_written(kvcheck, mon
     assert "hittable with 0 of its" in result["message"], result["message"]
 
 
+def test_vllm_with_a_lookup_reused_by_its_alloc_is_found_with_lanes_only(kvcheck, monkeypatch):
+    # The probe --reuse-lookup (a planted misuse, not vLLM's way: an alloc
+    # takes the blocks its tokens' last lookup computed): with 3 clients,
+    # another client's call between a request's lookup and its alloc is
+    # found; one client's search of the same budget does not find it.
+    engine(monkeypatch, "vllm-0.33.0")
+    adapter = os.path.join(ADAPTERS, "vllm_block_manager_adapter.py") + " --reuse-lookup"
+    search = ("--adapter", adapter, "--property", "hit-consumed", "--cases", "60", "--failures", "1", *PATIENCE)
+    lanes = kvcheck("run", "--lanes", "3", *search)
+    assert lanes.status == 1, lanes.stdout + lanes.stderr
+    result = lanes.result("hit-consumed")
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert "not the block cached for" in result["message"], result["message"]
+    assert result["failures"][0]["lanes"]["conflicting_steps"], result["failures"][0]
+    one = kvcheck("run", *search)
+    assert one.status == 0, one.stdout + one.stderr
+
+
 def test_sglang_radix_cache_holds_every_paged_property(kvcheck, monkeypatch):
     engine(monkeypatch, "sglang-0.5.23")
     run = kvcheck("run", "--adapter", os.path.join(ADAPTERS, "sglang_radix_adapter.py"), "--cases", CASES,
