@@ -11,7 +11,9 @@ wall time all of it).
         --after build/default/bin/kvcheck --out bench/results/run_cost.json
 
 prints a Markdown table (BENCHMARKS.md, "The cost of a run") and writes the
-JSON: every run's figures, the commands, the medians."""
+JSON: every run's figures, the commands, the medians. The Python example is
+the one of each binary's own source tree (the tree above its build
+directory), so that each side runs its own SDK and example store."""
 
 import argparse
 import json
@@ -22,14 +24,32 @@ import subprocess
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(os.path.dirname(HERE), "python", "examples", "activation_memory_adapter.py")
+# The example's path inside a source tree: each binary runs its own tree's
+# example, which puts that tree's SDK first on its path (the example and
+# the SDK are part of what is measured).
+EXAMPLE = os.path.join("python", "examples", "activation_memory_adapter.py")
 
 COMMANDS = {
     "reference": ["run", "--adapter", "reference", "--jobs", "1"],
     "paged-reference": ["run", "--adapter", "paged-reference", "--jobs", "1"],
     "python-example": ["run", "--adapter", EXAMPLE],
 }
+
+
+def tree_of(binary):
+    """The source tree a kvcheck binary was built in: the nearest directory
+    above it holding python/examples (build/default/bin/kvcheck -> the tree)."""
+    directory = os.path.dirname(binary)
+    while directory != os.path.dirname(directory):
+        if os.path.isdir(os.path.join(directory, "python", "examples")):
+            return directory
+        directory = os.path.dirname(directory)
+    raise SystemExit(f"run_cost.py: no source tree (python/examples) above {binary}")
+
+
+def arguments_for(binary, name):
+    """COMMANDS[name] with the example's path in `binary`'s own tree."""
+    return [os.path.join(tree_of(binary), a) if a == EXAMPLE else a for a in COMMANDS[name]]
 
 
 def run_once(binary, arguments):
@@ -64,7 +84,7 @@ def main():
         for repeat in range(args.repeats):
             for side in ("before", "after"):
                 binary = os.path.abspath(args.before if side == "before" else args.after)  # each run has its own cwd
-                runs[name][side].append(run_once(binary, COMMANDS[name]))
+                runs[name][side].append(run_once(binary, arguments_for(binary, name)))
                 last = runs[name][side][-1]
                 print(f"{name} {side} {repeat + 1}/{args.repeats}: {last['wall_s']:.2f} s wall, "
                       f"{last['user_s'] + last['sys_s']:.2f} s CPU, load {last['load_1min']:.1f}", flush=True)
@@ -82,6 +102,7 @@ def main():
             }
     result = {"repeats": args.repeats, "before": args.before, "after": args.after,
               "commands": {name: "kvcheck " + " ".join(COMMANDS[name]) for name in names},
+              "trees": {side: tree_of(os.path.abspath(binary)) for side, binary in (("before", args.before), ("after", args.after))},
               "cpus": os.cpu_count(), "medians": medians, "runs": runs,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with open(args.out, "w") as file:

@@ -3,6 +3,7 @@ user runs it: the fixed store passes, each historic bug is caught by the
 property that names it, a failure comes with its trace and replays, an
 exception comes with its Python traceback."""
 
+import json
 import os
 import subprocess
 
@@ -164,3 +165,55 @@ def test_an_exception_is_the_steps_engine_error_with_its_traceback(kvcheck):
     assert "Traceback (most recent call last):" in message and "raising_adapter.py" in message, message
     assert "get_cache" in result["trace"]
     assert "the planted error's last words" in result["output"]
+
+
+_RECORDER = """
+import json, os, runpy, sys
+sys.path.insert(0, {sdk!r})
+from kvcheck_adapter import protocol
+receive = protocol.Connection.receive
+log = open({log!r}, "a")
+def recording(connection):
+    request = receive(connection)
+    if request is not None:
+        log.write(json.dumps({{"op": request.get("op"), "id": request.get("id"), "ids": request.get("ids"),
+                              "read_store": request.get("read_store") is True,
+                              "read_ids": request.get("read_ids") or []}}) + "\\n")
+        log.flush()
+    return request
+protocol.Connection.receive = recording
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_fill_is_read_once_after_its_last_item_not_after_each(kvcheck, scratch_dir, monkeypatch):
+    """Issue 39: a fill is one engine call per item; the reads after it
+    (every entry: a fill reaches the whole store) are asked for once, not
+    gathered in the reply of each item's add (a full read per item, the
+    store growing: quadratic in the fill). The replay still reads and
+    judges every entry."""
+    log = os.path.join(scratch_dir, "requests.jsonl")
+    recorder = os.path.join(scratch_dir, "recorder.py")
+    with open(recorder, "w") as file:
+        file.write(_RECORDER.format(sdk=os.path.dirname(HERE), log=log))
+    python = os.path.join(scratch_dir, "python")
+    with open(python, "w") as file:
+        file.write(f"#!/bin/sh\nexec {ADAPTER_PYTHON} {recorder} \"$@\"\n")
+    os.chmod(python, 0o755)
+    monkeypatch.setenv("KVCHECK_PYTHON", python)
+    trace = os.path.join(scratch_dir, "fill.trace")
+    with open(trace, "w") as file:
+        file.write("add a modern/f32/3:[kv2 kv2]\nfill modern/f32/2:[kv1] first=0 count=12\nh1 = get_cache i3\n")
+    replay = kvcheck("replay", trace, "--adapter", EXAMPLE, "--quiet")
+    assert replay.status == 0, replay.stdout + replay.stderr
+    with open(log) as file:
+        requests = [json.loads(line) for line in file]
+    adds = [r for r in requests if r["op"] == "add" and r["id"].startswith("i")]
+    assert [r["id"] for r in adds] == [f"i{k}" for k in range(12)]
+    assert not any(r["read_store"] or r["read_ids"] for r in adds), adds
+    # Read after the fill, every entry at once (but the last item's, which
+    # its add's reply reports as the entry it names), before the next operation.
+    after = requests[requests.index(adds[-1]) + 1:]
+    reads = [r for r in after[: next(i for i, r in enumerate(after) if r["op"] == "get_cache")] if r["op"] == "read_entries"]
+    assert len(reads) == 1 and set(reads[0]["ids"]) == {"a"} | {f"i{k}" for k in range(11)}, after

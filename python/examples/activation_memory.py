@@ -235,6 +235,11 @@ class ActivationMemory:
     def get_all(self) -> List[MemoryItem]:
         return [self.peek(item_id) for item_id in self._items]
 
+    def ids(self) -> List[str]:
+        """The stored ids, in insertion order: a listing, not a read (no
+        use, no record made per item)."""
+        return list(self._items)
+
     def delete(self, ids: Sequence[str]) -> None:
         for item_id in ids:
             self._items.pop(item_id, None)

@@ -62,6 +62,11 @@ class ActivationMemoryAdapter(Adapter):
     def get_cache(self, ids):
         return self.store.get_cache(ids)
 
+    def stored_ids(self):
+        # The SDK lists the store in every reply: a listing of ids, where
+        # get_all_ids (the store's get_all) makes a record of every item.
+        return self.store.ids()
+
     def delete(self, ids):
         self.store.delete(ids)
 
