@@ -68,6 +68,17 @@ TEST_F(Cli, TheReferencePassesAndExitsZero) {
     EXPECT_FALSE(contains(run.out, "FAIL ")) << run.out;  // a cell; the legend says "FAIL:"
 }
 
+// A bundled adapter's engine, made in kvcheck's process, says before any
+// job which properties it can be judged on: no job (a fork) starts for the
+// others, and the report lists them n/a as before (issue 39).
+TEST_F(Cli, NoJobStartsForAPropertyABundledAdapterCannotBeJudgedOn) {
+    const Outcome run = kvcheck("run --adapter reference --cases 1 --jobs 1 --trace-dir " + scratch("traces"));
+    EXPECT_EQ(run.status, 0) << run.out;
+    EXPECT_TRUE(contains(run.stderr_text, " 10/10] reference")) << run.stderr_text;  // the 10 of `kvcheck list --adapter reference`
+    EXPECT_FALSE(contains(run.stderr_text, "skipped")) << run.stderr_text;
+    EXPECT_TRUE(contains(run.out, "17 properties left out, n/a for every adapter: 15 of the other cache family")) << run.out;
+}
+
 // The line of the (index)-th property finished, "" when there is none.
 std::string finished_line(const std::string& text, const std::string& index) {
     const std::size_t at = text.find("[" + index + "] ");

@@ -325,21 +325,29 @@ class EngineStdoutToStderr {
     int saved_ = -1;
 };
 
+// What the engines of an adapter loaded in this process declare, asked of
+// one made here, kept on the adapter as a process adapter's handshake keeps
+// it (Adapter::model, paged, store, policy): a run then starts no job for a
+// property the adapter cannot be judged on, and a list leaves it out
+// (known_not_applicable).
+void learn_declared(Adapter& adapter) {
+    if (adapter.model.has_value()) return;
+    const Capabilities capabilities = adapter.make()->capabilities();
+    adapter.model = capabilities.model;
+    adapter.paged = capabilities.paged;
+    adapter.store = capabilities.store;
+    adapter.policy = capabilities.policy;
+}
+
 // The model domain the run searches, for its first line: --model, or what
-// each adapter declares. A bundled adapter is asked (an engine of kvcheck's
-// own); a process adapter said it in its handshake; a plugin is not
-// loaded here (plugin_probe.h): the report says what it declared.
+// each adapter declares. A bundled adapter was asked (learn_declared); a
+// process adapter said it in its handshake; a plugin is not loaded here
+// (plugin_probe.h): the report says what it declared.
 std::string domains_searched(const std::vector<Adapter>& adapters, const std::optional<ModelDomain>& model) {
     if (model) return domain_text(*model);
     std::vector<std::string> texts;
     for (const Adapter& adapter : adapters) {
-        std::string text = "as it declares (in the report)";
-        if (adapter.model) {
-            text = domain_text(*adapter.model);
-        } else if (adapter.source == "bundled") {
-            text = domain_text(adapter.make()->capabilities().model);
-        }
-        texts.push_back(text);
+        texts.push_back(adapter.model ? domain_text(*adapter.model) : "as it declares (in the report)");
     }
     if (std::all_of(texts.begin(), texts.end(), [&](const std::string& t) { return t == texts.front(); })) {
         return texts.empty() ? "" : texts.front();
@@ -479,14 +487,7 @@ const std::vector<OptionSpec> list_options = {
 // the pytest plugin, which collects an item per property before any run.
 int list_for_adapter(const Options& options) {
     Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
-    if (!adapter.model.has_value()) {
-        // An engine in this process (bundled, a plugin): one made says.
-        const Capabilities capabilities = adapter.make()->capabilities();
-        adapter.model = capabilities.model;
-        adapter.paged = capabilities.paged;
-        adapter.store = capabilities.store;
-        adapter.policy = capabilities.policy;
-    }
+    learn_declared(adapter);  // an engine in this process (bundled, a plugin): one made says
     std::cout << "adapter: " << printable(adapter.name, 80) << "\n\nproperties:\n";
     std::vector<PropertyResult> left_out;
     for (Property p : all_properties()) {
@@ -575,6 +576,12 @@ int command_run(const Args& args) {
         }
     } else {
         for (const std::string& name : options.all("adapter")) adapters.push_back(load_adapter(name, adapter_options(options)));
+    }
+    // A bundled engine is kvcheck's own: one made here says which
+    // properties it can be judged on (no job starts for the others). A
+    // plugin's engines are made in the jobs only (plugin_probe.h).
+    for (Adapter& adapter : adapters) {
+        if (adapter.source == "bundled") learn_declared(adapter);
     }
     // Where the results go is checked before anything runs.
     const TraceDir traces(conformance.trace_dir);

@@ -108,12 +108,13 @@ inline constexpr const char* lanes_not_applicable =
 inline constexpr const char* capacity_not_applicable =
     "n/a: the adapter declares no capacity (store_policy), so no entry may be evicted (stored-immutable holds it to that)";
 
-// A property an adapter is known, without making an engine, not to be
-// judged on: of the other cache family, or judging a capacity it does not
-// declare. Known for an adapter whose model is known before any job (a
-// process adapter's handshake gave it, with its families). Its verdict is n/a without a job (each job of a process
-// adapter starts one), and `kvcheck list --adapter` leaves it out: the
-// message, else null.
+// A property an adapter is known, before any job, not to be judged on: of
+// the other cache family, or judging a capacity it does not declare. Known
+// for an adapter whose model is known before any job (a process adapter's
+// handshake gave it, with its families; a bundled adapter's engine made in
+// kvcheck's process, commands.cpp's learn_declared). Its verdict is n/a
+// without a job (a job is a fork, and each job of a process adapter starts
+// one), and `kvcheck list --adapter` leaves it out: the message, else null.
 const char* known_not_applicable(const Adapter& adapter, Property property);
 
 struct PropertyResult {

@@ -33,7 +33,9 @@ struct Adapter {
     // removed. Unset for engines loaded in process.
     std::function<std::string(int pid)> take_output = nullptr;
     // The model its engines declare (Capabilities::model), when known
-    // without making one (a process adapter's handshake); unset: not known.
+    // before any job: a process adapter's handshake, or one engine of a
+    // bundled adapter made in kvcheck's process; unset: not known (a
+    // plugin, whose engines are made in its jobs only).
     std::optional<ModelDomain> model = std::nullopt;
     // With `model` known: the handshake's Capabilities::paged and ::store,
     // the cache families its engines can be checked on.
