@@ -13,3 +13,4 @@ kvcheck = _shared.kvcheck
 scratch_dir = _shared.scratch_dir
 REPO = _shared.REPO
 PYTHON_DIR = _shared.PYTHON_DIR
+kvcheck_binary = _shared.kvcheck_binary
