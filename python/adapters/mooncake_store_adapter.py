@@ -11,16 +11,19 @@ threads, which a fork would not copy).
         --adapter python/adapters/mooncake_store_adapter.py
     PYTHONPATH=.venv/engines/mooncake-0.3.13.post1 kvcheck run --python .venv/bin/python \\
         --adapter 'python/adapters/mooncake_store_adapter.py --write from'
+    PYTHONPATH=.venv/engines/mooncake-0.3.13.post1 kvcheck run --python .venv/bin/python \\
+        --adapter 'python/adapters/mooncake_store_adapter.py --replicas 2'
 
 Installed by scripts/bootstrap from python/requirements/mooncake-0.3.13.post1.txt.
 
 | kvcheck | Mooncake 0.3.13.post1 |
 |---|---|
 | add(id, cache) | `upsert_tensor(key(id), kv)`: the K/V as one tensor [2, layers, tokens, heads x head_dim] (the store copies it into its segment); `--write from`: the K/V written into one registered staging buffer the adapter reuses for every add, `upsert_from(key, ptr, size)`, then the buffer is overwritten at once (the zero-copy write of Mooncake's docs: the buffer is the caller's again when the call returns) |
-| get(id) | `get_tensor(key(id))`: a copy, handed out as the stored item (read-only: not owned) |
+| add, `--replicas 2` | `upsert(key, bytes, ReplicateConfig(replica_num=2))` through the first client: one replica in each client's segment (checked with `get_replica_desc` after every write) |
+| get(id) | `get_tensor(key(id))`: a copy, handed out as the stored item (read-only: not owned); `--write from` and `--replicas 2`: `get(key)` (bytes), with `--replicas 2` through the second client (Mooncake reads its own, local replica first) |
 | get_cache(ids) | `get_tensor` of each, in request order; several: their merge |
 | delete(ids), delete_all | `remove(key, force=True)` of each |
-| listing | the ids stored, in insertion order, that `batch_is_exist` still finds (Mooncake lists nothing) |
+| listing | the ids stored, in insertion order, that `batch_is_exist` (of the reading client) still finds (Mooncake lists nothing) |
 | generate | the SDK's decoder on a copy (or on a get_cache copy itself) |
 
 The master and its end: it is this process's child, killed by the kernel
@@ -46,7 +49,9 @@ the lease). No capacity is declared: Mooncake evicts in a background thread
 of the master once a segment is above its high watermark (90 %), which is
 time, not an operation; the segment (32 MiB) is far above any trace (at
 most about 130 entries of at most 64 KiB, and a finished engine's keys are
-removed), so nothing is evicted.
+removed), so nothing is evicted. `put` is not used: a put of a key that
+exists returns 0 and keeps the old value (insert-if-absent, measured), so
+add, which overwrites, is an upsert.
 """
 
 from __future__ import annotations
@@ -166,27 +171,42 @@ class Master:
 
 
 class _Cluster:
-    """This process's master and client, made on first use (a fork copy makes its own)."""
+    """This process's master and client, made on first use (a fork copy makes
+    its own); with `reader()`, a second client of the same master."""
 
     store = None
+    second = None
     master = None
     owner = None
 
     @classmethod
+    def setup(cls):
+        from mooncake.store import MooncakeDistributedStore
+
+        store = MooncakeDistributedStore()
+        status = store.setup("127.0.0.1", "P2PHANDSHAKE", SEGMENT_BYTES, BUFFER_BYTES, "tcp", "",
+                             f"127.0.0.1:{cls.master.port}")
+        if status != 0:
+            if cls.store is None:  # the first client: nothing uses the master
+                cls.master.stop()
+            checked(status, "MooncakeDistributedStore.setup")
+        return store
+
+    @classmethod
+    def reader(cls):
+        """A second client, its own segment: a write of two replicas puts one in each."""
+        cls.client()
+        if cls.second is None:
+            cls.second = cls.setup()
+        return cls.second
+
+    @classmethod
     def client(cls):
         if cls.store is None or cls.owner != os.getpid():
-            cls.owner, cls.store = os.getpid(), None
+            cls.owner, cls.store, cls.second = os.getpid(), None, None
             cls.master = Master()
-            from mooncake.store import MooncakeDistributedStore
-
-            store = MooncakeDistributedStore()
-            status = store.setup("127.0.0.1", "P2PHANDSHAKE", SEGMENT_BYTES, BUFFER_BYTES, "tcp", "",
-                                 f"127.0.0.1:{cls.master.port}")
-            if status != 0:
-                cls.master.stop()
-                checked(status, "MooncakeDistributedStore.setup")
-            cls.store = store
             atexit.register(cls.end)
+            cls.store = cls.setup()
         return cls.store
 
     @classmethod
@@ -194,9 +214,11 @@ class _Cluster:
         """At a normal exit: the client closed while its master still
         answers (its teardown against a dead master waits out RPC retries,
         about 15 s), then the master killed and reaped."""
-        if cls.owner == os.getpid() and cls.store is not None:
-            cls.store.close()
-            cls.store = None
+        if cls.owner == os.getpid():
+            for client in (cls.second, cls.store):
+                if client is not None:
+                    client.close()
+            cls.store = cls.second = None
             cls.master.stop()
 
 
@@ -239,10 +261,12 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
     }
     owned = "derived"
 
-    def __init__(self, model, write="tensor"):
+    def __init__(self, model, write="tensor", replicas=1):
         self.model_ = model
-        self.write = write
-        self.name = f"mooncake-{VERSION}" + ("-write-from" if write == "from" else "")
+        self.write = "bytes" if replicas > 1 and write == "tensor" else write
+        self.replicas = replicas
+        self.name = (f"mooncake-{VERSION}" + ("-write-from" if write == "from" else "")
+                     + (f"-replicas{replicas}" if replicas > 1 else ""))
         self.ids = []  # insertion order
         self.prefix = f"kvcheck-{os.getpid()}-{time.monotonic_ns()}/"
         self.reads = {}  # id -> (the K/V last read, its cache): stored_cache
@@ -254,7 +278,21 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
 
     @property
     def store(self):
+        if self.replicas > 1:
+            _Cluster.reader()  # its segment mounted before the first write: the second replica's place
         return _Cluster.client()
+
+    @property
+    def reading(self):
+        """The client reads go through: with replicas, the second one (its own replica preferred)."""
+        return _Cluster.reader() if self.replicas > 1 else _Cluster.client()
+
+    def config(self):
+        from mooncake.store import ReplicateConfig
+
+        config = ReplicateConfig()
+        config.replica_num = self.replicas
+        return config
 
     def key(self, id):
         return self.prefix + id
@@ -270,7 +308,7 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
         if data.numel() > STAGING_BYTES:
             raise ValueError(f"an entry of {data.numel()} bytes is larger than the staging buffer ({STAGING_BYTES})")
         self.staging[:data.numel()].copy_(data)
-        status = self.store.upsert_from(key, self.staging.data_ptr(), data.numel())
+        status = self.store.upsert_from(key, self.staging.data_ptr(), data.numel(), self.config())
         self.staging.fill_(0xA5)  # the caller's buffer again: the next add writes over it
         checked(status, f"upsert_from({key!r})")
         return tensor.shape
@@ -283,6 +321,12 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
         if self.write == "from":
             self.write_from(key, tensor)
             self.shapes[id] = tensor.shape
+        elif self.write == "bytes":
+            checked(self.store.upsert(key, tensor.numpy().tobytes(), self.config()), f"upsert({id!r})")
+            self.shapes[id] = tensor.shape
+            replicas = len(self.store.get_replica_desc(key))
+            if replicas != self.replicas:
+                raise MooncakeError(f"upsert({id!r}) of {self.replicas} replicas made {replicas}")
         else:
             checked(self.store.upsert_tensor(key, tensor), f"upsert_tensor({id!r})")
         self.keys.add(key)
@@ -297,8 +341,8 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
         key = self.key(id)
         if id not in self.ids:
             return None
-        if self.write == "from":
-            data = self.store.get(key)  # bytes; empty when missing or failed
+        if self.write != "tensor":
+            data = self.reading.get(key)  # bytes; empty when missing or failed
             if len(data) == 0:
                 return self.missing(id)
             return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(self.shapes[id])
@@ -307,7 +351,7 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
 
     def missing(self, id):
         """None when `id`'s key is not in Mooncake; an error when it is, but could not be read."""
-        if checked(self.store.is_exist(self.key(id)), f"is_exist({id!r})") == 1:
+        if checked(self.reading.is_exist(self.key(id)), f"is_exist({id!r})") == 1:
             raise MooncakeError(f"reading {id!r} returned nothing, but is_exist finds it (Mooncake's log says why)")
         return None
 
@@ -322,7 +366,7 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
     def get_all_ids(self):
         if not self.ids:
             return []
-        found = self.store.batch_is_exist([self.key(id) for id in self.ids])
+        found = self.reading.batch_is_exist([self.key(id) for id in self.ids])
         for id, exists in zip(self.ids, found):
             checked(exists, f"batch_is_exist of {id!r}")
         return [id for id, exists in zip(self.ids, found) if exists == 1]
@@ -366,9 +410,12 @@ def main(argv=None) -> None:
     parser.add_argument("--write", choices=("tensor", "from"), default="tensor",
                         help="add by upsert_tensor (tensor), or by upsert_from out of one registered staging "
                              "buffer that is overwritten as soon as each call returns (from)")
+    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                        help="memory replicas of every write (2: a second client of the master mounts a second "
+                             "segment, and every read goes through it: its own replica preferred)")
     arguments = parser.parse_args(argv)
     model = models.Decoder()
-    serve(lambda: MooncakeStoreAdapter(model, arguments.write))
+    serve(lambda: MooncakeStoreAdapter(model, arguments.write, arguments.replicas))
 
 
 if __name__ == "__main__":
