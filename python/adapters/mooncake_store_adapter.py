@@ -259,7 +259,10 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
         "one_sided_layers": False, "legacy_slot_names": False, "uninitialized_layers": False,
         "generate_stream": False, "storage_identity": False, "copy_log": False, "owned_marker": False,
     }
-    owned = "derived"
+    # Each cache carries its marker (cache_of sets it): a read handed out by get
+    # is the stored item (not owned), a get_cache copy is owned. ("derived"
+    # would read every stored entry for every cache observed.)
+    owned = None
 
     def __init__(self, model, write="tensor", replicas=1):
         self.model_ = model

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import PYTHON_DIR, REPO, kvcheck_binary
+from conftest import PYTHON_DIR, REPO, kvcheck_binary, run_adapter, use_engine
 
 ADAPTER = os.path.join(PYTHON_DIR, "adapters", "mooncake_store_adapter.py")
 ENVIRONMENT = os.path.join(REPO, ".venv", "engines", "mooncake-0.3.13.post1")
@@ -28,17 +28,15 @@ GONE_SECONDS = 120  # for the kernel to end what kvcheck left: seconds on an idl
 
 @pytest.fixture
 def mooncake(monkeypatch):
-    if not os.path.isdir(ENVIRONMENT):
-        pytest.skip(f"Mooncake is not installed at {ENVIRONMENT} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", ENVIRONMENT)
+    use_engine(monkeypatch, ENVIRONMENT, "Mooncake")
 
 
 def run_of(kvcheck, options, *arguments):
-    return kvcheck("run", "--adapter", ADAPTER + options, *arguments, "--jobs", "2", "--timeout", "600")
+    return run_adapter(kvcheck, ADAPTER + options, *arguments)
 
 
 def test_mooncake_store_holds_every_property_it_can_be_judged_on(kvcheck, mooncake):
-    run = run_of(kvcheck, "", "--cases", "6")
+    run = run_of(kvcheck, "", "--cases", "4")
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert {p: verdicts.get(p) for p in JUDGED} == {p: "pass" for p in JUDGED}, verdicts
@@ -52,7 +50,7 @@ def test_mooncake_store_written_from_a_buffer_the_caller_overwrites_keeps_what_w
     # entry that kept pointing at the caller's buffer would change under
     # every later add (stored-immutable, store-contract).
     run = run_of(kvcheck, " --write from", "--property", "stored-immutable", "--property", "store-contract",
-                 "--cases", "10")
+                 "--cases", "6")
     assert run.status == 0, run.stdout + run.stderr
     assert run.report["adapter"] == "mooncake-0.3.13.post1-write-from"
     for property_id in ("stored-immutable", "store-contract"):
