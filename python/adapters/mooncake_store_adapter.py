@@ -31,7 +31,8 @@ when this process dies however it dies (PR_SET_PDEATHSIG, checked against a
 parent that died before it was set), and killed and reaped at a normal exit;
 its log goes to an unlinked temporary file, quoted in the error when it
 does not start. A port taken between the probe and the master's bind is
-retried on new ports. Every status Mooncake returns is checked: an error
+retried on new ports (the master exits with status 1 and says nothing
+then). Every status Mooncake returns is checked: an error
 names the call, the code and its name (`ErrorCode`, mooncake-store/include/
 types.h). At a normal exit the client is closed first, then the master
 killed (a client torn down after its master waits out RPC retries, about
@@ -123,6 +124,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def listening_ports(pid: int) -> set:
+    """The TCP ports process `pid` listens on (Linux: its sockets' inodes in /proc/net/tcp)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:  # it exited meanwhile
+        return set()
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return {int(row[1].split(":")[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
+
+
 class Master:
     """A mooncake_master of this process on 127.0.0.1, dying with it."""
 
@@ -140,23 +165,26 @@ class Master:
                 preexec_fn=functools.partial(_die_with_parent, self.owner))
             if self.listening():
                 return
-            if attempt == PORT_TRIES or "address already in use" not in self.tail().lower():
+            # mooncake_master exits with status 1, saying nothing, when its
+            # RPC port is taken: a port another process bound since the probe.
+            if attempt == PORT_TRIES:
+                taken = "" if port_is_free(self.port) else f" (127.0.0.1:{self.port} is in use)"
                 raise MooncakeError(f"mooncake_master ({MASTER}) exited with status {self.process.returncode} "
-                                    f"before listening on 127.0.0.1:{self.port}: {self.tail()}")
+                                    f"before listening on 127.0.0.1:{self.port}{taken}, {PORT_TRIES} times "
+                                    f"on new ports: {self.tail()}")
 
     def listening(self) -> bool:
-        """True once the master accepts on its port; False when it exited first."""
+        """True once the master itself listens on its port (another process
+        on that port answers a connect as well); False when it exited first."""
         deadline = time.monotonic() + MASTER_START_SECONDS
         while self.process.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            if self.port in listening_ports(self.process.pid):
                 return True
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise MooncakeError(f"mooncake_master did not listen on 127.0.0.1:{self.port} in "
-                                        f"{MASTER_START_SECONDS} s: {self.tail()}")
-                time.sleep(0.02)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise MooncakeError(f"mooncake_master did not listen on 127.0.0.1:{self.port} in "
+                                    f"{MASTER_START_SECONDS} s: {self.tail()}")
+            time.sleep(0.02)
         return False
 
     def tail(self) -> str:

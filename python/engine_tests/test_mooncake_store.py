@@ -9,6 +9,7 @@ however kvcheck ends; a master that cannot start is an error that says so."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,14 +111,40 @@ def test_no_mooncake_master_outlives_kvcheck(scratch_dir, mooncake, ending):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(mooncake, monkeypatch, tmp_path):
+def adapter_module():
+    """The adapter's module, imported here (its master is started by the tests below)."""
     sys.path.insert(0, ENVIRONMENT)
     sys.path.insert(0, os.path.dirname(ADAPTER))
     try:
-        import mooncake_store_adapter as adapter
+        import mooncake_store_adapter
     finally:
         sys.path.remove(ENVIRONMENT)
         sys.path.remove(os.path.dirname(ADAPTER))
+    return mooncake_store_adapter
+
+
+def test_a_master_whose_port_was_taken_is_started_again_on_new_ports(mooncake, monkeypatch):
+    adapter = adapter_module()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1]] * 2 + [adapter.free_port() for _ in range(4)]
+        monkeypatch.setattr(adapter, "free_port", lambda: ports.pop(0))
+        master = adapter.Master()  # the first try's RPC port is taken: its master exits, saying nothing
+        try:
+            assert master.port != taken.getsockname()[1]
+            assert master.process.poll() is None
+        finally:
+            master.stop()
+        ports[:] = [taken.getsockname()[1]] * 2 * adapter.PORT_TRIES
+        with pytest.raises(adapter.MooncakeError) as raised:
+            adapter.Master()
+        assert f"127.0.0.1:{taken.getsockname()[1]} is in use" in str(raised.value), raised.value
+        assert f"{adapter.PORT_TRIES} times on new ports" in str(raised.value), raised.value
+
+
+def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(mooncake, monkeypatch, tmp_path):
+    adapter = adapter_module()
     stand_in = tmp_path / "mooncake_master"
     stand_in.write_text("#!/bin/sh\necho 'E1207 master.cpp:1] cannot bind: no such luck' >&2\nexit 3\n")
     stand_in.chmod(0o755)
@@ -126,6 +153,7 @@ def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(moonc
         adapter.Master()
     message = str(raised.value)
     assert "exited with status 3 before listening on 127.0.0.1:" in message, message
+    assert "is in use" not in message, message
     assert "cannot bind: no such luck" in message, message
     assert str(stand_in) in message, message
     assert "OBJECT_HAS_LEASE" in str(pytest.raises(adapter.MooncakeError, adapter.checked, -706, "remove('a')").value)
