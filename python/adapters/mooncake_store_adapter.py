@@ -360,6 +360,9 @@ class MooncakeStoreAdapter(DecoderCalls, Adapter):
                 raise MooncakeError(f"upsert({id!r}) of {self.replicas} replicas made {replicas}")
         else:
             checked(self.store.upsert_tensor(key, tensor), f"upsert_tensor({id!r})")
+        # The store took the caller's object (kvcheck's add): no longer a copy
+        # the caller may write into, though Mooncake stored a copy of it.
+        kv.set_owned(cache, False)
         self.keys.add(key)
         self.reads.pop(id, None)  # a new entry: a new object
         if id not in self.ids:

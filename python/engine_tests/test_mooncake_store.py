@@ -58,6 +58,19 @@ def test_mooncake_store_written_from_a_buffer_the_caller_overwrites_keeps_what_w
         assert run.result(property_id)["verdict"] == "pass", run.result(property_id)
 
 
+def test_a_stored_handle_is_the_callers_no_longer(kvcheck, mooncake, scratch_dir):
+    # Found by scripts/real-engines (seed 1, layout-roundtrip, after 55
+    # traces; shrunk to these 6 operations): add_handle left the caller's
+    # object marked owned, so generate wrote into what kvcheck holds as the
+    # stored item (an adapter fault: Mooncake stores a copy).
+    trace = os.path.join(scratch_dir, "stored-handle.trace")
+    with open(trace, "w") as file:
+        file.write("h1 = make modern/f32/0:[kv1 kv1]\nh2 = concat h1\nh4 = concat h2\nadd_handle b h4\n"
+                   "generate h4 prompt=1 max=1\nh7 = clone h4\n")
+    run = kvcheck("replay", trace, "--adapter", ADAPTER)
+    assert run.status == 0, run.stdout + run.stderr
+
+
 def tagged_processes(tag):
     """(pid, program name) of every process whose environment holds `tag`."""
     found = []
