@@ -51,8 +51,8 @@ of the master once a segment is above its high watermark (90 %), which is
 time, not an operation; the segment (32 MiB) is far above any trace (at
 most about 130 entries of at most 64 KiB, and a finished engine's keys are
 removed), so nothing is evicted. `put` is not used: a put of a key that
-exists returns 0 and keeps the old value (insert-if-absent, measured), so
-add, which overwrites, is an upsert.
+exists returns 0 and keeps the old value (insert-if-absent, measured; known
+upstream as kvcache-ai/Mooncake#346), so add, which overwrites, is an upsert.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ import weakref
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source tree
-
 
 import torch  # noqa: E402
 
