@@ -8,6 +8,7 @@ overwrites at once; the master the adapter starts never outlives kvcheck,
 however kvcheck ends; a master that cannot start is an error that says so."""
 
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -156,9 +157,9 @@ def test_a_master_whose_port_was_taken_is_started_again_on_new_ports(mooncake, m
         assert f"{adapter.PORT_TRIES} times on new ports" in str(raised.value), raised.value
 
 
-def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(mooncake, monkeypatch, tmp_path):
+def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(mooncake, monkeypatch, scratch_dir):
     adapter = adapter_module()
-    stand_in = tmp_path / "mooncake_master"
+    stand_in = pathlib.Path(scratch_dir) / "mooncake_master"
     stand_in.write_text("#!/bin/sh\necho 'E1207 master.cpp:1] cannot bind: no such luck' >&2\nexit 3\n")
     stand_in.chmod(0o755)
     monkeypatch.setattr(adapter, "MASTER", str(stand_in))
