@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import PYTHON_DIR, REPO
+from conftest import PYTHON_DIR, REPO, run_adapter, use_engine
 
 ADAPTER = os.path.join(PYTHON_DIR, "adapters", "lmcache_cpu_backend_adapter.py")
 ENVIRONMENT = os.path.join(REPO, ".venv", "engines", "lmcache-0.5.6")
@@ -23,13 +23,11 @@ BOUNDED = ("--property", "eviction-as-declared", "--property", "stored-immutable
 
 @pytest.fixture
 def lmcache(monkeypatch):
-    if not os.path.isdir(ENVIRONMENT):
-        pytest.skip(f"LMCache is not installed at {ENVIRONMENT} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", ENVIRONMENT)
+    use_engine(monkeypatch, ENVIRONMENT, "LMCache")
 
 
 def run_of(kvcheck, options, *arguments):
-    return kvcheck("run", "--adapter", ADAPTER + options, *arguments, "--jobs", "2", "--timeout", "600")
+    return run_adapter(kvcheck, ADAPTER + options, *arguments)
 
 
 def test_lmcache_cpu_backend_holds_every_property_it_can_be_judged_on(kvcheck, lmcache):
