@@ -110,6 +110,12 @@ class Adapter:
     capacity_bytes: Optional[int] = None
     eviction: Optional[str] = None
     listing: str = "insertion"
+    #: Why this engine's dump cannot run in a copy of its process (a fork),
+    #: or None. dump-safe kills and power-cuts a dump in such a copy
+    #: (docs/protocol.md section 10a); an engine whose library hangs or
+    #: breaks after a fork (MLX's does) says so here, and its dump-safe row
+    #: shows the reason instead of killed dumps.
+    dump_fork_absent: Optional[str] = None
     #: Where the owned marker comes from: None, each cache's `owned`
     #: attribute (the SDK's caches carry one); "derived", for caches without
     #: a marker (transformers' own): see derived_owned.
@@ -529,8 +535,10 @@ class Server:
         # dump_fork (docs/protocol.md section 10a): kvcheck kills and power-cuts
         # this engine's dumps in copies of this process.
         if reply["capabilities"].get("dump", True):
-            reply["dump_fork"] = _protocol.dump_shim() is not None
-            if not reply["dump_fork"]:
+            reply["dump_fork"] = engine.dump_fork_absent is None and _protocol.dump_shim() is not None
+            if engine.dump_fork_absent is not None:
+                reply["dump_fork_absent"] = engine.dump_fork_absent
+            elif not reply["dump_fork"]:
                 reply["dump_fork_absent"] = ("the dump shim (libkvcheck_dumpshim.so) is not loaded in the adapter process: "
                                              "LD_PRELOAD did not reach it (a wrapper that clears the environment, "
                                              "or a statically linked interpreter)")
