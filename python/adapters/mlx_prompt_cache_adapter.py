@@ -35,24 +35,17 @@ Assumptions (contract differences, declared rather than papered over):
     kvcheck's store contract has no name for yet;
   - eviction: none by default (max_size and max_bytes far above anything a
     trace stores). With --max-size N, max_size is N and the adapter
-    declares capacity_items N, eviction "fifo", listing "insertion"; what
-    insert_cache evicts is no longer listed. mlx-lm's order is its own,
-    none of kvcheck's exactly: the entry least recently *stored* goes
-    first (one LRU tier, "assistant", as every insert here is: CacheOrder
-    pops the front of its deque). insert_cache is its only use: an
-    overwrite moves the key to the back, fetch_nearest_cache moves nothing
-    (known upstream: ml-explore/mlx-lm#1495, "eviction ignores fetch
-    recency (FIFO, not LRU)", closed by a maintainer as non-essential; its
-    fix, PR #1496, closed unmerged: the engine's contract as shipped).
-    So declared "lru", every get_cache between two stores differs (kvcheck
-    counts it a use); declared "unspecified", the entries it evicts include
-    ones a caller holds (insert_cache keeps the caller's object, get hands
-    out the stored one), which that policy forbids; declared "fifo", only an
-    overwrite of an entry still held differs (kvcheck's fifo keeps its
-    place, mlx-lm moves it to the back): then eviction-as-declared fails
-    with "evicted [x], expected [y] (the first stored first ...)", a
-    contract difference, not a finding (docs/semantics.md, "Real engines:
-    declared contract differences");
+    declares capacity_items N, eviction "lrs", listing "insertion"; what
+    insert_cache evicts is no longer listed. mlx-lm evicts the entry least
+    recently *stored* first (one LRU tier, "assistant", as every insert
+    here is: CacheOrder pops the front of its deque): insert_cache is its
+    only use, an overwrite moves the key to the back (`_lru.remove` then
+    `push`), fetch_nearest_cache moves nothing (upstream that is by
+    design: ml-explore/mlx-lm#1495, "eviction ignores fetch recency (FIFO,
+    not LRU)", closed by a maintainer as non-essential; its fix, PR #1496,
+    closed unmerged). That is kvcheck's "lrs" exactly (docs/semantics.md,
+    "Declared store contracts"); "lru" would differ at every get_cache
+    between two stores, "fifo" at every overwrite of an entry still held;
   - max_bytes (and trim_to(n_bytes=...), which mlx_lm.server's
     --prompt-cache-bytes calls) is not mapped, and stays far above any
     trace: LRUPromptCache counts each entry's
@@ -70,8 +63,8 @@ Assumptions (contract differences, declared rather than papered over):
     counting what it held then);
   - the ids are listed by the adapter, those the trie still holds, in
     insertion order (an overwritten id keeping its place): LRUPromptCache
-    has no listing, and its LRU's order (an overwrite moves a key to the
-    back) is none kvcheck's contract names;
+    has no listing, and its LRU's order (the order lrs evicts in) is no
+    listing order kvcheck names (recency counts hand-outs);
   - dumps (--dump) are not killed in a fork (dump_fork_absent): MLX hangs
     in a forked child; and a safetensors file carries no checksum, which
     load_prompt_cache does not check either: a flipped byte of K/V loads
@@ -157,7 +150,7 @@ class MlxPromptCacheAdapter(Adapter):
                      ("" if layer_class == "KVCache" else "-" + layer_class))
         if max_size is not None:
             self.capacity_items = max_size
-            self.eviction = "fifo"  # the nearest of kvcheck's policies: see the module doc
+            self.eviction = "lrs"  # the least recently stored first: see the module doc
         self.description = f"mlx-lm {VERSION}'s LRUPromptCache of KVCaches (python/adapters/mlx_prompt_cache_adapter.py)"
         self.model = {"layers": LAYERS, "heads": KV_HEADS, "head_dim": HEAD_DIM, "dtypes": ["f32"],
                       "layouts": ["modern"], "odd_layers": False}

@@ -99,9 +99,10 @@ class Adapter:
     #: capacity_items / capacity_bytes: at most this many entries / bytes of
     #: K/V (None: no bound). eviction: "lru" (the least recently used first;
     #: a use is add, get, get_by_ids, get_cache), "fifo" (the first stored
-    #: first), "none" (never evicts: an add past the capacity raises and
-    #: stores nothing), "unspecified" (any entry may go, never one handed
-    #: out by get and still held). With a capacity, an entry evicted as the
+    #: first), "lrs" (the least recently stored first: a store is the only
+    #: use, an overwrite moves the entry to the back), "none" (never evicts:
+    #: an add past the capacity raises and stores nothing), "unspecified"
+    #: (any entry may go, never one handed out by get and still held). With a capacity, an entry evicted as the
     #: policy says is no violation; one evicted against it fails
     #: eviction-as-declared. listing: the order get_all_ids and stored_ids
     #: give, "insertion" (default), "recency" (least recently used first,
@@ -353,7 +354,7 @@ def store_policy_of(engine: Adapter) -> Optional[Dict[str, Any]]:
     return policy or None
 
 
-_EVICTIONS = ("lru", "fifo", "none", "unspecified")
+_EVICTIONS = ("lru", "fifo", "lrs", "none", "unspecified")
 _LISTINGS = ("insertion", "recency", "unordered")
 
 
