@@ -111,6 +111,7 @@ const char* eviction_name(Eviction eviction) {
         case Eviction::lru: return "lru";
         case Eviction::fifo: return "fifo";
         case Eviction::unspecified: return "unspecified";
+        case Eviction::lrs: return "lrs";
     }
     return "?";
 }
@@ -125,7 +126,7 @@ const char* listing_name(ListingOrder listing) {
 }
 
 std::optional<Eviction> parse_eviction(const std::string& text) {
-    for (Eviction e : {Eviction::none, Eviction::lru, Eviction::fifo, Eviction::unspecified}) {
+    for (Eviction e : {Eviction::none, Eviction::lru, Eviction::fifo, Eviction::unspecified, Eviction::lrs}) {
         if (text == eviction_name(e)) return e;
     }
     return std::nullopt;

@@ -298,13 +298,26 @@ TEST(FreeOrder, AnLruPoolPutsASequenceUsedLongAgoAheadOfOneUsedSince) {
     EXPECT_EQ(fifo.failure->property, "free-order");
 }
 
-// docs/semantics.md#declared-store-contracts: an LRU reference of 4 items.
-Adapter lru_reference() {
-    return {"reference-lru4", "the reference, bounded at 4 items (lru)", "bundled", {}, [] {
+// docs/semantics.md#declared-store-contracts: the reference bounded at 4
+// items, evicting as `eviction` says (lru; lrs: a hand-out is no use, an
+// overwrite moves an entry to the back, as mlx-lm's LRUPromptCache does).
+Adapter bounded_reference(Eviction eviction) {
+    const std::string policy = eviction_name(eviction);
+    return {"reference-" + policy + "4", "the reference, bounded at 4 items (" + policy + ")", "bundled", {}, [eviction] {
                 auto engine = std::make_shared<adapters::ReferenceEngine>();
-                engine->set_capacity(4);
+                engine->set_capacity(4, eviction);
                 return std::shared_ptr<Engine>(std::move(engine));
             }};
+}
+
+Adapter lru_reference() { return bounded_reference(Eviction::lru); }
+Adapter lrs_reference() { return bounded_reference(Eviction::lrs); }
+
+// `text` runs on `adapter` to its end, every operation run, nothing failing.
+void expect_every_step_passes(const Adapter& adapter, const char* text) {
+    const RunResult result = run_on(adapter, parse_trace(text));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(text), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
 }
 
 // Four entries, "b" handed out as h1 and then the least recently used (the
@@ -317,10 +330,7 @@ constexpr const char* lru_trace =
     "generate h1 prompt=1 max=2\nget_all\n";
 
 TEST(EvictionAsDeclared, AnLruStoreEvictsTheLeastRecentlyUsedAndHandedOutCachesStayIntact) {
-    const Adapter adapter = lru_reference();
-    const RunResult result = run_on(adapter, parse_trace(lru_trace));
-    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(lru_trace), "");
-    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+    expect_every_step_passes(lru_reference(), lru_trace);
     // The same trace on an unbounded store: nothing is evicted, nothing judged.
     EXPECT_FALSE(run_on(reference(), parse_trace(lru_trace)).failure);
 }
@@ -337,6 +347,36 @@ TEST(EvictionAsDeclared, AnLruReferencePassesEverySearchedTrace) {
     WorkloadOptions options;
     const std::optional<Finding> finding = find_and_shrink(lru_reference(), 42, 150, options);
     EXPECT_FALSE(finding) << format_failure(finding->reported, finding->shrunk.trace, "");
+}
+
+// "b" handed out (as h1), then "a" overwritten: the least recently stored
+// is "b" (lrs), the first stored "a" (fifo), the least recently used "c"
+// (lru). The fifth id evicts "b", whose cache h1 still holds intact.
+constexpr const char* lrs_trace =
+    "add a modern/f32/1:[kv2]\nadd b modern/f32/2:[kv3]\nadd c modern/f32/3:[kv2]\nadd d modern/f32/4:[kv2]\n"
+    "h1 = get b\nadd a modern/f32/5:[kv2]\nadd e modern/f32/6:[kv2]\nh2 = clone h1\n"
+    "generate h1 prompt=1 max=2\nget_all\n";
+
+TEST(EvictionAsDeclared, AnLrsStoreEvictsTheLeastRecentlyStoredAndAnOverwriteCounts) {
+    expect_every_step_passes(lrs_reference(), lrs_trace);
+    // The LRU reference evicts "c" there, as it declares (and a store
+    // keeping an overwrite's place evicts "a": M37, below).
+    EXPECT_FALSE(run_on(lru_reference(), parse_trace(lrs_trace)).failure);
+}
+
+TEST(EvictionAsDeclared, AnLrsStoreKeepingAnOverwritesPlaceIsCaughtAndNamed) {
+    const RunResult result = run_on(*adapters::find_bundled("M37"), parse_trace(lrs_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "eviction-as-declared");
+    EXPECT_NE(result.failure->message.find("add \"e\" evicted [a], expected [b] (the least recently stored first; "
+                                           "declared: 4 items, eviction lrs)"),
+              std::string::npos)
+        << result.failure->message;
+}
+
+TEST(EvictionAsDeclared, AnLrsReferencePassesEverySearchedTrace) {
+    const std::optional<Finding> finding = find_and_shrink(lrs_reference(), 42, 150, WorkloadOptions{});
+    EXPECT_FALSE(finding) << format_failure(finding->reported, finding->shrunk.trace, "(an lrs reference)");
 }
 
 // docs/semantics.md#trimming: a get_cache copy cut to 2 tokens, generated

@@ -531,6 +531,25 @@ class M36 final : public ReferenceEngine {
     std::map<Handle, std::string> copied_from_;
 };
 
+// M37 (ours, issue 40): a store of 4 items that declares lrs (the least
+// recently stored goes first: an overwrite moves an entry to the back) but,
+// full, evicts the first inserted: an overwrite keeps its place, as a FIFO
+// keyed by first insertion does (mlx-lm's LRUPromptCache with an
+// overwrite that forgot to move its key in the LRU).
+class M37 final : public ReferenceEngine {
+  public:
+    M37() { set_capacity(capacity, Eviction::lrs); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        if (store_.get(id) == nullptr && store_.size() >= capacity) remove({store_.get_all().front()->id});
+        ReferenceEngine::store_add(id, cache, metadata);
+    }
+
+  private:
+    static constexpr std::size_t capacity = 4;
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -826,6 +845,8 @@ std::vector<Adapter> mutant_adapters() {
                     {P::eviction_as_declared}),
         mutant<M35>("M35", "trim keeps one token too many", {P::trim_exact}),
         mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
+        mutant<M37>("M37", "a store of 4 items declaring lrs evicts the first inserted: an overwrite keeps its place",
+                    {P::eviction_as_declared}),
     };
 }
 

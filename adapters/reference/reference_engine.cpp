@@ -21,12 +21,22 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.owned_marker = owned_marker_;
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
-        capabilities.policy.eviction = Eviction::lru;
+        capabilities.policy.eviction = eviction_;
     }
     return capabilities;
 }
 
-void ReferenceEngine::set_capacity(std::size_t items) { store_.set_capacity(items); }
+void ReferenceEngine::set_capacity(std::size_t items, Eviction eviction) {
+    if (eviction != Eviction::lru && eviction != Eviction::lrs) {
+        throw std::invalid_argument(std::string("the reference evicts lru or lrs, not ") + eviction_name(eviction));
+    }
+    store_.set_capacity(items);
+    eviction_ = eviction;
+}
+
+void ReferenceEngine::handed_out(const std::string& id) {
+    if (eviction_ == Eviction::lru) store_.touch(id);  // under lrs a store is the only use
+}
 
 kv::ConstCachePtr ReferenceEngine::handle(Handle h) const {
     const auto found = handles_.find(h);
@@ -86,7 +96,7 @@ void ReferenceEngine::add_handle(const std::string& id, Handle h) {
 
 void ReferenceEngine::get(const std::string& id, Handle out) {
     const kv::ItemPtr item = store_.get(id);
-    store_.touch(id);
+    handed_out(id);
     handles_[out] = item ? item->cache : nullptr;
     handle_metadata_[out] = item ? item->metadata : Metadata{};
 }
@@ -96,7 +106,7 @@ std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::v
     for (const kv::ItemPtr& item : store_.get_by_ids(ids)) {
         found.push_back(item ? std::optional<std::string>(item->id) : std::nullopt);
     }
-    for (const std::string& id : ids) store_.touch(id);
+    for (const std::string& id : ids) handed_out(id);
     return found;
 }
 
@@ -108,7 +118,7 @@ std::vector<std::string> ReferenceEngine::get_all_ids() {
 
 void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out) {
     handles_[out] = store_get_cache(ids);
-    for (const std::string& id : ids) store_.touch(id);
+    for (const std::string& id : ids) handed_out(id);
 }
 
 void ReferenceEngine::remove(const std::vector<std::string>& ids) {

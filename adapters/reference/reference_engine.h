@@ -47,8 +47,11 @@ class ReferenceEngine : public Engine {
     void drop_returned_caches() { returned_caches_ = false; }
     // Bounds its store at `items` entries, evicting the least recently used
     // (kv::Store::set_capacity), and declares so (Capabilities::policy:
-    // lru, listed in insertion order). 0: no bound, the default.
-    void set_capacity(std::size_t items);
+    // lru, listed in insertion order). 0: no bound, the default. With
+    // Eviction::lrs a hand-out is no use (the store is not touched by get,
+    // get_by_ids, get_cache): it evicts the least recently stored, and
+    // declares lrs.
+    void set_capacity(std::size_t items, Eviction eviction = Eviction::lru);
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -132,9 +135,11 @@ class ReferenceEngine : public Engine {
     kv::models::Decoder model_;
 
   private:
+    void handed_out(const std::string& id);  // a use of `id` under lru eviction
     std::string name_ = "reference";
     bool owned_marker_ = true;  // reported (drop_owned_marker)
     bool returned_caches_ = true;  // claimed (drop_returned_caches)
+    Eviction eviction_ = Eviction::lru;  // declared with a capacity (set_capacity)
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

@@ -3,6 +3,16 @@
 #include <algorithm>
 
 namespace kvcheck {
+namespace {
+
+// Puts `id` last in `ids` (an order of use), taking it out of its place.
+void move_to_back(std::vector<std::string>& ids, const std::string& id) {
+    const auto found = std::find(ids.begin(), ids.end(), id);
+    if (found != ids.end()) ids.erase(found);
+    ids.push_back(id);
+}
+
+}  // namespace
 
 ObjectId Auditor::new_object(CacheContent content, Origin origin, bool expect_owned, ObjectId alias_parent,
                              std::int64_t chain_sets, Lineage lineage) {
@@ -82,6 +92,7 @@ void Auditor::store(const std::string& id, ObjectId object, Metadata metadata) {
     if (inserted) order_.push_back(id);
     node->value = object;
     touch(id);
+    move_to_back(stores_, id);
     Object& stored = objects_.at(object);
     stored.expect_owned = false;  // storing clears the owned marker
     stored.chain_sets = 1;        // and makes the cache an original: its copy history ends
@@ -93,6 +104,7 @@ void Auditor::remove(const std::string& id) {
     metadata_.erase(id);
     order_.erase(std::find(order_.begin(), order_.end(), id));
     recency_.erase(std::find(recency_.begin(), recency_.end(), id));
+    stores_.erase(std::find(stores_.begin(), stores_.end(), id));
 }
 
 void Auditor::remove_all() {
@@ -100,13 +112,12 @@ void Auditor::remove_all() {
     metadata_.clear();
     order_.clear();
     recency_.clear();
+    stores_.clear();
 }
 
 void Auditor::touch(const std::string& id) {
     if (entries_.find(id) == nullptr) return;
-    const auto found = std::find(recency_.begin(), recency_.end(), id);
-    if (found != recency_.end()) recency_.erase(found);
-    recency_.push_back(id);
+    move_to_back(recency_, id);
 }
 
 std::int64_t Auditor::stored_bytes() const {
@@ -133,6 +144,7 @@ std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
                                                 const std::vector<std::pair<std::string, std::int64_t>>& added) const {
     std::vector<std::string> order = order_;
     std::vector<std::string> recency = recency_;
+    std::vector<std::string> stores = stores_;
     std::map<std::string, std::int64_t> bytes;
     std::int64_t total = 0;
     for (const std::string& id : order_) total += bytes[id] = bytes_of(*entries_.find(id));
@@ -147,14 +159,17 @@ std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
             order.push_back(id);
         } else {
             total -= known->second;
-            recency.erase(std::find(recency.begin(), recency.end(), id));
         }
-        recency.push_back(id);
+        move_to_back(recency, id);
+        move_to_back(stores, id);
         total += bytes[id] = size;
-        while (over() && (policy.eviction == Eviction::lru || policy.eviction == Eviction::fifo)) {
-            const std::string victim = policy.eviction == Eviction::lru ? recency.front() : order.front();
+        while (over() && evicts_in_order(policy.eviction)) {
+            const std::string victim = policy.eviction == Eviction::lru   ? recency.front()
+                                       : policy.eviction == Eviction::lrs ? stores.front()
+                                                                          : order.front();
             order.erase(std::find(order.begin(), order.end(), victim));
             recency.erase(std::find(recency.begin(), recency.end(), victim));
+            stores.erase(std::find(stores.begin(), stores.end(), victim));
             total -= bytes.at(victim);
             bytes.erase(victim);
             evicted.push_back(victim);
@@ -255,6 +270,7 @@ void Auditor::restore(const Snapshot& snapshot, ListingOrder listing) {
     // their recency after it (docs/semantics.md#declared-store-contracts).
     // A snapshot made by hand (a test's) may leave recency out.
     if (listing == ListingOrder::recency && snapshot.recency.size() == order_.size()) recency_ = snapshot.recency;
+    stores_ = recency_;  // each stored by the load, in that order
 }
 
 std::optional<ObjectId> Auditor::handle(std::int64_t handle) const {

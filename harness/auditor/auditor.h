@@ -112,6 +112,10 @@ class Auditor {
     // of the id (docs/semantics.md#declared-store-contracts).
     const std::vector<std::string>& recency() const { return recency_; }
     void touch(const std::string& id);  // a stored id was used; others are ignored
+    // The stored ids, least recently stored first: a store (add,
+    // add_handle, extract, fill; an overwrite too) is the only use, the
+    // order Eviction::lrs evicts in.
+    const std::vector<std::string>& stores() const { return stores_; }
     // The listing a store of `listing` order must give (unordered: insertion
     // order, compared as a set).
     const std::vector<std::string>& listing(ListingOrder listing) const {
@@ -122,7 +126,7 @@ class Auditor {
     // The ids that must not be evicted under Eviction::unspecified: those
     // handed out, whose object a live handle holds (or a view of it).
     std::vector<std::string> handed_out() const;
-    // The ids a store of `policy` (lru or fifo) evicts, in order, when
+    // The ids a store of `policy` (lru, fifo or lrs) evicts, in order, when
     // `added` (id, K/V bytes) are stored one after the other into the store
     // as it is now. Nothing changes here: the run follows what the engine
     // did, and eviction-as-declared compares.
@@ -169,6 +173,7 @@ class Auditor {
     ObjectId next_object_ = 1;
     std::vector<std::string> order_;
     std::vector<std::string> recency_;  // least recently used first
+    std::vector<std::string> stores_;   // least recently stored first
     IdMap<ObjectId> entries_;  // in no order: order_ has it
     std::map<std::string, Metadata> metadata_;  // of the stored ids
     std::map<std::int64_t, std::optional<ObjectId>> handles_;

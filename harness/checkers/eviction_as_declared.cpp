@@ -2,9 +2,10 @@
 // (Capabilities::policy, docs/semantics.md#declared-store-contracts)
 // evicts only when the items it is given would take it past that
 // capacity, only what its declared policy names (lru: the least recently
-// used; fifo: the first stored; unspecified: any entry but one handed out;
-// none: nothing, it refuses the add instead), and holds no more than its
-// capacity afterwards.
+// used; fifo: the first stored; lrs: the least recently stored, an
+// overwrite moving an entry to the back; unspecified: any entry but one
+// handed out; none: nothing, it refuses the add instead), and holds no
+// more than its capacity afterwards.
 //
 // Checked: at each step that stores items (add, add_handle, extract,
 // fill), the entries the engine no longer lists, of those it held or was
@@ -30,6 +31,15 @@ std::string capacity_text(const StorePolicy& policy) {
 
 std::string held_text(std::size_t items, std::int64_t bytes) {
     return std::to_string(items) + (items == 1 ? " item" : " items") + " (" + std::to_string(bytes) + " bytes)";
+}
+
+// Which entry a policy that names its victims evicts first.
+const char* victim_text(Eviction eviction) {
+    switch (eviction) {
+        case Eviction::lru: return "the least recently used";
+        case Eviction::lrs: return "the least recently stored";
+        default: return "the first stored";
+    }
 }
 
 bool same_ids(std::vector<std::string> a, std::vector<std::string> b) {
@@ -70,10 +80,10 @@ class EvictionAsDeclared final : public Checker {
                 });
             case Eviction::lru:
             case Eviction::fifo:
+            case Eviction::lrs:
                 return expect(probe, same_ids(one.gone, one.due), [&] {
-                    const char* which = e.policy.eviction == Eviction::lru ? "the least recently used" : "the first stored";
-                    return what + " evicted " + id_list(one.gone) + ", expected " + id_list(one.due) + " (" + which +
-                           " first; " + declared + ")";
+                    return what + " evicted " + id_list(one.gone) + ", expected " + id_list(one.due) + " (" +
+                           victim_text(e.policy.eviction) + " first; " + declared + ")";
                 });
             case Eviction::unspecified:
                 for (const std::string& id : one.gone) {

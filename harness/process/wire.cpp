@@ -402,7 +402,7 @@ StorePolicy read_policy_members(const Json& object) {
     if (object.find("eviction") != nullptr) {
         const std::string text = read_string(object, "eviction");
         const std::optional<Eviction> eviction = parse_eviction(text);
-        if (!eviction) throw ProtocolError("'eviction' is '" + text + "' (known: none, lru, fifo, unspecified)");
+        if (!eviction) throw ProtocolError("'eviction' is '" + text + "' (known: none, lru, fifo, lrs, unspecified)");
         policy.eviction = *eviction;
     }
     if (object.find("listing") != nullptr) {

@@ -1,7 +1,8 @@
 """A bounded store for the declared-contract tests (test_store_policy.py):
-$KVCHECK_TEST_POLICY names its eviction ("lru", "fifo", "none",
+$KVCHECK_TEST_POLICY names its eviction ("lru", "fifo", "lrs", "none",
 "lru-bytes": an LRU bounded by bytes) and $KVCHECK_TEST_POLICY_BUG a bug ("" for
-none: "evicts_lru" for a fifo store that evicts by recency)."""
+none: "evicts_lru" for a fifo store that evicts by recency, "evicts_fifo" for
+an lrs store whose overwrite keeps its place)."""
 
 import os
 from collections import OrderedDict
@@ -24,10 +25,15 @@ def size_of(cache):
 class PolicyStore:
     def __init__(self):
         self.items = OrderedDict()  # insertion order
-        self.used = OrderedDict()   # recency, least recent first
+        self.used = OrderedDict()   # recency, least recent first (lrs: only stores count)
         self.model = decoder.Decoder()
 
     def _use(self, id):
+        """A hand-out of `id`: a use, except under lrs (only a store is)."""
+        if POLICY != "lrs":
+            self._stored(id)
+
+    def _stored(self, id):
         if id in self.items:
             self.used.pop(id, None)
             self.used[id] = None
@@ -44,9 +50,9 @@ class PolicyStore:
         if POLICY == "none" and id not in self.items and len(self.items) >= ITEMS:
             raise RuntimeError(f"the store is full ({ITEMS} items)")
         self.items[id] = cache
-        self._use(id)
+        self._stored(id)
         while self._over():
-            by_recency = POLICY in ("lru", "lru-bytes") or BUG == "evicts_lru"
+            by_recency = (POLICY in ("lru", "lru-bytes", "lrs") or BUG == "evicts_lru") and BUG != "evicts_fifo"
             victim = next(iter(self.used if by_recency else self.items))
             del self.items[victim]
             del self.used[victim]

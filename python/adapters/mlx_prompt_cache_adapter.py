@@ -21,6 +21,12 @@ The mapping (python/README.md, "Real engines"):
 | delete_all | a new `LRUPromptCache` |
 | generate | `generate_step(prompt, model, prompt_cache=copy, max_tokens=n)` (greedy): on a deep copy, or on the input itself when it is a copy the store handed out |
 | trim(handle, keep) | `trim_prompt_cache(cache, offset - keep)` on a copy the caller holds (each `KVCache.trim` lowers its offset; its buffer keeps the tokens past it, which the next `update_and_fetch` overwrites) |
+| dump(dir), load(dir) (`--dump`) | `save_prompt_cache` of every entry's layers, in listing order, the ids in its metadata (under a temporary name, fsynced, renamed: the adapter's); `load_prompt_cache`, then a new `LRUPromptCache` given the entries by `insert_cache` in that order |
+| view | each layer's `keys_and_values()`, what the attention reads, through numpy |
+
+`--layer-class ConcatenateKVCache` makes every cache of mlx-lm's
+ConcatenateKVCache instead of KVCache (what make_prompt_cache makes for a
+llama): its trim fails trim-exact, docs/findings/mlx-lm-1.md.
 
 Assumptions (contract differences, declared rather than papered over):
   - key(id): a 2-token key per id, distinct and of one length, so that no
@@ -29,30 +35,40 @@ Assumptions (contract differences, declared rather than papered over):
     kvcheck's store contract has no name for yet;
   - eviction: none by default (max_size and max_bytes far above anything a
     trace stores). With --max-size N, max_size is N and the adapter
-    declares capacity_items N, eviction "fifo", listing "insertion"; what
-    insert_cache evicts is no longer listed. mlx-lm's order is its own,
-    none of kvcheck's exactly: the entry least recently *stored* goes
-    first (one LRU tier, "assistant", as every insert here is: CacheOrder
-    pops the front of its deque). insert_cache is its only use: an
-    overwrite moves the key to the back, fetch_nearest_cache moves nothing
-    (known upstream: ml-explore/mlx-lm#1495, "eviction ignores fetch
-    recency (FIFO, not LRU)", closed by a maintainer as non-essential; its
-    fix, PR #1496, closed unmerged: the engine's contract as shipped).
-    So declared "lru", every get_cache between two stores differs (kvcheck
-    counts it a use); declared "unspecified", the entries it evicts include
-    ones a caller holds (insert_cache keeps the caller's object, get hands
-    out the stored one), which that policy forbids; declared "fifo", only an
-    overwrite of an entry still held differs (kvcheck's fifo keeps its
-    place, mlx-lm moves it to the back): then eviction-as-declared fails
-    with "evicted [x], expected [y] (the first stored first ...)", a
-    contract difference, not a finding (docs/semantics.md, "Real engines:
-    declared contract differences"). max_bytes is never set:
-    KVCache.nbytes counts its buffers, grown 256 tokens at a time, not the
-    K/V it holds, which kvcheck's capacity_bytes counts;
+    declares capacity_items N, eviction "lrs", listing "insertion"; what
+    insert_cache evicts is no longer listed. mlx-lm evicts the entry least
+    recently *stored* first (one LRU tier, "assistant", as every insert
+    here is: CacheOrder pops the front of its deque): insert_cache is its
+    only use, an overwrite moves the key to the back (`_lru.remove` then
+    `push`), fetch_nearest_cache moves nothing (upstream that is by
+    design: ml-explore/mlx-lm#1495, "eviction ignores fetch recency (FIFO,
+    not LRU)", closed by a maintainer as non-essential; its fix, PR #1496,
+    closed unmerged). That is kvcheck's "lrs" exactly (docs/semantics.md,
+    "Declared store contracts"); "lru" would differ at every get_cache
+    between two stores, "fifo" at every overwrite of an entry still held;
+  - max_bytes (and trim_to(n_bytes=...), which mlx_lm.server's
+    --prompt-cache-bytes calls) is not mapped, and stays far above any
+    trace: LRUPromptCache counts each entry's
+    KVCache.nbytes, its buffers, not the K/V it holds, which is what
+    kvcheck's capacity_bytes counts. A buffer grows 256 tokens at a time,
+    is regrown to the exact sum when a write does not start on a step
+    (3 tokens then 300: a 515-token buffer), and a trim keeps it whole
+    (measured, 2 K/V heads of 8, float32, one layer: 1 token holds 128
+    bytes of K/V in a 32,768-byte buffer; 3 + 300 tokens 38,784 in 65,920;
+    300 trimmed to 50, 6,400 in 65,536). The bytes an entry counts are a
+    function of its history, not its content, so no declared capacity
+    says when mlx-lm evicts: a contract difference (docs/semantics.md,
+    "Real engines: declared contract differences"), and nbytes is also
+    fixed at insert_cache (an inserted cache the caller grows later keeps
+    counting what it held then);
   - the ids are listed by the adapter, those the trie still holds, in
     insertion order (an overwritten id keeping its place): LRUPromptCache
-    has no listing, and its LRU's order (an overwrite moves a key to the
-    back) is none kvcheck's contract names;
+    has no listing, and its LRU's order (the order lrs evicts in) is no
+    listing order kvcheck names (recency counts hand-outs);
+  - dumps (--dump) are not killed in a fork (dump_fork_absent): MLX hangs
+    in a forked child; and a safetensors file carries no checksum, which
+    load_prompt_cache does not check either: a flipped byte of K/V loads
+    silently and dump-safe FAILs on it, a contract difference;
   - no storage identities, no copy log: MLX arrays are immutable values whose
     copies share their buffer until written (a deep copy of a KVCache shares
     every buffer with its source: the data addresses are equal), and MLX has
@@ -66,6 +82,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
+import json
 import os
 import sys
 import types
@@ -88,6 +106,8 @@ VERSION = "0.32.2"
 MODEL_KEY = "tiny-llama"
 LAYERS, KV_HEADS, HEAD_DIM, VOCAB = 2, 2, 8, 64
 NO_EVICTION = 1 << 40  # entries and bytes: far above any trace
+DUMP_FILE = "prompt-cache.safetensors"
+DUMP_IDS = "kvcheck_ids"  # the metadata key of the dumped ids, in listing order
 _object_id = id  # the operations' `id` parameters shadow it
 
 
@@ -106,11 +126,13 @@ def tiny_model(seed: int = 1):
 
 
 def held(layer):
-    """The (keys, values) a KVCache holds, as MLX arrays (its buffers cut to
-    its offset); None when it holds none."""
-    if layer.keys is None or layer.offset == 0:
+    """The (keys, values) a cache layer gives the model, as MLX arrays: its
+    keys_and_values() (a KVCache's buffers cut to its offset, a
+    ConcatenateKVCache's arrays); None when it holds none."""
+    if layer.keys is None:
         return None
-    return layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+    keys, values = layer.keys_and_values()
+    return None if keys.shape[2] == 0 else (keys, values)
 
 
 def to_torch(array) -> torch.Tensor:
@@ -120,13 +142,15 @@ def to_torch(array) -> torch.Tensor:
 class MlxPromptCacheAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, model, max_size=None):
+    def __init__(self, model, max_size=None, dumps=False, layer_class="KVCache"):
         self.model_ = model
         self.max_size = max_size
-        self.name = f"mlx-lm-{VERSION}" + (f"-max{max_size}" if max_size else "")
+        self.layer_class = getattr(mlx_cache, layer_class)
+        self.name = (f"mlx-lm-{VERSION}" + (f"-max{max_size}" if max_size else "") + ("-dump" if dumps else "") +
+                     ("" if layer_class == "KVCache" else "-" + layer_class))
         if max_size is not None:
             self.capacity_items = max_size
-            self.eviction = "fifo"  # the nearest of kvcheck's policies: see the module doc
+            self.eviction = "lrs"  # the least recently stored first: see the module doc
         self.description = f"mlx-lm {VERSION}'s LRUPromptCache of KVCaches (python/adapters/mlx_prompt_cache_adapter.py)"
         self.model = {"layers": LAYERS, "heads": KV_HEADS, "head_dim": HEAD_DIM, "dtypes": ["f32"],
                       "layouts": ["modern"], "odd_layers": False}
@@ -134,8 +158,12 @@ class MlxPromptCacheAdapter(Adapter):
             "legacy_layout": False, "modern_layout": True, "conversions": False, "half_dtypes": False,
             "one_sided_layers": False, "legacy_slot_names": False, "uninitialized_layers": False,
             "any_geometry": True, "generate_stream": False, "storage_identity": False, "copy_log": False,
-            "owned_marker": False,
+            "owned_marker": False, "dump": dumps,
         }
+        # MLX hangs in a forked child (an evaluation there waits for a thread
+        # the fork did not copy: save_prompt_cache in a fork, measured, never
+        # returns), so dump-safe cannot kill a dump in a copy of this process.
+        self.dump_fork_absent = "MLX hangs in a forked child (save_prompt_cache never returns there)"
         self.prompt_cache = self.new_prompt_cache()
         self.keys = {}  # id -> its trie key, in insertion order
         self.next_key = 0  # keys are never reused: an evicted or deleted id's key stays retired
@@ -160,8 +188,13 @@ class MlxPromptCacheAdapter(Adapter):
 
     # ---- caches ----
 
+    def new_layers(self):
+        """An empty cache of the chosen class, a layer each (KVCache: what
+        make_prompt_cache makes for a llama)."""
+        return [self.layer_class() for _ in range(LAYERS)]
+
     def filled(self, parts):
-        cache = [mlx_cache.KVCache() for _ in range(LAYERS)]
+        cache = self.new_layers()
         for part in parts:
             for layer, source in zip(cache, part):
                 kv = held(source)
@@ -176,7 +209,7 @@ class MlxPromptCacheAdapter(Adapter):
         return cache
 
     def make_cache(self, content):
-        cache = [mlx_cache.KVCache() for _ in range(LAYERS)]
+        cache = self.new_layers()
         for layer, spec in zip(cache, content.layers):
             keys = wire.slot_tensor(spec.slots[0], content.dtype, content.heads, content.head_dim)
             values = wire.slot_tensor(spec.slots[1], content.dtype, content.heads, content.head_dim)
@@ -255,6 +288,54 @@ class MlxPromptCacheAdapter(Adapter):
         self.prompt_cache = self.new_prompt_cache()
         self.keys = {}
 
+    # ---- dump and load: mlx-lm's save_prompt_cache / load_prompt_cache ----
+
+    def dump(self, directory):
+        """Every entry's KVCaches, in listing order, in one safetensors file
+        written by mlx-lm's save_prompt_cache (the ids in its metadata); the
+        file handling is the adapter's, as LRUPromptCache keeps nothing on
+        disk: written under a temporary name, fsynced, renamed over the
+        previous dump, the directory fsynced (a killed dump leaves the
+        previous one; its temporary file goes at the next dump or load)."""
+        os.makedirs(directory, exist_ok=True)
+        remove_stale_temporaries(directory)
+        ids = list(self.keys)
+        layers = [layer for id in ids for layer in self.stored_cache(id)]
+        temporary = os.path.join(directory, f"{DUMP_FILE}.tmp-{os.getpid()}.safetensors")
+        try:
+            mlx_cache.save_prompt_cache(temporary, layers, {DUMP_IDS: json.dumps(ids)})
+            with open(temporary, "rb") as file:
+                os.fsync(file.fileno())
+            os.replace(temporary, os.path.join(directory, DUMP_FILE))
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+        fsync_directory(directory)
+
+    def load(self, directory):
+        """A new LRUPromptCache given the dumped entries by insert_cache, in
+        the dump's order (so least recently stored first, as they were
+        listed); the store is unchanged when load_prompt_cache raises or
+        the file is not a dump of this store's shape."""
+        if os.path.isdir(directory):
+            remove_stale_temporaries(directory)
+        path = os.path.join(directory, DUMP_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"cannot load dump: {path} does not exist")
+        layers, metadata = mlx_cache.load_prompt_cache(path, return_metadata=True)
+        ids = json.loads(metadata.get(DUMP_IDS, "null"))
+        if not isinstance(ids, list) or not all(isinstance(id, str) for id in ids) or len(set(ids)) != len(ids):
+            raise ValueError(f"cannot load dump {path}: metadata {DUMP_IDS!r} is not a list of distinct ids")
+        if len(layers) != LAYERS * len(ids) or not all(type(layer) is self.layer_class for layer in layers):
+            raise ValueError(f"cannot load dump {path}: {len(layers)} caches "
+                             f"({sorted({type(layer).__name__ for layer in layers})}) for {len(ids)} ids of {LAYERS} KVCaches")
+        prompt_cache, keys = self.new_prompt_cache(), {}
+        for n, id in enumerate(ids):
+            keys[id] = self.key_of(id)
+            prompt_cache.insert_cache(MODEL_KEY, keys[id], _Held(layers[n * LAYERS:(n + 1) * LAYERS]))
+        self.prompt_cache, self.keys = prompt_cache, keys
+
     # ---- generation ----
 
     def run(self, cache, prompt, max_new_tokens):
@@ -267,7 +348,7 @@ class MlxPromptCacheAdapter(Adapter):
 
     def generate(self, cache, prompt, max_new_tokens):
         if cache is None:
-            work = mlx_cache.make_prompt_cache(self.model_)
+            work = self.new_layers()
         elif self.handed_out.get(_object_id(cache)) is cache:
             work = cache  # a copy the store handed out: the model writes into it
         else:
@@ -289,6 +370,32 @@ class MlxPromptCacheAdapter(Adapter):
             mlx_cache.trim_prompt_cache(cache, held_tokens - keep)
 
 
+def remove_stale_temporaries(directory):
+    """The temporary files of dumps whose process no longer runs (killed)."""
+    for path in glob.glob(os.path.join(directory, f"{DUMP_FILE}.tmp-*.safetensors")):
+        pid = path[len(os.path.join(directory, DUMP_FILE)) + len(".tmp-"):-len(".safetensors")]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_runs(int(pid)):
+            os.remove(path)
+
+
+def process_runs(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_directory(directory):
+    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 class _Held(list):
     """A list of KVCaches the adapter hands out (weakly referable, unlike a list)."""
 
@@ -299,11 +406,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-size", type=int, default=None, metavar="N",
                         help="LRUPromptCache's max_size (entries); declared as capacity_items N")
+    parser.add_argument("--layer-class", default="KVCache", choices=("KVCache", "ConcatenateKVCache"),
+                        help="the cache class of every layer (default KVCache, as make_prompt_cache makes)")
+    parser.add_argument("--dump", action="store_true",
+                        help="dump and load the store with mlx-lm's save_prompt_cache / load_prompt_cache")
     arguments = parser.parse_args(argv)
     if arguments.max_size is not None and arguments.max_size < 1:
         parser.error(f"--max-size is {arguments.max_size}: a positive number of entries")
     model = tiny_model()
-    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size))
+    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size, arguments.dump, arguments.layer_class))
 
 
 if __name__ == "__main__":

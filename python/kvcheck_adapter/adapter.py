@@ -99,9 +99,10 @@ class Adapter:
     #: capacity_items / capacity_bytes: at most this many entries / bytes of
     #: K/V (None: no bound). eviction: "lru" (the least recently used first;
     #: a use is add, get, get_by_ids, get_cache), "fifo" (the first stored
-    #: first), "none" (never evicts: an add past the capacity raises and
-    #: stores nothing), "unspecified" (any entry may go, never one handed
-    #: out by get and still held). With a capacity, an entry evicted as the
+    #: first), "lrs" (the least recently stored first: a store is the only
+    #: use, an overwrite moves the entry to the back), "none" (never evicts:
+    #: an add past the capacity raises and stores nothing), "unspecified"
+    #: (any entry may go, never one handed out by get and still held). With a capacity, an entry evicted as the
     #: policy says is no violation; one evicted against it fails
     #: eviction-as-declared. listing: the order get_all_ids and stored_ids
     #: give, "insertion" (default), "recency" (least recently used first,
@@ -110,6 +111,12 @@ class Adapter:
     capacity_bytes: Optional[int] = None
     eviction: Optional[str] = None
     listing: str = "insertion"
+    #: Why this engine's dump cannot run in a copy of its process (a fork),
+    #: or None. dump-safe kills and power-cuts a dump in such a copy
+    #: (docs/protocol.md section 10a); an engine whose library hangs or
+    #: breaks after a fork (MLX's does) says so here, and its dump-safe row
+    #: shows the reason instead of killed dumps.
+    dump_fork_absent: Optional[str] = None
     #: Where the owned marker comes from: None, each cache's `owned`
     #: attribute (the SDK's caches carry one); "derived", for caches without
     #: a marker (transformers' own): see derived_owned.
@@ -347,7 +354,7 @@ def store_policy_of(engine: Adapter) -> Optional[Dict[str, Any]]:
     return policy or None
 
 
-_EVICTIONS = ("lru", "fifo", "none", "unspecified")
+_EVICTIONS = ("lru", "fifo", "lrs", "none", "unspecified")
 _LISTINGS = ("insertion", "recency", "unordered")
 
 
@@ -529,8 +536,10 @@ class Server:
         # dump_fork (docs/protocol.md section 10a): kvcheck kills and power-cuts
         # this engine's dumps in copies of this process.
         if reply["capabilities"].get("dump", True):
-            reply["dump_fork"] = _protocol.dump_shim() is not None
-            if not reply["dump_fork"]:
+            reply["dump_fork"] = engine.dump_fork_absent is None and _protocol.dump_shim() is not None
+            if engine.dump_fork_absent is not None:
+                reply["dump_fork_absent"] = engine.dump_fork_absent
+            elif not reply["dump_fork"]:
                 reply["dump_fork_absent"] = ("the dump shim (libkvcheck_dumpshim.so) is not loaded in the adapter process: "
                                              "LD_PRELOAD did not reach it (a wrapper that clears the environment, "
                                              "or a statically linked interpreter)")

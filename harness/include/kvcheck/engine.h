@@ -97,6 +97,7 @@ enum class Eviction : std::uint8_t {
     lru,          // the least recently used entry first (a use: add, get, get_by_ids, get_cache)
     fifo,         // the entry stored first first (insertion order; an overwrite keeps its place)
     unspecified,  // any entry may go, never one handed out (a live get of it, or a view of that)
+    lrs,          // the least recently stored first (a store is its only use: an overwrite moves it to the back)
 };
 enum class ListingOrder : std::uint8_t {
     insertion,  // get_all and the listing in insertion order (the default)
@@ -112,7 +113,12 @@ struct StorePolicy {
     bool bounded() const { return capacity_items > 0 || capacity_bytes > 0; }
 };
 
-const char* eviction_name(Eviction eviction);  // "none", "lru", "fifo", "unspecified"
+const char* eviction_name(Eviction eviction);  // "none", "lru", "fifo", "unspecified", "lrs"
+// Whether a policy names the entries it evicts, in order (lru, fifo, lrs):
+// then exactly those must go (eviction-as-declared).
+inline bool evicts_in_order(Eviction eviction) {
+    return eviction == Eviction::lru || eviction == Eviction::fifo || eviction == Eviction::lrs;
+}
 const char* listing_name(ListingOrder listing);  // "insertion", "recency", "unordered"
 std::optional<Eviction> parse_eviction(const std::string& text);
 std::optional<ListingOrder> parse_listing(const std::string& text);
