@@ -105,6 +105,17 @@ TEST(PagedReference, PassesATenthOfTheBudget) {
                                             reproduce_command(*reference, finding->shrunk.trace));
 }
 
+// The same over a sliding-window model (docs/semantics.md#sliding-windows):
+// its pool frees the blocks behind every window and tables hold the null
+// block; nothing is a finding.
+TEST(PagedReferenceWindow, PassesATenthOfTheBudget) {
+    const Adapter* reference = adapters::find_bundled("paged-reference-window");
+    ASSERT_NE(reference, nullptr);
+    const auto finding = find_and_shrink(*reference, first_seed, traces_max / 10, WorkloadOptions{});
+    EXPECT_FALSE(finding) << format_failure(finding->shrunk.failure, finding->shrunk.trace,
+                                            reproduce_command(*reference, finding->shrunk.trace));
+}
+
 // The default schedule reads around each step only what the step can reach
 // (harness/run/schedule.cpp); it must find what reading every entry after every
 // step finds, on the same traces, under the same property, at the same

@@ -119,11 +119,20 @@ class VllmBlockManager(BlockManagerAdapter):
     num_blocks = 8
     block_tokens = 2
 
-    def __init__(self, publish_at_schedule=False):
+    def __init__(self, publish_at_schedule=False, window=0):
         self.publish_at_schedule = publish_at_schedule
-        self.name = f"vllm-{VLLM_VERSION}" + ("+publish-at-schedule" if publish_at_schedule else "")
-        spec = kv_cache_interface.FullAttentionSpec(
-            block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32)
+        self.name = (f"vllm-{VLLM_VERSION}" + ("+publish-at-schedule" if publish_at_schedule else "") +
+                     (f"+sliding-window-{window}" if window else ""))
+        if window:
+            # SlidingWindowManager: allocate_slots gives back the blocks behind
+            # the window (remove_skipped_blocks), the null block in their place.
+            self.window = window
+            spec = kv_cache_interface.SlidingWindowSpec(
+                block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32,
+                sliding_window=window)
+        else:
+            spec = kv_cache_interface.FullAttentionSpec(
+                block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32)
         config = kv_cache_interface.KVCacheConfig(
             num_blocks=self.num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[kv_cache_interface.KVCacheGroupSpec(["layer.0"], spec)])
@@ -227,8 +236,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--publish-at-schedule", action="store_true",
                         help="cache full blocks in allocate_slots, as vLLM's scheduler does, not at the step")
+    parser.add_argument("--window", type=int, default=0,
+                        help="a sliding-window attention group of this many tokens (vLLM's SlidingWindowManager)")
     args = parser.parse_args(argv)
-    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule))
+    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule, window=args.window))
 
 
 if __name__ == "__main__":
