@@ -393,6 +393,13 @@ bool cut_by_rewind(const Paged& fact, std::int64_t block);
 // last block: a new block (with a LIFO free list, the one freed last is
 // taken first), not the one it was.
 bool retaken_by_rewind(const Paged& fact, std::int64_t block);
+// Whether, with a sliding window, the operation released `block` behind a
+// window (every table position holding it before holds the null block
+// after it, and no pending copy read it: it was free once released) and
+// took it back at another position: a new block, not the one it was (vLLM's
+// allocate_slots releases the blocks behind the window before it takes
+// new ones, and an unhashed block released goes to the front of the queue).
+bool retaken_behind_window(const Paged& fact, std::int64_t block);
 // `block` of `state`, or null when the state has no such block (below 1, or
 // past its own pool: an engine may report a pool that changed size, so a
 // block of one state is looked up in that state, never by another's size).

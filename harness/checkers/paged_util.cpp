@@ -25,6 +25,20 @@ std::int64_t copies_reading(const PagedState& state, std::int64_t block) {
     return std::count_if(state.copies.begin(), state.copies.end(), [block](const PagedCopy& c) { return c.source == block; });
 }
 
+bool retaken_behind_window(const Paged& fact, std::int64_t block) {
+    if (fact.after.window <= 0 || fact.refused || copies_reading(fact.before, block) != 0) return false;
+    std::int64_t released = 0;
+    for (const auto& [seq, table] : fact.before.tables) {
+        const auto now = fact.after.tables.find(seq);
+        for (std::size_t i = 0; i < table.size(); ++i) {
+            if (table[i] != block) continue;
+            if (now == fact.after.tables.end() || i >= now->second.size() || now->second[i] != 0) return false;
+            ++released;
+        }
+    }
+    return released > 0 && tables_holding(fact.after, block) > 0;
+}
+
 const PagedBlock* block_in(const PagedState& state, std::int64_t block) {
     if (block < 1 || block >= static_cast<std::int64_t>(state.blocks.size())) return nullptr;
     return &state.blocks[static_cast<std::size_t>(block)];
