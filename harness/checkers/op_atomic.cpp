@@ -13,7 +13,8 @@
 // is partial and shared (the copy it needs: one block).
 // A pool refusing everything would otherwise pass every paged property.
 // An engine that keeps a reserve of free blocks (a watermark) breaks it by
-// design.
+// design. With a sliding window, a refusal may have released the blocks
+// behind a window (vLLM's allocate_slots does before it finds no room).
 //
 // Checked: at the step of every refused paged operation.
 // Not checked here: whether a refused append or import was needed (the
