@@ -17,6 +17,13 @@ const std::vector<Adapter>& bundled() {
                            engine->rename("paged-reference");
                            return std::shared_ptr<Engine>(std::move(engine));
                        }});
+        all.push_back({"paged-reference-window",
+                       "the paged reference over a model of attention window 3: blocks behind every window are freed",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<PagedReference>(nullptr, PagedReference::window_config());
+                           engine->rename("paged-reference-window");
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
         for (Adapter& mutant : paged_mutant_adapters()) all.push_back(std::move(mutant));
         for (Adapter& mutant : lane_mutant_adapters()) all.push_back(std::move(mutant));
         return all;

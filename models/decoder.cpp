@@ -24,6 +24,7 @@ void check_config(const DecoderConfig& config) {
     if (config.eos_token < -1 || config.eos_token >= config.vocab_size) {
         throw std::invalid_argument("Decoder: eos_token must be -1 or in [0, vocab_size)");
     }
+    if (config.window < 0) throw std::invalid_argument("Decoder: window must be >= 0 (0: full attention)");
 }
 
 void check_tokens(const std::vector<std::int64_t>& tokens, std::int64_t vocab_size) {
@@ -161,10 +162,11 @@ at::Tensor read_back(const at::Tensor& held, Heads heads, std::int64_t count, st
 // Causal attention of the `count` new tokens of one layer. qkv: their
 // [n, 3E] projections (q in the first E columns); keys, values: contiguous
 // float32 [1, H, S, D] with S >= n. The query of new token i sits at
-// position P = S - n + i and sees keys 0..P. Writes [n, E] into `out`.
-// Token i's result is a function of its query and cached rows 0..P only.
+// position P = S - n + i and sees keys 0..P, or with a window W > 0 keys
+// max(0, P - W + 1)..P. Writes [n, E] into `out`. Token i's result is a
+// function of its query and the cached rows it sees only.
 void attend(const std::vector<float>& qkv, const float* keys, const float* values, std::int64_t total,
-            std::int64_t count, Heads heads, std::vector<float>& out) {
+            std::int64_t count, Heads heads, std::int64_t window, std::vector<float>& out) {
     const std::int64_t past = total - count;
     assert(past >= 0);
     const std::int64_t width = heads.width();
@@ -172,26 +174,27 @@ void attend(const std::vector<float>& qkv, const float* keys, const float* value
     std::vector<float> weights(at_index(total));
     for (std::int64_t i = 0; i < count; ++i) {
         const std::int64_t visible = past + i + 1;
+        const std::int64_t first = window > 0 ? std::max<std::int64_t>(0, visible - window) : 0;
         for (std::int64_t h = 0; h < heads.count; ++h) {
             const float* query = qkv.data() + i * 3 * width + h * heads.dims;
             const float* head_keys = keys + h * total * heads.dims;
             const float* head_values = values + h * total * heads.dims;
             // softmax(q·kᵀ · scale), stable: the maximum is subtracted first.
             float top = -std::numeric_limits<float>::infinity();
-            for (std::int64_t j = 0; j < visible; ++j) {
+            for (std::int64_t j = first; j < visible; ++j) {
                 const float score = dot(query, head_keys + j * heads.dims, heads.dims) * scale;
                 weights[at_index(j)] = score;
                 if (score > top) top = score;
             }
             float sum = 0.0F;
-            for (std::int64_t j = 0; j < visible; ++j) {
+            for (std::int64_t j = first; j < visible; ++j) {
                 const float e = std::exp(weights[at_index(j)] - top);
                 weights[at_index(j)] = e;
                 sum += e;
             }
             float* result = out.data() + i * width + h * heads.dims;
             for (std::int64_t d = 0; d < heads.dims; ++d) result[d] = 0.0F;
-            for (std::int64_t j = 0; j < visible; ++j) {
+            for (std::int64_t j = first; j < visible; ++j) {
                 const float weight = weights[at_index(j)] / sum;
                 const float* row = head_values + j * heads.dims;
                 for (std::int64_t d = 0; d < heads.dims; ++d) result[d] += weight * row[d];
@@ -355,7 +358,7 @@ std::int64_t Decoder::run(const std::vector<std::int64_t>& tokens, Cache& cache,
                                         std::to_string(keys.size(2)) + " keys but " +
                                         std::to_string(values.size(2)) + " values");
         }
-        attend(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), count, heads, attended);
+        attend(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), count, heads, config_.window, attended);
         for (std::int64_t i = 0; i < count; ++i) {
             row_times(attended.data() + i * width, weights.out.data(), width, width, product.data());
             float* row = x.data() + i * width;

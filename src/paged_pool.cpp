@@ -32,6 +32,7 @@ Pool::Pool(PoolConfig config, Model& model) : config_(config), model_(model) {
     if (config_.blocks < 2 || config_.block_tokens < 1 || config_.layers < 1 || config_.heads < 1 || config_.head_dim < 1) {
         throw std::invalid_argument("paged pool: needs at least 2 blocks (the null block and one), blocks of at least 1 token, and a geometry of at least 1 layer, head and dim");
     }
+    if (config_.window < 0) throw std::invalid_argument("paged pool: the window must be >= 0 tokens (0: full attention)");
     blocks_.resize(static_cast<std::size_t>(config_.blocks));
     for (BlockId b = 1; b < config_.blocks; ++b) free_.push_back(b);
     const auto shape = std::vector<std::int64_t>{config_.blocks, config_.heads, config_.block_tokens, config_.head_dim};
@@ -166,7 +167,9 @@ void Pool::attach_hits(Sequence& sequence, const std::vector<BlockId>& hits, std
 }
 
 void Pool::release_sequence(Sequence& sequence) {
-    for (auto it = sequence.table.rbegin(); it != sequence.table.rend(); ++it) unref(*it);
+    for (auto it = sequence.table.rbegin(); it != sequence.table.rend(); ++it) {
+        if (*it != 0) unref(*it);
+    }
 }
 
 void Pool::stage(BlockId block, std::int64_t slot, const std::vector<std::pair<at::Tensor, at::Tensor>>& kv,
@@ -213,12 +216,22 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Pool::block_kv(BlockId block) con
     return kv;
 }
 
+// A null block in a table (behind a window) reads as B slots of zeros.
+std::vector<std::pair<at::Tensor, at::Tensor>> Pool::null_kv() const {
+    std::vector<std::pair<at::Tensor, at::Tensor>> kv;
+    for (std::int64_t l = 0; l < config_.layers; ++l) {
+        kv.emplace_back(at::zeros({1, config_.heads, config_.block_tokens, config_.head_dim}, at::kFloat),
+                        at::zeros({1, config_.heads, config_.block_tokens, config_.head_dim}, at::kFloat));
+    }
+    return kv;
+}
+
 CachePtr Pool::gather(const Sequence& sequence) const {
     CachePtr cache = Cache::make(Layout::modern);
     if (sequence.table.empty()) return cache;
     std::vector<std::vector<at::Tensor>> keys(keys_.size()), values(keys_.size());
     for (const BlockId block : sequence.table) {
-        auto kv = block_kv(block);
+        auto kv = block == 0 && config_.window > 0 ? null_kv() : block_kv(block);
         for (std::size_t l = 0; l < kv.size(); ++l) {
             keys[l].push_back(kv[l].first);
             values[l].push_back(kv[l].second);
@@ -327,7 +340,9 @@ Tokens Pool::append(const std::string& seq, std::int64_t k) {
 void Pool::fork(const std::string& parent, const std::string& child) {
     if (sequences_.count(child) != 0) throw std::invalid_argument("paged pool: " + seq_text(child) + " exists");
     const Sequence copy = sequence(parent);
-    for (const BlockId block : copy.table) ++blocks_[static_cast<std::size_t>(block)].count;
+    for (const BlockId block : copy.table) {
+        if (block != 0) ++blocks_[static_cast<std::size_t>(block)].count;  // the null block counts nothing
+    }
     sequences_.emplace(child, copy);
     use(child);
 }
@@ -351,6 +366,7 @@ void Pool::truncate_block(BlockId block, std::int64_t slots) {
 void Pool::rewind(const std::string& seq, std::int64_t n, std::int64_t token) {
     Sequence& s = sequence(seq);
     if (n < 1) throw std::invalid_argument("paged pool: rewind of " + std::to_string(n) + " tokens");
+    if (config_.window > 0) throw std::invalid_argument("paged pool: no rewind with a window (the blocks behind it are gone)");
     const auto length = static_cast<std::int64_t>(s.tokens.size());
     const std::int64_t kept = std::max<std::int64_t>(1, length - n);
     if (kept == length) {
@@ -426,6 +442,24 @@ void Pool::step() {
     const std::vector<PendingCopy> ending = std::move(copies_);
     copies_.clear();
     for (const PendingCopy& copy : ending) end_copy(copy);
+    for (auto& entry : sequences_) slide(entry.second);
+}
+
+std::int64_t Pool::blocks_behind_window(std::int64_t length) const {
+    if (config_.window <= 0) return 0;
+    // The next token, at position `length`, sees length - window + 1 on.
+    return std::max<std::int64_t>(0, length - config_.window + 1) / config_.block_tokens;
+}
+
+void Pool::slide(Sequence& sequence) {
+    const auto behind = static_cast<std::size_t>(
+        std::min<std::int64_t>(blocks_behind_window(static_cast<std::int64_t>(sequence.tokens.size())),
+                               static_cast<std::int64_t>(sequence.table.size())));
+    for (std::size_t i = behind; i-- > 0;) {
+        if (sequence.table[i] == 0) break;  // released at an earlier step, with all before it
+        unref(sequence.table[i]);
+        sequence.table[i] = 0;
+    }
 }
 
 void Pool::import_contiguous(const std::string& seq, const Cache& cache) {

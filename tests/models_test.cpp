@@ -423,6 +423,58 @@ TEST(ModelsDecoder, RefusesACacheOfTwoGeometries) {
 
 // ------------------------------------------------------------ bad inputs
 
+// A copy of the cache (modern) whose every layer's K/V at positions
+// [first, first + count) are zeros, as a null block's are.
+kv::CachePtr zeroed(const kv::Cache& cache, std::int64_t first, std::int64_t count) {
+    kv::CachePtr copy = kv::clone(cache);
+    for (std::int64_t layer = 0; layer < copy->layer_count(); ++layer) {
+        kv::logical_keys(*copy, layer).narrow(2, first, count).zero_();
+        kv::logical_values(*copy, layer).narrow(2, first, count).zero_();
+    }
+    return copy;
+}
+
+// Sliding windows: a token reads the last `window` positions only, so the
+// K/V before them may be anything (a paged pool frees their blocks), and
+// one inside it changes the tokens; prefill in parts stays bit-exact.
+TEST(ModelsDecoder, AWindowReadsOnlyTheKeysInsideIt) {
+    constexpr std::int64_t window = 3;
+    const auto length = static_cast<std::int64_t>(memory_tokens.size());
+    for (const std::uint64_t seed : decoder_seeds) {
+        SCOPED_TRACE("seed " + std::to_string(seed));
+        DecoderConfig config = config_for(seed);
+        config.window = window;
+        Decoder decoder(config);
+        const auto memory = kv::models::memory_cache(decoder, memory_tokens, Layout::modern);
+        const Tokens intact = generate_from(decoder, memory);
+        EXPECT_EQ(intact, kv::models::generate_without_cache(decoder, joined(memory_tokens, prompt_tokens), new_tokens_max));
+        // The first prompt token, at position `length`, sees length - window + 1 on.
+        const std::int64_t unseen = length - window + 1;
+        EXPECT_EQ(generate_from(decoder, zeroed(*memory, 0, unseen)), intact);
+        EXPECT_NE(generate_from(decoder, zeroed(*memory, unseen, 1)), intact);
+        Decoder full(config_for(seed));
+        EXPECT_NE(generate_from(full, kv::models::memory_cache(full, memory_tokens, Layout::modern)), intact)
+            << "the window changes nothing";
+        const auto parts = kv::models::memory_cache(decoder, {memory_tokens[0], memory_tokens[1]}, Layout::modern);
+        decoder.forward({memory_tokens.begin() + 2, memory_tokens.end()}, *parts);
+        std::string why;
+        EXPECT_TRUE(same_content(*memory, *parts, &why)) << why;
+    }
+}
+
+// A window of at least every position is full attention, bit for bit.
+TEST(ModelsDecoder, AWindowLongerThanTheSequenceIsFullAttention) {
+    Decoder full(config_for(1));
+    DecoderConfig config = config_for(1);
+    config.window = 64;
+    Decoder wide(config);
+    const auto a = kv::models::memory_cache(full, joined(memory_tokens, prompt_tokens), Layout::modern);
+    const auto b = kv::models::memory_cache(wide, joined(memory_tokens, prompt_tokens), Layout::modern);
+    std::string why;
+    EXPECT_TRUE(same_content(*a, *b, &why)) << why;
+    EXPECT_EQ(generate_from(full, a), generate_from(wide, b));
+}
+
 TEST(ModelsInput, BadConfigsAndTokensAreRejected) {
     DecoderConfig no_layers;
     no_layers.layer_count = 0;
@@ -430,6 +482,9 @@ TEST(ModelsInput, BadConfigsAndTokensAreRejected) {
     DecoderConfig far_eos;
     far_eos.eos_token = far_eos.vocab_size;
     EXPECT_THROW(Decoder{far_eos}, std::invalid_argument);
+    DecoderConfig negative_window;
+    negative_window.window = -1;
+    EXPECT_THROW(Decoder{negative_window}, std::invalid_argument);
     kv::models::AppenderConfig no_heads;
     no_heads.head_count = 0;
     EXPECT_THROW(Appender{no_heads}, std::invalid_argument);

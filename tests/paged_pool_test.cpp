@@ -251,4 +251,52 @@ TEST_F(PagedPool, EvictDropsTheKeysOfFreeBlocksOnly) {
     expect_consistent();
 }
 
+// Sliding windows: at each step a sequence gives back the blocks wholly
+// before its next token's window, the null block in their place; what it
+// reads inside the window is the model's, and it decodes as a windowed
+// model decodes its tokens with no cache.
+TEST(PagedPoolWindow, BlocksBehindTheWindowAreFreedAtTheStepAndTheNullBlockTakesTheirPlace) {
+    kv::models::DecoderConfig model;
+    model.eos_token = -1;
+    model.window = 3;
+    kv::models::Decoder decoder(model);
+    PoolConfig config{8, 2, 2, 2, 4};
+    config.window = 3;
+    Pool pool(config, decoder);
+    const Tokens prompt{5, 9, 2, 7, 1, 4};  // 6 tokens: the next, at 6, sees 4..6
+    pool.alloc("a", prompt, "");
+    const std::vector<BlockId> before = pool.sequences().at("a").table;
+    ASSERT_EQ(before.size(), 3u);
+    EXPECT_EQ(std::count(before.begin(), before.end(), BlockId{0}), 0) << "nothing is freed before the step";
+    pool.step();
+    const std::vector<BlockId> after = pool.sequences().at("a").table;
+    EXPECT_EQ(after, (std::vector<BlockId>{0, 0, before[2]}));
+    EXPECT_EQ(pool.blocks()[static_cast<std::size_t>(before[0])].count, 0);
+    EXPECT_EQ(pool.blocks()[0].count, 0);
+    EXPECT_EQ(pool.free_queue().size(), 6u);
+    EXPECT_TRUE(pool.blocks()[static_cast<std::size_t>(before[0])].key) << "a freed block keeps its key";
+    // Decoding through the table reads zeros where the window does not look.
+    const Tokens added = pool.append("a", 3);
+    Tokens all = prompt;
+    all.insert(all.end(), added.begin(), added.end());
+    EXPECT_EQ(kv::models::generate_without_cache(decoder, prompt, 3), added) << "the appended tokens are the windowed model's";
+    // The sequence's blocks inside the window hold the model's K/V.
+    pool.step();
+    const kv::CachePtr fresh = pool.fresh(pool.sequences().at("a").tokens, "");
+    const kv::CachePtr read = pool.export_contiguous("a");
+    const auto from = static_cast<std::int64_t>(all.size()) - 3 + 1;  // the next token's window starts here
+    for (std::int64_t l = 0; l < 2; ++l) {
+        const std::int64_t n = static_cast<std::int64_t>(all.size()) - from;
+        EXPECT_TRUE(at::equal(kv::logical_keys(*read, l).narrow(2, from, n), kv::logical_keys(*fresh, l).narrow(2, from, n)));
+        EXPECT_TRUE(at::equal(kv::logical_values(*read, l).narrow(2, from, n), kv::logical_values(*fresh, l).narrow(2, from, n)));
+    }
+    EXPECT_THROW(pool.rewind("a", 1, 3), std::invalid_argument) << "no rewind behind a window";
+    pool.fork("a", "b");
+    pool.free("a");
+    pool.free("b");
+    pool.step();
+    EXPECT_EQ(pool.free_queue().size(), 7u);
+    for (const kv::paged::Block& b : pool.blocks()) EXPECT_EQ(b.count, 0);
+}
+
 }  // namespace

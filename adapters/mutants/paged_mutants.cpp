@@ -429,6 +429,14 @@ class PM2Engine final : public PagedReference {
     void paged_evict() override { static_cast<PM2&>(pool()).evict_all(); }
 };
 
+// The paged reference's pool with freed blocks at the front of the free
+// queue (LIFO: the block freed last is taken first).
+PoolConfig lifo_config() {
+    PoolConfig config = PagedReference::default_config();
+    config.free_to_front = true;
+    return config;
+}
+
 // PM24: freed blocks join the front of the free queue (LIFO) while the
 // engine declares the back (FIFO): a correct pool of another order than
 // the one it claims (what a serving layer relying on the order, to keep
@@ -440,13 +448,6 @@ class PM24Engine final : public PagedReference {
         Capabilities capabilities = PagedReference::capabilities();
         capabilities.paged_free_order = PagedFreeOrder::back;
         return capabilities;
-    }
-
-  private:
-    static PoolConfig lifo_config() {
-        PoolConfig config = default_config();
-        config.free_to_front = true;
-        return config;
     }
 };
 
@@ -462,6 +463,28 @@ class PM26Engine final : public PagedReference {
         capabilities.paged_free_order = PagedFreeOrder::lru;
         return capabilities;
     }
+};
+
+// PM27: a sliding window off by one: the blocks before the first position
+// the next token still reads are released, and the block holding that
+// position with them (its positions counted from 1, not 0): the sequence's
+// window reads the null block's zeros where its oldest token's K/V were.
+class PM27 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    std::int64_t blocks_behind_window(std::int64_t length) const override {
+        if (config_.window <= 0) return 0;
+        return std::max<std::int64_t>(0, length - config_.window + 2) / config_.block_tokens;
+    }
+};
+
+class PM27Engine final : public PagedReference {
+  public:
+    PM27Engine()
+        : PagedReference([](PoolConfig config, kv::Model& model) { return std::unique_ptr<Pool>(std::make_unique<PM27>(config, model)); },
+                         window_config()) {}
 };
 
 template <typename P>
@@ -531,6 +554,13 @@ std::vector<Adapter> paged_mutant_adapters() {
          [] {
              auto engine = std::make_shared<PM26Engine>();
              engine->rename("PM26");
+             return std::shared_ptr<Engine>(std::move(engine));
+         }},
+        {"PM27", "a sliding window off by one: the block of the oldest position a window reads is freed", "bundled",
+         {P::refcount_exact},
+         [] {
+             auto engine = std::make_shared<PM27Engine>();
+             engine->rename("PM27");
              return std::shared_ptr<Engine>(std::move(engine));
          }},
     };

@@ -148,7 +148,7 @@ class PagedReference::RowDigests {
 };
 
 PagedReference::PagedReference(PoolFactory make_pool, kv::paged::PoolConfig config)
-    : paged_model_(kv::models::DecoderConfig{config.layers, config.heads, config.head_dim, 32, -1, 1}),
+    : paged_model_(kv::models::DecoderConfig{config.layers, config.heads, config.head_dim, 32, -1, 1, config.window}),
       row_digests_(std::make_unique<RowDigests>()) {
     pool_ = make_pool ? make_pool(config, paged_model_) : std::make_unique<kv::paged::Pool>(config, paged_model_);
 }
@@ -165,6 +165,8 @@ Capabilities PagedReference::capabilities() const {
     capabilities.paged_free_order = config.free_to_front      ? PagedFreeOrder::front
                                     : config.free_by_last_use ? PagedFreeOrder::lru
                                                               : PagedFreeOrder::back;
+    // A pool with a window takes no rewind (the blocks behind it are gone).
+    capabilities.paged_rewind = config.window == 0;
     return capabilities;
 }
 
@@ -204,6 +206,7 @@ void PagedReference::paged_rewind(std::int64_t seq, std::int64_t count, std::int
 PagedState PagedReference::paged_state() {
     PagedState state;
     state.block_tokens = pool_->config().block_tokens;
+    state.window = pool_->config().window;
     const auto& blocks = pool_->blocks();
     const bool rows = read_rows_ && row_digests_->attach(*pool_);
     state.blocks.reserve(blocks.size());

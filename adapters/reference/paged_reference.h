@@ -25,6 +25,14 @@ class PagedReference : public ReferenceEngine, public PagedEngine {
   public:
     using PoolFactory = std::function<std::unique_ptr<kv::paged::Pool>(kv::paged::PoolConfig, kv::Model&)>;
     static kv::paged::PoolConfig default_config() { return {8, 2, 2, 2, 4}; }
+    // The default pool over a model of attention window 3 (2 blocks of 2
+    // tokens: a sequence of 4 tokens or more gives blocks back at each step):
+    // the bundled paged-reference-window.
+    static kv::paged::PoolConfig window_config() {
+        kv::paged::PoolConfig config = default_config();
+        config.window = 3;
+        return config;
+    }
 
     explicit PagedReference(PoolFactory make_pool = nullptr, kv::paged::PoolConfig config = default_config());
     ~PagedReference() override;

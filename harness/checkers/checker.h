@@ -393,10 +393,29 @@ bool cut_by_rewind(const Paged& fact, std::int64_t block);
 // last block: a new block (with a LIFO free list, the one freed last is
 // taken first), not the one it was.
 bool retaken_by_rewind(const Paged& fact, std::int64_t block);
+// Whether, with a sliding window, the operation released `block` behind a
+// window (every table position holding it before holds the null block
+// after it, and no pending copy read it: it was free once released) and
+// took it back at another position: a new block, not the one it was (vLLM's
+// allocate_slots releases the blocks behind the window before it takes
+// new ones, and an unhashed block released goes to the front of the queue).
+bool retaken_behind_window(const Paged& fact, std::int64_t block);
 // `block` of `state`, or null when the state has no such block (below 1, or
 // past its own pool: an engine may report a pool that changed size, so a
 // block of one state is looked up in that state, never by another's size).
 const PagedBlock* block_in(const PagedState& state, std::int64_t block);
+// Sliding windows (docs/semantics.md#sliding-windows): how many leading
+// positions of the sequence's table lie wholly before its next token's
+// window, (L - W + 1) / B for L tokens and a window of W (0 without a
+// window, or for a sequence the state does not hold): the null block may
+// stand there, and the content is compared only after them.
+std::int64_t blocks_behind_window(const PagedState& state, std::int64_t seq);
+// With a window: the K/V of each of the sequence's blocks inside its window
+// (from blocks_behind_window on; the last one's filled slots) against the
+// engine's model on `tokens` under `salt` at those positions; "" when every
+// one is equal, else the first difference, naming the block.
+std::string window_difference(PagedEngine& paged, const PagedState& state, std::int64_t seq, const Tokens& tokens,
+                              std::int64_t salt);
 
 }  // namespace checkers
 }  // namespace kvcheck

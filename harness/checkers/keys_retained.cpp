@@ -53,7 +53,8 @@ class KeysRetained final : public Checker {
                 continue;
             }
             const bool taken = free && (unordered(probe, fact) || !in_free_queue(fact.after, block));
-            if (!expect(probe, kept || taken || cut_by_rewind(fact, block) || retaken_by_rewind(fact, block), [&] {
+            if (!expect(probe, kept || taken || cut_by_rewind(fact, block) || retaken_by_rewind(fact, block) ||
+                                 retaken_behind_window(fact, block), [&] {
                     return fact.what + (now.keyed ? " changed the key of " : " dropped the key of ") + block_text(fact.before, block) +
                            ", which it did not take from the free queue: after it, " + block_text(fact.after, block) +
                            " (a block keeps its key until it is taken again or evicted)";

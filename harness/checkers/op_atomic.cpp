@@ -13,7 +13,8 @@
 // is partial and shared (the copy it needs: one block).
 // A pool refusing everything would otherwise pass every paged property.
 // An engine that keeps a reserve of free blocks (a watermark) breaks it by
-// design.
+// design. With a sliding window, a refusal may have released the blocks
+// behind a window (vLLM's allocate_slots does before it finds no room).
 //
 // Checked: at the step of every refused paged operation.
 // Not checked here: whether a refused append or import was needed (the
@@ -44,13 +45,51 @@ std::string state_difference(const PagedState& before, const PagedState& after) 
     return "";
 }
 
+// With a sliding window a refused operation may still have released the
+// blocks behind a sequence's window (vLLM's allocate_slots does so before it
+// finds no room): `before` with those releases made, so that they are not
+// a change. A table position is released when it held a block before and
+// holds the null block after, behind the window; the block's count drops by
+// one, and at 0 it joins the free queue (anywhere: its order is
+// free-order's).
+PagedState with_window_releases(const PagedState& before, const PagedState& after) {
+    PagedState released = before;
+    if (after.window <= 0) return released;
+    std::vector<std::int64_t> freed;
+    for (auto& [seq, table] : released.tables) {
+        const auto now = after.tables.find(seq);
+        if (now == after.tables.end() || now->second.size() != table.size()) continue;
+        const auto behind = static_cast<std::size_t>(blocks_behind_window(after, seq));
+        for (std::size_t i = 0; i < table.size() && i < behind; ++i) {
+            const std::int64_t block = table[i];
+            if (block == 0 || now->second[i] != 0 || block >= static_cast<std::int64_t>(released.blocks.size()) || block < 1) continue;
+            table[i] = 0;
+            if (--released.blocks[static_cast<std::size_t>(block)].count == 0) freed.push_back(block);
+        }
+    }
+    if (freed.empty()) return released;
+    // The free queue as the engine ordered it, of exactly the blocks free before and those freed.
+    std::vector<std::int64_t> queue;
+    for (const std::int64_t block : after.free_queue) {
+        const bool known = std::find(before.free_queue.begin(), before.free_queue.end(), block) != before.free_queue.end() ||
+                           std::find(freed.begin(), freed.end(), block) != freed.end();
+        if (known) queue.push_back(block);
+    }
+    std::vector<std::int64_t> kept;
+    for (const std::int64_t block : after.free_queue) {
+        if (std::find(freed.begin(), freed.end(), block) == freed.end()) kept.push_back(block);
+    }
+    if (kept == before.free_queue && queue.size() == before.free_queue.size() + freed.size()) released.free_queue = queue;
+    return released;
+}
+
 class OpAtomic final : public Checker {
   public:
     OpAtomic() : Checker(Property::op_atomic) {}
 
     void paged(const Paged& fact, Probe& probe) override {
         if (!fact.refused || !checking(probe)) return;
-        const std::string difference = state_difference(fact.before, fact.after);
+        const std::string difference = state_difference(with_window_releases(fact.before, fact.after), fact.after);
         if (!expect(probe, difference.empty(), [&] {
                 return fact.what + " was refused (" + *fact.refused + ") but changed the pool: " + difference;
             })) {

@@ -36,7 +36,7 @@ class PublishedImmutable final : public Checker {
             const PagedBlock& was = fact.before.blocks[b];
             const PagedBlock& now = fact.after.blocks[b];
             const auto block = static_cast<std::int64_t>(b);
-            if (retaken_by_rewind(fact, block)) continue;
+            if (retaken_by_rewind(fact, block) || retaken_behind_window(fact, block)) continue;
             if (cut_by_rewind(fact, block)) {
                 const bool cut = now.tokens.size() < was.tokens.size() &&
                                  std::equal(now.tokens.begin(), now.tokens.end(), was.tokens.begin()) && !now.keyed;

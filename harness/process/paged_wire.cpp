@@ -33,6 +33,11 @@ PagedState read_paged_state(const Json& json) {
     PagedState state;
     state.block_tokens = read_int(json, "block_tokens");
     if (state.block_tokens < 1) throw ProtocolError("'block_tokens' is " + std::to_string(state.block_tokens) + ", not >= 1");
+    // The model's attention window: absent (or 0) for full attention.
+    if (const Json* window = json.find("window"); window != nullptr && !window->is_null()) {
+        state.window = read_int(json, "window");
+        if (state.window < 0) throw ProtocolError("'window' is " + std::to_string(state.window) + ", not >= 0");
+    }
     const std::vector<Json>& blocks = member(json, "blocks").as_array();
     for (std::size_t b = 0; b < blocks.size(); ++b) {
         state.blocks.push_back(within("blocks[" + std::to_string(b) + "]", [&] {

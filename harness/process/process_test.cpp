@@ -271,6 +271,10 @@ TEST(Wire, APagedStateIsReadWholeOrRefusedNamingTheMember) {
                   .find("'parent'"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"block_tokens": 0, "blocks": [], )" + tail).find("block_tokens"), std::string::npos);
+    // The window: absent is full attention (0); a negative one is refused.
+    EXPECT_EQ(state.window, 0);
+    EXPECT_EQ(read_paged_state(Json::parse(R"({"block_tokens": 2, "window": 3, "blocks": [], )" + tail)).window, 3);
+    EXPECT_NE(error_of(R"({"block_tokens": 2, "window": -1, "blocks": [], )" + tail).find("'window'"), std::string::npos);
     EXPECT_NE(error_of(R"({"block_tokens": 2, "blocks": [], "free_queue": [], "index": [], "copies": []})").find("tables"),
               std::string::npos);
     const Capabilities paged_only = read_capabilities(Json::parse(R"({"paged": true, "store": false})"));

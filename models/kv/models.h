@@ -84,6 +84,11 @@ struct DecoderConfig {
     std::int64_t vocab_size = 32;
     std::int64_t eos_token = 0;
     std::uint64_t seed = 1;
+    // The attention window in tokens (sliding-window attention): a token at
+    // position P sees the keys of positions max(0, P - window + 1)..P. 0:
+    // full attention (every earlier position), bit for bit what a decoder
+    // without a window computed.
+    std::int64_t window = 0;
 };
 
 // A small deterministic attention decoder, computed in float32. Weights
@@ -113,6 +118,13 @@ struct DecoderConfig {
 // property, not a tolerance. Every cached key and value carries a positive
 // attention weight, so dropping or duplicating a cached token changes the
 // logits (and, for a sensitive seed, the tokens).
+//
+// Sliding windows (config.window W > 0): a token at position P attends
+// only to positions P - W + 1..P, as a sliding-window layer does; the
+// earlier K/V are not read at all (their values, zeros of a null block or
+// anything else, change nothing), so a paged pool may free blocks wholly
+// outside every window (docs/semantics.md#sliding-windows). Every layer
+// has the window. W = 0 is full attention.
 //
 // Extra keys (forward_extra: a LoRA adapter's name, a cache salt, as a
 // paged request carries them). A request with extra keys X starts each

@@ -54,6 +54,16 @@ def test_a_lifo_free_list_holds_every_paged_property(kvcheck):
     assert verdicts and set(verdicts.values()) == {"pass"}, verdicts
 
 
+def test_a_sliding_window_manager_holds_every_paged_property(kvcheck):
+    # Blocks behind every sequence's window are given back at the step, the
+    # null block in their place (docs/semantics.md#sliding-windows).
+    run = kvcheck("run", "--adapter", f"{MANAGER} --window", "--cases", "40", "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
+    assert verdicts and set(verdicts.values()) == {"pass"}, verdicts
+    assert run.report["adapter"] == "block-manager-window3"
+
+
 # Issue 41's shrunk trace: the rewind releases block 2 and its copy of the
 # shared block 1 takes block 2 straight back (LIFO). Published-immutable
 # called that a rewrite of a table-held block.

@@ -122,7 +122,7 @@ class VllmBlockManager(BlockManagerAdapter):
     num_blocks = 8
     block_tokens = 2
 
-    def __init__(self, publish_at_schedule=False, reuse_lookup=False):
+    def __init__(self, publish_at_schedule=False, reuse_lookup=False, window=0):
         self.publish_at_schedule = publish_at_schedule
         # A planted misuse, not vLLM's way (its scheduler calls
         # get_computed_blocks and allocate_slots in one pass): a lookup's
@@ -133,9 +133,17 @@ class VllmBlockManager(BlockManagerAdapter):
         self.reuse_lookup = reuse_lookup
         self.looked_up = {}  # (tokens, salt) -> (computed blocks, cached tokens)
         self.name = (f"vllm-{VLLM_VERSION}" + ("+publish-at-schedule" if publish_at_schedule else "")
-                     + ("+reuse-lookup" if reuse_lookup else ""))
-        spec = kv_cache_interface.FullAttentionSpec(
-            block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32)
+                     + ("+reuse-lookup" if reuse_lookup else "") + (f"+sliding-window-{window}" if window else ""))
+        if window:
+            # SlidingWindowManager: allocate_slots gives back the blocks behind
+            # the window (remove_skipped_blocks), the null block in their place.
+            self.window = window
+            spec = kv_cache_interface.SlidingWindowSpec(
+                block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32,
+                sliding_window=window)
+        else:
+            spec = kv_cache_interface.FullAttentionSpec(
+                block_size=self.block_tokens, num_kv_heads=self.heads, head_size=self.head_dim, dtype=torch.float32)
         config = kv_cache_interface.KVCacheConfig(
             num_blocks=self.num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[kv_cache_interface.KVCacheGroupSpec(["layer.0"], spec)])
@@ -245,8 +253,11 @@ def main(argv=None):
                         help="cache full blocks in allocate_slots, as vLLM's scheduler does, not at the step")
     parser.add_argument("--reuse-lookup", action="store_true",
                         help="a planted misuse (a probe): an alloc takes the blocks its tokens' last lookup computed")
+    parser.add_argument("--window", type=int, default=0,
+                        help="a sliding-window attention group of this many tokens (vLLM's SlidingWindowManager)")
     args = parser.parse_args(argv)
-    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule, reuse_lookup=args.reuse_lookup))
+    serve(lambda: VllmBlockManager(publish_at_schedule=args.publish_at_schedule, reuse_lookup=args.reuse_lookup,
+                                   window=args.window))
 
 
 if __name__ == "__main__":

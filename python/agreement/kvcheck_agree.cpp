@@ -8,7 +8,8 @@
 //   case <n> tokens <prompt> <token,...>      (generate over a clone of it)
 //   case <n> error <prompt> <message>         (generate refused the cache)
 //   case <n> recompute <prompt> <token,...>   (memory cases: without a cache)
-//   case <n> next <token>                      (extra cases: the forward's next token)
+//   case <n> next <token>                      (extra and window cases: the forward's next token)
+//   case <n> decoded <token,...>               (window cases: tokens decoded one forward each)
 //   hash <count> <content_hash of hash_probe(count)>   (for "hashes <max>")
 //   badspec <n> <parse_cache_spec's message>           (for "badspec <text>")
 //
@@ -157,6 +158,24 @@ void run_case(int number, const std::string& kind, const std::string& rest, cons
         const std::int64_t next = decoder.forward_extra(parse_tokens(tokens), *cache, extra);
         std::cout << "case " << number << " view " << kvcheck::view_digest(kvcheck::adapters::view_of(*cache)) << "\n";
         std::cout << "case " << number << " next " << next << "\n";
+    } else if (kind == "window") {
+        std::stringstream in(rest);
+        std::int64_t window = 0;
+        std::string tokens;
+        if (!(in >> window >> tokens)) throw std::invalid_argument("expected <window> <tokens>");
+        kv::models::DecoderConfig config;
+        config.window = window;
+        kv::models::Decoder decoder(config);
+        const kv::CachePtr cache = kv::Cache::make(kv::Layout::modern);
+        std::int64_t next = decoder.forward_extra(parse_tokens(tokens), *cache, "");
+        std::cout << "case " << number << " view " << kvcheck::view_digest(kvcheck::adapters::view_of(*cache)) << "\n";
+        std::cout << "case " << number << " next " << next << "\n";
+        Tokens decoded;
+        for (std::int64_t i = 0; i < corpus.max_new; ++i) {
+            decoded.push_back(next);
+            next = decoder.forward_extra({next}, *cache, "");
+        }
+        std::cout << "case " << number << " decoded " << join(decoded) << "\n";
     } else {
         throw std::invalid_argument("unknown case kind '" + kind + "'");
     }

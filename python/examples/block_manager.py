@@ -97,7 +97,7 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = (), free_order: str = "fifo"):
+    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = (), free_order: str = "fifo", window: int = 0):
         if free_order not in FREE_ORDERS:
             raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
         self.free_order = free_order
@@ -106,8 +106,14 @@ class BlockManager:
             raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
         if num_blocks < 2 or block_size < 1:
             raise ValueError("BlockManager: needs at least 2 blocks (the null block and one) of at least 1 token")
+        if window < 0:
+            raise ValueError("BlockManager: the window must be >= 0 tokens (0: full attention)")
         self.bugs = frozenset(bugs)
         self.block_size = block_size
+        # The model's attention window (0: full attention): at each step a
+        # sequence gives back the blocks wholly behind its next token's
+        # window, the null block 0 in their place (vLLM's SlidingWindowManager).
+        self.window = window
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: deque = deque(range(1, num_blocks))
         # hash -> (identity, block ids): duplicates allowed (two requests of
@@ -281,7 +287,8 @@ class BlockManager:
         if child in self.tables:
             raise ValueError(f"sequence {child} exists")
         for block_id in self.tables[parent]:
-            self.blocks[block_id].ref_cnt += 1
+            if block_id != 0:  # the null block, behind a window, counts nothing
+                self.blocks[block_id].ref_cnt += 1
         self.tables[child] = list(self.tables[parent])
         self.tokens[child] = list(self.tokens[parent])
         self.extra[child] = self.extra[parent]
@@ -296,7 +303,8 @@ class BlockManager:
         if "free_no_decrement" in self.bugs:
             return
         for block_id in reversed(table):
-            self._unref(block_id)
+            if block_id != 0:
+                self._unref(block_id)
 
     def lookup(self, tokens: Sequence[int], extra: str) -> int:
         return len(self._hits(tokens, extra)) * self.block_size
@@ -328,6 +336,20 @@ class BlockManager:
         self.to_publish.clear()
         for source, _ in copies:
             self._unref(source)
+        if self.window > 0:
+            for seq, table in self.tables.items():
+                self._slide(table, len(self.tokens[seq]))
+
+    def _slide(self, table: List[int], length: int) -> None:
+        """Releases the blocks wholly behind the window of the sequence's
+        next token (at position `length`, it reads from length - window + 1
+        on), the last first; the null block takes their place."""
+        behind = min(max(0, length - self.window + 1) // self.block_size, len(table))
+        for i in reversed(range(behind)):
+            if table[i] == 0:
+                break  # released at an earlier step, with all before it
+            self._unref(table[i])
+            table[i] = 0
 
     def allocate_unknown(self, seq: int, length: int) -> None:
         """A sequence of `length` tokens whose K/V come from elsewhere (an

@@ -37,8 +37,10 @@ class BlockManagerExample(BlockManagerAdapter):
 
     def __init__(self, bugs=(), free_order="fifo"):
         self.bugs = tuple(bugs)
-        self.name = "block-manager" + ("" if free_order == "fifo" else "-" + free_order) + "".join("+" + bug for bug in self.bugs)
-        self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs, free_order=free_order)
+        self.name = ("block-manager" + ("" if free_order == "fifo" else "-" + free_order) + "".join("+" + bug for bug in self.bugs) +
+                     (f"-window{self.window}" if self.window else ""))
+        self.manager = block_manager.BlockManager(self.num_blocks, self.block_tokens, bugs=self.bugs, free_order=free_order,
+                                                  window=self.window)
         self.free_order = "back" if free_order == "fifo" else "front"  # declared: kvcheck checks it (free-order)
 
     # ---- the manager's calls ----
@@ -86,18 +88,30 @@ class BlockManagerExample(BlockManagerAdapter):
         )
 
 
+class BlockManagerWindowExample(BlockManagerExample):
+    """The same manager over a model of attention window 3: at each step a
+    sequence gives back the blocks behind its window. It has no rewind (the
+    blocks behind the window are gone): kvcheck never asks one."""
+
+    window = 3
+    rewind = BlockManagerAdapter.rewind
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=[], choices=block_manager.BUGS,
                         help="plant a historic bug (repeatable)")
     parser.add_argument("--free-order", default="fifo", choices=block_manager.FREE_ORDERS,
                         help="where freed blocks join the free queue: the back (fifo) or the front (lifo)")
+    parser.add_argument("--window", action="store_true",
+                        help="a model of attention window 3: blocks behind every sequence's window are given back")
     arguments = parser.parse_args(argv)
     bugs = arguments.bug + [b for b in os.environ.get("KVCHECK_EXAMPLE_BUGS", "").split(",") if b]
     unknown = sorted(set(bugs).difference(block_manager.BUGS))
     if unknown:
         parser.error(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(block_manager.BUGS)})")
-    serve(lambda: BlockManagerExample(bugs, arguments.free_order))
+    made = BlockManagerWindowExample if arguments.window else BlockManagerExample
+    serve(lambda: made(bugs, arguments.free_order))
 
 
 if __name__ == "__main__":

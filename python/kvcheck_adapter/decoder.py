@@ -56,6 +56,9 @@ class DecoderConfig:
     vocab_size: int = 32
     eos_token: int = 0
     seed: int = 1
+    # The attention window in tokens: a token at position P sees positions
+    # max(0, P - window + 1)..P (C++ DecoderConfig::window); 0: full attention.
+    window: int = 0
 
 
 def _check_config(config: DecoderConfig) -> None:
@@ -69,6 +72,8 @@ def _check_config(config: DecoderConfig) -> None:
         raise ValueError("Decoder: vocab_size must be >= 1")
     if config.eos_token < -1 or config.eos_token >= config.vocab_size:
         raise ValueError("Decoder: eos_token must be -1 or in [0, vocab_size)")
+    if config.window < 0:
+        raise ValueError("Decoder: window must be >= 0 (0: full attention)")
 
 
 # ---- glibc's float32 exp and sin ---------------------------------------------------
@@ -626,9 +631,13 @@ class Decoder:
         # (-inf when every one is NaN): np.fmax skips NaN too. Where all of
         # a row's visible scores are NaN, its maximum may come out NaN
         # instead of -inf; every shifted score of the row is NaN either way.
+        window = self.config.window
         if count == 1:
-            # One new token (a decoding step): it sees every key, and the
-            # arrays go without the token axis.
+            # One new token (a decoding step): it sees every key (the last
+            # `window` with a window: C++ sums from the first it sees), and
+            # the arrays go without the token axis.
+            if 0 < window < total:
+                keys, values = keys[:, total - window :], values[:, total - window :]
             query = qkv[0, :width].reshape(heads, 1, dims)
             scores = _sequential_sum(query * keys, axis=2)  # [H, S]
             scores = np.multiply(scores, _full(scores.shape, weights.scale))
@@ -645,7 +654,7 @@ class Decoder:
         query = qkv[:, :width].reshape(count, heads, dims)
         scores = _sequential_sum(query[:, :, None, :] * keys, axis=3)  # [n, H, S]
         scores = np.multiply(scores, _full(scores.shape, weights.scale))
-        hidden = _hidden(count, heads, total)
+        hidden = _hidden(count, heads, total, window)
         scores = np.where(hidden, _full(scores.shape, -np.inf), scores)
         exponents = _float32_map(
             _EXPF, np.exp, np.subtract(scores, np.fmax.reduce(scores, axis=2, keepdims=True)), _EXPF_WINDOW
@@ -656,21 +665,26 @@ class Decoder:
         return _sequential_sum(products, axis=2).reshape(count, width)
 
 
-_hidden_masks: Dict[Tuple[int, int, int], np.ndarray] = {}
+_hidden_masks: Dict[Tuple[int, int, int, int], np.ndarray] = {}
 
 
-def _hidden(count: int, heads: int, total: int) -> np.ndarray:
+def _hidden(count: int, heads: int, total: int, window: int = 0) -> np.ndarray:
     """[n, H, S] booleans, read-only: True where new token i (at position
-    S - n + i) does not see key j (j > S - n + i)."""
-    found = _hidden_masks.get((count, heads, total))
+    P = S - n + i) does not see key j (j > P; with a window W > 0 also
+    j <= P - W: C++ attend's window). A hidden key before the visible ones
+    adds a +0 to the sums, which changes no bit of them (see _attend)."""
+    found = _hidden_masks.get((count, heads, total, window))
     if found is None:
         if len(_hidden_masks) >= _FILLED_MAX:
             _hidden_masks.clear()
         past = total - count
-        hidden = np.arange(total)[None, :] > (past + np.arange(count))[:, None]  # [n, S]
+        positions = (past + np.arange(count))[:, None]
+        hidden = np.arange(total)[None, :] > positions  # [n, S]
+        if window > 0:
+            hidden = np.logical_or(hidden, np.arange(total)[None, :] <= positions - window)
         found = np.ascontiguousarray(np.broadcast_to(hidden[:, None, :], (count, heads, total)))
         found.flags.writeable = False
-        _hidden_masks[(count, heads, total)] = found
+        _hidden_masks[(count, heads, total, window)] = found
     return found
 
 

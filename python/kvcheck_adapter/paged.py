@@ -309,6 +309,15 @@ class BlockManagerAdapter(Adapter):
     layers: int = 2
     heads: int = 2
     head_dim: int = 4
+    #: The model's attention window in tokens (sliding-window attention,
+    #: docs/semantics.md#sliding-windows): a token at position P reads
+    #: positions P - window + 1..P only. 0: full attention. With a window
+    #: the manager may give back the blocks wholly behind a sequence's
+    #: window (the first (L - window + 1) // block_tokens of a sequence of
+    #: L tokens), putting the null block 0 in their place in its table (as
+    #: vLLM's SlidingWindowManager does); the SDK reads the null block as
+    #: zeros, which the window never reads.
+    window: int = 0
     #: Where freed blocks join the free queue, whose front allocation takes
     #: (kvcheck's free-order property; docs/semantics.md, paged properties):
     #: "back" (FIFO), "front" (LIFO), "front-unhashed" (a block without a
@@ -422,7 +431,9 @@ class BlockManagerAdapter(Adapter):
             self.__dict__["_paged_shadow"] = shadow
             self.__dict__["_paged_sequences"] = {}
             self.__dict__["_paged_copies"] = []
-            config = _decoder.DecoderConfig(self.layers, self.heads, self.head_dim, 32, -1, 1)
+            if self.window < 0:
+                raise ValueError(f"{type(self).__name__}: window must be >= 0 (0: full attention)")
+            config = _decoder.DecoderConfig(self.layers, self.heads, self.head_dim, 32, -1, 1, self.window)
             # One model per geometry for the process: it keeps no state
             # between calls, and making its weights costs a tenth of a trace.
             if config not in _MODELS:
@@ -449,12 +460,20 @@ class BlockManagerAdapter(Adapter):
         """The K/V read through `table` (its first `blocks` blocks), as a
         new cache: what the model reads."""
         made = _cache.DynamicCache()
-        pieces = [self.block_kv(b) for b in list(table)[:blocks] if 0 < b < self.num_blocks]
+        if self.window > 0:
+            # Behind a window the null block stands for a released block: zeros.
+            pieces = [self._null_kv() if b == 0 else self.block_kv(b) for b in list(table)[:blocks] if 0 <= b < self.num_blocks]
+        else:
+            pieces = [self.block_kv(b) for b in list(table)[:blocks] if 0 < b < self.num_blocks]
         pieces = [p for p in pieces if p and p[0][0].shape[2] > 0]
         if pieces:
             for l in range(self.layers):
                 made.update(torch.cat([p[l][0] for p in pieces], dim=2), torch.cat([p[l][1] for p in pieces], dim=2), l)
         return made
+
+    def _null_kv(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        shape = (1, self.heads, self.block_tokens, self.head_dim)
+        return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(self.layers)]
 
     def paged_alloc(self, seq: int, tokens: List[int], salt: int) -> int:
         tokens = [int(t) for t in tokens]
@@ -600,6 +619,7 @@ class BlockManagerAdapter(Adapter):
                         "tokens": list(sequences[seq].tokens) if seq in sequences else []}
                        for seq, table in sorted(s.tables.items())],
             "copies": [{"source": src, "destination": dst} for src, dst in self._pending_copies()],
+            **({"window": int(self.window)} if self.window > 0 else {}),
         }
 
     def _digest(self, block: int) -> int:

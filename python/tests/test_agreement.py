@@ -116,6 +116,19 @@ def python_lines():
             lines.append(f"case {number} view {c.view_digest(c.view_of(cache))}")
             lines.append(f"case {number} next {next_token}")
             number += 1
+        elif kind == "window":
+            window, tokens = rest.split()
+            windowed = d.Decoder(d.DecoderConfig(window=int(window)))
+            cache = kv.DynamicCache()
+            next_token = windowed.forward([int(token) for token in tokens.split(",")], cache)
+            lines.append(f"case {number} view {c.view_digest(c.view_of(cache))}")
+            lines.append(f"case {number} next {next_token}")
+            decoded = []
+            for _ in range(max_new):
+                decoded.append(next_token)
+                next_token = windowed.forward([next_token], cache)
+            lines.append(f"case {number} decoded {','.join(map(str, decoded))}")
+            number += 1
         else:
             raise ValueError(f"{CORPUS}:{line_number}: unknown corpus line kind '{kind}'")
     return lines
@@ -128,7 +141,7 @@ def differences(cxx, python):
 
 def test_the_corpus_covers_what_it_must(cxx_lines):
     kinds = {line.split(" ")[2] for line in cxx_lines if line.startswith("case ")}
-    assert {"digest", "slot", "view", "tokens", "error", "recompute", "next"} <= kinds
+    assert {"digest", "slot", "view", "tokens", "error", "recompute", "next", "decoded"} <= kinds
     assert sum(line.startswith("hash ") for line in cxx_lines) >= 41
     assert sum(line.startswith("badspec ") for line in cxx_lines) >= 20
     specs = [line for line in open(CORPUS) if line.startswith(("spec", "merge"))]
@@ -143,6 +156,7 @@ def test_cxx_and_python_agree_on_every_case(cxx_lines):
 
 _SEGMENT_VALUES = c._segment_values
 _FINISH = c._finish
+_HIDDEN = d._hidden
 
 
 @pytest.mark.parametrize(
@@ -153,6 +167,8 @@ _FINISH = c._finish
         (c, "_round_to_f16", lambda bits: c.round_to_array("bf16", bits.view(np.float32)).view(np.uint32)),  # float16 as bfloat16
         (d, "_geometry_seed", lambda seed, heads, head_dim: seed),  # every geometry's weights from the one seed
         (d, "_extra_seed", lambda seed, heads, head_dim, extra: seed),  # every extra keys' row the same
+        (d, "_hidden", lambda count, heads, total, window=0: _HIDDEN(count, heads, total, 0)),  # a prompt's window ignored
+        (d, "_hidden", lambda count, heads, total, window=0: _HIDDEN(count, heads, total, window + 1 if window else 0)),  # off by one
         (c, "_NEGATIVE_ZERO_BITS", 0xFFFFFFFF),  # -0 hashed as its own bits
         (c, "_shifted_positions", lambda count: np.zeros(count, dtype=np.uint64)),  # positions left out of the words
         (c, "_finish", lambda total, count: _FINISH(total, 0)),  # the count left out of the final mix

@@ -22,6 +22,10 @@
 // count is above one copies that block, once, into a fresh block
 // (copy-on-write), and the sequence's table points at the copy.
 //
+// Sliding windows (PoolConfig::window): a table may hold the null block
+// (0) in place of a block wholly behind its sequence's window; it counts
+// nothing and reads as zeros.
+//
 // The worker boundary. Writes (the K/V the model computes for new tokens,
 // and copy-on-write copies) are pending until `step()`: the sequence that
 // made them reads them (as a worker reads its own stream), nobody else
@@ -69,6 +73,16 @@ struct PoolConfig {
     // joins the queue after every free block used before it or with it,
     // before those used after it. A reset forgets every use.
     bool free_by_last_use = false;
+    // The model's attention window in tokens (sliding-window attention,
+    // docs/semantics.md#sliding-windows); 0: full attention. With a window
+    // W, at each step() a sequence of L tokens gives back the blocks wholly
+    // before its next token's window (the first (L - W + 1) / B of its
+    // table): they are released as by free and the null block takes their
+    // place in the table, as vLLM's SlidingWindowManager frees them. The
+    // model the pool is given must have the same window (the K/V behind
+    // it are never read). A pool with a window takes no rewind: the blocks
+    // behind the window are gone.
+    std::int64_t window = 0;
 };
 
 // A block's identity in the prefix index. `parent` is the chain hash of the
@@ -161,7 +175,9 @@ class Pool {
     // sequence or a pending copy holds a block.
     void reset();
     // The worker boundary: pending writes complete, full blocks are
-    // published, pending copies end.
+    // published, pending copies end; then, with a window, the blocks
+    // behind each sequence's window are released (the null block in their
+    // place).
     void step();
     // A sequence holding a contiguous cache's K/V (modern, float32, every
     // layer [1, heads, S, head_dim] of this pool's geometry, S >= 1): its
@@ -234,12 +250,17 @@ class Pool {
     virtual void end_copy(const PendingCopy& copy) { unref(copy.source); }
     // The K/V an append decodes on: the sequence's, read through its table.
     virtual CachePtr working_cache(const Sequence& sequence) const { return gather(sequence); }
+    // How many leading blocks of a table of `length` tokens lie wholly
+    // before the window of the sequence's next token (0 without a window).
+    virtual std::int64_t blocks_behind_window(std::int64_t length) const;
     // The blocks an operation may still take (its check before it changes anything).
     virtual std::int64_t free_blocks() const { return static_cast<std::int64_t>(free_.size()); }
 
     // Writes K/V of tokens into slots [from, from + n) of a block, pending.
     void stage(BlockId block, std::int64_t slot, const std::vector<std::pair<at::Tensor, at::Tensor>>& kv,
                std::int64_t first, std::int64_t n);
+    // The K/V the null block reads as in a table: B slots of zeros per layer.
+    std::vector<std::pair<at::Tensor, at::Tensor>> null_kv() const;
     // The sequence's K/V as a new contiguous cache (its own reads).
     CachePtr gather(const Sequence& sequence) const;
     // Writes the K/V of cache positions [first, first + n) into the
@@ -250,6 +271,9 @@ class Pool {
         return (tokens + config_.block_tokens - 1) / config_.block_tokens;
     }
     void remove_from_index(BlockId block);
+    // Releases the blocks behind the sequence's window, the last first;
+    // the null block takes their place in its table.
+    void slide(Sequence& sequence);
     // The chain keys of the first `count` full blocks of `tokens`.
     std::vector<BlockKey> keys_of(const Tokens& tokens, const std::string& extra, std::size_t count) const;
     // The hits of a lookup: the blocks the index holds for the leading keys.

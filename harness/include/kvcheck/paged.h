@@ -20,6 +20,10 @@
 //   fewer than the parent's table; a refused rewind no free block while
 //   its kept last block is partial and shared. The other operations must
 //   not throw.
+// - Sliding windows: a manager whose model attends over a window of W
+//   tokens reports it (PagedState::window) and may release the blocks
+//   wholly behind a sequence's window, the null block taking their place
+//   in its table.
 // - paged_rewind is asked only when Capabilities::paged_rewind is set.
 // - Observations are read-only.
 //
@@ -85,6 +89,12 @@ struct PagedIndexEntry {
 // The whole pool, as the engine reports it.
 struct PagedState {
     std::int64_t block_tokens = 0;            // B
+    // The model's attention window in tokens (docs/semantics.md#sliding-windows);
+    // 0: full attention. With W > 0 a table may hold the null block (0) at
+    // the positions wholly before its sequence's next token's window (the
+    // first (L - W + 1) / B of a sequence of L tokens), and the content
+    // properties compare only the blocks after those.
+    std::int64_t window = 0;
     std::vector<PagedBlock> blocks;           // by id; block 0 is the null block
     std::vector<std::int64_t> free_queue;     // front first: the next block taken
     std::vector<PagedIndexEntry> index;
@@ -92,7 +102,7 @@ struct PagedState {
     std::map<std::int64_t, PagedTokens> tokens;                // sequence -> its tokens (-1: unknown)
     std::vector<PagedCopy> copies;            // pending copy-on-write copies
     friend bool operator==(const PagedState& a, const PagedState& b) {
-        return a.block_tokens == b.block_tokens && a.blocks == b.blocks && a.free_queue == b.free_queue &&
+        return a.block_tokens == b.block_tokens && a.window == b.window && a.blocks == b.blocks && a.free_queue == b.free_queue &&
                a.index == b.index && a.tables == b.tables && a.tokens == b.tokens && a.copies == b.copies;
     }
 };
