@@ -784,6 +784,12 @@ op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
         // blocks the rewind cut (which must have lost their identity).
         Tokens again = request->second.first;
         again.push_back(d.choose.between(1, 3));
+        // Half the time only looked up: the chain of hits stops at the cut
+        // block, while a block after it, released, may still be indexed.
+        if (d.enabled(kind<op::PagedLookup>()) && d.choose.one_in(2)) {
+            d.follow_up = op::PagedLookup{std::move(again), request->second.second};
+            return rewind;
+        }
         d.draft.requests.push_back(again);
         op::PagedAlloc alloc{new_seq(d), std::move(again), request->second.second};
         d.draft.allocated[alloc.seq] = {alloc.tokens, alloc.salt};

@@ -298,24 +298,9 @@ TEST(FreeOrder, AnLruPoolPutsASequenceUsedLongAgoAheadOfOneUsedSince) {
     EXPECT_EQ(fifo.failure->property, "free-order");
 }
 
-// A lookup that keeps counting hits past the first miss (issue 41's
-// "lookup past a miss"). A chain key names its parent's tokens, not whether
-// the parent is cached: a rewind cuts a published block (its key dropped)
-// while the block after it, released, keeps its key, so the lookup's chain
-// stops at the cut block and the next one is still indexed. Not a bundled
-// mutant: the searched traces reach this shape too rarely (none in 3,000
-// with blocks of 2, FIFO or LIFO; with blocks of 1 a block is never cut),
-// so lookup-exact is shown catching it on the trace itself.
-class CountsPastAMiss final : public kv::paged::Pool {
-  public:
-    using Pool::Pool;
-    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
-        std::int64_t found = 0;
-        for (const kv::paged::BlockKey& key : block_keys(tokens, extra)) found += find(key) ? 1 : 0;
-        return found * config_.block_tokens;
-    }
-};
-
+// PM28, a lookup that keeps counting hits past the first miss, on the
+// shape it needs: a rewind cuts a published block (its key dropped) while
+// the block after it, released, keeps its key.
 TEST(LookupExact, ALookupCountingPastAMissIsCaught) {
     const Trace trace = parse_trace(
         "paged_alloc seq=1 tokens=1,2,3,1 salt=0\n"
@@ -324,13 +309,7 @@ TEST(LookupExact, ALookupCountingPastAMissIsCaught) {
         "paged_lookup tokens=1,2,3,1,2 salt=0\n");
     const RunResult reference = run_on(*adapters::find_bundled("paged-reference"), trace);
     EXPECT_FALSE(reference.failure) << format_failure(*reference.failure, trace, "(the paged reference)");
-    const Adapter past_a_miss{"counts-past-a-miss", "a lookup counting hits past the first miss", "bundled", {}, [] {
-                                  return std::shared_ptr<Engine>(std::make_shared<adapters::PagedReference>(
-                                      [](kv::paged::PoolConfig config, kv::Model& model) {
-                                          return std::unique_ptr<kv::paged::Pool>(std::make_unique<CountsPastAMiss>(config, model));
-                                      }));
-                              }};
-    const RunResult found = run_on(past_a_miss, trace);
+    const RunResult found = run_on(*adapters::find_bundled("PM28"), trace);
     ASSERT_TRUE(found.failure);
     EXPECT_EQ(found.failure->property, "lookup-exact");
     EXPECT_EQ(found.failure->step, 3u);

@@ -385,6 +385,22 @@ class PM21 final : public Pool {
     }
 };
 
+// PM28: a lookup that keeps counting hits past the first miss (issue 41's
+// "lookup past a miss"): every block key of the request still indexed is
+// counted, not the chain up to the first key that is not. A chain key names
+// its parent's tokens, not whether the parent is cached, so after a rewind
+// cut a published block (its key dropped) the block after it, released, is
+// still indexed and counted.
+class PM28 final : public Pool {
+  public:
+    using Pool::Pool;
+    std::int64_t lookup(const kv::paged::Tokens& tokens, const std::string& extra) const override {
+        std::int64_t found = 0;
+        for (const kv::paged::BlockKey& key : block_keys(tokens, extra)) found += find(key) ? 1 : 0;
+        return found * config_.block_tokens;
+    }
+};
+
 // PM22: a block's key is deleted when its count drops to 0 (eager key
 // deletion): freed prefixes never hit again.
 class PM22 final : public Pool {
@@ -556,6 +572,7 @@ std::vector<Adapter> paged_mutant_adapters() {
              engine->rename("PM26");
              return std::shared_ptr<Engine>(std::move(engine));
          }},
+        paged_mutant<PM28>("PM28", "a lookup counts hits past the first miss: every indexed block key of the request", {P::lookup_exact}),
         {"PM27", "a sliding window off by one: the block of the oldest position a window reads is freed", "bundled",
          {P::refcount_exact},
          [] {
