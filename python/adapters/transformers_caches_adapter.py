@@ -3,11 +3,14 @@ DynamicCache the examples use: a store whose every cache is a real
 `StaticCache` (preallocated buffers filled from the front, as torch.compile
 wants them) or a real `DynamicCache`, over a tiny seeded Llama made in code
 (kvcheck_adapter.hf: nothing is downloaded), generating through
-transformers' own `generate`, plain greedy or assisted (prompt lookup).
+transformers' own `generate`: greedy, assisted (prompt lookup) or beam
+search, its copies made by the class's update, `copy.deepcopy` or one of
+the cache's batch operations.
 
     PYTHONPATH=.venv/transformers/5.25.0 kvcheck run --python .venv/bin/python \\
         --adapter 'python/adapters/transformers_caches_adapter.py --cache static'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding beam --copy select'
 
 The mapping (python/README.md, "Real engines"):
 
@@ -16,9 +19,10 @@ The mapping (python/README.md, "Real engines"):
 | make | the class's own `update(keys, values, layer)` on a new cache (StaticCache(config, max_cache_len): `index_copy_` into the zeroed buffers) |
 | add, get, get_cache(ids), delete | the store: id -> the cache object itself; get hands out the stored object |
 | get_cache, clone, concat | a new cache of the class filled by `update` with each part's held K/V in order (static: one `index_copy_` a part; dynamic: one `torch.cat` a layer) |
-| generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`) |
+| get_cache of one id, clone, the boundary's copy, with `--copy` (dynamic) | `deepcopy`: `copy.deepcopy(cache)`; `select`, `repeat`, `reorder`: a new DynamicCache whose layers hold the source's own tensors, then its `batch_select_indices([0])`, `batch_repeat_interleave(1)` or `reorder_cache([0])`, which rebinds each layer to the rows it selects (the copy; the source keeps its tensors). A merge of several is made as above |
+| generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`); `--decoding beam` passes `num_beams=2` (beam search: the cache expanded to the beams by its `batch_repeat_interleave(2)`, as generate does not expand a cache it is given, then `reorder_cache` after every step; the cache is left holding 2 rows) |
 | trim(handle, keep) | `cache.crop(keep - held)` on a copy the caller holds (transformers 5's crop takes the tokens to remove, negative; dynamic: the layer's tensors sliced, static: `cumulative_length` lowered) |
-| generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does |
+| generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does; for `--decoding beam`, beam search on it the same way |
 
 What kvcheck sees of a static cache is what the model sees: each layer's
 buffers cut to the tokens it holds (hf.logical_cache: views of the same
@@ -44,15 +48,28 @@ Assumptions (contract differences, declared rather than papered over):
     content comparison reads as changed content (the need: a declared
     per-value tolerance, docs/semantics.md "Real engines");
   - crop is kvcheck's `trim` of a copy the caller holds (never of a
-    stored cache: stored caches are read-only); batch_select_indices,
-    batch_repeat_interleave and reorder_cache are reached only where
-    transformers itself calls them: kvcheck's vocabulary has no batch
-    operation.
+    stored cache: stored caches are read-only);
+  - the batch operations are mapped where kvcheck's model can judge
+    them: as the store's copy of one cache (`--copy select|repeat|reorder`:
+    a select of rows is a clone, judged by single-copy, clone-independent,
+    layout-roundtrip and stored-immutable) and inside beam search
+    (`--decoding beam`: the expansion and every reorder act on the cache
+    the model writes into, the boundary's copy or an owned copy, never on
+    a stored one: stored-immutable; they are the decoding's own working
+    state, as the model's appends are, so single-copy counts the copies
+    the store makes, not the beams': hf.generate marks them so). They
+    need `--cache dynamic`: transformers 5.25's StaticLayer has no
+    batch_repeat_interleave or batch_select_indices (Cache's calls raise
+    AttributeError on a StaticCache), and a deep copy of a StaticCache
+    copies its whole preallocated buffer;
+  - transformers 5.25 has no legacy conversion (DynamicCache's
+    to_legacy_cache and from_legacy_cache are gone): nothing to map.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import weakref
@@ -73,6 +90,36 @@ DECODINGS = {
     "greedy": {},
     # transformers' prompt lookup decoding: up to 3 candidate tokens a step.
     "prompt-lookup": {"prompt_lookup_num_tokens": 3},
+    # beam search over 2 beams: the cache is expanded to the beams first
+    # (generate expands the inputs, not a cache it is given), then
+    # reorder_cache follows the beams at every step.
+    "beam": {"num_beams": 2},
+}
+# What the reference, generate_fresh, decodes with: greedy for greedy and
+# assisted decoding (documented to give greedy's tokens), beam search for
+# beam search (on transformers' default class).
+FRESH_DECODINGS = {"greedy": "greedy", "prompt-lookup": "greedy", "beam": "beam"}
+
+
+def _rows_of(cache, operation):
+    """A copy of a DynamicCache made by one of transformers' batch
+    operations: a new DynamicCache whose layers hold the source's own
+    tensors (no copy), then `operation` on it, which rebinds every layer
+    holding tokens to the rows it selects (a new tensor: the copy)."""
+    shallow = hf.cache_of_layers([(layer.keys, layer.values, layer.is_initialized) for layer in cache.layers])
+    operation(shallow)
+    return shallow
+
+
+# How the store copies one cache (get_cache of one id, clone, the
+# boundary's copy before a generation); a merge of several is always the
+# class's update (static) or one cat a layer (dynamic).
+COPIES = {
+    "update": None,
+    "deepcopy": copy.deepcopy,
+    "select": lambda cache: _rows_of(cache, lambda c: c.batch_select_indices(torch.tensor([0]))),
+    "repeat": lambda cache: _rows_of(cache, lambda c: c.batch_repeat_interleave(1)),
+    "reorder": lambda cache: _rows_of(cache, lambda c: c.reorder_cache(torch.tensor([0]))),
 }
 MAX_CACHE_LEN = 4096
 
@@ -93,15 +140,19 @@ def held_layers(cache):
 class TransformersCachesAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, model, cache_class: str, decoding: str):
+    def __init__(self, model, cache_class: str, decoding: str, copying: str = "update"):
         self.model_ = model
         self.cache_class = cache_class
         self.options = DECODINGS[decoding]
+        self.fresh_options = DECODINGS[FRESH_DECODINGS[decoding]]
+        self.copy_one = COPIES[copying]
         suffix = "" if decoding == "greedy" else f"+{decoding}"
+        suffix += "" if copying == "update" else f"+copy-{copying}"
         self.name = f"transformers-{hf.VERSION}-{cache_class}{suffix}"
         self.description = (
             f"transformers {hf.VERSION}'s {'StaticCache' if cache_class == 'static' else 'DynamicCache'} in a store,"
-            f" generating with {decoding} decoding (python/adapters/transformers_caches_adapter.py)"
+            f" generating with {decoding} decoding, copying by {copying}"
+            " (python/adapters/transformers_caches_adapter.py)"
         )
         self.model = hf.model_domain(model)
         self.capabilities = hf.capabilities(self.model)
@@ -137,9 +188,12 @@ class TransformersCachesAdapter(Adapter):
         return cache
 
     def copy_of(self, parts):
-        copy = self.filled(parts)
-        self.handed_out.add(copy)
-        return copy
+        if len(parts) == 1 and self.copy_one is not None:
+            made = self.copy_one(parts[0])
+        else:
+            made = self.filled(parts)
+        self.handed_out.add(made)
+        return made
 
     def make_cache(self, content):
         made = hf.materialize(content)  # a DynamicCache holding the content's own tensors
@@ -200,7 +254,7 @@ class TransformersCachesAdapter(Adapter):
         elif cache in self.handed_out:
             work = cache  # an owned copy: the model writes into it
         else:
-            work = self.filled([cache])
+            work = self.copy_of([cache])
         return hf.generate(self.model_, prompt, work, max_new_tokens, **self.options)
 
     # ---- trimming ----
@@ -223,20 +277,31 @@ class TransformersCachesAdapter(Adapter):
         for i, layer in enumerate(held_layers(cache)):
             if layer is not None:
                 reference.update(layer[0].clone(), layer[1].clone(), i)
-        return hf.generate(self.model_, prompt, reference, max_new_tokens)
+        return hf.generate(self.model_, prompt, reference, max_new_tokens, **self.fresh_options)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", choices=CACHES, default="static", help="the store's cache class")
     parser.add_argument("--decoding", choices=sorted(DECODINGS), default="greedy",
-                        help="how generate decodes (greedy, or assisted by prompt lookup)")
+                        help="how generate decodes (greedy, assisted by prompt lookup, or beam search)")
+    parser.add_argument("--copy", choices=sorted(COPIES), default="update",
+                        help="how the store copies one cache (dynamic only but update): copy.deepcopy, or a batch"
+                        " operation on a cache holding the source's tensors: batch_select_indices,"
+                        " batch_repeat_interleave(1), reorder_cache")
     hf.add_print_model(parser)
     arguments = parser.parse_args(argv)
+    if arguments.cache == "static" and (arguments.decoding == "beam" or arguments.copy != "update"):
+        # transformers 5.25's StaticLayer has no batch_repeat_interleave or
+        # batch_select_indices (Cache's calls raise AttributeError), and a
+        # deep copy copies its whole preallocated buffer.
+        parser.error("--decoding beam and --copy other than update need --cache dynamic: a StaticCache cannot be"
+                     " expanded to beams or selected by rows (StaticLayer has no batch_repeat_interleave or"
+                     " batch_select_indices), and its deep copy copies all max_cache_len slots")
     model = hf.model_or_print(arguments)
     if model is None:
         return
-    serve(lambda: TransformersCachesAdapter(model, arguments.cache, arguments.decoding))
+    serve(lambda: TransformersCachesAdapter(model, arguments.cache, arguments.decoding, arguments.copy))
 
 
 if __name__ == "__main__":

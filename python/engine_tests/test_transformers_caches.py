@@ -6,9 +6,16 @@ a store of StaticCaches holds every contiguous property (trim-exact too:
 the adapter's trim is transformers' crop); generating with
 prompt lookup decoding from a stored cache breaks generation-equivalent,
 transformers' own bug (docs/findings/transformers-1.md): an expected FAIL,
-so that an upstream fix shows up here as a change."""
+so that an upstream fix shows up here as a change. Beam search from stored
+caches, with the store's copies made by a batch operation
+(batch_select_indices), holds the store properties; a probe running beam
+search on the stored cache itself (no boundary copy) fails
+stored-immutable, so that check reaches the beams' expansion. Copies by
+copy.deepcopy break single-copy after a crop, transformers' own defect
+(docs/findings/transformers-2.md): an expected FAIL."""
 
 import os
+import textwrap
 
 import pytest
 
@@ -18,6 +25,11 @@ ADAPTER = os.path.join(PYTHON_DIR, "adapters", "transformers_caches_adapter.py")
 VERSION = "5.25.0"
 # Small budgets (ctest label real-engines): each run is seconds of CPU.
 CASES = "6"
+# What beam search and a copy by rows can break: every store property but
+# merge-correct (a merge is made by cat either way), store-contract and
+# trim-exact (neither reaches a batch operation).
+BATCH_PROPERTIES = {"stored-immutable", "single-copy", "layout-roundtrip", "owned-marker", "clone-independent",
+                    "generation-equivalent"}
 STORE_PROPERTIES = {"stored-immutable", "single-copy", "layout-roundtrip", "merge-correct", "owned-marker",
                     "clone-independent", "generation-equivalent", "store-contract", "trim-exact"}
 
@@ -47,3 +59,72 @@ def test_prompt_lookup_from_a_stored_cache_breaks_generation_equivalent(kvcheck,
     result = run.result("generation-equivalent")
     assert result["verdict"] == "fail" and result["fault"] is None, result
     assert "a fresh copy gives" in result["message"], result["message"]
+
+
+def test_beam_search_and_copies_by_batch_select_hold_the_store_properties(kvcheck, transformers_env):
+    # --decoding beam: batch_repeat_interleave(2), then reorder_cache every
+    # step; --copy select: every copy of one cache is batch_select_indices.
+    properties = [argument for p in sorted(BATCH_PROPERTIES) for argument in ("--property", p)]
+    run = kvcheck("run", "--adapter", ADAPTER + " --cache dynamic --decoding beam --copy select", *properties,
+                  "--cases", CASES, "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in BATCH_PROPERTIES}
+    assert verdicts == {p: "pass" for p in BATCH_PROPERTIES}, verdicts
+
+
+# The probe: beam search straight on what it is given, a stored cache too
+# (no boundary copy), so that its batch_repeat_interleave rebinds the stored
+# layers to the beams' rows.
+PROBE = textwrap.dedent("""
+    import runpy
+    import sys
+
+    adapter = runpy.run_path(sys.argv.pop(1))
+    hf = adapter["hf"]
+
+
+    class BeamsOnTheStoredCache(adapter["TransformersCachesAdapter"]):
+        def generate(self, cache, prompt, max_new_tokens):
+            work = self.new_cache() if cache is None else cache
+            return hf.generate(self.model_, prompt, work, max_new_tokens, **self.options)
+
+
+    model = hf.tiny_model()
+    adapter["serve"](lambda: BeamsOnTheStoredCache(model, "dynamic", "beam"))
+""")
+
+
+# What the generic search found of the probe (stored-immutable after 22
+# traces at the default seed, shrunk to these 3 operations; python/README.md
+# "Real engines"), replayed here: beam search from a stored cache.
+BEAMS_FROM_A_STORED_CACHE = """\
+add c modern/f32/0/2x8:[kv1 kv1]
+h1 = get c
+generate h1 prompt=1 max=1
+"""
+
+
+def test_beam_search_on_the_stored_cache_itself_breaks_stored_immutable(kvcheck, transformers_env, scratch_dir):
+    probe = os.path.join(scratch_dir, "beams_on_the_stored_cache.py")
+    trace = os.path.join(scratch_dir, "beams_from_a_stored_cache.trace")
+    with open(probe, "w") as f:
+        f.write(PROBE)
+    with open(trace, "w") as f:
+        f.write(BEAMS_FROM_A_STORED_CACHE)
+    caught = kvcheck("replay", trace, "--adapter", f"{probe} {ADAPTER}", "--property", "stored-immutable")
+    assert caught.status == 1, caught.stdout + caught.stderr
+    assert "stored-immutable: entry \"c\" layer 0 keys shape [2,2,2,8]" in caught.stdout, caught.stdout
+    held = kvcheck("replay", trace, "--adapter", ADAPTER + " --cache dynamic --decoding beam",
+                   "--property", "stored-immutable")
+    assert held.status == 0, held.stdout + held.stderr
+
+
+def test_a_deep_copy_of_a_cropped_cache_breaks_single_copy(kvcheck, transformers_env):
+    # docs/findings/transformers-2.md: crop leaves each layer a view of its
+    # old tensors, and a deep copy copies the removed tokens too.
+    run = kvcheck("run", "--adapter", ADAPTER + " --cache dynamic --copy deepcopy", "--property", "single-copy",
+                  "--cases", "30", "--failures", "1", "--replays", "1")
+    assert run.status == 1, run.stdout + run.stderr
+    result = run.result("single-copy")
+    assert result["verdict"] == "fail" and result["fault"] is None, result
+    assert "but the K/V it copies are" in result["message"], result["message"]

@@ -28,6 +28,7 @@ real package.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -371,6 +372,35 @@ def logical_cache(cache):
     return _HeldCache(layers)
 
 
+@contextlib.contextmanager
+def _beams(cache, cached: int, beams: int):
+    """Beam search over `cache`, the cache the model writes into: generate
+    expands the prompt to the beams, not a cache it is given (a cache of
+    one row meets rows of `beams`: a size mismatch), so a cache holding
+    tokens is expanded first by its own batch_repeat_interleave; generate
+    then calls its reorder_cache after every step to follow the beams.
+    Both are the decoding's work on the cache the model writes into, its
+    own working state as its appends are, and marked so
+    (copies.model_forward): they copy that cache, never the store's, which
+    single-copy judges. The cache is left holding `beams` rows."""
+    if beams <= 1 or cached == 0:
+        yield
+        return
+    with _copies.model_forward(cache):
+        cache.batch_repeat_interleave(beams)
+    reorder = cache.reorder_cache
+
+    def reorder_marked(beam_idx):
+        with _copies.model_forward(cache):
+            reorder(beam_idx)
+
+    cache.reorder_cache = reorder_marked
+    try:
+        yield
+    finally:
+        del cache.reorder_cache
+
+
 def generate(model, prompt: Sequence[int], cache, max_new_tokens: int, **options) -> List[int]:
     """transformers' own greedy generation over `cache`, written into in
     place, exactly as a store runs it: input_ids are placeholder tokens for
@@ -379,8 +409,9 @@ def generate(model, prompt: Sequence[int], cache, max_new_tokens: int, **options
     Returns the max_new_tokens new tokens (eos is disabled); 0 runs nothing.
     `options` go to model.generate as they are (for example
     prompt_lookup_num_tokens=3: assisted decoding, whose greedy output is
-    documented to be greedy's). OutsideDomain for a cache the model cannot
-    run over."""
+    documented to be greedy's; num_beams=2: beam search, the cache expanded
+    to the beams by its batch_repeat_interleave first, and left so).
+    OutsideDomain for a cache the model cannot run over."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("generate: the prompt is empty")
@@ -399,7 +430,7 @@ def generate(model, prompt: Sequence[int], cache, max_new_tokens: int, **options
         return []
     input_ids = torch.tensor([[PLACEHOLDER_TOKEN] * cached + prompt], dtype=torch.long)
     arguments = {_cache_argument(model): cache}
-    with torch.no_grad():
+    with torch.no_grad(), _beams(cache, cached, int(options.get("num_beams", 1))):
         output = model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
