@@ -55,6 +55,12 @@ def seconds(x):
     return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
+def mutant_order(name):
+    """M1..M37 first, then PM1..PM28: the family's letters, then the number."""
+    letters = name.rstrip("0123456789")
+    return (len(letters), letters, int(name[len(letters):] or 0))
+
+
 def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -239,7 +245,7 @@ def find_section(harness, fuzz):
         rows.append([mutant, seconds(b["find_s"]), fmt(b["traces_to_failure"]), seconds(b["shrink_s"]),
                      fmt(b["shrunk_ops"]), f"**{seconds(b['verdict_s'])}**", seconds(b["verdict_cpu_s"]),
                      seconds(b["verdict_s_max"]), f"{int(b['missed'])}/{int(b['seeds'])}"])
-    rows.sort(key=lambda r: int(r[0][1:]))
+    rows.sort(key=lambda r: mutant_order(r[0]))
     lines = [
         "### Time to find a bug",
         "",
@@ -340,7 +346,7 @@ def key_numbers(copy, harness, before, fuzz):
                      ", ".join(f"{rate:,.0f} ({mix})" for mix, rate in small) + ".")
     finds = [(n.split("/")[1], b["verdict_s"], b["find_s"]) for n, b in harness.items() if n.startswith("time_to_find/")]
     if finds:
-        finds.sort(key=lambda f: int(f[0][1:]))
+        finds.sort(key=lambda f: mutant_order(f[0]))
         lines.append("- seeded path, median time to first failure per mutant, find (verdict = find + shrink): " +
                      ", ".join(f"{m} {seconds(f)} ({seconds(v)})" for m, v, f in finds) + ".")
     if fuzz:
