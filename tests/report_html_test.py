@@ -9,7 +9,9 @@ linking to its drawing), then the table; no text is clipped at 900 or
 of the page: the report itself holds none); the coverage chart shows only
 shapes of operations the adapter claims. Screenshots at both widths are
 kept in the build directory (report_html.png, report_html-900.png), for a
-person to look at.
+person to look at. A failure of several lanes (LM3 with --lanes 3) is
+drawn as a table of lanes: each call in its lane's column, in schedule
+order, the failing call outlined and the conflicting ones shaded.
 
     report_html_test.py KVCHECK CHROMIUM SCREENSHOT
 """
@@ -32,7 +34,7 @@ class Dom(html.parser.HTMLParser):
         self.open = []
 
     def handle_starttag(self, tag, attrs):
-        element = {"tag": tag, "attrs": dict(attrs), "text": ""}
+        element = {"tag": tag, "attrs": dict(attrs), "text": "", "parent": self.open[-1] if self.open else None}
         self.elements.append(element)
         if tag not in ("rect", "path", "meta", "br", "input", "img", "link"):
             self.open.append(element)
@@ -101,6 +103,67 @@ def dom_of(text):
     return dom
 
 
+def inside(element, ancestor):
+    while element is not None:
+        if element is ancestor:
+            return True
+        element = element["parent"]
+    return False
+
+
+def check_lanes(kvcheck, browser, scratch):
+    """A failure in a trace of several lanes (LM3, a split load/store count,
+    caught by refcount-exact with 3 clients) is drawn as a table of lanes:
+    a column per lane that calls, a row per call in schedule order, each
+    call in its own lane's column as the trace's switches say, the failing
+    call outlined (the last row: a shrunk trace ends at its failure), the
+    calls of requests open at it shaded; the table fits a 900 px window."""
+    page = os.path.join(scratch, "lanes.html")
+    traces = os.path.join(scratch, "lanes-traces")
+    run = subprocess.run([kvcheck, "run", "--adapter", "LM3", "--lanes", "3", "--property", "refcount-exact",
+                          "--cases", "100", "--failures", "1", "--report", "html", "--out", page, "--quiet",
+                          "--trace-dir", traces], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run.returncode == 1, f"kvcheck exited {run.returncode}: {run.stderr}"
+    with open(os.path.join(traces, "LM3-refcount-exact.trace")) as file:
+        steps = [line.strip() for line in file if line.strip() and not line.lstrip().startswith("#")]
+    lane, lane_of = 0, []
+    for step in steps:
+        if step.startswith("switch lane="):
+            lane = int(step.split("=", 1)[1])
+        lane_of.append(lane)
+    calls = [i for i, step in enumerate(steps) if not step.startswith("switch ")]
+    lanes = sorted({lane_of[i] for i in calls})
+    assert len(lanes) >= 2, f"the shrunk trace has one lane: {steps}"
+
+    dumped = chromium(browser, "--dump-dom", "file://" + page)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    dom = dom_of(dumped.stdout)
+    tables = dom.having("table", "lanes")
+    assert len(tables) == 1, f"{len(tables)} lanes tables"
+    table = tables[0]
+    headers = [e["text"].strip() for e in dom.elements if e["tag"] == "th" and inside(e, table)]
+    assert headers == ["step"] + [f"lane {k}" for k in lanes], (headers, lanes)
+    rows = [e for e in dom.elements if e["tag"] == "tr" and "data-step" in e["attrs"] and inside(e, table)]
+    assert [int(r["attrs"]["data-step"]) for r in rows] == calls, ([r["attrs"]["data-step"] for r in rows], calls)
+    failing, shaded = [], 0
+    for row in rows:
+        step = int(row["attrs"]["data-step"])
+        cells = [e for e in dom.elements if e["tag"] == "td" and e["parent"] is row]
+        assert len(cells) == 1 + len(lanes) and cells[0]["text"].strip() == str(step), row
+        filled = [k for k, cell in enumerate(cells[1:]) if cell["text"].strip()]
+        assert filled == [lanes.index(lane_of[step])], f"step {step} drawn in columns {filled}"
+        cell = cells[1 + filled[0]]
+        assert cell["text"].strip() == steps[step], (cell["text"], steps[step])
+        classes = (cell["attrs"].get("class") or "").split()
+        failing += [step] if "failing" in classes else []
+        shaded += "conflict" in classes
+    assert failing == [calls[-1]], f"failing cells at {failing}, the failing call is step {calls[-1]}"
+    assert shaded >= 1, "no conflicting call is shaded"
+    problems = layout_problems(browser, page, 900)
+    assert not problems, f"the lanes at 900 px: {problems}"
+    return len(rows), len(lanes), shaded
+
+
 def main(kvcheck, browser, screenshot):
     scratch = tempfile.mkdtemp(prefix="kvcheck-report-html-test-")
     try:
@@ -165,8 +228,10 @@ def main(kvcheck, browser, screenshot):
             assert shot.returncode == 0 and os.path.getsize(path) > 1000, shot.stderr[-2000:]
             with open(path, "rb") as file:
                 assert file.read(8) == b"\x89PNG\r\n\x1a\n", "the screenshot is not a PNG"
+        rows, lanes, shaded = check_lanes(kvcheck, browser, scratch)
         print(f"report_html_test: ok; {len(failing[0]['text'])} characters in the failing step, {len(culprits)} "
-              f"highlighted boxes, {len(links)} links; screenshot {screenshot}")
+              f"highlighted boxes, {len(links)} links; lanes: {rows} calls in {lanes} lanes, {shaded} shaded; "
+              f"screenshot {screenshot}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

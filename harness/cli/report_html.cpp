@@ -267,7 +267,7 @@ std::string lanes_html(const FailureReport& f) {
     columns.erase(std::unique(columns.begin(), columns.end()), columns.end());
     std::ostringstream out;
     out << "<p>the lanes side by side, in schedule order (shaded: a call of a request still open at the failure, or "
-           "another lane's call inside one):</p><table class=\"lanes\"><tr><th>step</th>";
+           "another lane's call inside one):</p><div class=\"scroll\"><table class=\"lanes\"><tr><th>step</th>";
     for (const std::int64_t lane : columns) out << "<th>lane " << lane << "</th>";
     out << "</tr>";
     for (std::size_t i = 0; i < trace.size() && i < f.lanes.size(); ++i) {
@@ -284,7 +284,7 @@ std::string lanes_html(const FailureReport& f) {
         }
         out << "</tr>";
     }
-    out << "</table>";
+    out << "</table></div>";  // a wide schedule scrolls in its own box
     return out.str();
 }
 
