@@ -121,39 +121,123 @@ float round_to_bf16(float value) {
 
 }  // namespace
 
-float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim) {
-    const std::uint64_t index = (static_cast<std::uint64_t>(head) << 40) ^ (static_cast<std::uint64_t>(token) << 16) ^
-                                static_cast<std::uint64_t>(dim);
-    const std::uint64_t x = splitmix64(seed ^ splitmix64(index));
+namespace {
+
+// slot_value's element index: head, token and dim in disjoint bit ranges.
+std::uint64_t element_index(std::int64_t head, std::int64_t token, std::int64_t dim) {
+    return (static_cast<std::uint64_t>(head) << 40) ^ (static_cast<std::uint64_t>(token) << 16) ^
+           static_cast<std::uint64_t>(dim);
+}
+
+// The biased exponent field of slot_value for each r = (x >> 32) & 0xFF.
+// Mostly [1/8, 4); one in sixteen [2^8, 2^12); one in sixteen
+// [2^-26, 2^-14), float16's subnormals (kvcheck/content.h says why).
+constexpr std::uint32_t exponent_field(std::uint32_t r) {
+    const int exponent = r < 224 ? static_cast<int>(r % 5) - 3 : r < 240 ? 8 + static_cast<int>(r % 4) : -26 + static_cast<int>(r % 12);
+    return static_cast<std::uint32_t>(exponent + 127);
+}
+
+// slot_value's float32 bits from x = splitmix64(seed ^ splitmix64(index)).
+std::uint32_t value_bits(std::uint64_t x) {
     const auto sign = static_cast<std::uint32_t>(x >> 63);
     const auto mantissa = static_cast<std::uint32_t>(x & 0x7FFFFFu);
-    const auto r = static_cast<int>((x >> 32) & 0xFFu);
-    // Mostly [1/8, 4); one in sixteen [2^8, 2^12); one in sixteen
-    // [2^-26, 2^-14), float16's subnormals (kvcheck/content.h says why).
-    const int exponent = r < 224 ? (r % 5) - 3 : r < 240 ? 8 + (r % 4) : -26 + (r % 12);
-    return float_of(sign << 31 | static_cast<std::uint32_t>(exponent + 127) << 23 | mantissa);
+    const auto r = static_cast<std::uint32_t>((x >> 32) & 0xFFu);
+    return sign << 31 | exponent_field(r) << 23 | mantissa;
+}
+
+// slot_value of each of indices[0, count) into out;
+// `done` is where it stopped (a multiple of 8): the rest is the caller's.
+// Eight at a time in AVX-512 registers (its 64-bit multiply, as in
+// add_terms_avx512), r % 5 and r % 12 by multiply and shift (exact for
+// r < 256: tests/content_test.cpp compares every value with slot_value).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVCHECK_SLOT_VALUES_AVX512 1
+using Lanes8 = std::uint64_t __attribute__((vector_size(64)));
+using Lanes8x32 = std::uint32_t __attribute__((vector_size(32)));
+
+__attribute__((target("avx512f,avx512dq"))) Lanes8 splitmix64_lanes(Lanes8 x) {
+    x += splitmix64_increment;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__attribute__((target("avx512f,avx512dq"))) void value_bits_avx512(std::uint64_t seed, const std::uint64_t* indices,
+                                                                  std::size_t count, float* out,
+                                                                  std::size_t& done) {
+    std::size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        Lanes8 index;
+        std::memcpy(&index, indices + i, sizeof index);
+        const Lanes8 x = splitmix64_lanes(seed ^ splitmix64_lanes(index));
+        const Lanes8 r = (x >> 32) & 0xFFu;
+        const Lanes8 mod5 = r - ((r * 205u) >> 10) * 5u;
+        const Lanes8 mod12 = r - ((r * 171u) >> 11) * 12u;
+        const Lanes8 below224 = reinterpret_cast<Lanes8>(r < 224u);  // all ones where true
+        const Lanes8 below240 = reinterpret_cast<Lanes8>(r < 240u);
+        const Lanes8 field = ((mod5 + 124u) & below224) |
+                             (~below224 & (((r & 3u) + 135u) & below240)) | (~below240 & (mod12 + 101u));
+        const Lanes8 bits = (x >> 63) << 31 | field << 23 | (x & 0x7FFFFFu);
+        const Lanes8x32 narrow = __builtin_convertvector(bits, Lanes8x32);
+        std::memcpy(out + i, &narrow, sizeof narrow);
+    }
+    done = i;
+}
+#endif
+
+// round_to(dtype, v) of every value, in place; the switch once, not per value.
+void round_all(Dtype dtype, float* values, std::size_t count) {
+    switch (dtype) {
+        case Dtype::f32: return;
+        case Dtype::f16:
+            for (std::size_t i = 0; i < count; ++i) values[i] = round_to_f16(values[i]);
+            return;
+        case Dtype::bf16:
+            for (std::size_t i = 0; i < count; ++i) values[i] = round_to_bf16(values[i]);
+            return;
+    }
+}
+
+// One segment's values for one head (tokens x head_dim, row-major) into
+// out, rounded to the segment's precision. `indices` is scratch.
+void fill_segment_head(const Segment& segment, std::int64_t head, std::int64_t head_dim, float* out,
+                       std::vector<std::uint64_t>& indices) {
+    const auto count = static_cast<std::size_t>(segment.tokens * head_dim);
+    indices.resize(count);
+    std::size_t at = 0;
+    for (std::int64_t t = 0; t < segment.tokens; ++t) {
+        for (std::int64_t d = 0; d < head_dim; ++d) indices[at++] = element_index(head, t, d);
+    }
+    std::size_t done = 0;
+#ifdef KVCHECK_SLOT_VALUES_AVX512
+    if (count >= 8 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        value_bits_avx512(segment.seed, indices.data(), count, out, done);
+    }
+#endif
+    for (std::size_t i = done; i < count; ++i) out[i] = float_of(value_bits(splitmix64(segment.seed ^ splitmix64(indices[i]))));
+    round_all(segment.precision, out, count);
+}
+
+}  // namespace
+
+float slot_value(std::uint64_t seed, std::int64_t head, std::int64_t token, std::int64_t dim) {
+    return float_of(value_bits(splitmix64(seed ^ splitmix64(element_index(head, token, dim)))));
 }
 
 float round_to(Dtype dtype, float value) {
-    switch (dtype) {
-        case Dtype::f32: return value;
-        case Dtype::f16: return round_to_f16(value);
-        case Dtype::bf16: return round_to_bf16(value);
-    }
+    round_all(dtype, &value, 1);
     return value;
 }
 
 void fill_slot(const SlotContent& slot, std::int64_t heads, std::int64_t head_dim, std::vector<float>& out) {
     const std::int64_t total = slot.tokens();
     out.resize(static_cast<std::size_t>(heads * total * head_dim));
-    std::size_t at = 0;
+    std::vector<std::uint64_t> indices;
+    float* at = out.data();
     for (std::int64_t head = 0; head < heads; ++head) {
         for (const Segment& segment : slot.segments) {
-            for (std::int64_t t = 0; t < segment.tokens; ++t) {
-                for (std::int64_t d = 0; d < head_dim; ++d) {
-                    out[at++] = round_to(segment.precision, slot_value(segment.seed, head, t, d));
-                }
-            }
+            fill_segment_head(segment, head, head_dim, at, indices);
+            at += segment.tokens * head_dim;
         }
     }
 }
@@ -256,9 +340,7 @@ void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_
             fill_slot(slot, content.heads, content.head_dim, values);
             // In the dtype the slot has: a segment of a wider precision
             // than its slot is rounded once more (a merge never makes one).
-            if (dtype != Dtype::f32) {
-                for (float& value : values) value = round_to(dtype, value);
-            }
+            round_all(dtype, values.data(), values.size());
             const std::uint64_t hash = content_hash(values.data(), values.size());
             const ExpectedSlot expected =
                 tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash}

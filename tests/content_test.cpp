@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -171,6 +172,39 @@ TEST(FillSlot, FollowsTheGeometryAndEachSegmentsPrecision) {
                     ASSERT_EQ(bits_of(values[at]), bits_of(expected)) << "head " << h << " token " << t << " dim " << d;
                 }
             }
+        }
+    }
+}
+
+// fill_slot computes eight values at a time where the CPU has AVX-512 (r % 5
+// and r % 12 by multiply and shift) and rounds a segment at once: every
+// value, in every precision, is bit for bit round_to(slot_value(...)),
+// including the tails of fewer than eight and geometries of odd sizes. The
+// slots are large enough to reach all 256 exponent draws many times.
+TEST(FillSlot, EveryValueIsTheScalarDefinitionsBitForBit) {
+    for (const Dtype precision : {Dtype::f32, Dtype::f16, Dtype::bf16}) {
+        for (const auto& [heads, head_dim, tokens] : {std::array<std::int64_t, 3>{3, 5, 7},
+                                                     std::array<std::int64_t, 3>{2, 4, 1},
+                                                     std::array<std::int64_t, 3>{4, 64, 40}}) {
+            kvcheck::SlotContent slot;
+            slot.present = true;
+            slot.segments = {{0x5EEDull * heads + head_dim, tokens, precision}, {99, 3, Dtype::f32}};
+            std::vector<float> values;
+            kvcheck::fill_slot(slot, heads, head_dim, values);
+            std::size_t at = 0;
+            for (std::int64_t h = 0; h < heads; ++h) {
+                for (const kvcheck::Segment& segment : slot.segments) {
+                    for (std::int64_t t = 0; t < segment.tokens; ++t) {
+                        for (std::int64_t d = 0; d < head_dim; ++d, ++at) {
+                            const float expected =
+                                kvcheck::round_to(segment.precision, kvcheck::slot_value(segment.seed, h, t, d));
+                            ASSERT_EQ(bits_of(values[at]), bits_of(expected))
+                                << "head " << h << " token " << t << " dim " << d << " of " << heads << "x" << head_dim;
+                        }
+                    }
+                }
+            }
+            ASSERT_EQ(at, values.size());
         }
     }
 }

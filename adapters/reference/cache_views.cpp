@@ -1,6 +1,8 @@
 #include "reference/cache_views.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cassert>
 #include <cstring>
@@ -26,27 +28,54 @@ Dtype dtype_of(at::ScalarType type) {
     throw std::invalid_argument(std::string("a cache tensor has dtype ") + c10::toString(type));
 }
 
+// `made` (a new contiguous tensor of Narrow's dtype) holding `values`,
+// each narrowed by Narrow's conversion (exact for values of its precision).
+template <typename Narrow>
+at::Tensor narrowed(at::Tensor& made, const std::vector<float>& values) {
+    Narrow* out = made.data_ptr<Narrow>();
+    for (std::size_t i = 0; i < values.size(); ++i) out[i] = Narrow(values[i]);
+    return made;
+}
+
+// The content_hash of a contiguous tensor of Narrow's dtype, its values
+// widened to float32 (exactly, as .to(at::kFloat) widens them) here rather
+// than by two trips through the dispatcher.
+template <typename Narrow>
+std::uint64_t widened_hash(const at::Tensor& t, std::size_t count) {
+    std::vector<float> values(count);
+    const Narrow* narrow = t.data_ptr<Narrow>();
+    for (std::size_t i = 0; i < count; ++i) values[i] = static_cast<float>(narrow[i]);
+    return content_hash(values.data(), count);
+}
+
 at::Tensor slot_tensor(const CacheContent& content, const SlotContent& slot, at::ScalarType dtype) {
     if (!slot.present) return {};
     if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
     std::vector<float> values;
     fill_slot(slot, content.heads, content.head_dim, values);
-    // Made in place: at::tensor, reshape and to would be three trips through
-    // the dispatcher per slot (and at::empty a fourth). The values are
-    // already rounded to their precision, so the cast is exact.
-    at::Tensor made = at::detail::empty_cpu({cache_batch, content.heads, slot.tokens(), content.head_dim}, at::kFloat);
+    // Made in place, in its dtype: at::tensor, reshape and to would be three
+    // trips through the dispatcher per slot (and at::empty a fourth). The
+    // values are already rounded to their precision, so each narrowing is
+    // exact (what .to(dtype) would give).
+    at::Tensor made = at::detail::empty_cpu({cache_batch, content.heads, slot.tokens(), content.head_dim}, dtype);
     assert(static_cast<std::size_t>(made.numel()) == values.size());
+    if (dtype == at::kHalf) return narrowed<c10::Half>(made, values);
+    if (dtype == at::kBFloat16) return narrowed<c10::BFloat16>(made, values);
+    assert(dtype == at::kFloat);
     std::memcpy(made.data_ptr<float>(), values.data(), values.size() * sizeof(float));
-    return dtype == at::kFloat ? made : made.to(dtype);
+    return made;
 }
 
-// A slot's content_hash. A contiguous float32 slot (what caches mostly
-// hold) is hashed where it lies: the conversion would cost two trips
-// through the dispatcher per slot, most of a small cache's view.
+// A slot's content_hash. A contiguous slot (what caches mostly hold) is
+// hashed where it lies, or widened here (float16, bfloat16): the conversion
+// would cost two trips through the dispatcher per slot, most of a small
+// cache's view.
 std::uint64_t slot_hash(const at::Tensor& t) {
     const auto count = static_cast<std::size_t>(t.numel());
-    if (t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu()) {
-        return content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
+    if (t.is_contiguous() && t.device().is_cpu()) {
+        if (t.scalar_type() == at::kFloat) return content_hash(count == 0 ? nullptr : t.data_ptr<float>(), count);
+        if (t.scalar_type() == at::kHalf) return widened_hash<c10::Half>(t, count);
+        if (t.scalar_type() == at::kBFloat16) return widened_hash<c10::BFloat16>(t, count);
     }
     const at::Tensor values = t.to(at::kFloat).contiguous();
     return content_hash(values.data_ptr<float>(), count);
