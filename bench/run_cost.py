@@ -3,7 +3,8 @@
 side in one run (issue 39): each command is run `--repeats` times by each
 binary, the two binaries alternating, and the medians of wall time, CPU
 time (user + system, of kvcheck and every process it waited for: its jobs,
-adapter processes, dump children) are kept, with the load average around
+adapter processes, dump children) and the largest resident set among
+them are kept, with the load average around
 each run (the machine may be shared: CPU time carries little of the load,
 wall time all of it).
 
