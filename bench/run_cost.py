@@ -3,7 +3,8 @@
 side in one run (issue 39): each command is run `--repeats` times by each
 binary, the two binaries alternating, and the medians of wall time, CPU
 time (user + system, of kvcheck and every process it waited for: its jobs,
-adapter processes, dump children) are kept, with the load average around
+adapter processes, dump children) and the largest resident set among
+them are kept, with the load average around
 each run (the machine may be shared: CPU time carries little of the load,
 wall time all of it).
 
@@ -18,7 +19,6 @@ directory), so that each side runs its own SDK and example store."""
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import tempfile
@@ -54,19 +54,22 @@ def arguments_for(binary, name):
 
 def run_once(binary, arguments):
     """One run in a scratch directory (its trace files go there): wall
-    seconds, CPU seconds (user, system) of it and its descendants, the load
-    average before it."""
+    seconds, CPU seconds (user, system) of it and its descendants, the
+    largest resident set of it or any descendant (kvcheck, its jobs, the
+    adapter processes), the load average before it."""
     with tempfile.TemporaryDirectory(prefix="kvcheck-run-cost-") as scratch:
         load = os.getloadavg()[0]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.monotonic()
-        completed = subprocess.run([binary] + arguments + ["--quiet", "--trace-dir", scratch], cwd=scratch,
+        process = subprocess.Popen([binary] + arguments + ["--quiet", "--trace-dir", scratch], cwd=scratch,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = process.stderr.read()
+        # wait4's usage is the child's and that of every descendant it waited for.
+        _, status, usage = os.wait4(process.pid, 0)
         wall = time.monotonic() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if completed.returncode != 0:
-        raise SystemExit(f"run_cost.py: {binary} {' '.join(arguments)} exited {completed.returncode}:\n{completed.stderr}")
-    return {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime, "sys_s": after.ru_stime - before.ru_stime,
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"run_cost.py: {binary} {' '.join(arguments)} exited {process.returncode}:\n{stderr}")
+    return {"wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
             "load_1min": load}
 
 
@@ -87,7 +90,8 @@ def main():
                 runs[name][side].append(run_once(binary, arguments_for(binary, name)))
                 last = runs[name][side][-1]
                 print(f"{name} {side} {repeat + 1}/{args.repeats}: {last['wall_s']:.2f} s wall, "
-                      f"{last['user_s'] + last['sys_s']:.2f} s CPU, load {last['load_1min']:.1f}", flush=True)
+                      f"{last['user_s'] + last['sys_s']:.2f} s CPU, largest RSS {last['max_rss_kib'] / 1024:.0f} MiB, "
+                      f"load {last['load_1min']:.1f}", flush=True)
     medians = {}
     for name in names:
         medians[name] = {}
@@ -98,6 +102,7 @@ def main():
                 "cpu_s": statistics.median(f["user_s"] + f["sys_s"] for f in figures),
                 "user_s": statistics.median(f["user_s"] for f in figures),
                 "sys_s": statistics.median(f["sys_s"] for f in figures),
+                "max_rss_kib": statistics.median(f["max_rss_kib"] for f in figures),
                 "load_1min": statistics.median(f["load_1min"] for f in figures),
             }
     result = {"repeats": args.repeats, "before": args.before, "after": args.after,
@@ -107,13 +112,15 @@ def main():
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with open(args.out, "w") as file:
         json.dump(result, file, indent=1)
-    print("\n| command | wall before | wall after | CPU before (user+sys) | CPU after (user+sys) | CPU after/before | load (1 min) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| command | wall before | wall after | CPU before (user+sys) | CPU after (user+sys) | CPU after/before "
+          "| largest RSS before / after | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         b, a = medians[name]["before"], medians[name]["after"]
         print(f"| `{result['commands'][name]}` | {b['wall_s']:.2f} s | {a['wall_s']:.2f} s | "
               f"{b['cpu_s']:.2f} s ({b['user_s']:.2f}+{b['sys_s']:.2f}) | {a['cpu_s']:.2f} s ({a['user_s']:.2f}+{a['sys_s']:.2f}) | "
-              f"**{a['cpu_s'] / b['cpu_s']:.2f}** | {b['load_1min']:.1f} / {a['load_1min']:.1f} |")
+              f"**{a['cpu_s'] / b['cpu_s']:.2f}** | {b['max_rss_kib'] / 1024:.0f} / {a['max_rss_kib'] / 1024:.0f} MiB | "
+              f"{b['load_1min']:.1f} / {a['load_1min']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ it), e.g. for the process benchmark:
         build/bench/bench/kv_bench_process --benchmark_filter=boundary/python_vs_reference/
 
 usage: record_requests.py ADAPTER_SCRIPT [ARGUMENTS...]
-($KVCHECK_RECORD names the file; requests are appended.)
+($KVCHECK_RECORD names the file; requests are appended. A "{pid}" in it is
+replaced by the id of the process that received the request: the fork
+server's copies then write a file each, which replay_requests.py replays
+each on a fresh Server, as the copies ran.)
 """
 
 import json
@@ -24,12 +27,17 @@ from kvcheck_adapter import protocol  # noqa: E402
 def main() -> None:
     if len(sys.argv) < 2 or "KVCHECK_RECORD" not in os.environ:
         sys.exit(__doc__)
-    record = open(os.environ["KVCHECK_RECORD"], "a", encoding="utf-8")
+    pattern = os.environ["KVCHECK_RECORD"]
+    records = {}  # by process: a fork copy opens its own file
     receive = protocol.Connection.receive
 
     def recording_receive(connection):
         request = receive(connection)
         if request is not None:
+            pid = os.getpid()
+            record = records.get(pid)
+            if record is None:
+                record = records[pid] = open(pattern.replace("{pid}", str(pid)), "a", encoding="utf-8")
             record.write(json.dumps(request, separators=(",", ":")) + "\n")
             record.flush()
         return request

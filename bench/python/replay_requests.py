@@ -5,6 +5,13 @@ the load of other processes in the figures (CPU time), for comparing two
 versions of the SDK request by request.
 
     /usr/bin/python3 bench/python/replay_requests.py /tmp/requests.jsonl [--runs 3] [--profile tottime]
+    /usr/bin/python3 bench/python/replay_requests.py /tmp/requests-*.jsonl   # a file per adapter process
+
+Several recordings (record_requests.py's "{pid}" files: a fork server's
+and each of its copies') are replayed one after another, each on a fresh
+Server, as each process answered its own; a recording that does not start
+with the handshake (a fork copy's: its session was its server's) gets one
+first, untimed.
 
 Directories named by dump and load requests are made afresh under a
 temporary directory and removed at the end. Replies are encoded as they
@@ -49,15 +56,17 @@ sys.path.insert(0, os.path.join(_ROOT, "python", "examples"))
 import activation_memory_adapter  # noqa: E402
 from kvcheck_adapter import adapter, decoder  # noqa: E402
 from kvcheck_adapter.adapter import Server  # noqa: E402
-from kvcheck_adapter.protocol import _encode, error_reply  # noqa: E402
+from kvcheck_adapter.protocol import PROTOCOL_VERSION, _encode, error_reply  # noqa: E402
 
 
-def _replay(requests, model, directory, profile, replies=None):
-    """CPU seconds per request kind of one replay on a fresh Server;
-    `replies`: a list the encoded replies are appended to."""
+def _replay(requests, model, directory, profile, replies=None, seconds=None, renamed=None):
+    """CPU seconds per request kind of one replay on a fresh Server (added
+    to `seconds`); `replies`: a list the encoded replies are appended to."""
     server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter([], model))
-    renamed = {}
-    seconds = collections.defaultdict(float)
+    renamed = {} if renamed is None else renamed
+    seconds = collections.defaultdict(float) if seconds is None else seconds
+    if requests and requests[0].get("op") != "hello":
+        server.handle({"op": "hello", "protocol": PROTOCOL_VERSION})
     for request in requests:
         if "dir" in request:
             path = renamed.setdefault(request["dir"], os.path.join(directory, str(len(renamed))))
@@ -110,13 +119,21 @@ def _switch_off(part: str) -> None:
         adapter._Tracker = lambda: None  # as for an engine that logs its copies (take_copies)
 
 
-def _one_run(recording: str, profile_order, switch_off, replies_path=None) -> None:
+def _requests_of(recordings):
+    """Each recording's requests, a list per file."""
+    per_file = []
+    for recording in recordings:
+        with open(recording, encoding="utf-8") as lines:
+            per_file.append([json.loads(line) for line in lines if line.strip()])
+    return per_file
+
+
+def _one_run(recordings, profile_order, switch_off, replies_path=None) -> None:
     """One replay in this process; prints {op: CPU seconds} as JSON on the
     last line (and the profile before it)."""
     for part in switch_off or ():
         _switch_off(part)
-    with open(recording, encoding="utf-8") as lines:
-        requests = [json.loads(line) for line in lines if line.strip()]
+    per_file = _requests_of(recordings)
     model = decoder.Decoder()
     gc.freeze()
     profile = None
@@ -127,7 +144,9 @@ def _one_run(recording: str, profile_order, switch_off, replies_path=None) -> No
     directory = tempfile.mkdtemp(prefix="kvcheck-replay-")
     replies = None if replies_path is None else []
     try:
-        seconds = _replay(requests, model, directory, profile, replies)
+        seconds, renamed = collections.defaultdict(float), {}
+        for requests in per_file:
+            _replay(requests, model, directory, profile, replies, seconds, renamed)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if replies is not None:
@@ -143,7 +162,7 @@ def _one_run(recording: str, profile_order, switch_off, replies_path=None) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recording")
+    parser.add_argument("recording", nargs="+")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", choices=["tottime", "cumulative"], help="a cProfile listing of the last run (on stderr)")
     parser.add_argument("--switch-off", choices=["observations", "copy-tracker"], action="append", help="measure without this part (see above)")
@@ -153,11 +172,10 @@ def main() -> None:
     if arguments.one_run:
         _one_run(arguments.recording, arguments.profile, arguments.switch_off, arguments.replies)
         return
-    with open(arguments.recording, encoding="utf-8") as lines:
-        counts = collections.Counter(json.loads(line)["op"] for line in lines if line.strip())
+    counts = collections.Counter(request["op"] for requests in _requests_of(arguments.recording) for request in requests)
     runs = []
     for run in range(arguments.runs):
-        command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), arguments.recording, "--one-run"]
+        command = [sys.executable, "-W", "ignore", os.path.abspath(__file__), *arguments.recording, "--one-run"]
         for part in arguments.switch_off or ():
             command += ["--switch-off", part]
         if arguments.profile and run == arguments.runs - 1:

@@ -100,6 +100,24 @@ def test_view_json_of_slots_read_in_place_or_through_numpy_is_the_content_hash(d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_view_json_hashes_the_bits_of_every_value_as_content_hash_does(dtype):
+    # The view hashes the bytes it read of a slot (float32, bfloat16) or the
+    # slot widened by torch (float16): NaNs of any payload and sign, -0,
+    # infinities and subnormals hash as content_hash hashes them.
+    patterns = [0x7FC00000, 0xFFC00001, 0x7F800001, 0x7FA5A5A5, 0x80000000, 0x7F800000, 0xFF800000, 0x00000001,
+                0x807FFFFF, 0x3F800000, 0xBF7FFFFF, 0x00010000, 0x80010000, 0x7FFF0000]
+    bits = torch.tensor(patterns * 2 + [0x3F000000, 0x40000000], dtype=torch.int64).to(torch.int32)
+    values = bits.view(torch.float32).reshape(1, 1, 30, 1)
+    if dtype == torch.bfloat16:
+        values = (bits >> 16).to(torch.int16).view(torch.bfloat16).reshape(1, 1, 30, 1)
+    elif dtype == torch.float16:
+        values = values.to(torch.float16)
+    slots = wire.view_json(cache_of_slots([values, None, None]))["layers"][0]["slots"]
+    assert slots[0]["hash"] == content.content_hash(values)
+    assert slots[0]["hash"] != content.content_hash(values[:, :, 1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_view_json_and_the_model_read_a_lazily_negated_slot_as_its_values(dtype):
     # torch._neg_view marks a negation without applying it (numpy refuses
     # such a tensor): the view reports the negated values, and the model

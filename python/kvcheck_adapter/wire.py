@@ -230,12 +230,31 @@ def _slot_json(tensor: Optional[torch.Tensor], pending: List[tuple]) -> Optional
     return slot
 
 
+def _hashed(key: Optional[tuple], tensor: torch.Tensor):
+    """What content.content_hashes reads of a slot _slot_json left: for
+    float32 and bfloat16, the bytes it read (their float32 bit patterns
+    are these bytes, or these bytes shifted into the top half, as
+    content._float32_bits makes them), without reading the tensor again;
+    the tensor itself for float16 (widened by torch, as C++ does) or when
+    its bytes could not be read."""
+    if key is None:
+        return tensor
+    dtype, _, data = key
+    if dtype == "f32":
+        return np.frombuffer(data, dtype=np.float32)
+    if dtype == "bf16":
+        bits = np.frombuffer(data, dtype=np.uint16).astype(np.uint32)
+        bits <<= np.uint32(16)
+        return bits.view(np.float32)
+    return tensor
+
+
 def _hash_pending(pending: List[tuple]) -> None:
     """Hashes the slots _slot_json left, together (content.content_hashes),
     and memoises them."""
     if not pending:
         return
-    hashes = _content.content_hashes([tensor for _, _, tensor in pending])
+    hashes = _content.content_hashes([_hashed(key, tensor) for _, key, tensor in pending])
     if len(_hash_memo) + len(pending) > _MEMO_ENTRIES_MAX:
         _hash_memo.clear()
     for (slot, key, _), hash_value in zip(pending, hashes):
