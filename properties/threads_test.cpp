@@ -1,0 +1,95 @@
+// Concurrent clients at the thread level (kvcheck/threads.h,
+// docs/semantics.md#the-thread-level): the references declare thread_safe
+// and pass; a run is a function of its plan and schedule (it replays); each
+// thread mutant is found at the thread level under a property it breaks,
+// shrunk to at most 3 client lanes, replays alike, and is found neither by
+// the operation level (--lanes, each call atomic) nor by one client in the
+// same budget.
+#include "run_util.h"
+
+#include "kvcheck/threads.h"
+#include "kvcheck/yield.h"
+#include "mutants/mutants.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+namespace kvcheck::props {
+namespace {
+
+constexpr std::size_t traces_max = 300;
+constexpr std::uint64_t first_seed = 1;
+
+WorkloadOptions thread_options(const Adapter& adapter, std::int64_t lanes) {
+    WorkloadOptions options;
+    options.capabilities = adapter.make()->capabilities();
+    options.lanes = lanes;
+    options.threads = true;
+    return options;
+}
+
+TEST(Threads, TheReferencesDeclareThreadSafe) {
+    for (const char* name : {"reference", "paged-reference", "paged-reference-window"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        EXPECT_TRUE(adapter->make()->capabilities().thread_safe) << name;
+    }
+}
+
+TEST(Threads, ARunReplaysFromItsSchedule) {
+    const Adapter* adapter = adapters::find_bundled("paged-reference");
+    ASSERT_NE(adapter, nullptr);
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+        const LanePlan plan = thread_plan(seed, thread_options(*adapter, 3));
+        const ThreadRunResult drawn = run_threads(*adapter->make(), plan, {seed, std::nullopt});
+        EXPECT_FALSE(drawn.failure) << drawn.failure->message;
+        const ThreadRunResult again = run_threads(*adapter->make(), plan, {0, drawn.schedule});
+        EXPECT_EQ(again.history, drawn.history);
+        EXPECT_FALSE(again.diverged);
+        EXPECT_EQ(yield_hook, nullptr);  // set for the length of a run only
+    }
+}
+
+TEST(Threads, TheReferencesPassTheThreadLevel) {
+    for (const char* name : {"paged-reference", "paged-reference-window"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        const std::optional<ThreadFinding> found = search_threads(adapter->make, thread_options(*adapter, 3), first_seed, traces_max);
+        EXPECT_FALSE(found) << format_thread_finding(*found);
+    }
+}
+
+class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
+    const Adapter adapter = adapters::thread_mutant_adapters().at(GetParam());
+    const std::optional<ThreadFinding> found = search_threads(adapter.make, thread_options(adapter, 6), first_seed, traces_max);
+    ASSERT_TRUE(found) << adapter.name << " survived " << traces_max << " thread-level traces";
+    const Failure& failure = *found->result.failure;
+    const std::optional<Property> reported = parse_property(failure.property);
+    EXPECT_TRUE(reported && std::find(adapter.breaks.begin(), adapter.breaks.end(), *reported) != adapter.breaks.end())
+        << format_thread_finding(*found);
+    EXPECT_LE(found->plan.lanes.size() - 1, 3u) << format_thread_finding(*found);
+    EXPECT_EQ(found->replays_same, found->replays) << format_thread_finding(*found);
+    const ThreadRunResult again = run_threads(*adapter.make(), found->plan, {0, found->result.schedule});
+    ASSERT_TRUE(again.failure);
+    EXPECT_EQ(again.failure->message, failure.message);
+    std::cout << "[ threads  ] " << adapter.name << ": found after " << found->traces << " traces\n"
+              << format_thread_finding(*found);
+
+    // The operation level (the same requests, each call atomic) and one
+    // client, on the same seeds and budget, find nothing.
+    for (const std::int64_t lanes : {3, 1}) {
+        const std::optional<Finding> without = find_and_shrink(adapter, first_seed, traces_max, thread_options(adapter, lanes));
+        EXPECT_FALSE(without) << adapter.name << " was found with --lanes " << lanes << " without threads:\n"
+                              << format_failure(without->shrunk.failure, without->shrunk.trace,
+                                                reproduce_command(adapter, without->shrunk.trace));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bundled, ThreadMutant, ::testing::Range<std::size_t>(0, adapters::thread_mutant_adapters().size()),
+                         [](const auto& info) { return adapters::thread_mutant_adapters().at(info.param).name; });
+
+}  // namespace
+}  // namespace kvcheck::props
