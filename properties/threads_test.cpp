@@ -40,6 +40,7 @@ TEST(Threads, TheReferencesDeclareThreadSafe) {
 TEST(Threads, ARunReplaysFromItsSchedule) {
     const Adapter* adapter = adapters::find_bundled("paged-reference");
     ASSERT_NE(adapter, nullptr);
+    std::size_t overlapping = 0;  // runs where a client ran while another held the lock
     for (std::uint64_t seed = 1; seed <= 20; ++seed) {
         const LanePlan plan = thread_plan(seed, thread_options(*adapter, 3));
         const ThreadRunResult drawn = run_threads(*adapter->make(), plan, {seed, std::nullopt});
@@ -48,15 +49,25 @@ TEST(Threads, ARunReplaysFromItsSchedule) {
         EXPECT_EQ(again.history, drawn.history);
         EXPECT_FALSE(again.diverged);
         EXPECT_EQ(yield_hook, nullptr);  // set for the length of a run only
+        const auto paused = [](const std::string& line) { return line.find("paused at locked") != std::string::npos; };
+        if (std::any_of(drawn.history.begin(), drawn.history.end(), paused)) ++overlapping;
     }
+    EXPECT_GE(overlapping, 10u);  // the calls do overlap: the lock, not the scheduler, keeps them whole
 }
 
+// Three seeds far apart, 3 and 6 lanes: the lock keeps every call whole
+// (the references yield inside it, so other clients do run and wait).
 TEST(Threads, TheReferencesPassTheThreadLevel) {
     for (const char* name : {"paged-reference", "paged-reference-window"}) {
         const Adapter* adapter = adapters::find_bundled(name);
         ASSERT_NE(adapter, nullptr);
-        const std::optional<ThreadFinding> found = search_threads(adapter->make, thread_options(*adapter, 3), first_seed, traces_max);
-        EXPECT_FALSE(found) << format_thread_finding(*found);
+        for (const std::uint64_t seed : {first_seed, std::uint64_t{20261202}, std::uint64_t{1} << 40}) {
+            for (const std::int64_t lanes : {3, 6}) {
+                const std::optional<ThreadFinding> found =
+                    search_threads(adapter->make, thread_options(*adapter, lanes), seed, traces_max / 3);
+                EXPECT_FALSE(found) << format_thread_finding(*found);
+            }
+        }
     }
 }
 
