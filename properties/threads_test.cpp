@@ -10,6 +10,7 @@
 #include "kvcheck/threads.h"
 #include "kvcheck/yield.h"
 #include "mutants/mutants.h"
+#include "reference/paged_reference.h"
 
 #include <gtest/gtest.h>
 
@@ -69,6 +70,34 @@ TEST(Threads, TheReferencesPassTheThreadLevel) {
             }
         }
     }
+}
+
+// A plugin's own copy of the hook (kvcheck_plugin::yield_hook, registered
+// by add_yield_slot when kvcheck opens the plugin) is set for the length of
+// a run: a yield through it reaches the scheduler.
+kvcheck_yield_fn plugin_slot = nullptr;
+
+class YieldsThroughItsSlot final : public adapters::PagedReference {
+  public:
+    void paged_step() override {
+        if (plugin_slot != nullptr) plugin_slot("plugin_step");
+        PagedReference::paged_step();
+    }
+};
+
+TEST(Threads, APluginsYieldHookIsSetForTheRun) {
+    add_yield_slot(&plugin_slot);
+    const Adapter* adapter = adapters::find_bundled("paged-reference");
+    ASSERT_NE(adapter, nullptr);
+    std::size_t paused = 0;
+    for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+        YieldsThroughItsSlot engine;
+        const ThreadRunResult run = run_threads(engine, thread_plan(seed, thread_options(*adapter, 3)), {seed, std::nullopt});
+        EXPECT_FALSE(run.failure) << run.failure->message;
+        for (const std::string& line : run.history) paused += line.find("paused at plugin_step") != std::string::npos ? 1 : 0;
+        EXPECT_EQ(plugin_slot, nullptr);
+    }
+    EXPECT_GT(paused, 0u);
 }
 
 class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
