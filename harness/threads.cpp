@@ -374,9 +374,11 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
             }
         }
     }
-    // The schedule that replays it: the choices given, not those the
-    // fallback made past them.
-    found.result.schedule = schedule;
+    // The schedule that replays it: as many choices as were given, each
+    // the lane that did run there (a choice that could not be followed
+    // reads as the lane the fallback ran), not those made past them.
+    std::vector<std::int64_t>& ran = found.result.schedule;
+    ran.resize(std::min(schedule.size(), ran.size()));
 }
 
 }  // namespace

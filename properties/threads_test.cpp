@@ -115,6 +115,8 @@ TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
     const ThreadRunResult again = run_threads(*adapter.make(), found->plan, {0, found->result.schedule});
     ASSERT_TRUE(again.failure);
     EXPECT_EQ(again.failure->message, failure.message);
+    EXPECT_EQ(again.history, found->result.history);
+    EXPECT_FALSE(again.diverged);  // every choice of the shrunk schedule names a lane that could run
     std::cout << "[ threads  ] " << adapter.name << ": found after " << found->traces << " traces\n"
               << format_thread_finding(*found);
 
