@@ -62,12 +62,18 @@ Tokens request_tokens(Chooser& choose, const std::vector<Tokens>& prompts) {
 
 // A scheduler's request: look its prefix up, then allocate it (pinning the
 // hits), decode, and end it.
-void paged_pin(Chooser& choose, const std::vector<Tokens>& prompts, LaneDraft& draft, Trace& calls) {
+// With `fork` (the thread level), now and then a fork of it, freed first.
+void paged_pin(Chooser& choose, const std::vector<Tokens>& prompts, bool fork, LaneDraft& draft, Trace& calls) {
     const Tokens tokens = request_tokens(choose, prompts);
     const std::int64_t seq = draft.name();
     calls.push_back(op::PagedLookup{tokens, 0});
     calls.push_back(op::PagedAlloc{seq, tokens, 0});
     if (choose.one_in(2)) calls.push_back(op::PagedAppend{seq, choose.between(1, 2)});
+    if (fork && choose.one_in(2)) {
+        const std::int64_t child = draft.name();
+        calls.push_back(op::PagedFork{seq, child});
+        calls.push_back(op::PagedFree{child});
+    }
     calls.push_back(op::PagedFree{seq});
 }
 
@@ -139,7 +145,7 @@ LanePlan draw_lanes(Chooser& choose, const WorkloadOptions& options) {
             if (!paged) {
                 store_request(choose, swarm, options, draft, calls);
             } else if (choose.below(3) < 2) {
-                paged_pin(choose, prompts, draft, calls);
+                paged_pin(choose, prompts, options.threads, draft, calls);
             } else {
                 paged_churn(choose, draft, calls);
             }

@@ -341,7 +341,7 @@ void Pool::fork(const std::string& parent, const std::string& child) {
     if (sequences_.count(child) != 0) throw std::invalid_argument("paged pool: " + seq_text(child) + " exists");
     const Sequence copy = sequence(parent);
     for (const BlockId block : copy.table) {
-        if (block != 0) ++blocks_[static_cast<std::size_t>(block)].count;  // the null block counts nothing
+        if (block != 0) ref(block);  // the null block counts nothing
     }
     sequences_.emplace(child, copy);
     use(child);

@@ -9,6 +9,7 @@
 
 #include "reference/paged_reference.h"
 #include "reference/reference_engine.h"
+#include "kvcheck/yield.h"
 
 #include <algorithm>
 #include <deque>
@@ -231,9 +232,66 @@ PagedReference::PoolFactory pool_of() {
     return [](kv::paged::PoolConfig config, kv::Model& model) { return std::unique_ptr<Pool>(std::make_unique<P>(config, model)); };
 }
 
+// ---- the thread level's mutants (kvcheck/threads.h) ----
+// Each is the paged reference with its lock dropped (it still declares
+// thread_safe) and a kvcheck::yield inside the critical section the lock
+// kept whole: calls of other clients' threads can run there. One client,
+// or the operation level (each call atomic), never runs anything there.
+
+class Unlocked final : public PagedReference {
+  public:
+    explicit Unlocked(PoolFactory make_pool) : PagedReference(std::move(make_pool)) { locked_ = false; }
+};
+
+// TM1: an unlocked free-queue update (the pool's LRU list of free blocks):
+// a release loads the free queue, yields, and stores back what it loaded
+// with its block at the back. Another client's call in between is undone:
+// a block it took is free again while its table holds it (taken twice), a
+// block it freed is lost (count 0, never taken again).
+class TM1 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void unref(BlockId block) override {
+        const std::deque<BlockId> loaded = free_;
+        kvcheck::yield("free_queue");
+        const std::size_t free_before = free_.size();
+        Pool::unref(block);
+        if (free_.size() == free_before) return;  // still held: the queue is untouched
+        free_ = loaded;
+        free_.push_back(block);
+    }
+};
+
+// TM2: a fork's reference increments race other clients' count updates:
+// fork loads a block's count, yields, and stores it plus one; another
+// client's alloc hitting the block, or free of a sequence sharing it, in
+// between is lost (a count too low: the block freed while held; or too high).
+class TM2 final : public Pool {
+  public:
+    using Pool::Pool;
+
+  protected:
+    void ref(BlockId block) override {
+        const std::int64_t count = blocks_[static_cast<std::size_t>(block)].count;
+        kvcheck::yield("fork_ref");
+        blocks_[static_cast<std::size_t>(block)].count = count + 1;
+    }
+};
+
 using P = Property;
 
 }  // namespace
+
+std::vector<Adapter> thread_mutant_adapters() {
+    return {
+        lane_mutant<Unlocked>("TM1", "an unlocked free-queue update: a release stores back the free queue it loaded before a yield",
+                              {P::free_iff_unreferenced}, pool_of<TM1>()),
+        lane_mutant<Unlocked>("TM2", "a fork's reference increment (load, yield, store) races other clients' count updates",
+                              {P::refcount_exact, P::free_iff_unreferenced}, pool_of<TM2>()),
+    };
+}
 
 std::vector<Adapter> lane_mutant_adapters() {
     return {

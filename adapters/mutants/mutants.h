@@ -15,5 +15,8 @@ std::vector<Adapter> paged_mutant_adapters();
 // The concurrency mutants (lane_mutants.cpp): found with several clients
 // (Adapter::lanes), not by one.
 std::vector<Adapter> lane_mutant_adapters();
+// The mutants only the thread level finds (kvcheck/threads.h): calls that
+// overlap on threads, interleaved at the kvcheck::yield inside each bug.
+std::vector<Adapter> thread_mutant_adapters();
 
 }  // namespace kvcheck::adapters

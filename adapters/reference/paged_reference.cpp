@@ -171,39 +171,63 @@ Capabilities PagedReference::capabilities() const {
 }
 
 std::int64_t PagedReference::paged_alloc(std::int64_t seq, const PagedTokens& tokens, std::int64_t salt) {
+    const auto held = hold();
     return pool_->alloc(seq_name(seq), tokens, extra_of(salt));
 }
 
-PagedTokens PagedReference::paged_append(std::int64_t seq, std::int64_t count) { return pool_->append(seq_name(seq), count); }
+PagedTokens PagedReference::paged_append(std::int64_t seq, std::int64_t count) {
+    const auto held = hold();
+    return pool_->append(seq_name(seq), count);
+}
 
-void PagedReference::paged_fork(std::int64_t parent, std::int64_t child) { pool_->fork(seq_name(parent), seq_name(child)); }
+void PagedReference::paged_fork(std::int64_t parent, std::int64_t child) {
+    const auto held = hold();
+    pool_->fork(seq_name(parent), seq_name(child));
+}
 
-void PagedReference::paged_free(std::int64_t seq) { pool_->free(seq_name(seq)); }
+void PagedReference::paged_free(std::int64_t seq) {
+    const auto held = hold();
+    pool_->free(seq_name(seq));
+}
 
 std::int64_t PagedReference::paged_lookup(const PagedTokens& tokens, std::int64_t salt) {
+    const auto held = hold();
     return pool_->lookup(tokens, extra_of(salt));
 }
 
-void PagedReference::paged_evict() { pool_->evict(); }
+void PagedReference::paged_evict() {
+    const auto held = hold();
+    pool_->evict();
+}
 
-void PagedReference::paged_reset() { pool_->reset(); }
+void PagedReference::paged_reset() {
+    const auto held = hold();
+    pool_->reset();
+}
 
-void PagedReference::paged_step() { pool_->step(); }
+void PagedReference::paged_step() {
+    const auto held = hold();
+    pool_->step();
+}
 
 void PagedReference::paged_import(std::int64_t seq, const CacheContent& content) {
+    const auto held = hold();
     pool_->import_contiguous(seq_name(seq), *materialize(content));
 }
 
 PagedExported PagedReference::paged_export(std::int64_t seq) {
+    const auto held = hold();
     const kv::CachePtr cache = pool_->export_contiguous(seq_name(seq));
     return {view_of(*cache), storage_numbers(*cache)};
 }
 
 void PagedReference::paged_rewind(std::int64_t seq, std::int64_t count, std::int64_t token) {
+    const auto held = hold();
     pool_->rewind(seq_name(seq), count, token);
 }
 
 PagedState PagedReference::paged_state() {
+    const auto held = hold();
     PagedState state;
     state.block_tokens = pool_->config().block_tokens;
     state.window = pool_->config().window;
@@ -241,15 +265,20 @@ PagedState PagedReference::paged_state() {
 }
 
 CacheView PagedReference::paged_block_view(std::int64_t block, std::int64_t slots) {
+    const auto held = hold();
     if (block < 0 || block >= pool_->config().blocks) throw std::invalid_argument("no block " + std::to_string(block));
     const auto kv = pool_->block_kv(block);
     const auto filled = static_cast<std::int64_t>(pool_->blocks()[static_cast<std::size_t>(block)].tokens.size());
     return view_of(*cache_of(kv, 0, std::min(slots, filled)));
 }
 
-CacheView PagedReference::paged_sequence_view(std::int64_t seq) { return view_of(*pool_->read_sequence(seq_name(seq))); }
+CacheView PagedReference::paged_sequence_view(std::int64_t seq) {
+    const auto held = hold();
+    return view_of(*pool_->read_sequence(seq_name(seq)));
+}
 
 CacheView PagedReference::paged_fresh_view(const PagedTokens& tokens, std::int64_t salt, std::int64_t first, std::int64_t count) {
+    const auto held = hold();
     const kv::CachePtr fresh = pool_->fresh(tokens, extra_of(salt));
     if (first < 0 || count < 0 || first + count > static_cast<std::int64_t>(tokens.size())) {
         throw std::invalid_argument("paged_fresh_view: positions outside the tokens");
@@ -258,12 +287,14 @@ CacheView PagedReference::paged_fresh_view(const PagedTokens& tokens, std::int64
 }
 
 std::vector<std::uint64_t> PagedReference::paged_pool_storage() {
+    const auto held = hold();
     std::vector<std::uint64_t> numbers;
     for (const void* id : pool_->storage()) numbers.push_back(reinterpret_cast<std::uintptr_t>(id));
     return numbers;
 }
 
 std::optional<PagedTokens> PagedReference::paged_decode_exported(std::int64_t seq, std::int64_t count) {
+    const auto held = hold();
     const std::string name = seq_name(seq);
     const kv::CachePtr cache = pool_->export_contiguous(name);
     PagedTokens tokens;

@@ -19,11 +19,23 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.returned_caches = returned_caches_;
     capabilities.trim = true;
     capabilities.owned_marker = owned_marker_;
+    // A lock around the store, the handles and the model (hold): every call
+    // may come from any thread.
+    capabilities.thread_safe = true;
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
         capabilities.policy.eviction = eviction_;
     }
     return capabilities;
+}
+
+std::unique_lock<std::recursive_mutex> ReferenceEngine::hold() const {
+    if (!locked_) return {};
+    std::unique_lock<std::recursive_mutex> held = lock_yielding(mutex_);
+    // Under the thread level other clients' threads run here, and wait
+    // for the lock: the lock, not the scheduler, keeps each call whole.
+    yield("locked");
+    return held;
 }
 
 void ReferenceEngine::set_capacity(std::size_t items, Eviction eviction) {
@@ -82,10 +94,12 @@ std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePt
 }
 
 void ReferenceEngine::add(const std::string& id, const CacheContent& content, const Metadata& metadata) {
+    const auto held = hold();
     store_add(id, materialize(content), metadata);
 }
 
 void ReferenceEngine::add_handle(const std::string& id, Handle h) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("add_handle: handle holds no cache");
     // Storing a handed-out cache is the caller giving it to the store: the
@@ -95,6 +109,7 @@ void ReferenceEngine::add_handle(const std::string& id, Handle h) {
 }
 
 void ReferenceEngine::get(const std::string& id, Handle out) {
+    const auto held = hold();
     const kv::ItemPtr item = store_.get(id);
     handed_out(id);
     handles_[out] = item ? item->cache : nullptr;
@@ -102,6 +117,7 @@ void ReferenceEngine::get(const std::string& id, Handle out) {
 }
 
 std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::vector<std::string>& ids) {
+    const auto held = hold();
     std::vector<std::optional<std::string>> found;
     for (const kv::ItemPtr& item : store_.get_by_ids(ids)) {
         found.push_back(item ? std::optional<std::string>(item->id) : std::nullopt);
@@ -111,29 +127,37 @@ std::vector<std::optional<std::string>> ReferenceEngine::get_by_ids(const std::v
 }
 
 std::vector<std::string> ReferenceEngine::get_all_ids() {
+    const auto held = hold();
     std::vector<std::string> ids;
     for (const kv::ItemPtr& item : store_.get_all()) ids.push_back(item->id);
     return ids;
 }
 
 void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out) {
+    const auto held = hold();
     handles_[out] = store_get_cache(ids);
     for (const std::string& id : ids) handed_out(id);
 }
 
 void ReferenceEngine::remove(const std::vector<std::string>& ids) {
+    const auto held = hold();
     store_.remove(ids);
     for (const std::string& id : ids) versions_.forget(id);
 }
 
 void ReferenceEngine::remove_all() {
+    const auto held = hold();
     store_.remove_all();
     versions_.clear();
 }
 
-void ReferenceEngine::dump(const std::string& dir) { store_dump(dir, file_system()); }
+void ReferenceEngine::dump(const std::string& dir) {
+    const auto held = hold();
+    store_dump(dir, file_system());
+}
 
 void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t bytes_budget) {
+    const auto held = hold();
     CrashingFileSystem fs(bytes_budget, file_system());
     try {
         store_dump(dir, fs);
@@ -143,6 +167,7 @@ void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t byte
 }
 
 LoadResult ReferenceEngine::load(const std::string& dir) {
+    const auto held = hold();
     versions_.clear();
     try {
         store_.load(dir, file_system());
@@ -156,6 +181,7 @@ LoadResult ReferenceEngine::load(const std::string& dir) {
 
 GenerateResult ReferenceEngine::generate(Handle h, const std::vector<std::int64_t>& prompt,
                                          std::int64_t max_new_tokens, bool stream) {
+    const auto held = hold();
     kv::GenerationStats stats;
     GenerateResult result;
     result.tokens = run_generation(handle(h), prompt, max_new_tokens, stream, stats);
@@ -166,6 +192,7 @@ GenerateResult ReferenceEngine::generate(Handle h, const std::vector<std::int64_
 std::vector<std::int64_t> ReferenceEngine::generate_fresh(const CacheContent& content,
                                                           const std::vector<std::int64_t>& prompt,
                                                           std::int64_t max_new_tokens) {
+    const auto held = hold();
     // A fresh deep copy is already private: run the model on it directly,
     // with no boundary and nothing logged.
     const kv::CachePtr fresh = materialize(content);
@@ -194,6 +221,7 @@ void ReferenceEngine::run_on(kv::Cache& working, const std::vector<std::int64_t>
 // the model, handed to the caller.
 GenerateResult ReferenceEngine::generate_returning(Handle h, const std::vector<std::int64_t>& prompt,
                                                    std::int64_t max_new_tokens, Handle out) {
+    const auto held = hold();
     kv::GenerationStats stats;
     GenerateResult result;
     const kv::CachePtr working = working_cache(handle(h));
@@ -213,23 +241,30 @@ kv::CachePtr ReferenceEngine::extracted(const std::vector<std::int64_t>& prompt)
 // The store takes the cache the prefill wrote into and clears its marker:
 // nothing else holds it.
 void ReferenceEngine::extract(const std::string& id, const std::vector<std::int64_t>& prompt) {
+    const auto held = hold();
     store_add(id, extracted(prompt), {});
 }
 
 CacheView ReferenceEngine::fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) {
+    const auto held = hold();
     const kv::CachePtr fresh = materialize(content);
     if (!tokens.empty()) model_.forward(tokens, *fresh);
     return view_of(*fresh);
 }
 
-void ReferenceEngine::make(const CacheContent& content, Handle out) { handles_[out] = materialize(content); }
+void ReferenceEngine::make(const CacheContent& content, Handle out) {
+    const auto held = hold();
+    handles_[out] = materialize(content);
+}
 
 void ReferenceEngine::clone(Handle source, Handle out) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(source);
     handles_[out] = cache ? copier_->clone(*cache, kv::CopyReason::user) : nullptr;
 }
 
 void ReferenceEngine::concat(const std::vector<Handle>& parts, Handle out) {
+    const auto held = hold();
     std::vector<kv::ConstCachePtr> caches;
     for (Handle part : parts) {
         if (kv::ConstCachePtr cache = handle(part)) caches.push_back(std::move(cache));
@@ -238,11 +273,13 @@ void ReferenceEngine::concat(const std::vector<Handle>& parts, Handle out) {
 }
 
 void ReferenceEngine::to_legacy(Handle source, Handle out) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(source);
     handles_[out] = cache ? kv::to_legacy(*cache) : nullptr;
 }
 
 void ReferenceEngine::from_legacy(Handle source, Handle out) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(source);
     handles_[out] = cache ? convert_from_legacy(*cache) : nullptr;
 }
@@ -252,61 +289,83 @@ void ReferenceEngine::from_legacy(Handle source, Handle out) {
 // has none: a mutant whose copy is its stored item (M28) then cuts the
 // store, which stored-immutable reports, rather than refusing the trim.
 void ReferenceEngine::trim(Handle h, std::int64_t keep) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("trim: the handle holds no cache");
     kv::crop(*std::const_pointer_cast<kv::Cache>(cache), keep);
 }
 
 void ReferenceEngine::release(Handle h) {
+    const auto held = hold();
     handles_.erase(h);
     handle_metadata_.erase(h);
 }
 
 Metadata ReferenceEngine::entry_metadata(const std::string& id) {
+    const auto held = hold();
     stored_cache(id);  // names a missing id
     return found_item_->metadata;
 }
 
 Metadata ReferenceEngine::handle_metadata(Handle h) {
+    const auto held = hold();
     const auto found = handle_metadata_.find(h);
     return found == handle_metadata_.end() ? Metadata{} : found->second;
 }
 
-std::vector<std::string> ReferenceEngine::stored_ids() { return get_all_ids(); }
+std::vector<std::string> ReferenceEngine::stored_ids() {
+    const auto held = hold();
+    return get_all_ids();
+}
 
-CacheView ReferenceEngine::view_entry(const std::string& id) { return view_of(stored_cache(id)); }
+CacheView ReferenceEngine::view_entry(const std::string& id) {
+    const auto held = hold();
+    return view_of(stored_cache(id));
+}
 
-std::uint64_t ReferenceEngine::entry_digest(const std::string& id) { return digest_of(stored_cache(id)); }
+std::uint64_t ReferenceEngine::entry_digest(const std::string& id) {
+    const auto held = hold();
+    return digest_of(stored_cache(id));
+}
 
-bool ReferenceEngine::entry_owned(const std::string& id) { return owned_marker_ && stored_cache(id).owned(); }
+bool ReferenceEngine::entry_owned(const std::string& id) {
+    const auto held = hold();
+    return owned_marker_ && stored_cache(id).owned();
+}
 
 std::uint64_t ReferenceEngine::handle_digest(Handle h) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("handle_digest: handle holds no cache");
     return digest_of(*cache);
 }
 
 CacheView ReferenceEngine::view_handle(Handle h) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("view_handle: handle holds no cache");
     return view_of(*cache);
 }
 
 HandleFacts ReferenceEngine::handle_facts(Handle h) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     return {cache != nullptr, owned_marker_ && cache && cache->owned()};
 }
 
 std::vector<std::uint64_t> ReferenceEngine::storage_of_entry(const std::string& id) {
+    const auto held = hold();
     return storage_numbers(stored_cache(id));
 }
 
 std::vector<std::uint64_t> ReferenceEngine::storage_of_handle(Handle h) {
+    const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     return cache ? storage_numbers(*cache) : std::vector<std::uint64_t>{};
 }
 
 std::vector<CopyRecord> ReferenceEngine::take_copies() {
+    const auto held = hold();
     std::vector<CopyRecord> records;
     const auto& log = copier_->log();
     for (std::size_t i = copies_reported_; i < log.size(); ++i) {
@@ -319,6 +378,7 @@ std::vector<CopyRecord> ReferenceEngine::take_copies() {
 // Stays while the entry's cache is made of the same objects, unchanged
 // (reference/entry_versions.h).
 std::uint64_t ReferenceEngine::entry_version(const std::string& id) {
+    const auto held = hold();
     EntryVersions::Slot& slot = versions_.slot(id);
     if (kv::ItemPtr item = EntryVersions::stored_item(slot)) found_item_ = std::move(item);
     const kv::Cache& cache = stored_cache(id);
@@ -335,6 +395,7 @@ void ReferenceEngine::each_warmed(const std::vector<std::string>& ids, Warm what
 }
 
 std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::string>& ids, bool with_storage) {
+    const auto held = hold();
     std::vector<EntryFacts> facts;
     facts.reserve(ids.size());
     each_warmed(ids, Warm::facts, [&](const std::string& id) {
@@ -344,6 +405,7 @@ std::vector<EntryFacts> ReferenceEngine::read_entries(const std::vector<std::str
 }
 
 std::vector<std::uint64_t> ReferenceEngine::entry_versions(const std::vector<std::string>& ids) {
+    const auto held = hold();
     std::vector<std::uint64_t> versions;
     versions.reserve(ids.size());
     each_warmed(ids, Warm::versions, [&](const std::string& id) { versions.push_back(entry_version(id)); });

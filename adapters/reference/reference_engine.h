@@ -18,11 +18,13 @@
 #include "kv/models.h"
 #include "kv/store.h"
 #include "kvcheck/engine.h"
+#include "kvcheck/yield.h"
 #include "reference/entry_versions.h"
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace kvcheck::adapters {
@@ -130,6 +132,12 @@ class ReferenceEngine : public Engine {
     // read the cache and let go before the store can change.
     const kv::Cache& stored_cache(const std::string& id) const;
 
+    // The lock every engine call holds (kvcheck::lock_yielding): the store,
+    // the handles and the model are shared by all callers. A thread mutant
+    // (adapters/mutants/thread_mutants.cpp) takes none.
+    std::unique_lock<std::recursive_mutex> hold() const;
+    bool locked_ = true;
+
     std::shared_ptr<kv::Copier> copier_;
     kv::Store store_;
     kv::models::Decoder model_;
@@ -148,6 +156,7 @@ class ReferenceEngine : public Engine {
     // version, view, marker and storage in turn.
     mutable kv::ItemPtr found_item_;
     EntryVersions versions_;
+    mutable std::recursive_mutex mutex_;
 
     // Runs `take` on each of `ids` (each_warmed), with found_item_ set to
     // the entry's item before `take` reads it with the one-entry methods (a

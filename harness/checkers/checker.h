@@ -380,6 +380,13 @@ std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const 
 // The paged family's helpers (checkers/paged_util.cpp).
 // "block 3 (count 2, key [1 2], tokens [1 2], 2 written)".
 std::string block_text(const PagedState& state, std::int64_t block);
+// The pool's whole-state invariants, as they hold at any point between
+// calls whatever order the calls ran in (the thread level's quiescent
+// checks, harness/threads.cpp): what is wrong, or nothing.
+// refcount-exact: each block's count is its tables plus its pending copies.
+std::optional<std::string> refcount_wrong(const PagedState& state);
+// free-iff-unreferenced: a block is in the free queue once when its count is 0, else never.
+std::optional<std::string> free_queue_wrong(const PagedState& state);
 // How many tables hold `block`, and how many pending copies read it.
 std::int64_t tables_holding(const PagedState& state, std::int64_t block);
 std::int64_t copies_reading(const PagedState& state, std::int64_t block);

@@ -6,9 +6,32 @@
 // Not checked here: whether the counts are right (refcount-exact).
 #include "checkers/checker.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace kvcheck::checkers {
+
+std::optional<std::string> free_queue_wrong(const PagedState& s) {
+    // How many times each block is in the free queue: one pass, so that
+    // the check grows with the pool, not with its square.
+    std::vector<std::int64_t> in_queue(s.blocks.size(), 0);
+    for (const std::int64_t block : s.free_queue) {
+        if (block < 1 || block >= static_cast<std::int64_t>(s.blocks.size())) return "the free queue holds " + block_text(s, block);
+        ++in_queue[static_cast<std::size_t>(block)];
+    }
+    for (std::size_t b = 1; b < s.blocks.size(); ++b) {
+        const auto block = static_cast<std::int64_t>(b);
+        const std::int64_t times = in_queue[b];
+        const bool unreferenced = s.blocks[b].count == 0;
+        if (times != (unreferenced ? 1 : 0)) {
+            return block_text(s, block) + " is in the free queue " + std::to_string(times) + " times; expected " +
+                   (unreferenced ? "once" : "never") + " (free queue " + tokens_text(s.free_queue) + ")";
+        }
+    }
+    return std::nullopt;
+}
+
 namespace {
 
 class FreeIffUnreferenced final : public Checker {
@@ -17,29 +40,7 @@ class FreeIffUnreferenced final : public Checker {
 
     void paged(const Paged& fact, Probe& probe) override {
         if (!checking(probe)) return;
-        const PagedState& s = fact.after;
-        // How many times each block is in the free queue: one pass, so
-        // that the check grows with the pool, not with its square.
-        std::vector<std::int64_t> in_queue(s.blocks.size(), 0);
-        for (const std::int64_t block : s.free_queue) {
-            if (block < 1 || block >= static_cast<std::int64_t>(s.blocks.size())) {
-                fail(probe, "after " + fact.what + ": the free queue holds " + block_text(s, block));
-                return;
-            }
-            ++in_queue[static_cast<std::size_t>(block)];
-        }
-        for (std::size_t b = 1; b < s.blocks.size(); ++b) {
-            const auto block = static_cast<std::int64_t>(b);
-            const std::int64_t times = in_queue[b];
-            const bool unreferenced = s.blocks[b].count == 0;
-            if (!expect(probe, times == (unreferenced ? 1 : 0), [&] {
-                    return "after " + fact.what + ": " + block_text(s, block) + " is in the free queue " +
-                           std::to_string(times) + " times; expected " + (unreferenced ? "once" : "never") +
-                           " (free queue " + tokens_text(s.free_queue) + ")";
-                })) {
-                return;
-            }
-        }
+        if (const std::optional<std::string> wrong = free_queue_wrong(fact.after)) fail(probe, "after " + fact.what + ": " + *wrong);
     }
 };
 

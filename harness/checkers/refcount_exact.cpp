@@ -11,6 +11,8 @@
 // holds (the content properties).
 #include "checkers/checker.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace kvcheck::checkers {
@@ -31,46 +33,49 @@ std::string null_where(const PagedState& s) {
     return "";
 }
 
+}  // namespace
+
+std::optional<std::string> refcount_wrong(const PagedState& s) {
+    // Holders per block, in one pass over the tables and the copies
+    // (the check grows with the pool, not with pool x holders).
+    std::vector<std::int64_t> held(s.blocks.size(), 0), read(s.blocks.size(), 0);
+    auto count_in = [&s](std::vector<std::int64_t>& into, std::int64_t block) {
+        if (block >= 0 && block < static_cast<std::int64_t>(s.blocks.size())) ++into[static_cast<std::size_t>(block)];
+    };
+    for (const auto& entry : s.tables) {
+        const std::int64_t behind = blocks_behind_window(s, entry.first);
+        for (std::size_t i = 0; i < entry.second.size(); ++i) {
+            const std::int64_t block = entry.second[i];
+            if (block == 0 && static_cast<std::int64_t>(i) < behind) continue;  // released behind the window
+            count_in(held, block);
+        }
+    }
+    for (const PagedCopy& copy : s.copies) count_in(read, copy.source);
+    for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+        const auto block = static_cast<std::int64_t>(b);
+        const std::int64_t tables = held[b];
+        const std::int64_t copies = read[b];
+        const std::int64_t expected = b == 0 ? 0 : tables + copies;
+        if (b == 0 && tables != 0) {
+            return "the null block is in " + std::to_string(tables) + " block tables" + null_where(s);
+        }
+        if (s.blocks[b].count != expected) {
+            return block_text(s, block) + " is held by " + std::to_string(tables) + " tables and read by " +
+                   std::to_string(copies) + " pending copies: its count should be " + std::to_string(expected);
+        }
+    }
+    return std::nullopt;
+}
+
+namespace {
+
 class RefcountExact final : public Checker {
   public:
     RefcountExact() : Checker(Property::refcount_exact) {}
 
     void paged(const Paged& fact, Probe& probe) override {
         if (!checking(probe)) return;
-        const PagedState& s = fact.after;
-        // Holders per block, in one pass over the tables and the copies
-        // (the check grows with the pool, not with pool x holders).
-        std::vector<std::int64_t> held(s.blocks.size(), 0), read(s.blocks.size(), 0);
-        auto count_in = [&s](std::vector<std::int64_t>& into, std::int64_t block) {
-            if (block >= 0 && block < static_cast<std::int64_t>(s.blocks.size())) ++into[static_cast<std::size_t>(block)];
-        };
-        for (const auto& entry : s.tables) {
-            const std::int64_t behind = blocks_behind_window(s, entry.first);
-            for (std::size_t i = 0; i < entry.second.size(); ++i) {
-                const std::int64_t block = entry.second[i];
-                if (block == 0 && static_cast<std::int64_t>(i) < behind) continue;  // released behind the window
-                count_in(held, block);
-            }
-        }
-        for (const PagedCopy& copy : s.copies) count_in(read, copy.source);
-        for (std::size_t b = 0; b < s.blocks.size(); ++b) {
-            const auto block = static_cast<std::int64_t>(b);
-            const std::int64_t tables = held[b];
-            const std::int64_t copies = read[b];
-            const std::int64_t expected = b == 0 ? 0 : tables + copies;
-            if (b == 0 && tables != 0) {
-                fail(probe, "after " + fact.what + ": the null block is in " + std::to_string(tables) + " block tables" +
-                                null_where(s));
-                return;
-            }
-            if (!expect(probe, s.blocks[b].count == expected, [&] {
-                    return "after " + fact.what + ": " + block_text(s, block) + " is held by " + std::to_string(tables) +
-                           " tables and read by " + std::to_string(copies) + " pending copies: its count should be " +
-                           std::to_string(expected);
-                })) {
-                return;
-            }
-        }
+        if (const std::optional<std::string> wrong = refcount_wrong(fact.after)) fail(probe, "after " + fact.what + ": " + *wrong);
     }
 };
 

@@ -2,6 +2,7 @@
 
 #include "interrupt.h"
 #include "kvcheck/plugin.h"
+#include "kvcheck/threads.h"
 #include "sandbox.h"
 #include "text.h"
 
@@ -49,6 +50,8 @@ const kvcheck_plugin* open_plugin(const std::string& path) {
     if (plugin->create == nullptr || plugin->destroy == nullptr || plugin->name == nullptr) {
         throw UsageError(path + ": the plugin description lacks a name, create or destroy");
     }
+    // Its kvcheck::yield reaches the thread level's scheduler (kvcheck/threads.h).
+    add_yield_slot(plugin->yield_hook);
     opened[path] = plugin;
     return plugin;
 }

@@ -228,6 +228,8 @@ class Pool {
     // Drops one reference; a block at 0 joins the back of the free queue
     // (the front with free_to_front).
     virtual void unref(BlockId block);
+    // Takes one more reference on a held block (fork's sharing).
+    virtual void ref(BlockId block) { ++blocks_[static_cast<std::size_t>(block)].count; }
     // Copies the filled slots of `source` into `destination`'s pending
     // writes (copy-on-write); the copy reads `source` until step().
     virtual void copy_block(BlockId source, BlockId destination);

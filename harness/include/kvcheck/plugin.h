@@ -13,8 +13,9 @@
 #pragma once
 
 #include "kvcheck/engine.h"
+#include "kvcheck/yield.h"
 
-#define KVCHECK_PLUGIN_ABI_VERSION 14
+#define KVCHECK_PLUGIN_ABI_VERSION 15
 #define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v10"
 // The entry point's name, KVCHECK_PLUGIN_SYMBOL as an identifier: one
 // place to bump with the version.
@@ -28,6 +29,10 @@ struct kvcheck_plugin {
     const char* description;  // one line
     kvcheck::Engine* (*create)();           // a fresh engine; kvcheck calls it once per trace
     void (*destroy)(kvcheck::Engine* engine);  // frees what create made
+    // The plugin's own kvcheck::yield_hook (kvcheck/yield.h), which kvcheck
+    // sets for the length of a thread-level run: kvcheck::yield inside the
+    // plugin reaches kvcheck's scheduler.
+    kvcheck_yield_fn* yield_hook;
 };
 
 }  // extern "C"
@@ -38,6 +43,6 @@ struct kvcheck_plugin {
         static const kvcheck_plugin plugin = {                                           \
             KVCHECK_PLUGIN_ABI_VERSION, Name, Description,                              \
             []() -> kvcheck::Engine* { return new EngineType(); },                      \
-            [](kvcheck::Engine* engine) { delete engine; }};                            \
+            [](kvcheck::Engine* engine) { delete engine; }, &kvcheck::yield_hook};      \
         return &plugin;                                                                  \
     }

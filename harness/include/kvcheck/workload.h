@@ -100,6 +100,10 @@ struct WorkloadOptions {
     // Clients (kvcheck run --lanes, kvcheck/lanes.h): above 1, each trace
     // is that many lanes of requests interleaved by a seeded schedule.
     std::int64_t lanes = 1;
+    // With lanes: requests for the thread level (kvcheck/threads.h): a
+    // paged pin request now and then forks its sequence and frees the child.
+    // Off, the draw is the operation level's, unchanged.
+    bool threads = false;
 };
 
 struct Swarm {

@@ -1,0 +1,86 @@
+// Concurrent clients at the thread level (docs/semantics.md#the-thread-level):
+// each client lane's calls run on a thread of its own against an engine that
+// declares Capabilities::thread_safe, and the calls overlap for real.
+// One thread runs at a time, between yield points (kvcheck/yield.h): the
+// harness yields before every engine call, the engine where it chooses, and
+// at each yield the schedule picks the lane that runs next, seeded, so a
+// run is a function of its plan and its schedule and replays exactly.
+//
+// Judged (the paged family): at every quiescent point (every lane between
+// calls) the pool's whole-state invariants, which hold whatever order the
+// calls took effect in: refcount-exact and free-iff-unreferenced
+// (checkers::refcount_wrong, checkers::free_queue_wrong); an engine call
+// that throws where it may not (free, lookup, evict, step) is an engine
+// error. Not judged here: the calls' own answers (hits, content, refusals)
+// against a sequential order (the operation level judges those).
+//
+//   kvcheck::WorkloadOptions options;  // options.capabilities = the engine's
+//   options.lanes = 3;
+//   kvcheck::ThreadFinding found = *kvcheck::search_threads(make, options, 7, 200);
+//   kvcheck::ThreadRunResult again = kvcheck::run_threads(*make(), found.plan, {0, found.result.schedule});
+#pragma once
+
+#include "kvcheck/adapter.h"
+#include "kvcheck/engine.h"
+#include "kvcheck/executor.h"
+#include "kvcheck/lanes.h"
+#include "kvcheck/workload.h"
+#include "kvcheck/yield.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcheck {
+
+struct ThreadRunOptions {
+    std::uint64_t seed = 0;  // the schedule's draws, when not replayed
+    // Replay: the lane to run at each yield point that had a choice, in
+    // order. Past its end, or where it names a lane that cannot run, the
+    // running lane goes on (at a yield of a lock it waits for, the next
+    // lane runs): so a shorter schedule is one of fewer context switches.
+    std::optional<std::vector<std::int64_t>> schedule;
+};
+
+struct ThreadRunResult {
+    // The first violation: property and message; `step` is the index of the
+    // history line at which it was found.
+    std::optional<Failure> failure;
+    std::vector<std::int64_t> schedule;  // the choices made, replayable
+    std::vector<std::string> history;    // calls, yields and returns, in the order they ran
+    bool diverged = false;               // a replayed choice could not be followed
+};
+
+// Runs the plan's lane 0 alone, then lanes 1.. on a thread each under the
+// schedule. The engine must declare thread_safe (std::invalid_argument).
+ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options);
+
+// The plan of a thread-level trace: draw_lanes's requests of the paged
+// family (forks included: options.threads), for `seed`.
+LanePlan thread_plan(std::uint64_t seed, WorkloadOptions options);
+
+struct ThreadFinding {
+    std::uint64_t seed = 0;    // of the trace (plan and schedule)
+    std::size_t traces = 0;    // traces run until it was found
+    LanePlan plan;             // shrunk
+    ThreadRunResult result;    // its run, with the schedule that replays it
+    std::size_t replays = 0;   // replays of the shrunk finding, on fresh engines
+    std::size_t replays_same = 0;  // of them, how many failed alike (all: deterministic; else flaky)
+};
+
+// Up to `traces` thread-level traces from `seed` on, each on a fresh engine;
+// the first failure shrunk (fewer lanes, calls, and schedule choices) and
+// replayed 3 times.
+std::optional<ThreadFinding> search_threads(const EngineFactory& make, const WorkloadOptions& options, std::uint64_t seed,
+                                            std::size_t traces);
+
+// The finding as text: the failure, the lanes' calls, the history (calls
+// and yields of each lane in the order they ran), and the schedule.
+std::string format_thread_finding(const ThreadFinding& finding);
+
+// A plugin's yield hook (kvcheck_plugin::yield_hook), set with kvcheck's own
+// for the length of each thread-level run.
+void add_yield_slot(kvcheck_yield_fn* slot);
+
+}  // namespace kvcheck

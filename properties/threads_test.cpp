@@ -1,0 +1,137 @@
+// Concurrent clients at the thread level (kvcheck/threads.h,
+// docs/semantics.md#the-thread-level): the references declare thread_safe
+// and pass; a run is a function of its plan and schedule (it replays); each
+// thread mutant is found at the thread level under a property it breaks,
+// shrunk to at most 3 client lanes, replays alike, and is found neither by
+// the operation level (--lanes, each call atomic) nor by one client in the
+// same budget.
+#include "run_util.h"
+
+#include "kvcheck/threads.h"
+#include "kvcheck/yield.h"
+#include "mutants/mutants.h"
+#include "reference/paged_reference.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+namespace kvcheck::props {
+namespace {
+
+constexpr std::size_t traces_max = 300;
+constexpr std::uint64_t first_seed = 1;
+
+WorkloadOptions thread_options(const Adapter& adapter, std::int64_t lanes) {
+    WorkloadOptions options;
+    options.capabilities = adapter.make()->capabilities();
+    options.lanes = lanes;
+    options.threads = true;
+    return options;
+}
+
+TEST(Threads, TheReferencesDeclareThreadSafe) {
+    for (const char* name : {"reference", "paged-reference", "paged-reference-window"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        EXPECT_TRUE(adapter->make()->capabilities().thread_safe) << name;
+    }
+}
+
+TEST(Threads, ARunReplaysFromItsSchedule) {
+    const Adapter* adapter = adapters::find_bundled("paged-reference");
+    ASSERT_NE(adapter, nullptr);
+    std::size_t overlapping = 0;  // runs where a client ran while another held the lock
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+        const LanePlan plan = thread_plan(seed, thread_options(*adapter, 3));
+        const ThreadRunResult drawn = run_threads(*adapter->make(), plan, {seed, std::nullopt});
+        EXPECT_FALSE(drawn.failure) << drawn.failure->message;
+        const ThreadRunResult again = run_threads(*adapter->make(), plan, {0, drawn.schedule});
+        EXPECT_EQ(again.history, drawn.history);
+        EXPECT_FALSE(again.diverged);
+        EXPECT_EQ(yield_hook, nullptr);  // set for the length of a run only
+        const auto paused = [](const std::string& line) { return line.find("paused at locked") != std::string::npos; };
+        if (std::any_of(drawn.history.begin(), drawn.history.end(), paused)) ++overlapping;
+    }
+    EXPECT_GE(overlapping, 10u);  // the calls do overlap: the lock, not the scheduler, keeps them whole
+}
+
+// Three seeds far apart, 3 and 6 lanes: the lock keeps every call whole
+// (the references yield inside it, so other clients do run and wait).
+TEST(Threads, TheReferencesPassTheThreadLevel) {
+    for (const char* name : {"paged-reference", "paged-reference-window"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        for (const std::uint64_t seed : {first_seed, std::uint64_t{20261202}, std::uint64_t{1} << 40}) {
+            for (const std::int64_t lanes : {3, 6}) {
+                const std::optional<ThreadFinding> found =
+                    search_threads(adapter->make, thread_options(*adapter, lanes), seed, traces_max / 3);
+                EXPECT_FALSE(found) << format_thread_finding(*found);
+            }
+        }
+    }
+}
+
+// A plugin's own copy of the hook (kvcheck_plugin::yield_hook, registered
+// by add_yield_slot when kvcheck opens the plugin) is set for the length of
+// a run: a yield through it reaches the scheduler.
+kvcheck_yield_fn plugin_slot = nullptr;
+
+class YieldsThroughItsSlot final : public adapters::PagedReference {
+  public:
+    void paged_step() override {
+        if (plugin_slot != nullptr) plugin_slot("plugin_step");
+        PagedReference::paged_step();
+    }
+};
+
+TEST(Threads, APluginsYieldHookIsSetForTheRun) {
+    add_yield_slot(&plugin_slot);
+    const Adapter* adapter = adapters::find_bundled("paged-reference");
+    ASSERT_NE(adapter, nullptr);
+    std::size_t paused = 0;
+    for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+        YieldsThroughItsSlot engine;
+        const ThreadRunResult run = run_threads(engine, thread_plan(seed, thread_options(*adapter, 3)), {seed, std::nullopt});
+        EXPECT_FALSE(run.failure) << run.failure->message;
+        for (const std::string& line : run.history) paused += line.find("paused at plugin_step") != std::string::npos ? 1 : 0;
+        EXPECT_EQ(plugin_slot, nullptr);
+    }
+    EXPECT_GT(paused, 0u);
+}
+
+class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
+    const Adapter adapter = adapters::thread_mutant_adapters().at(GetParam());
+    const std::optional<ThreadFinding> found = search_threads(adapter.make, thread_options(adapter, 6), first_seed, traces_max);
+    ASSERT_TRUE(found) << adapter.name << " survived " << traces_max << " thread-level traces";
+    const Failure& failure = *found->result.failure;
+    const std::optional<Property> reported = parse_property(failure.property);
+    EXPECT_TRUE(reported && std::find(adapter.breaks.begin(), adapter.breaks.end(), *reported) != adapter.breaks.end())
+        << format_thread_finding(*found);
+    EXPECT_LE(found->plan.lanes.size() - 1, 3u) << format_thread_finding(*found);
+    EXPECT_EQ(found->replays_same, found->replays) << format_thread_finding(*found);
+    const ThreadRunResult again = run_threads(*adapter.make(), found->plan, {0, found->result.schedule});
+    ASSERT_TRUE(again.failure);
+    EXPECT_EQ(again.failure->message, failure.message);
+    EXPECT_EQ(again.history, found->result.history);
+    EXPECT_FALSE(again.diverged);  // every choice of the shrunk schedule names a lane that could run
+    std::cout << "[ threads  ] " << adapter.name << ": found after " << found->traces << " traces\n"
+              << format_thread_finding(*found);
+
+    // The operation level (the same requests, each call atomic) and one
+    // client, on the same seeds and budget, find nothing.
+    for (const std::int64_t lanes : {3, 1}) {
+        const std::optional<Finding> without = find_and_shrink(adapter, first_seed, traces_max, thread_options(adapter, lanes));
+        EXPECT_FALSE(without) << adapter.name << " was found with --lanes " << lanes << " without threads:\n"
+                              << format_failure(without->shrunk.failure, without->shrunk.trace,
+                                                reproduce_command(adapter, without->shrunk.trace));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bundled, ThreadMutant, ::testing::Range<std::size_t>(0, adapters::thread_mutant_adapters().size()),
+                         [](const auto& info) { return adapters::thread_mutant_adapters().at(info.param).name; });
+
+}  // namespace
+}  // namespace kvcheck::props
