@@ -118,7 +118,7 @@ class AdapterProcess {
     Json call(const std::string& request);
     // One request of several in flight at once, from any thread: for an
     // adapter whose handshake says thread_safe (docs/protocol.md section
-    // 14). The request goes out with a request id ("rid"); its reply is the
+    // 11a). The request goes out with a request id ("rid"); its reply is the
     // frame that carries the same id, whatever order the replies come in.
     // Whichever waiting thread reads the pipe keeps the others' replies for
     // them. A fault (the process dying, a reply that names no request in

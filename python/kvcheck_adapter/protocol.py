@@ -195,10 +195,7 @@ def serve_forks(
                     kill(pid)
                 reap(True)
                 return None
-            try:
-                reply = handle(request)
-            except Exception as error:  # noqa: BLE001 - as serve_loop
-                reply = error_reply(error)
+            reply = answer(handle, request)
             if request.get("op") == "hello" and reply.get("ok"):
                 reply["fork"] = True
             connection.send(reply)
