@@ -491,9 +491,12 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
             append_strings(ids, read_ids_);
             text.insert(text.size() - 1, ids);
         }
-        struct Ended {
+        struct Ended {  // also when the call throws, its lock released
             ProcessEngine& engine;
-            ~Ended() { --engine.operations_in_flight_; }
+            ~Ended() {
+                const std::lock_guard<std::recursive_mutex> relock(engine.state_mutex_);
+                --engine.operations_in_flight_;
+            }
         };
         Json reply;
         {

@@ -552,7 +552,7 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
     }
 }
 
-// A thread-safe adapter (docs/protocol.md section 14): several threads call
+// A thread-safe adapter (docs/protocol.md section 11a): several threads call
 // the example store at once, each request in flight tagged with its id, and
 // every thread gets the reply to its own call: its own id back from
 // get_by_ids, whatever order the SDK's scheduler answered them in.

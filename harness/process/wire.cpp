@@ -303,7 +303,7 @@ Capabilities read_capabilities(const Json& flags) {
         {"paged_rewind", &capabilities.paged_rewind},
         // trim (docs/protocol.md, "Trimming"): off unless claimed.
         {"trim", &capabilities.trim},
-        // Concurrent requests (docs/protocol.md section 14): off unless claimed.
+        // Concurrent requests (docs/protocol.md section 11a): off unless claimed.
         {"thread_safe", &capabilities.thread_safe},
     }};
     const std::vector<Json::Member>& members =

@@ -1,5 +1,5 @@
 """A thread-safe adapter served side by side (kvcheck_adapter.threads;
-docs/protocol.md section 14): the seeded scheduler's turns, its Lock and
+docs/protocol.md section 11a): the seeded scheduler's turns, its Lock and
 yield points, the protocol loop's request ids, and the example store's
 lock, whose bug unlocked_index loses an entry only with two clients."""
 

@@ -1,5 +1,5 @@
 """A thread-safe adapter's requests served side by side (Adapter.thread_safe;
-docs/protocol.md section 14), one thread per request in flight, under a
+docs/protocol.md section 11a), one thread per request in flight, under a
 seeded cooperative scheduler.
 
 Only the thread holding the scheduler's turn runs the engine's Python
