@@ -185,9 +185,10 @@ struct Capabilities {
     // The back unless an engine says otherwise (a process adapter that
     // declares none: unspecified).
     PagedFreeOrder paged_free_order = PagedFreeOrder::back;
-    // Whether the engine's methods may be called from several threads at
-    // once (the thread level: docs/semantics.md#concurrent-clients). Off
-    // unless an engine says so.
+    // Its Engine and PagedEngine methods may be called from several threads
+    // at once (the thread level, docs/semantics.md#the-thread-level: calls
+    // that overlap, interleaved at kvcheck::yield points). Off unless an
+    // engine claims it.
     bool thread_safe = false;
 };
 
