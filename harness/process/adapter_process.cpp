@@ -460,6 +460,73 @@ Json AdapterProcess::call(const std::string& request) {
     send(request);
     const std::string frame = receive(0);
     limit_output();
+    return parse_reply(frame);
+}
+
+Json AdapterProcess::call_concurrent(const std::string& request) {
+    std::uint64_t id = 0;
+    {
+        const std::lock_guard<std::mutex> lock(requests_mutex_);
+        if (broken_) throw ProcessError(*broken_);
+        id = ++request_id_last_;
+        in_flight_.insert(id);
+    }
+    std::unique_lock<std::mutex> lock(requests_mutex_, std::defer_lock);
+    try {
+        std::string tagged = request;
+        tagged.insert(1, "\"rid\":" + std::to_string(id) + ",");
+        {
+            const std::lock_guard<std::mutex> sending(send_mutex_);
+            send(tagged);
+        }
+        lock.lock();
+        for (;;) {
+            if (const auto found = replies_.find(id); found != replies_.end()) {
+                Json reply = std::move(found->second);
+                replies_.erase(found);
+                return reply;
+            }
+            if (broken_) throw ProcessError(*broken_);
+            if (reading_) {
+                replied_.wait(lock);
+                continue;
+            }
+            reading_ = true;
+            lock.unlock();
+            read_one_reply();
+            lock.lock();
+            reading_ = false;
+            replied_.notify_all();
+        }
+    } catch (const ProcessError& error) {
+        if (!lock.owns_lock()) lock.lock();
+        reading_ = false;
+        if (!broken_) broken_ = error.fault();
+        replied_.notify_all();
+        throw;
+    }
+}
+
+void AdapterProcess::read_one_reply() {
+    const std::string frame = receive(0);
+    limit_output();
+    Json reply = parse_reply(frame);
+    const Json* rid = reply.find("rid");
+    if (rid == nullptr || rid->type() != Json::Type::integer || rid->as_int() <= 0) {
+        fail("protocol", "the adapter declared thread_safe, and its reply carries no request id ('rid'): '" +
+                             printable_prefix(frame) + "'");
+    }
+    const auto id = static_cast<std::uint64_t>(rid->as_int());
+    std::unique_lock<std::mutex> lock(requests_mutex_);
+    if (in_flight_.erase(id) == 0) {
+        lock.unlock();
+        fail("protocol", "the adapter's reply carries the request id " + std::to_string(id) +
+                             ", of no request in flight: '" + printable_prefix(frame) + "'");
+    }
+    replies_.emplace(id, std::move(reply));
+}
+
+Json AdapterProcess::parse_reply(const std::string& frame) {
     Json reply;
     try {
         reply = Json::parse(frame);

@@ -20,10 +20,16 @@
 #include "json.h"
 #include "kvcheck/engine.h"
 
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <sys/types.h>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace kvcheck::process {
@@ -110,6 +116,14 @@ class AdapterProcess {
     // it is; the process dying or breaking the protocol is a ProcessError
     // (after the fault handler ran).
     Json call(const std::string& request);
+    // One request of several in flight at once, from any thread: for an
+    // adapter whose handshake says thread_safe (docs/protocol.md section
+    // 11a). The request goes out with a request id ("rid"); its reply is the
+    // frame that carries the same id, whatever order the replies come in.
+    // Whichever waiting thread reads the pipe keeps the others' replies for
+    // them. A fault (the process dying, a reply that names no request in
+    // flight) reaches every waiting caller as the same ProcessError.
+    Json call_concurrent(const std::string& request);
 
     // Tells the process to exit and waits a moment for it (then kills it).
     void shut_down();
@@ -139,6 +153,10 @@ class AdapterProcess {
     // The next reply frame; `still_seconds` > 0: give up once the process
     // stood still that long (stillness.h).
     std::string receive(double still_seconds);
+    Json parse_reply(const std::string& frame);
+    // call_concurrent's reading, by one caller at a time without
+    // requests_mutex_ held: the next reply, kept for the request it names.
+    void read_one_reply();
     [[noreturn]] void fail(const std::string& kind, const std::string& detail);
     // After `pipe` ("reply" or "request") closed: how the process ended, as
     // a fault; a process still running is killed, and its fault says that
@@ -167,6 +185,17 @@ class AdapterProcess {
     std::string buffer_;
     std::uint64_t output_dropped_ = 0;  // bytes of output limit_output dropped since clear_output
     Hello hello_;
+    // call_concurrent: the requests in flight and the replies read for
+    // them. send_mutex_ keeps two requests' frames apart on the pipe;
+    // requests_mutex_ guards the rest.
+    std::mutex send_mutex_;
+    std::mutex requests_mutex_;
+    std::condition_variable replied_;
+    std::uint64_t request_id_last_ = 0;
+    bool reading_ = false;  // a caller reads the reply pipe
+    std::unordered_set<std::uint64_t> in_flight_;      // sent, no reply read yet
+    std::unordered_map<std::uint64_t, Json> replies_;  // read, not yet taken by their callers
+    std::optional<ProcessFault> broken_;                // the fault that ended the process for every caller
 };
 
 // A protocol frame: the payload's length as 4 bytes, big-endian, then the payload.

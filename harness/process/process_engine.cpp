@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -234,6 +235,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // ---- the reads after a step ----
 
     void expect_reads(const std::vector<std::string>& entries, bool every_entry) override {
+        const std::lock_guard<std::recursive_mutex> lock(state_mutex_);
         read_ids_ = entries;
         read_store_ = every_entry;
     }
@@ -241,6 +243,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // ---- observations ----
 
     std::vector<std::string> stored_ids() override {
+        const Observing observing(*this);
         check_current();
         if (!stored_ids_) {
             const Json reply = observation(Request("stored_ids"));
@@ -255,6 +258,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     Metadata entry_metadata(const std::string& id) override {
+        const Observing observing(*this);
         check_current();
         if (const auto found = entries_.find(id); found != entries_.end() && found->second.metadata) {
             return *found->second.metadata;
@@ -266,6 +270,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     Metadata handle_metadata(Handle handle) override {
+        const Observing observing(*this);
         check_current();
         if (const auto found = handles_.find(handle); found != handles_.end() && found->second.metadata) {
             return *found->second.metadata;
@@ -282,6 +287,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     std::uint64_t entry_digest(const std::string& id) override {
+        const Observing observing(*this);
         check_current();
         EntryKnown& known = entry(id);
         if (!known.digest) fetch_entries_with(id);
@@ -289,6 +295,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     bool entry_owned(const std::string& id) override {
+        const Observing observing(*this);
         check_current();
         EntryKnown& known = entry(id);
         if (!known.owned) fetch_entries_with(id);
@@ -296,6 +303,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     std::vector<std::uint64_t> storage_of_entry(const std::string& id) override {
+        const Observing observing(*this);
         check_current();
         EntryKnown& known = entry(id);
         if (!known.storage) fetch_entries_with(id);
@@ -303,6 +311,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     std::uint64_t handle_digest(Handle handle) override {
+        const Observing observing(*this);
         check_current();
         HandleKnown& known = handles_[handle];
         if (!known.digest && !known.facts) fetch_handle(handle);
@@ -318,12 +327,14 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     HandleFacts handle_facts(Handle handle) override {
+        const Observing observing(*this);
         check_current();
         if (!handles_[handle].facts) fetch_handle(handle);
         return *handles_[handle].facts;
     }
 
     std::vector<std::uint64_t> storage_of_handle(Handle handle) override {
+        const Observing observing(*this);
         check_current();
         HandleKnown& known = handles_[handle];
         if (!known.storage && !known.facts) fetch_handle(handle);
@@ -335,6 +346,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     std::vector<CopyRecord> take_copies() override {
+        const Observing observing(*this);
         check_current();
         if (!hello_.copies_in_replies) {
             const Json reply = observation(Request("take_copies"));
@@ -356,6 +368,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     std::vector<EntryFacts> read_entries(const std::vector<std::string>& ids, bool with_storage) override {
+        const Observing observing(*this);
         check_current();
         std::vector<std::string> missing;
         for (const std::string& id : ids) {
@@ -421,6 +434,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     }
 
     PagedState paged_state() override {
+        const Observing observing(*this);
         check_current();
         if (!paged_state_) {
             const Json reply = observation(Request("paged_state"));
@@ -455,11 +469,20 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // is forgotten first, then what the reply reports is kept.
     // The request says what kvcheck reads after it (expect_reads), so that
     // the reply can report those facts.
-    Json operation(const Request& request) {
-        handles_.clear();
-        entries_.clear();
-        stored_ids_.reset();
-        paged_state_.reset();
+    //
+    // A thread-safe adapter's operations may overlap (several threads call
+    // at once): the facts a reply reports are kept only from an operation
+    // that ran alone, started and ended with no other in flight; what the
+    // store holds after overlapping ones is asked again. The copies every
+    // reply reports are kept.
+    // A paged operation (`paged_op`, its name) keeps the pool's state its
+    // reply carries.
+    Json operation(const Request& request, const char* paged_op = nullptr) {
+        std::unique_lock<std::recursive_mutex> lock(state_mutex_);
+        forget();
+        const bool started_alone = operations_in_flight_ == 0;
+        const std::uint64_t started_at = ++operations_started_;
+        ++operations_in_flight_;
         std::string text = request.text();
         if (read_store_) {
             text.insert(text.size() - 1, R"(,"read_store":true)");
@@ -468,24 +491,54 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
             append_strings(ids, read_ids_);
             text.insert(text.size() - 1, ids);
         }
-        Json reply = call(std::move(text));
+        struct Ended {  // also when the call throws, its lock released
+            ProcessEngine& engine;
+            ~Ended() {
+                const std::lock_guard<std::recursive_mutex> relock(engine.state_mutex_);
+                --engine.operations_in_flight_;
+            }
+        };
+        Json reply;
+        {
+            const Ended ended{*this};
+            if (hello_.capabilities.thread_safe) lock.unlock();
+            reply = call(std::move(text));
+            if (!lock.owns_lock()) lock.lock();
+        }
+        const bool alone = started_alone && operations_started_ == started_at;
         reading("the reply's observed facts", [&] {
-            absorb(reply);
+            absorb(reply, alone);
             return 0;
         });
+        const Json* state = alone && paged_op != nullptr ? reply.find("state") : nullptr;
+        if (state != nullptr) paged_state_ = reading(paged_op, [&] { return read_paged_state(*state); });
         return reply;
     }
+
+    // Everything known of the handles, the entries and the pool.
+    void forget() {
+        handles_.clear();
+        entries_.clear();
+        stored_ids_.reset();
+        paged_state_.reset();
+    }
+
+    // Held by every method that reads or keeps what is known: an
+    // observation made while an operation is in flight (a thread-safe
+    // adapter's) is returned, not kept.
+    struct Observing {
+        explicit Observing(ProcessEngine& engine) : engine(engine), lock(engine.state_mutex_) {}
+        ~Observing() {
+            if (engine.operations_in_flight_ > 0) engine.forget();
+        }
+        ProcessEngine& engine;
+        std::lock_guard<std::recursive_mutex> lock;
+    };
 
     Json observation(const Request& request) { return call(request.text()); }
 
     // A paged operation: an operation whose reply carries the pool's state.
-    Json paged_operation(const char* op, const Request& request) {
-        Json reply = operation(request);
-        if (const Json* state = reply.find("state")) {
-            paged_state_ = reading(op, [&] { return read_paged_state(*state); });
-        }
-        return reply;
-    }
+    Json paged_operation(const char* op, const Request& request) { return operation(request, op); }
 
     // What this engine knows is of its own session: once the process was
     // reset for a newer engine, this one answers nothing, not even from
@@ -498,12 +551,25 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
 
     // The first request after a reset carries it (ProcessLauncher::make):
     // the adapter makes a fresh engine, then answers the request.
+    //
+    // A thread-safe adapter's requests go out side by side (several in
+    // flight at once, from the calling threads), but for one carrying the
+    // reset: it is answered before any other request is sent.
     Json call(std::string text) {
+        std::unique_lock<std::recursive_mutex> lock(state_mutex_);
         check_current();
         connection_->used = true;
         const bool resetting = connection_->reset_due;
         if (resetting) text.insert(1, R"("reset":true,)");
-        Json reply = connection_->process->call(text);
+        AdapterProcess& process = *connection_->process;
+        Json reply;
+        if (hello_.capabilities.thread_safe && !resetting) {
+            lock.unlock();
+            reply = process.call_concurrent(text);
+            lock.lock();
+        } else {
+            reply = hello_.capabilities.thread_safe ? process.call_concurrent(text) : process.call(text);
+        }
         connection_->reset_due = false;
         if (!reply.at("ok").as_bool()) {
             if (resetting && reply.find("reset_failed") != nullptr) reset_failed(*connection_->process, reply, on_fault_);
@@ -528,14 +594,15 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
         }
     }
 
-    void absorb(const Json& reply) {
+    // The copies a reply reports, and (`facts`) what it observed.
+    void absorb(const Json& reply, bool facts) {
         if (hello_.copies_in_replies) {
             if (const Json* copies = reply.find("copies")) {
                 std::vector<CopyRecord> made = read_copies(*copies);
                 copies_.insert(copies_.end(), made.begin(), made.end());
             }
         }
-        const Json* observed = reply.find("observed");
+        const Json* observed = facts ? reply.find("observed") : nullptr;
         if (observed == nullptr) return;
         if (const Json* handles = observed->find("handles")) {
             for (const Json& facts : handles->as_array()) keep_handle(facts);
@@ -632,6 +699,11 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // What the harness reads after the operations of the current step.
     std::vector<std::string> read_ids_;
     bool read_store_ = false;
+    // Guards everything above once a thread-safe adapter's operations
+    // overlap (operation, Observing).
+    std::recursive_mutex state_mutex_;
+    std::uint64_t operations_started_ = 0;
+    int operations_in_flight_ = 0;
 };
 
 }  // namespace

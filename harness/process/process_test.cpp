@@ -22,6 +22,7 @@
 #include <map>
 #include <sstream>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 namespace kvcheck::process {
@@ -549,6 +550,45 @@ TEST(ProcessEngine, RunsATraceResetsBetweenEnginesAndRefusesAStaleOne) {
         EXPECT_NE(std::string(error.what()).find("the adapter raised ValueError: handle 4 holds no cache"), std::string::npos)
             << error.what();
     }
+}
+
+// A thread-safe adapter (docs/protocol.md section 11a): several threads call
+// the example store at once, each request in flight tagged with its id, and
+// every thread gets the reply to its own call: its own id back from
+// get_by_ids, whatever order the SDK's scheduler answered them in.
+TEST(ProcessEngine, AThreadSafeAdapterAnswersEachCallOfSeveralInFlight) {
+    ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_EXAMPLE}, "activation_memory_adapter.py",
+                           {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR}};
+    ProcessLauncher launcher(command, {});
+    ASSERT_TRUE(launcher.probe().capabilities.thread_safe);
+    const std::shared_ptr<Engine> engine = launcher.make();
+    engine->remove_all();  // the reset goes out alone, before the threads' requests
+    constexpr int threads_count = 4;
+    constexpr int calls_per_thread = 12;
+    const CacheContent content = expand(parse_cache_spec("modern/f32/1:[kv1]"));
+    std::vector<std::string> mismatches[threads_count];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < threads_count; ++t) {
+        threads.emplace_back([&, t] {
+            // A reply matched to another call reads as that call's answer,
+            // or as a reply lacking this call's members (a protocol fault).
+            try {
+                for (int k = 0; k < calls_per_thread; ++k) {
+                    const std::string id = "t" + std::to_string(t) + "-" + std::to_string(k);
+                    engine->add(id, content, {});
+                    const std::vector<std::optional<std::string>> got = engine->get_by_ids({id, "absent-" + id});
+                    if (got.size() != 2 || got[0] != id || got[1].has_value()) {
+                        mismatches[t].push_back(id + " got " + (got.empty() || !got[0] ? "none" : *got[0]));
+                    }
+                }
+            } catch (const std::exception& error) {
+                mismatches[t].push_back(error.what());
+            }
+        });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (int t = 0; t < threads_count; ++t) EXPECT_TRUE(mismatches[t].empty()) << "thread " << t << ": " << mismatches[t][0];
+    EXPECT_EQ(engine->stored_ids().size(), std::size_t{threads_count * calls_per_thread});
 }
 
 // A paged block manager behind the process boundary (docs/protocol.md

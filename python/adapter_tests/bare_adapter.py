@@ -26,6 +26,13 @@ from kvcheck_adapter import protocol  # noqa: E402
 from kvcheck_adapter.adapter import Server  # noqa: E402
 
 
+class OneAtATime(activation_memory_adapter.ActivationMemoryAdapter):
+    """The example, served by the loop below one request at a time: not
+    thread_safe (kvcheck then sends no request ids)."""
+
+    thread_safe = False
+
+
 def strip_facts(op, reply):
     """The reply without anything its request did not ask for."""
     reply.pop("observed", None)
@@ -44,7 +51,7 @@ def main():
     parser.add_argument("--bug", action="append", default=[], choices=activation_memory.BUGS)
     args = parser.parse_args()
     model = models.Decoder()
-    server = Server(lambda: activation_memory_adapter.ActivationMemoryAdapter(args.bug, model))
+    server = Server(lambda: OneAtATime(args.bug, model))
     log = open(args.log, "a") if args.log else None
 
     def handle(request):

@@ -66,6 +66,7 @@ Run with the SDK importable (PYTHONPATH=python, from the repository root).
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import inspect
 import io
 import os
@@ -76,6 +77,7 @@ import torch
 
 from kvcheck_adapter import cache as kv
 from kvcheck_adapter import decoder as models
+from kvcheck_adapter import threads
 
 BUGS = (
     "stored_to_generation",
@@ -88,6 +90,7 @@ BUGS = (
     "extract_keeps_working_cache",
     "evicts_most_recent",
     "skips_digest",
+    "unlocked_index",
 )
 
 # The property of kvcheck's that names each bug (docs/semantics.md#known-bugs:
@@ -118,6 +121,13 @@ CAPACITY_BUG_PROPERTIES = {
 # trace that flips a byte of tensor data (docs/semantics.md#durability).
 DUMP_BUG_PROPERTIES = {
     "skips_digest": "dump-safe",
+}
+
+# The bug of a store used by several clients at once (the adapter declares
+# thread_safe): its index updated without the lock, found by kvcheck's
+# thread level (several requests in flight), never by one client.
+THREAD_BUG_PROPERTIES = {
+    "unlocked_index": "linearizable",
 }
 
 DUMP_FILE_NAME = "activation-memory.pt"
@@ -171,8 +181,14 @@ class ActivationMemory:
             raise ValueError("the bug evicts_most_recent needs a capacity (a bounded store)")
         self.model = model if model is not None else models.Decoder()
         self.capacity = capacity
+        # The index: replaced whole, never edited in place (_update_index),
+        # so that a read takes it as it is without the lock.
         self._items: Dict[str, MemoryItem] = {}  # insertion order, as kept by dict
         self._recency: Dict[str, None] = {}  # least recently used first (with a capacity)
+        # Serializes the index's updates: the store is used by several
+        # clients at once (its adapter declares thread_safe). A
+        # kvcheck_adapter Lock: a plain lock, that kvcheck's schedule sees.
+        self._lock = threads.Lock()
         # The planted bugs' chat sessions: caches handed back by
         # generate_returning (stored_turn_stays_writable), the cache extract
         # made (extract_keeps_working_cache).
@@ -198,23 +214,47 @@ class ActivationMemory:
             kv.layout_of(item.cache)  # a KV cache of either layout, or TypeError
         for item in new:
             kv.set_owned(item.cache, False)
-            if self.capacity is not None and item.id not in self._items and len(self._items) >= self.capacity:
-                self._evict()
-            self._items[item.id] = item
-            self._use(item.id)
+
+        def store(items: Dict[str, MemoryItem], recency: Dict[str, None]) -> None:
+            for item in new:
+                if self.capacity is not None and item.id not in items and len(items) >= self.capacity:
+                    self._evict(items, recency)
+                items[item.id] = item
+                recency.pop(item.id, None)
+                recency[item.id] = None
+
+        self._update_index(store)
+
+    def _update_index(self, change) -> None:
+        """`change(items, recency)` applied to copies of the index, then put
+        in its place, under the lock. Between the copy and the put another
+        client may run (a yield point of kvcheck's schedule): without the
+        lock (the bug unlocked_index) two updates both copy the old index
+        and the later put loses the earlier one's change."""
+        with contextlib.nullcontext() if "unlocked_index" in self.bugs else self._lock:
+            items, recency = dict(self._items), dict(self._recency)
+            change(items, recency)
+            threads.yield_point("index")
+            self._items, self._recency = items, recency
 
     def _use(self, item_id: str) -> None:
-        if item_id in self._items:
-            self._recency.pop(item_id, None)
-            self._recency[item_id] = None
+        if self.capacity is None:
+            return  # recency decides only what a bounded store evicts
 
-    def _evict(self) -> None:
+        def use(items: Dict[str, MemoryItem], recency: Dict[str, None]) -> None:
+            if item_id in items:
+                recency.pop(item_id, None)
+                recency[item_id] = None
+
+        self._update_index(use)
+
+    def _evict(self, items: Dict[str, MemoryItem], recency: Dict[str, None]) -> None:
         """Makes room for one item: the least recently used goes (the
         cache anyone holds of it stays theirs)."""
-        order = list(self._recency)
+        order = list(recency)
         victim = order[-1] if "evicts_most_recent" in self.bugs else order[0]
-        del self._items[victim]
-        del self._recency[victim]
+        del items[victim]
+        del recency[victim]
 
     # Reads hand out a record of the stored item: its cache is the stored
     # object itself (read-only by contract: generate clones it), its
@@ -241,13 +281,19 @@ class ActivationMemory:
         return list(self._items)
 
     def delete(self, ids: Sequence[str]) -> None:
-        for item_id in ids:
-            self._items.pop(item_id, None)
-            self._recency.pop(item_id, None)
+        def remove(items: Dict[str, MemoryItem], recency: Dict[str, None]) -> None:
+            for item_id in ids:
+                items.pop(item_id, None)
+                recency.pop(item_id, None)
+
+        self._update_index(remove)
 
     def delete_all(self) -> None:
-        self._items = {}
-        self._recency = {}
+        def clear(items: Dict[str, MemoryItem], recency: Dict[str, None]) -> None:
+            items.clear()
+            recency.clear()
+
+        self._update_index(clear)
 
     # ---- caches ----
 

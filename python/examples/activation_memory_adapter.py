@@ -34,6 +34,9 @@ from kvcheck_adapter.crash import power_cut  # noqa: E402
 
 class ActivationMemoryAdapter(Adapter):
     description = "the example Python activation-memory store (python/examples/activation_memory.py)"
+    # Several clients may call it at once: the store updates its index
+    # under a lock (the bug unlocked_index drops it).
+    thread_safe = True
 
     def __init__(self, bugs=(), model=None, capacity=None):
         self.bugs = tuple(bugs)

@@ -20,3 +20,14 @@ file imports none of them, so that importing one costs only what it needs.
 # kvcheck of that version: protocol.PROTOCOL_VERSION. kvcheck_adapter.locate
 # finds the kvcheck binary and tells a mismatch in one message.
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """kvcheck_adapter.Lock and kvcheck_adapter.yield_point (the yield
+    points of a thread-safe adapter: kvcheck_adapter.threads), imported
+    when first asked for."""
+    if name in ("Lock", "yield_point"):
+        from . import threads
+
+        return getattr(threads, name)
+    raise AttributeError(f"module 'kvcheck_adapter' has no attribute {name!r}")

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 from . import cache as _cache
 from . import copies as _copies
 from . import protocol as _protocol
+from . import threads as _threads
 from . import wire as _wire
 from . import __version__
 
@@ -121,6 +122,13 @@ class Adapter:
     #: attribute (the SDK's caches carry one); "derived", for caches without
     #: a marker (transformers' own): see derived_owned.
     owned: Optional[str] = None
+    #: Whether the engine's methods may be called from several threads at
+    #: once. True: kvcheck may send several requests at a time, and the SDK
+    #: serves each on a thread of its own under a seeded scheduler that
+    #: switches requests at every engine call and at the yield points the
+    #: engine shows it (kvcheck_adapter.Lock, kvcheck_adapter.yield_point;
+    #: kvcheck_adapter.threads).
+    thread_safe: bool = False
 
     # ---- the store -----------------------------------------------------------------
 
@@ -374,6 +382,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "entry_versions": False,
         "returned_caches": all(_overrides(engine, m) for m in ("generate_returning", "extract", "feed")),
         "trim": _overrides(engine, "trim"),
+        "thread_safe": bool(engine.thread_safe),
     }
     flags.update(_paged_flags(engine))
     flags.update(engine.capabilities)
@@ -482,6 +491,9 @@ class Server:
         # ("read_store", "read_ids"): reported in its reply.
         self._read_store = False
         self._read_ids: Sequence[str] = ()
+        # The handshake's engine declared thread_safe: serve() answers the
+        # requests after it side by side (kvcheck_adapter.threads).
+        self.thread_safe = False
         self._handlers: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
             name[len("_op_"):]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
@@ -506,10 +518,44 @@ class Server:
                 reply = _protocol.error_reply(error)
                 reply["reset_failed"] = True
                 return reply
+        if _threads.current_scheduler() is not None:
+            _threads.yield_point(op)  # every engine call is a point where another request may run
         self._op = op
         self._read_store = request.get("read_store") is True
         self._read_ids = request.get("read_ids") or ()
         return handler(request)
+
+    _TRACKER_STATE = ("_recording", "_open", "_made_here", "_set_copies", "_model_depth", "_mode", "model_caches",
+                      "generation_input")
+
+    def _switch_out(self) -> Callable[[], None]:
+        """At a switch between requests served side by side: saves what
+        the running request keeps in the server and in the copy tracker
+        (its recording), leaves them idle for the next, and returns what
+        puts them back when the request runs again. A torch dispatch mode
+        is its thread's own: the copies a request makes stay its own."""
+        session = self._session
+        tracker = session.tracker if session is not None else None
+        server = (self._op, self._read_store, self._read_ids, session.last_named if session is not None else None)
+        recorded = {name: getattr(tracker, name) for name in self._TRACKER_STATE} if tracker is not None else {}
+        recording = tracker is not None and tracker in _copies._RECORDING
+        if tracker is not None:
+            if recording:
+                _copies._RECORDING.remove(tracker)
+            fresh = _Tracker()
+            for name in self._TRACKER_STATE:
+                setattr(tracker, name, getattr(fresh, name))
+
+        def restore() -> None:
+            self._op, self._read_store, self._read_ids, last_named = server
+            if session is not None:
+                session.last_named = last_named
+            for name, value in recorded.items():
+                setattr(tracker, name, value)
+            if recording:
+                _copies._RECORDING.append(tracker)
+
+        return restore
 
     # ---- session -----------------------------------------------------------------------
 
@@ -533,6 +579,7 @@ class Server:
             "capabilities": capabilities_of(engine),
             "copies_in_replies": True,
         }
+        self.thread_safe = bool(engine.thread_safe)
         # dump_fork (docs/protocol.md section 10a): kvcheck kills and power-cuts
         # this engine's dumps in copies of this process.
         if reply["capabilities"].get("dump", True):
@@ -1083,7 +1130,19 @@ def serve(factory: Callable[[], Adapter]) -> None:
         connection = _protocol.serve_forks(connection, int(fork_fd), Server(factory).handle)
         if connection is None:
             return
-    _protocol.serve_loop(connection, Server(factory).handle)
+    server = Server(factory)
+    # The handshake first: an engine that declares thread_safe has the
+    # requests after it answered side by side.
+    request = connection.receive()
+    if request is None:
+        return
+    connection.send(_protocol.answer(server.handle, request))
+    if request.get("op") == "shutdown":
+        return
+    if server.thread_safe:
+        _threads.serve_side_by_side(connection, server.handle, server._switch_out)
+    else:
+        _protocol.serve_loop(connection, server.handle)
 
 
 __all__ = ["Adapter", "Item", "Server", "RequestError", "capabilities_of", "derived_owned", "serve", "store_policy_of"]

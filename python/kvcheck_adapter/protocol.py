@@ -195,10 +195,7 @@ def serve_forks(
                     kill(pid)
                 reap(True)
                 return None
-            try:
-                reply = handle(request)
-            except Exception as error:  # noqa: BLE001 - as serve_loop
-                reply = error_reply(error)
+            reply = answer(handle, request)
             if request.get("op") == "hello" and reply.get("ok"):
                 reply["fork"] = True
             connection.send(reply)
@@ -434,6 +431,15 @@ def dump_fork(dump: Callable[[str], None], directory: str, log_path: str, kill_a
     return {"ok": True, "status": status, "error": error or None}
 
 
+def answer(handle: Callable[[Dict[str, Any]], Dict[str, Any]], request: Dict[str, Any]) -> Dict[str, Any]:
+    """`handle`'s reply to `request`; an exception it raises becomes an
+    error reply (the step's engine error, with the traceback)."""
+    try:
+        return handle(request)
+    except Exception as error:  # noqa: BLE001 - every engine error is reported, none ends the loop
+        return error_reply(error)
+
+
 def serve_loop(connection: Connection, handle: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
     """Answers requests until kvcheck closes the pipe or asks to shut down.
     `handle` maps a request to its reply; an exception it raises becomes an
@@ -442,10 +448,6 @@ def serve_loop(connection: Connection, handle: Callable[[Dict[str, Any]], Dict[s
         request = connection.receive()
         if request is None:
             return
-        try:
-            reply = handle(request)
-        except Exception as error:  # noqa: BLE001 - every engine error is reported, none ends the loop
-            reply = error_reply(error)
-        connection.send(reply)
+        connection.send(answer(handle, request))
         if request.get("op") == "shutdown":
             return

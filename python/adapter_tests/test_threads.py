@@ -1,0 +1,172 @@
+"""A thread-safe adapter served side by side (kvcheck_adapter.threads;
+docs/protocol.md section 11a): the seeded scheduler's turns, its Lock and
+yield points, the protocol loop's request ids, and the example store's
+lock, whose bug unlocked_index loses an entry only with two clients."""
+
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SDK = os.path.dirname(HERE)
+sys.path.insert(0, SDK)
+sys.path.insert(0, os.path.join(SDK, "examples"))
+
+import activation_memory  # noqa: E402
+import kvcheck_adapter  # noqa: E402
+from kvcheck_adapter import cache as kv  # noqa: E402
+from kvcheck_adapter import threads  # noqa: E402
+
+
+def _waiting(scheduler, count):
+    deadline = time.monotonic() + 60
+    while len(scheduler._waiting) < count:
+        assert time.monotonic() < deadline, "a client thread never asked for its turn"
+        time.sleep(0.001)
+
+
+def run_clients(seed, clients):
+    """Each of `clients` (functions) on a thread of its own under a
+    scheduler seeded `seed`, arriving in order; returns the switches made.
+    The main thread holds the first turn until every client waits, so that
+    the draws alone decide the interleaving."""
+    scheduler = threads.Scheduler(seed)
+    threads._scheduler = scheduler
+    try:
+        scheduler.enter()
+        started = []
+        for index, client in enumerate(clients):
+            def body(client=client):
+                scheduler.enter()
+                try:
+                    client()
+                finally:
+                    scheduler.leave()
+
+            thread = threading.Thread(target=body)
+            thread.start()
+            started.append(thread)
+            _waiting(scheduler, index + 1)
+        scheduler.leave()
+        for thread in started:
+            thread.join(60)
+            assert not thread.is_alive()
+    finally:
+        threads._scheduler = None
+    return scheduler.switches
+
+
+def two_adds(bugs, seed):
+    store = activation_memory.ActivationMemory(bugs=bugs)
+
+    def add(id):
+        return lambda: store.add([{"id": id, "cache": kv.DynamicCache()}])
+
+    run_clients(seed, [add("a"), add("b")])
+    return store.ids()
+
+
+def test_the_same_seed_replays_the_same_interleaving():
+    def trace_of(seed):
+        order = []
+
+        def client(name):
+            def run():
+                for step in range(4):
+                    order.append((name, step))
+                    kvcheck_adapter.yield_point("step")
+            return run
+
+        run_clients(seed, [client("x"), client("y"), client("z")])
+        return order
+
+    first = trace_of(7)
+    assert trace_of(7) == first
+    assert any(trace_of(seed) != first for seed in range(1, 6))
+
+
+def test_a_lock_held_across_a_yield_keeps_the_others_out():
+    lock = kvcheck_adapter.Lock()
+    inside = []
+
+    def client():
+        for _ in range(3):
+            with lock:
+                inside.append(1)
+                assert len(inside) == 1, "two clients inside the lock at once"
+                kvcheck_adapter.yield_point("inside")
+                inside.pop()
+
+    for seed in range(5):
+        assert run_clients(seed, [client, client, client]) > 0
+
+
+def test_the_example_store_keeps_every_entry_of_two_clients():
+    for seed in range(12):
+        assert sorted(two_adds((), seed)) == ["a", "b"], f"seed {seed}"
+
+
+def test_the_unlocked_index_loses_an_entry_with_two_clients_and_never_with_one():
+    lost = [seed for seed in range(12) if sorted(two_adds(("unlocked_index",), seed)) != ["a", "b"]]
+    assert lost, "no seed interleaved the two adds' index updates"
+    assert sorted(two_adds(("unlocked_index",), lost[0])) != ["a", "b"]  # the seed replays it
+    store = activation_memory.ActivationMemory(bugs=("unlocked_index",))
+    for id in ("a", "b"):
+        store.add([{"id": id, "cache": kv.DynamicCache()}])
+    assert store.ids() == ["a", "b"]
+
+
+def _frame(message):
+    payload = json.dumps(message).encode()
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def _read_frame(stream):
+    size = int.from_bytes(stream.read(4), "big")
+    return json.loads(stream.read(size))
+
+
+def test_requests_in_flight_are_answered_by_their_ids():
+    import activation_memory_adapter
+    from kvcheck_adapter import protocol
+    from kvcheck_adapter.adapter import Server
+
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    server = Server(activation_memory_adapter.ActivationMemoryAdapter)
+    loop = threading.Thread(target=threads.serve_side_by_side,
+                            args=(protocol.Connection(requests_read, replies_write), server.handle, server._switch_out))
+    loop.start()
+    requests = os.fdopen(requests_write, "wb")
+    replies = os.fdopen(replies_read, "rb")
+    try:
+        requests.write(_frame({"op": "hello", "protocol": protocol.PROTOCOL_VERSION}))
+        requests.flush()
+        hello = _read_frame(replies)
+        assert hello["ok"] and hello["capabilities"]["thread_safe"] is True
+        # Each reply names its request: the error of an unknown operation
+        # quotes the operation's name.
+        count = 8
+        for rid in range(1, count + 1):
+            requests.write(_frame({"rid": rid, "op": f"no_such_op_{rid}"}))
+        requests.flush()
+        answered = {}
+        for _ in range(count):
+            reply = _read_frame(replies)
+            answered[reply["rid"]] = reply
+        assert sorted(answered) == list(range(1, count + 1))
+        for rid, reply in answered.items():
+            assert not reply["ok"] and f"'no_such_op_{rid}'" in reply["error"], reply
+        requests.write(_frame({"op": "shutdown"}))
+        requests.flush()
+        assert _read_frame(replies)["ok"]
+    finally:
+        requests.close()
+        loop.join(60)
+        replies.close()
+        os.close(replies_write)
+    assert not loop.is_alive()
