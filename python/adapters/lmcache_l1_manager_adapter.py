@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import weakref
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source tree
@@ -77,7 +78,8 @@ sys.path.insert(0, _HERE)
 
 # The CPU backend's adapter sets up LMCache's import chain (its placeholders,
 # one torch thread) and knows the KV_2LTD buffer's views.
-from lmcache_cpu_backend_adapter import HEAD_DIM, HEADS, LAYERS, VERSION, cache_of, layer_views  # noqa: E402
+from lmcache_cpu_backend_adapter import (  # noqa: E402
+    HEAD_DIM, HEADS, LAYERS, VERSION, cache_of, layer_views, memory_storage)
 
 import torch  # noqa: E402
 from lmcache.v1.distributed import l1_manager as lmcache_l1  # noqa: E402
@@ -153,6 +155,9 @@ class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
             memory_config=L1MemoryManagerConfig(size_in_bytes=POOL_BYTES, use_lazy=False, shm_name=""),
             read_ttl_seconds=read_ttl_seconds)
         self.manager = lmcache_l1.L1Manager(config)
+        # Its pool (32 MiB, touched at start) is freed with the adapter: a
+        # process runs many traces, each on a new adapter.
+        weakref.finalize(self, self.manager.close)
         self.ids = {}  # id -> its key, in the order they were stored
         self.views = {}  # id -> the cache viewing its resident memory object
 
@@ -273,10 +278,7 @@ class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
     def storage(self, cache):
         """A cache in LMCache's pool is made of its memory object (its
         address); any other of its own tensors' storages."""
-        memory_obj = getattr(cache, "memory_obj", None)
-        if memory_obj is None:
-            return super().storage(cache)
-        return [memory_obj.data_ptr]
+        return memory_storage(cache) or super().storage(cache)
 
 
 def main(argv=None) -> None:
