@@ -10,6 +10,14 @@ const std::vector<Adapter>& bundled() {
     static const std::vector<Adapter> adapters = [] {
         std::vector<Adapter> all = {{"reference", "the reference implementation", "bundled", {},
                                      [] { return std::shared_ptr<Engine>(std::make_shared<ReferenceEngine>()); }}};
+        all.push_back({"reference-leases",
+                       "the reference with read leases of 4 ms on kvcheck's virtual clock (docs/semantics.md#leases)",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<ReferenceEngine>();
+                           engine->enable_leases(ReferenceEngine::bundled_lease_ttl_ms);
+                           engine->rename("reference-leases");
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
         for (Adapter& mutant : mutant_adapters()) all.push_back(std::move(mutant));
         all.push_back({"paged-reference", "the paged reference: a block pool with a prefix index (and the reference store)",
                        "bundled", {}, [] {

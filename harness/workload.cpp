@@ -830,6 +830,28 @@ op::Trim draw(Drawing& d, op::Trim*) {
 // out by harness/lanes.cpp.
 op::SwitchLane draw(Drawing&, op::SwitchLane*) { return {}; }
 
+// kvcheck's clock: steps around the declared TTL, so that a lease's expiry
+// falls on a step often (a tick to exactly t + TTL, and one before it).
+op::Tick draw(Drawing& d, op::Tick*) {
+    const std::int64_t ttl = std::max<std::int64_t>(1, d.options.capabilities.lease_ttl_ms);
+    if (d.choose.one_in(3)) return {std::min(ttl, op::Tick::ms_max)};
+    return {std::min(d.choose.between(1, 2 * ttl), op::Tick::ms_max)};
+}
+
+// A read lease, then often what it must hold off: a delete or an overwrite
+// of the leased entry.
+op::Lease draw(Drawing& d, op::Lease*) {
+    std::string id = d.id();
+    if (d.enabled(kind<op::Delete>()) && d.choose.one_in(3)) {
+        d.follow_up = op::Delete{{id}};
+    } else if (d.enabled(kind<op::Add>()) && d.choose.one_in(3)) {
+        d.follow_up = add_of(d, id);
+    }
+    return {std::move(id)};
+}
+
+op::Unlease draw(Drawing& d, op::Unlease*) { return {d.id()}; }
+
 template <std::size_t K>
 Op draw_kind(Drawing& d) {
     using T = std::variant_alternative_t<K, Op>;

@@ -430,5 +430,62 @@ TEST(TrimExact, TrimmingTheEntryACopyCameFromIsStoredImmutables) {
     EXPECT_EQ(result.failure->property, "stored-immutable");
 }
 
+// ---- lease-respected (docs/semantics.md#leases) ----
+
+// Leases of 4 ms: a delete under a live lease refused, one at the expiry
+// done; an overwrite refused; two leases given back, a third refused; a
+// lease on nothing refused; an unlease after expiry refused.
+const char* const lease_trace =
+    "add a modern/f32/1:[kv2]\n"
+    "add b modern/f32/2:[kv2]\n"
+    "lease a\n"
+    "delete a b\n"
+    "add a modern/f32/3:[kv2]\n"
+    "tick ms=3\n"
+    "lease a\n"
+    "unlease a\n"
+    "unlease a\n"
+    "unlease a\n"
+    "lease b\n"
+    "lease c\n"
+    "tick ms=4\n"
+    "unlease b\n"
+    "delete a b\n";
+
+const Adapter& bundled(const char* name) {
+    const Adapter* adapter = adapters::find_bundled(name);
+    if (adapter == nullptr) throw std::logic_error(std::string("no bundled adapter ") + name);
+    return *adapter;
+}
+
+TEST(LeaseRespected, TheReferenceRefusesExactlyWhatALiveLeaseHoldsOff) {
+    const RunResult result = run_on(bundled("reference-leases"), parse_trace(lease_trace));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(lease_trace), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+}
+
+TEST(LeaseRespected, ADeleteUnderALiveLeaseIsCaughtAtTheDelete) {
+    const RunResult result = run_on(bundled("M38"), parse_trace(lease_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "lease-respected");
+    EXPECT_EQ(result.failure->step, 3u);
+    EXPECT_NE(result.failure->message.find("delete a b at t=0 ms was not refused: \"a\" holds 1 live lease(s), until t=4 ms"),
+              std::string::npos)
+        << result.failure->message;
+}
+
+TEST(LeaseRespected, ALeaseOutlivingItsTtlByATickIsCaughtAtItsExpiry) {
+    const Trace trace = parse_trace("add a modern/f32/1:[kv2]\nlease a\ntick ms=4\ndelete a\n");
+    EXPECT_FALSE(run_on(bundled("reference-leases"), trace).failure);
+    const RunResult result = run_on(bundled("M39"), trace);
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "lease-respected");
+    EXPECT_EQ(result.failure->step, 3u);
+    EXPECT_NE(result.failure->message.find("the lease on \"a\" expired at t=4 ms"), std::string::npos) << result.failure->message;
+    // A tick short of the expiry the delete is refused by both.
+    const Trace early = parse_trace("add a modern/f32/1:[kv2]\nlease a\ntick ms=3\ndelete a\n");
+    EXPECT_FALSE(run_on(bundled("M39"), early).failure);
+}
+
 }  // namespace
 }  // namespace kvcheck::props

@@ -112,6 +112,10 @@ TEST(PagedReference, PassesATenthOfTheBudget) { expect_passes_a_tenth_of_the_bud
 // block; nothing is a finding.
 TEST(PagedReferenceWindow, PassesATenthOfTheBudget) { expect_passes_a_tenth_of_the_budget("paged-reference-window"); }
 
+// The reference with read leases on kvcheck's clock (docs/semantics.md#leases):
+// the refusals a live lease makes are due, none after its expiry.
+TEST(ReferenceLeases, PassesATenthOfTheBudget) { expect_passes_a_tenth_of_the_budget("reference-leases"); }
+
 // The default schedule reads around each step only what the step can reach
 // (harness/run/schedule.cpp); it must find what reading every entry after every
 // step finds, on the same traces, under the same property, at the same

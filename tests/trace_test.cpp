@@ -80,6 +80,9 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::PagedRewind{3, 2, 1}, "paged_rewind seq=3 count=2 token=1"},
         {op::Trim{{2}, 3}, "trim h2 keep=3"},
         {op::SwitchLane{2}, "switch lane=2"},
+        {op::Tick{4}, "tick ms=4"},
+        {op::Lease{"a"}, "lease a"},
+        {op::Unlease{"b"}, "unlease b"},
     };
 }
 

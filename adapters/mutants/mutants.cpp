@@ -550,6 +550,33 @@ class M37 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 4;
 };
 
+// M38 (ours, issue 40): delete frees an entry under a live read lease
+// (LMCache's L1Manager.delete with force=True, or a store that never asks
+// is_key_evictable: the reader's memory object is freed under it).
+class M38 final : public ReferenceEngine {
+  public:
+    M38() { enable_leases(bundled_lease_ttl_ms); }
+
+  protected:
+    bool lease_live(const std::string& id, LeaseUse use) const override {
+        return use != LeaseUse::remove && ReferenceEngine::lease_live(id, use);
+    }
+};
+
+// M39 (ours, issue 40): a lease expires a tick late: it still holds an
+// entry at exactly its expiry (`now <= until` for `now < until`), so a
+// delete at t + TTL is refused.
+class M39 final : public ReferenceEngine {
+  public:
+    M39() { enable_leases(bundled_lease_ttl_ms); }
+
+  protected:
+    bool lease_live(const std::string& id, LeaseUse) const override {
+        const kv::Leases::Lease lease = leases_.lease(id);
+        return lease.count > 0 && leases_.now_ms() <= lease.until_ms;
+    }
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -847,6 +874,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
         mutant<M37>("M37", "a store of 4 items declaring lrs evicts the first inserted: an overwrite keeps its place",
                     {P::eviction_as_declared}),
+        mutant<M38>("M38", "delete frees an entry under a live read lease", {P::lease_respected}),
+        mutant<M39>("M39", "a read lease expires a tick late: a delete at its expiry is refused", {P::lease_respected}),
     };
 }
 

@@ -18,6 +18,7 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.metadata = true;
     capabilities.returned_caches = returned_caches_;
     capabilities.trim = true;
+    capabilities.lease_ttl_ms = leases_.ttl_ms();
     capabilities.owned_marker = owned_marker_;
     // A lock around the store, the handles and the model (hold): every call
     // may come from any thread.
@@ -44,6 +45,42 @@ void ReferenceEngine::set_capacity(std::size_t items, Eviction eviction) {
     }
     store_.set_capacity(items);
     eviction_ = eviction;
+}
+
+void ReferenceEngine::enable_leases(std::int64_t ttl_ms) {
+    if (ttl_ms <= 0) throw std::invalid_argument("a lease lives 1 ms or more, not " + std::to_string(ttl_ms));
+    leases_ = kv::Leases(ttl_ms);
+}
+
+bool ReferenceEngine::lease_live(const std::string& id, LeaseUse) const { return leases_.live(id); }
+
+void ReferenceEngine::refuse_leased(const std::vector<std::string>& ids, LeaseUse use, const char* what) const {
+    if (leases_.ttl_ms() == 0) return;
+    for (const std::string& id : ids) {
+        if (!lease_live(id, use)) continue;
+        const kv::Leases::Lease lease = leases_.lease(id);
+        throw std::runtime_error(std::string(what) + ": '" + id + "' holds " + std::to_string(lease.count) +
+                                 " live read lease(s) until t=" + std::to_string(lease.until_ms) + " ms");
+    }
+}
+
+// docs/semantics.md#leases: the clock is kvcheck's, never the wall clock.
+void ReferenceEngine::advance_clock(std::int64_t ms) {
+    const auto held = hold();
+    leases_.advance(ms);
+}
+
+void ReferenceEngine::lease(const std::string& id) {
+    const auto held = hold();
+    if (leases_.ttl_ms() == 0) throw std::logic_error("lease: leases are not enabled");
+    if (store_.find(id) == nullptr) throw std::out_of_range("lease: no stored entry '" + id + "'");
+    leases_.take(id);
+}
+
+void ReferenceEngine::unlease(const std::string& id) {
+    const auto held = hold();
+    if (!lease_live(id, LeaseUse::give_back)) throw std::runtime_error("unlease: '" + id + "' holds no live lease");
+    leases_.give_back(id);
 }
 
 void ReferenceEngine::handed_out(const std::string& id) {
@@ -95,13 +132,17 @@ std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePt
 
 void ReferenceEngine::add(const std::string& id, const CacheContent& content, const Metadata& metadata) {
     const auto held = hold();
+    refuse_leased({id}, LeaseUse::replace, "add");
     store_add(id, materialize(content), metadata);
+    leases_.forget(id);
 }
 
 void ReferenceEngine::add_handle(const std::string& id, Handle h) {
     const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("add_handle: handle holds no cache");
+    refuse_leased({id}, LeaseUse::replace, "add_handle");
+    leases_.forget(id);
     // Storing a handed-out cache is the caller giving it to the store: the
     // store takes the object itself, as the Python store does, and clears
     // its owned marker.
@@ -141,14 +182,20 @@ void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out)
 
 void ReferenceEngine::remove(const std::vector<std::string>& ids) {
     const auto held = hold();
+    refuse_leased(ids, LeaseUse::remove, "delete");
     store_.remove(ids);
-    for (const std::string& id : ids) versions_.forget(id);
+    for (const std::string& id : ids) {
+        versions_.forget(id);
+        leases_.forget(id);
+    }
 }
 
 void ReferenceEngine::remove_all() {
     const auto held = hold();
+    refuse_leased(stored_ids(), LeaseUse::remove, "delete_all");
     store_.remove_all();
     versions_.clear();
+    leases_.forget_all();
 }
 
 void ReferenceEngine::dump(const std::string& dir) {
@@ -168,7 +215,9 @@ void ReferenceEngine::dump_interrupted(const std::string& dir, std::int64_t byte
 
 LoadResult ReferenceEngine::load(const std::string& dir) {
     const auto held = hold();
+    refuse_leased(stored_ids(), LeaseUse::remove, "load");
     versions_.clear();
+    leases_.forget_all();
     try {
         store_.load(dir, file_system());
         return {true, {}};
@@ -242,7 +291,9 @@ kv::CachePtr ReferenceEngine::extracted(const std::vector<std::int64_t>& prompt)
 // nothing else holds it.
 void ReferenceEngine::extract(const std::string& id, const std::vector<std::int64_t>& prompt) {
     const auto held = hold();
+    refuse_leased({id}, LeaseUse::replace, "extract");
     store_add(id, extracted(prompt), {});
+    leases_.forget(id);
 }
 
 CacheView ReferenceEngine::fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "kv/generation.h"
+#include "kv/leases.h"
 #include "kv/models.h"
 #include "kv/store.h"
 #include "kvcheck/engine.h"
@@ -54,6 +55,14 @@ class ReferenceEngine : public Engine {
     // get_by_ids, get_cache): it evicts the least recently stored, and
     // declares lrs.
     void set_capacity(std::size_t items, Eviction eviction = Eviction::lru);
+    // Gives it read leases that live `ttl_ms` of kvcheck's virtual clock
+    // (kv::Leases; docs/semantics.md#leases), and declares them
+    // (Capabilities::lease_ttl_ms): while an entry holds a live lease, add,
+    // add_handle, extract, remove, remove_all and load refuse whole (throw).
+    void enable_leases(std::int64_t ttl_ms);
+    // The TTL of the bundled reference-leases and its mutants: short, so
+    // that traces of a few ticks reach every expiry.
+    static constexpr std::int64_t bundled_lease_ttl_ms = 4;
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -85,6 +94,9 @@ class ReferenceEngine : public Engine {
     void from_legacy(Handle source, Handle out) override;
     void release(Handle handle) override;
     void trim(Handle handle, std::int64_t keep) override;
+    void advance_clock(std::int64_t ms) override;
+    void lease(const std::string& id) override;
+    void unlease(const std::string& id) override;
 
     std::vector<std::string> stored_ids() override;
     CacheView view_entry(const std::string& id) override;
@@ -108,6 +120,11 @@ class ReferenceEngine : public Engine {
     virtual void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata);
     virtual void store_dump(const std::string& dir, kv::FileSystem& fs);
     virtual kv::CachePtr convert_from_legacy(const kv::Cache& cache);
+    // Whether `id` holds a live lease, asked before a call removes it
+    // (remove, remove_all, load), replaces it (add, add_handle, extract) or
+    // gives a lease on it back (unlease).
+    enum class LeaseUse : std::uint8_t { remove, replace, give_back };
+    virtual bool lease_live(const std::string& id, LeaseUse use) const;
     // The file system dumps and loads go through.
     virtual kv::FileSystem& file_system() { return kv::posix_file_system(); }
     virtual std::vector<std::int64_t> run_generation(const kv::ConstCachePtr& past,
@@ -140,10 +157,13 @@ class ReferenceEngine : public Engine {
 
     std::shared_ptr<kv::Copier> copier_;
     kv::Store store_;
+    kv::Leases leases_;  // ttl 0: no leases (enable_leases)
     kv::models::Decoder model_;
 
   private:
     void handed_out(const std::string& id);  // a use of `id` under lru eviction
+    // Throws, naming the lease, when one of `ids` holds a live lease.
+    void refuse_leased(const std::vector<std::string>& ids, LeaseUse use, const char* what) const;
     std::string name_ = "reference";
     bool owned_marker_ = true;  // reported (drop_owned_marker)
     bool returned_caches_ = true;  // claimed (drop_returned_caches)

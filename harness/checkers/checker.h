@@ -28,6 +28,10 @@
 //               what its declared policy evicts, right after the operation;
 //   Trimmed     a cache the caller owns was trimmed in place (trim), right
 //               after the operation;
+//   Leased      with leases declared: a tick, lease or unlease, or an
+//               operation that would remove or replace an entry holding a
+//               lease (live or expired): whether the engine refused it and
+//               whether it had to, right after the operation;
 //   Paged       a paged operation ran (the paged family, kvcheck/paged.h):
 //               the pool as the engine reported it before and after.
 // What each property asserts: docs/semantics.md#properties.
@@ -117,6 +121,18 @@ struct Trimmed {
     ObjectId object = 0;
     std::int64_t keep = 0;
     std::int64_t tokens_before = 0;  // the most tokens a slot held before the cut
+};
+
+// A call judged by its leases (docs/semantics.md#leases): whether the
+// engine refused it (`refused`: its error) against whether it had to
+// (`refusal_due`), `why` saying which lease on which entry, on kvcheck's
+// virtual clock at `now_ms`.
+struct Leased {
+    std::string what;
+    std::int64_t now_ms = 0;
+    bool refusal_due = false;
+    std::string why;
+    std::optional<std::string> refused;
 };
 
 // The copies an operation logged (Engine::take_copies, read right after
@@ -325,6 +341,7 @@ class Checker {
     virtual void handle(const HandleFact&, Probe&) {}
     virtual void paged(const Paged&, Probe&) {}
     virtual void trimmed(const Trimmed&, Probe&) {}
+    virtual void leased(const Leased&, Probe&) {}
     virtual void evicted(const Evicted&, Probe&) {}
     // Every operation run (not skipped), after its facts: a checker that
     // follows the trace itself (linearizable, which groups calls into

@@ -712,6 +712,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", "the adapter does not claim trim (Capabilities::trim): no trim is drawn");
             return;
         }
+        if (property == Property::lease_respected) {
+            out.send("skipped", "the adapter declares no leases (Capabilities::lease_ttl_ms): no lease is drawn");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

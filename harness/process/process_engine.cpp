@@ -231,6 +231,11 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     void trim(Handle handle, std::int64_t keep) override {
         operation(Request("trim").field("handle", handle).field("keep", keep));
     }
+    // With lease_ttl_ms (docs/protocol.md, "Leases"): the adapter's clock
+    // is kvcheck's, moved only by advance_clock.
+    void advance_clock(std::int64_t ms) override { operation(Request("advance_clock").field("ms", ms)); }
+    void lease(const std::string& id) override { operation(Request("lease").field("id", id)); }
+    void unlease(const std::string& id) override { operation(Request("unlease").field("id", id)); }
 
     // ---- the reads after a step ----
 

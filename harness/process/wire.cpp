@@ -317,6 +317,11 @@ Capabilities read_capabilities(const Json& flags) {
             capabilities.paged_free_order = in_member("paged_free_order", [&] { return parse_free_order(value.as_string()); });
             continue;
         }
+        // Read leases (docs/protocol.md, "Leases"): their TTL in ms of kvcheck's clock.
+        if (name == "lease_ttl_ms") {
+            capabilities.lease_ttl_ms = in_member("lease_ttl_ms", [&] { return value.as_int(); });
+            continue;
+        }
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
@@ -326,7 +331,7 @@ Capabilities read_capabilities(const Json& flags) {
         if (!found) {
             std::string names;
             for (const auto& entry : known) names += std::string(names.empty() ? "" : ", ") + entry.first;
-            names += ", paged_free_order";
+            names += ", paged_free_order, lease_ttl_ms";
             throw ProtocolError("unknown capability '" + name + "' (known: " + names + ")");
         }
     }

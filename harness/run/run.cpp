@@ -172,6 +172,8 @@ std::string Run::answer_of(const Op& operation, const Fact& fact, const std::vec
                 text = paged_answer(f);
             } else if constexpr (std::is_same_v<F, checkers::Trimmed>) {
                 text += ": " + handle_answer(f.handle);
+            } else if constexpr (std::is_same_v<F, checkers::Leased>) {
+                text += f.refused ? ": refused" : ": done";
             }
         },
         fact);
@@ -292,6 +294,7 @@ void Run::deliver(const Fact& fact) {
                 if constexpr (std::is_same_v<F, checkers::GotAll>) checker->got_all(f, *this);
                 if constexpr (std::is_same_v<F, checkers::Paged>) checker->paged(f, *this);
                 if constexpr (std::is_same_v<F, checkers::Trimmed>) checker->trimmed(f, *this);
+                if constexpr (std::is_same_v<F, checkers::Leased>) checker->leased(f, *this);
             }
         },
         fact);

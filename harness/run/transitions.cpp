@@ -844,6 +844,7 @@ std::optional<Fact> Transitions::apply(const Op& operation) {
     copies_ = checkers::Copies{};
     evicted_.reset();
     copies_.what = op_name(operation);  // an operation that copies nothing
+    if (lease_ttl_ms() > 0) return apply_under_leases(operation);
     return std::visit([this](const auto& op) { return apply(op); }, operation);
 }
 

@@ -26,7 +26,8 @@
 namespace kvcheck {
 
 using Fact = std::variant<std::monostate, checkers::Made, checkers::Generated, checkers::Loaded, checkers::GotByIds,
-                          checkers::GotAll, checkers::DumpKilled, checkers::Paged, checkers::Trimmed>;
+                          checkers::GotAll, checkers::DumpKilled, checkers::Paged, checkers::Trimmed,
+                          checkers::Leased>;
 
 class Transitions {
   public:
@@ -108,6 +109,23 @@ class Transitions {
     std::map<std::int64_t, PagedSequence> paged_sequences_;
     template <typename Call>
     std::optional<Fact> run_paged(checkers::Paged fact, bool may_refuse, Call&& call);
+    // Read leases (run/lease_transitions.cpp, docs/semantics.md#leases):
+    // kvcheck's virtual clock, and per stored id the leases it holds (as
+    // LMCache's TTLLock: a count, and one expiry every lease moves to now +
+    // TTL). A record of an entry that left the store is let go; an expired
+    // one is kept (it names the expiry a refusal ignored).
+    struct LeaseRecord {
+        std::int64_t count = 0;
+        std::int64_t until_ms = 0;
+        bool live(std::int64_t now_ms) const { return count > 0 && now_ms < until_ms; }
+    };
+    std::int64_t clock_ms_ = 0;
+    std::map<std::string, LeaseRecord> leases_;
+    // With leases declared: the operation run as any is, then judged by
+    // the leases on the entries it would remove or replace.
+    std::optional<Fact> apply_under_leases(const Op& operation);
+    std::vector<std::string> replaced_ids(const Op& operation) const;
+    std::int64_t lease_ttl_ms() const { return readings_.capabilities().lease_ttl_ms; }
 };
 
 // The paged transitions (run/paged_transitions.cpp).
@@ -124,5 +142,9 @@ template <> std::optional<Fact> Transitions::apply(const op::PagedExport& op);
 template <> std::optional<Fact> Transitions::apply(const op::PagedRewind& op);
 // A context switch between clients (run/lane_transitions.cpp).
 template <> std::optional<Fact> Transitions::apply(const op::SwitchLane& op);
+// kvcheck's clock and read leases (run/lease_transitions.cpp).
+template <> std::optional<Fact> Transitions::apply(const op::Tick& op);
+template <> std::optional<Fact> Transitions::apply(const op::Lease& op);
+template <> std::optional<Fact> Transitions::apply(const op::Unlease& op);
 
 }  // namespace kvcheck

@@ -209,6 +209,33 @@ def test_capabilities_follow_the_methods_an_engine_implements():
     assert flags["owned_marker"] is True  # kvcheck reads the engine's marker unless it says it has none
 
 
+def test_read_leases_are_declared_with_their_ttl_and_methods():
+    # docs/protocol.md 7c: lease_ttl_ms, the one numeric capability; declared
+    # without advance_clock, lease and unlease it is refused, naming them.
+    class Leasing(Adapter):
+        lease_ttl_ms = 1000
+
+        def advance_clock(self, ms):
+            pass
+
+        def lease(self, id):
+            pass
+
+        def unlease(self, id):
+            pass
+
+    class Unleasing(Adapter):
+        lease_ttl_ms = 1000
+
+    assert capabilities_of(Leasing())["lease_ttl_ms"] == 1000
+    assert "lease_ttl_ms" not in capabilities_of(Adapter())
+    with pytest.raises(ValueError, match="does not implement advance_clock, lease, unlease"):
+        capabilities_of(Unleasing())
+    Leasing.lease_ttl_ms = 0
+    with pytest.raises(ValueError, match="a lease lives 1 ms or more"):
+        capabilities_of(Leasing())
+
+
 def test_an_engine_without_a_copy_log_is_not_tracked():
     # Capability copy_log false (an engine whose caches are not torch
     # tensors, as mlx-lm's): the SDK's copy tracker never reads its caches,

@@ -144,6 +144,13 @@ def point_at(cache, memory_obj) -> None:
     cache.memory_obj = memory_obj
 
 
+def memory_storage(cache):
+    """The storage of a cache viewing an LMCache memory object: the object
+    (its address in LMCache's memory); None for any other cache."""
+    memory_obj = getattr(cache, "memory_obj", None)
+    return None if memory_obj is None else [memory_obj.data_ptr]
+
+
 def cache_of(memory_obj) -> kv.DynamicCache:
     """An SDK cache whose every slot is a view of the memory object's buffer."""
     cache = kv.DynamicCache()
@@ -334,10 +341,7 @@ class LMCacheCpuBackendAdapter(DecoderCalls, Adapter):
     def storage(self, cache):
         """A cache in LMCache's buffer is made of its memory object (its
         address in the buffer); any other of its own tensors' storages."""
-        memory_obj = getattr(cache, "memory_obj", None)
-        if memory_obj is None:
-            return super().storage(cache)
-        return [memory_obj.data_ptr]
+        return memory_storage(cache) or super().storage(cache)
 
 
 def main(argv=None) -> None:

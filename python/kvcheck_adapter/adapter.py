@@ -112,6 +112,11 @@ class Adapter:
     capacity_bytes: Optional[int] = None
     eviction: Optional[str] = None
     listing: str = "insertion"
+    #: Read leases (docs/semantics.md, "Leases"; docs/protocol.md, "Leases"):
+    #: how many ms of kvcheck's virtual clock a lease lives, or None (no
+    #: leases). Declared, the engine implements advance_clock, lease and
+    #: unlease, and reads no clock but the one advance_clock moves.
+    lease_ttl_ms: Optional[int] = None
     #: Why this engine's dump cannot run in a copy of its process (a fork),
     #: or None. dump-safe kills and power-cuts a dump in such a copy
     #: (docs/protocol.md section 10a); an engine whose library hangs or
@@ -264,6 +269,28 @@ class Adapter:
         cache the model made: `feed` of the tokens kept)."""
         raise NotImplementedError(f"{type(self).__name__}.trim")
 
+    # optional: read leases on kvcheck's clock (lease_ttl_ms; docs/semantics.md,
+    # leases). All three with lease_ttl_ms.
+
+    def advance_clock(self, ms: int) -> None:
+        """kvcheck's virtual clock moves `ms` milliseconds forward (it starts
+        at 0). The engine's leases expire by this clock only, never the wall
+        clock: a lease taken at t lives while the clock is below t + TTL."""
+        raise NotImplementedError(f"{type(self).__name__}.advance_clock")
+
+    def lease(self, id: str) -> None:
+        """A read lease on the entry stored under `id` (LMCache's
+        reserve_read): its count goes up by one and its expiry moves to now +
+        TTL. Raises when nothing is stored under `id`. While it is live, add,
+        delete, delete_all and load of the entry raise and change nothing."""
+        raise NotImplementedError(f"{type(self).__name__}.lease")
+
+    def unlease(self, id: str) -> None:
+        """Gives one live lease on `id` back (LMCache's finish_read). Raises,
+        changing nothing, when `id` holds no live lease (none, all given
+        back, or expired)."""
+        raise NotImplementedError(f"{type(self).__name__}.unlease")
+
     # ---- caches ------------------------------------------------------------------------------
 
     def make_cache(self, content) -> Cache:
@@ -385,6 +412,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "thread_safe": bool(engine.thread_safe),
     }
     flags.update(_paged_flags(engine))
+    flags.update(_lease_flags(engine))
     flags.update(engine.capabilities)
     if not flags["dump"]:
         flags["dump_crash"] = False
@@ -417,6 +445,19 @@ def _paged_flags(engine: Adapter) -> Dict[str, Any]:
     if engine.free_order is not None:
         flags["paged_free_order"] = engine.free_order
     return flags
+
+
+def _lease_flags(engine: Adapter) -> Dict[str, Any]:
+    """lease_ttl_ms, when declared, with the methods it needs."""
+    ttl = engine.lease_ttl_ms
+    if ttl is None:
+        return {}
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+        raise ValueError(f"{type(engine).__name__}.lease_ttl_ms is {ttl!r}: a lease lives 1 ms or more (None: no leases)")
+    missing = [m for m in ("advance_clock", "lease", "unlease") if not _overrides(engine, m)]
+    if missing:
+        raise ValueError(f"{type(engine).__name__} declares lease_ttl_ms but does not implement {', '.join(missing)}")
+    return {"lease_ttl_ms": ttl}
 
 
 class RequestError(ValueError):
@@ -680,6 +721,21 @@ class Server:
         s = self._session
         ids = _field(request, "ids", list)
         return self._operation(lambda: s.engine.delete(list(ids)), ids=ids)
+
+    def _op_advance_clock(self, request):
+        s = self._session
+        ms = _field(request, "ms", int)
+        return self._operation(lambda: s.engine.advance_clock(ms))
+
+    def _op_lease(self, request):
+        s = self._session
+        id = _field(request, "id", str)
+        return self._operation(lambda: s.engine.lease(id), ids=[id])
+
+    def _op_unlease(self, request):
+        s = self._session
+        id = _field(request, "id", str)
+        return self._operation(lambda: s.engine.unlease(id), ids=[id])
 
     def _op_remove_all(self, request):
         s = self._session

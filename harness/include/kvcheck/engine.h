@@ -157,6 +157,10 @@ struct Capabilities {
     // trim (docs/semantics.md#trimming): a cache the caller owns can be cut
     // to its first tokens in place. Off unless an engine claims it.
     bool trim = false;
+    // Read leases with expiry (docs/semantics.md#leases): the TTL in
+    // milliseconds of kvcheck's virtual clock that a lease lives for
+    // (Engine::advance_clock, lease, unlease); 0: no leases, the default.
+    std::int64_t lease_ttl_ms = 0;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.
@@ -285,6 +289,22 @@ class Engine {
     virtual void trim(Handle /*handle*/, std::int64_t /*keep*/) {
         throw std::logic_error("trim: not supported by this engine");
     }
+
+    // ---- kvcheck's clock and read leases (docs/semantics.md#leases) ----
+    // With Capabilities::lease_ttl_ms > 0; the defaults throw. The engine's
+    // clock starts at 0 and moves only by advance_clock: a lease taken at t
+    // is live while the clock is below t + lease_ttl_ms (each lease on an
+    // entry moves its expiry to now + TTL, as LMCache's TTLLock does).
+    // While an entry holds a live lease, every call that would remove or
+    // replace it (add, add_handle, extract, remove, remove_all, load) throws
+    // and changes nothing.
+    virtual void advance_clock(std::int64_t /*ms*/) {
+        throw std::logic_error("advance_clock: not supported by this engine");
+    }
+    // Throws when nothing is stored under `id`.
+    virtual void lease(const std::string& /*id*/) { throw std::logic_error("lease: not supported by this engine"); }
+    // Gives one lease back; throws when `id` holds no live lease.
+    virtual void unlease(const std::string& /*id*/) { throw std::logic_error("unlease: not supported by this engine"); }
 
     // ---- cache-level ----
     virtual void make(const CacheContent& content, Handle out) = 0;  // not stored, not owned

@@ -85,6 +85,7 @@ enum Needs : std::uint16_t {
     needs_paged_import = 1 << 8, // Capabilities::paged_import
     needs_paged_rewind = 1 << 9, // Capabilities::paged_rewind
     needs_trim = 1 << 10,        // Capabilities::trim
+    needs_leases = 1 << 11,      // Capabilities::lease_ttl_ms > 0
 };
 
 namespace op {
@@ -559,6 +560,49 @@ struct SwitchLane {
     bool well_formed() const { return lane >= 0 && lane < lanes_max; }
 };
 
+// ---- kvcheck's clock and read leases (docs/semantics.md#leases) ----
+// Drawn only for an engine that declares leases (Capabilities::lease_ttl_ms):
+// their expiry reads kvcheck's virtual clock, never the wall clock, so a
+// verdict does not depend on load. After SwitchLane in the variant (the
+// kinds before keep their indices).
+// The virtual clock advances `ms` milliseconds (Engine::advance_clock).
+struct Tick {
+    static constexpr const char* name = "tick";
+    static constexpr std::array<const char*, 1> fields{"ms"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_leases;
+    static constexpr std::size_t list_min = 0;
+    static constexpr std::int64_t ms_max = 1000 * 1000;
+    std::int64_t ms = 1;
+    bool well_formed() const { return ms >= 1 && ms <= ms_max; }
+};
+// A read lease on the stored entry `id` (LMCache's L1Manager.reserve_read):
+// live for the declared TTL from now; while live the entry is not removed
+// or replaced. Refused when nothing is stored under `id`.
+struct Lease {
+    static constexpr const char* name = "lease";
+    static constexpr std::array<const char*, 1> fields{"id"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_leases;
+    static constexpr std::size_t list_min = 0;
+    std::string id;
+    bool well_formed() const { return true; }
+};
+// One read lease on `id` given back (LMCache's finish_read). Refused when
+// `id` holds no live lease (none taken, all given back, or expired).
+struct Unlease {
+    static constexpr const char* name = "unlease";
+    static constexpr std::array<const char*, 1> fields{"id"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_leases;
+    static constexpr std::size_t list_min = 0;
+    std::string id;
+    bool well_formed() const { return true; }
+};
+
 }  // namespace op
 
 using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAll, op::GetCache,
@@ -573,7 +617,9 @@ using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAl
                         // trimming (after the paged family: the kinds before keep their indices)
                         op::Trim,
                         // concurrent clients
-                        op::SwitchLane>;
+                        op::SwitchLane,
+                        // kvcheck's clock and read leases (after SwitchLane: the kinds before keep their indices)
+                        op::Tick, op::Lease, op::Unlease>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;
