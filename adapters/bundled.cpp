@@ -10,6 +10,14 @@ const std::vector<Adapter>& bundled() {
     static const std::vector<Adapter> adapters = [] {
         std::vector<Adapter> all = {{"reference", "the reference implementation", "bundled", {},
                                      [] { return std::shared_ptr<Engine>(std::make_shared<ReferenceEngine>()); }}};
+        all.push_back({"reference-window",
+                       "the reference over a model of attention window 4: it stores and hands out the last 4 tokens of every cache",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<ReferenceEngine>();
+                           engine->rename("reference-window");
+                           engine->set_window(reference_window);
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
         for (Adapter& mutant : mutant_adapters()) all.push_back(std::move(mutant));
         all.push_back({"paged-reference", "the paged reference: a block pool with a prefix index (and the reference store)",
                        "bundled", {}, [] {

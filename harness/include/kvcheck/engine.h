@@ -157,6 +157,11 @@ struct Capabilities {
     // trim (docs/semantics.md#trimming): a cache the caller owns can be cut
     // to its first tokens in place. Off unless an engine claims it.
     bool trim = false;
+    // docs/semantics.md#store-windows: the engine's model attends over its
+    // last `window` tokens, and of every cache it holds or hands out only
+    // those count: views show each slot's last `window` tokens, a trim is
+    // asked only of a cache that never held `window`. 0: no window.
+    std::int64_t window = 0;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.
