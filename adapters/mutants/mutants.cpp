@@ -552,14 +552,14 @@ class M37 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 4;
 };
 
-// M38 (ours, issue 40): a windowed store (the reference over a model of
+// M40 (ours, issue 40): a windowed store (the reference over a model of
 // window 4, as reference-window) that keeps the last 5 tokens of what it
 // stores: one past its window, as a rotating buffer whose size forgot the
 // slot the next token is written into (docs/semantics.md#store-windows).
 // No later token reads the extra one: generation is unchanged.
-class M38 final : public ReferenceEngine {
+class M40 final : public ReferenceEngine {
   public:
-    M38() { set_window(reference_window); }
+    M40() { set_window(reference_window); }
 
   protected:
     void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
@@ -568,13 +568,13 @@ class M38 final : public ReferenceEngine {
     }
 };
 
-// M39 (ours, issue 40): the same windowed store, whose cut forgets the
+// M41 (ours, issue 40): the same windowed store, whose cut forgets the
 // positions it moved on (Cache::dropped): a generation from what it stored
 // numbers its tokens from the tokens held, as a rotating buffer whose
 // offset counts its slots instead of the tokens it was fed.
-class M39 final : public ReferenceEngine {
+class M41 final : public ReferenceEngine {
   public:
-    M39() { set_window(reference_window); }
+    M41() { set_window(reference_window); }
 
   protected:
     void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
@@ -880,8 +880,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
         mutant<M37>("M37", "a store of 4 items declaring lrs evicts the first inserted: an overwrite keeps its place",
                     {P::eviction_as_declared}),
-        mutant<M38>("M38", "a store of window 4 keeps the last 5 tokens of what it stores", {P::stored_immutable}),
-        mutant<M39>("M39", "a store of window 4 forgets the positions its cut moved on", {P::generation_equivalent}),
+        mutant<M40>("M40", "a store of window 4 keeps the last 5 tokens of what it stores", {P::stored_immutable}),
+        mutant<M41>("M41", "a store of window 4 forgets the positions its cut moved on", {P::generation_equivalent}),
     };
 }
 

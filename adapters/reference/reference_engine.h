@@ -28,7 +28,7 @@
 namespace kvcheck::adapters {
 
 // The window of the bundled reference-window (adapters/bundled.cpp) and its
-// mutant M38: small enough that most traces' caches pass it.
+// mutant M40: small enough that most traces' caches pass it.
 inline constexpr std::int64_t reference_window = 4;
 
 class ReferenceEngine : public Engine {
