@@ -18,6 +18,14 @@ const std::vector<Adapter>& bundled() {
                            engine->rename("reference-leases");
                            return std::shared_ptr<Engine>(std::move(engine));
                        }});
+        all.push_back({"reference-window",
+                       "the reference over a model of attention window 4: it stores and hands out the last 4 tokens of every cache",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<ReferenceEngine>();
+                           engine->rename("reference-window");
+                           engine->set_window(reference_window);
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
         for (Adapter& mutant : mutant_adapters()) all.push_back(std::move(mutant));
         all.push_back({"paged-reference", "the paged reference: a block pool with a prefix index (and the reference store)",
                        "bundled", {}, [] {

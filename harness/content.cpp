@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace kvcheck {
@@ -206,7 +208,7 @@ void fill_segment_head(const Segment& segment, std::int64_t head, std::int64_t h
     indices.resize(count);
     std::size_t at = 0;
     for (std::int64_t t = 0; t < segment.tokens; ++t) {
-        for (std::int64_t d = 0; d < head_dim; ++d) indices[at++] = element_index(head, t, d);
+        for (std::int64_t d = 0; d < head_dim; ++d) indices[at++] = element_index(head, segment.first + t, d);
     }
     std::size_t done = 0;
 #ifdef KVCHECK_SLOT_VALUES_AVX512
@@ -567,6 +569,29 @@ CacheContent expected_trim(const CacheContent& content, std::int64_t keep) {
         }
     }
     return trimmed;
+}
+
+CacheContent expected_window(const CacheContent& content, std::int64_t window) {
+    if (window < 1) throw std::invalid_argument("expected_window: the window must be at least 1, got " + std::to_string(window));
+    CacheContent windowed = content;
+    for (LayerContent& layer : windowed.layers) {
+        for (SlotContent& slot : layer.slots) {
+            // Drop tokens from the front, segment by segment: a segment cut
+            // inside keeps its last tokens, counted on from where it was cut.
+            std::int64_t drop = std::max<std::int64_t>(0, slot.tokens() - window);
+            std::vector<Segment> kept;
+            for (Segment segment : slot.segments) {
+                const std::int64_t dropped = std::min(segment.tokens, drop);
+                drop -= dropped;
+                if (dropped == segment.tokens && segment.tokens > 0) continue;
+                segment.first += dropped;
+                segment.tokens -= dropped;
+                kept.push_back(segment);
+            }
+            slot.segments = std::move(kept);
+        }
+    }
+    return windowed;
 }
 
 CacheContent expected_from_legacy(const CacheContent& content) {

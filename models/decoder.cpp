@@ -336,7 +336,9 @@ std::int64_t Decoder::run(const std::vector<std::int64_t>& tokens, Cache& cache,
     const std::int64_t width = heads.width();
     const std::int64_t layer_count = std::max(config_.layer_count, cache.layer_count());
     const Weights& model = weights_for(heads.count, heads.dims, layer_count);
-    std::vector<float> x = embed_rows(model, heads.count, heads.dims, tokens, cache.get_seq_length(0), extra);
+    // A window's cut (Cache::dropped) keeps the positions of what is left.
+    std::vector<float> x =
+        embed_rows(model, heads.count, heads.dims, tokens, cache.get_seq_length(0) + cache.dropped(), extra);
     std::vector<float> qkv(at_index(count * 3 * width));
     std::vector<float> attended(at_index(count * width));
     std::vector<float> product(at_index(width));

@@ -108,6 +108,38 @@ TEST(ViewDigest, TheReferencesIsItsViews) {
     }));
 }
 
+// docs/semantics.md#store-windows: what a windowed engine shows of a cache
+// (expected_window: each slot's last W tokens, segments cut inside) is what
+// the reference's cut keeps (kv::keep_window), for any cache, a merge of
+// two (whose slots are two segments) included.
+TEST(ViewDigest, AWindowShowsWhatTheReferencesCutKeeps) {
+    EXPECT_TRUE(rc::check("any cache, a merge of two, any window", [] {
+        const CacheSpec spec = any_spec();
+        const CacheContent first = expand(spec);
+        CacheSpec other_spec = any_spec(spec.dtype);
+        other_spec.layout = spec.layout;
+        other_spec.heads = spec.heads;
+        other_spec.head_dim = spec.head_dim;
+        const CacheContent second = expand(other_spec);
+        const auto window = *rc::gen::inRange<std::int64_t>(1, 40);
+        adapters::ReferenceEngine engine;
+        engine.set_window(window);
+        engine.make(first, 1);
+        engine.make(second, 2);
+        engine.add("a", first, {});
+        RC_ASSERT(engine.handle_digest(1) == expected_digest(expected_window(first, window)));
+        RC_ASSERT(engine.entry_digest("a") == expected_digest(expected_window(first, window)));
+        RC_ASSERT(view_difference(engine.view_entry("a"), expected_view(expected_window(first, window))).empty());
+        if (!merged_geometry_ok({first, second}) || dtypes_mixed({first, second})) return;
+        engine.concat({1, 2}, 3);
+        const CacheContent merged = expected_window(expected_concat({expected_window(first, window),
+                                                                     expected_window(second, window)}), window);
+        RC_ASSERT(engine.handle_digest(3) == expected_digest(merged));
+        // A window of the whole merge shows the same: the parts' cuts lose nothing it shows.
+        RC_ASSERT(expected_digest(merged) == expected_digest(expected_window(expected_concat({first, second}), window)));
+    }));
+}
+
 // The auditor makes an object's expected view and digest when a check first
 // asks for them: a run that checks no content (the benchmarks' unchecked
 // one) must not pay for them. A copy takes its source's digest when made.

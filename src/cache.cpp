@@ -332,6 +332,7 @@ CachePtr clone(const Cache& source) {
     }
     copy_pending(pending);
     copy->set_owned(true);
+    copy->set_dropped(source.dropped());
     return copy;
 }
 
@@ -409,6 +410,9 @@ CachePtr concat(const std::vector<ConstCachePtr>& parts) {
     }
     // A single part with one layer is cat of one tensor: still a new tensor.
     merged->set_owned(true);
+    std::int64_t dropped = 0;
+    for (const ConstCachePtr& part : parts) dropped += part->dropped();
+    merged->set_dropped(dropped);
     return merged;
 }
 
@@ -423,7 +427,9 @@ CachePtr to_legacy(const Cache& cache) {
         keys->push_back(k.defined() ? k : empty_slot(options));
         values->push_back(v.defined() ? v : empty_slot(options));
     }
-    return Cache::from_slots(std::move(keys), std::move(values));
+    CachePtr legacy = Cache::from_slots(std::move(keys), std::move(values));
+    legacy->set_dropped(cache.dropped());
+    return legacy;
 }
 
 namespace {
@@ -459,7 +465,9 @@ CachePtr from_legacy(const Cache& cache) {
         layer->is_initialized = true;
         layers->push_back(std::move(layer));
     }
-    return Cache::from_layers(std::move(layers));
+    CachePtr modern = Cache::from_layers(std::move(layers));
+    modern->set_dropped(cache.dropped());
+    return modern;
 }
 
 Footprint footprint(const Cache& cache) {

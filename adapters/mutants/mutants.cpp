@@ -9,6 +9,8 @@
 #include "reference/cache_views.h"
 #include "reference/reference_engine.h"
 
+#include "kv/window.h"
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 
@@ -577,6 +579,37 @@ class M39 final : public ReferenceEngine {
     }
 };
 
+// M40 (ours, issue 40): a windowed store (the reference over a model of
+// window 4, as reference-window) that keeps the last 5 tokens of what it
+// stores: one past its window, as a rotating buffer whose size forgot the
+// slot the next token is written into (docs/semantics.md#store-windows).
+// No later token reads the extra one: generation is unchanged.
+class M40 final : public ReferenceEngine {
+  public:
+    M40() { set_window(reference_window); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        kv::keep_window(*cache, window() + 1);
+        store_.add({{id, cache, metadata}});
+    }
+};
+
+// M41 (ours, issue 40): the same windowed store, whose cut forgets the
+// positions it moved on (Cache::dropped): a generation from what it stored
+// numbers its tokens from the tokens held, as a rotating buffer whose
+// offset counts its slots instead of the tokens it was fed.
+class M41 final : public ReferenceEngine {
+  public:
+    M41() { set_window(reference_window); }
+
+  protected:
+    void store_add(const std::string& id, const CachePtr& cache, const Metadata& metadata) override {
+        ReferenceEngine::store_add(id, cache, metadata);
+        cache->set_dropped(0);
+    }
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -876,6 +909,8 @@ std::vector<Adapter> mutant_adapters() {
                     {P::eviction_as_declared}),
         mutant<M38>("M38", "delete frees an entry under a live read lease", {P::lease_respected}),
         mutant<M39>("M39", "a read lease expires a tick late: a delete at its expiry is refused", {P::lease_respected}),
+        mutant<M40>("M40", "a store of window 4 keeps the last 5 tokens of what it stores", {P::stored_immutable}),
+        mutant<M41>("M41", "a store of window 4 forgets the positions its cut moved on", {P::generation_equivalent}),
     };
 }
 

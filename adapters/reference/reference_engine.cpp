@@ -3,6 +3,8 @@
 #include "reference/cache_views.h"
 #include "reference/crashing_fs.h"
 
+#include "kv/window.h"
+
 #include <stdexcept>
 
 namespace kvcheck::adapters {
@@ -23,6 +25,19 @@ Capabilities ReferenceEngine::capabilities() const {
     // A lock around the store, the handles and the model (hold): every call
     // may come from any thread.
     capabilities.thread_safe = true;
+    capabilities.window = window_;
+    if (window_ > 0) {
+        // A dump keeps the K/V, not the positions a window cut (Cache::dropped):
+        // a loaded entry would number the next tokens from the wrong place.
+        capabilities.dump = false;
+        capabilities.dump_crash = false;
+        capabilities.dump_kill = false;
+        // A layer's K/V under the legacy names only stop counting at the
+        // model's first write (docs/semantics.md#returned-caches): the
+        // positions a cut of them moved on would count for the modern slot
+        // the write starts. Sliding-window layers have no legacy names.
+        capabilities.legacy_slot_names = false;
+    }
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
         capabilities.policy.eviction = eviction_;
@@ -83,6 +98,19 @@ void ReferenceEngine::unlease(const std::string& id) {
     leases_.give_back(id);
 }
 
+void ReferenceEngine::set_window(std::int64_t window) {
+    if (window < 1) throw std::invalid_argument("the reference's window must be at least 1 token, got " + std::to_string(window));
+    window_ = window;
+    kv::models::DecoderConfig config;
+    config.window = window;
+    model_ = kv::models::Decoder(config);
+}
+
+kv::CachePtr ReferenceEngine::windowed(kv::CachePtr cache) const {
+    if (window_ > 0 && cache) kv::keep_window(*cache, window_);
+    return cache;
+}
+
 void ReferenceEngine::handed_out(const std::string& id) {
     if (eviction_ == Eviction::lru) store_.touch(id);  // under lrs a store is the only use
 }
@@ -112,7 +140,7 @@ kv::CachePtr ReferenceEngine::store_get_cache(const std::vector<std::string>& id
 }
 
 void ReferenceEngine::store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) {
-    store_.add({{id, cache, metadata}});
+    store_.add({{id, windowed(cache), metadata}});
 }
 
 void ReferenceEngine::store_dump(const std::string& dir, kv::FileSystem& fs) { store_.dump(dir, fs); }
@@ -176,7 +204,7 @@ std::vector<std::string> ReferenceEngine::get_all_ids() {
 
 void ReferenceEngine::get_cache(const std::vector<std::string>& ids, Handle out) {
     const auto held = hold();
-    handles_[out] = store_get_cache(ids);
+    handles_[out] = windowed(store_get_cache(ids));
     for (const std::string& id : ids) handed_out(id);
 }
 
@@ -276,7 +304,7 @@ GenerateResult ReferenceEngine::generate_returning(Handle h, const std::vector<s
     const kv::CachePtr working = working_cache(handle(h));
     run_on(*working, prompt, max_new_tokens, result.tokens, stats);
     result.peak_live_sets = stats.peak_live_sets;
-    bind(out, working);
+    bind(out, windowed(working));
     return result;
 }
 
@@ -300,12 +328,12 @@ CacheView ReferenceEngine::fed_view(const CacheContent& content, const std::vect
     const auto held = hold();
     const kv::CachePtr fresh = materialize(content);
     if (!tokens.empty()) model_.forward(tokens, *fresh);
-    return view_of(*fresh);
+    return view_of(*windowed(fresh));
 }
 
 void ReferenceEngine::make(const CacheContent& content, Handle out) {
     const auto held = hold();
-    handles_[out] = materialize(content);
+    handles_[out] = windowed(materialize(content));
 }
 
 void ReferenceEngine::clone(Handle source, Handle out) {
@@ -320,7 +348,7 @@ void ReferenceEngine::concat(const std::vector<Handle>& parts, Handle out) {
     for (Handle part : parts) {
         if (kv::ConstCachePtr cache = handle(part)) caches.push_back(std::move(cache));
     }
-    handles_[out] = caches.empty() ? nullptr : copier_->concat(caches, kv::CopyReason::user);
+    handles_[out] = caches.empty() ? nullptr : windowed(copier_->concat(caches, kv::CopyReason::user));
 }
 
 void ReferenceEngine::to_legacy(Handle source, Handle out) {

@@ -30,6 +30,10 @@
 
 namespace kvcheck::adapters {
 
+// The window of the bundled reference-window (adapters/bundled.cpp) and its
+// mutant M40: small enough that most traces' caches pass it.
+inline constexpr std::int64_t reference_window = 4;
+
 class ReferenceEngine : public Engine {
   public:
     explicit ReferenceEngine(std::shared_ptr<kv::Copier> copier = std::make_shared<kv::Copier>());
@@ -63,6 +67,13 @@ class ReferenceEngine : public Engine {
     // The TTL of the bundled reference-leases and its mutants: short, so
     // that traces of a few ticks reach every expiry.
     static constexpr std::int64_t bundled_lease_ttl_ms = 4;
+    // docs/semantics.md#store-windows: a model attending over its last
+    // `window` tokens (DecoderConfig::window), and every cache the engine
+    // stores, hands out or makes cut to them (kv::keep_window); declared
+    // (Capabilities::window); no dump (a dump loses Cache::dropped, the
+    // positions a cut moved on).
+    void set_window(std::int64_t window);
+    std::int64_t window() const { return window_; }
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -140,6 +151,8 @@ class ReferenceEngine : public Engine {
                         std::vector<std::int64_t>& tokens, kv::GenerationStats& stats);
     // The memory extract stores: the model's prefill over `prompt`.
     virtual kv::CachePtr extracted(const std::vector<std::int64_t>& prompt);
+    // With a window, `cache` cut to it (kv::keep_window); `cache` itself.
+    kv::CachePtr windowed(kv::CachePtr cache) const;
     // Binds a handle (for generate_returning's result).
     void bind(Handle h, kv::ConstCachePtr cache) { handles_[h] = std::move(cache); }
 
@@ -168,6 +181,7 @@ class ReferenceEngine : public Engine {
     bool owned_marker_ = true;  // reported (drop_owned_marker)
     bool returned_caches_ = true;  // claimed (drop_returned_caches)
     Eviction eviction_ = Eviction::lru;  // declared with a capacity (set_capacity)
+    std::int64_t window_ = 0;  // set_window; 0: none
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

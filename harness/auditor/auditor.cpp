@@ -54,6 +54,14 @@ std::int64_t Auditor::bytes_of(ObjectId id) const {
     return view_bytes(*object.view);
 }
 
+// A cache the model made is expected to read as the engine's fed_view, which
+// a windowed engine already gives as it shows it.
+std::int64_t Auditor::shown_bytes_of(ObjectId id) const {
+    const Object& object = objects_.at(id);
+    if (object.fed || window_ == 0) return bytes_of(id);
+    return content_bytes(expected_window(object.content, window_));
+}
+
 Lineage Auditor::copy_lineage(const std::vector<ObjectId>& sources) const {
     Lineage lineage(1);
     for (const ObjectId source : sources) {
@@ -186,7 +194,7 @@ std::optional<ObjectId> Auditor::entry(const std::string& id) const {
 
 const CacheView& Auditor::view_of(ObjectId id) {
     Object& object = objects_.at(id);
-    if (!object.view) object.view = expected_view(object.content);
+    if (!object.view) object.view = expected_view(window_ > 0 ? expected_window(object.content, window_) : object.content);
     return *object.view;
 }
 
@@ -209,6 +217,7 @@ std::string content_key(const CacheContent& content) {
             for (const Segment& segment : slot.segments) {
                 put(segment.seed);
                 put(segment.tokens);
+                put(segment.first);
                 put(static_cast<std::uint8_t>(segment.precision));
             }
         }
@@ -229,7 +238,7 @@ std::uint64_t Auditor::digest_of(ObjectId id) {
     // store and the store it was dumped from): the digest, a pure function
     // of the content, is made once.
     const auto [found, inserted] = digests_by_content_.try_emplace(content_key(object.content));
-    if (inserted) found->second = expected_digest(object.content);
+    if (inserted) found->second = expected_digest(window_ > 0 ? expected_window(object.content, window_) : object.content);
     object.digest = found->second;
     return *object.digest;
 }
@@ -238,6 +247,7 @@ Snapshot Auditor::snapshot() const {
     Snapshot snapshot;
     snapshot.order = order_;
     snapshot.recency = recency_;
+    snapshot.window = window_;
     entries_.for_each([&](const std::string& id, ObjectId object) { snapshot.entries[id] = objects_.at(object).content; });
     snapshot.metadata = metadata_;
     entries_.for_each([&](const std::string& id, ObjectId object) {

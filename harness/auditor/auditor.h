@@ -58,6 +58,7 @@ struct Snapshot {
     std::vector<std::string> order;
     std::vector<std::string> recency;  // least recently used first
     std::map<std::string, CacheContent> entries;
+    std::int64_t window = 0;  // the engine's (Auditor::set_window): its entries show their last `window` tokens
     std::map<std::string, Metadata> metadata;
     // Ids that held one cache object: a load gives them one object again
     // (a dump writes a shared object once).
@@ -90,6 +91,13 @@ class Auditor {
     void set_fed(ObjectId object, std::vector<std::int64_t> fed, CacheView view);
     // The bytes of K/V a copy of `object` holds.
     std::int64_t bytes_of(ObjectId object) const;
+    // docs/semantics.md#store-windows: an engine whose model attends over
+    // its last `window` tokens shows only those of every cache (view_of and
+    // digest_of are of expected_window(content)); 0, the default: all.
+    void set_window(std::int64_t window) { window_ = window; }
+    std::int64_t window() const { return window_; }
+    // The bytes of K/V `object` shows: bytes_of, but of its window only.
+    std::int64_t shown_bytes_of(ObjectId object) const;
     // The lineage of a copy of `sources`.
     Lineage copy_lineage(const std::vector<ObjectId>& sources) const;
     // How many levels of `lineage` hold an object the trace still
@@ -181,6 +189,7 @@ class Auditor {
     std::map<std::int64_t, std::vector<std::string>> temporaries_;
     // expected_digest of each content digest_of met (content_key -> digest).
     std::unordered_map<std::string, std::uint64_t> digests_by_content_;
+    std::int64_t window_ = 0;
 };
 
 }  // namespace kvcheck

@@ -145,6 +145,10 @@ struct Copies {
     std::size_t min = 0;
     std::size_t max = 0;
     std::optional<std::int64_t> bytes;
+    // docs/semantics.md#store-windows: a windowed engine's copy holds at
+    // least the K/V the cache shows (these bytes) and at most all of it
+    // (`bytes`; none: unknown, for a cache the model made).
+    std::optional<std::int64_t> bytes_shown;
 };
 
 struct Loaded {

@@ -161,7 +161,8 @@ Digests digests_of(const Snapshot& snapshot, bool metadata) {
     Digests digests;
     for (const auto& [id, content] : snapshot.entries) {
         const auto view = snapshot.views.find(id);  // an entry the model made
-        const std::uint64_t digest = view != snapshot.views.end() ? view_digest(view->second) : expected_digest(content);
+        const std::uint64_t digest = view != snapshot.views.end() ? view_digest(view->second)
+                                    : expected_digest(snapshot.window > 0 ? expected_window(content, snapshot.window) : content);
         digests[id] = metadata ? with_metadata(digest, snapshot.metadata.at(id)) : digest;
     }
     return digests;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -233,6 +234,19 @@ TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
     // Protocol 4: claimed, or off.
     EXPECT_FALSE(flags.returned_caches);
     EXPECT_TRUE(read_capabilities(Json::parse(R"({"returned_caches": true})")).returned_caches);
+    // A store window (docs/semantics.md#store-windows): a number, none by default.
+    EXPECT_EQ(flags.window, 0);
+    EXPECT_EQ(read_capabilities(Json::parse(R"({"window": 4})")).window, 4);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"window": -1})")), ProtocolError);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"window": true})")), ProtocolError);
+}
+
+// A window's suffix of a segment (expected_window) is compared, never sent.
+TEST(Wire, ASegmentCutByAWindowIsNeverSent) {
+    const CacheContent windowed = expected_window(expand(parse_cache_spec("modern/f32/7:[kv3]")), 2);
+    ASSERT_EQ(windowed.layers[0].slots[0].segments[0].first, 1);
+    std::string out;
+    EXPECT_THROW(append_content(out, windowed), std::logic_error);
 }
 
 // The paged family's state (docs/protocol.md section 11): read whole, a

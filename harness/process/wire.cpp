@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <stdexcept>
 
 namespace kvcheck::process {
 
@@ -68,6 +69,8 @@ void append_content(std::string& out, const CacheContent& content) {
             }
             out += '[';
             for (std::size_t k = 0; k < slot.segments.size(); ++k) {
+                // A window's suffix of a segment is only ever compared, never sent.
+                if (slot.segments[k].first != 0) throw std::logic_error("wire: a segment starting past its first token");
                 if (k > 0) out += ',';
                 out += '[';
                 json_append_uint(out, slot.segments[k].seed);
@@ -322,6 +325,14 @@ Capabilities read_capabilities(const Json& flags) {
             capabilities.lease_ttl_ms = in_member("lease_ttl_ms", [&] { return value.as_int(); });
             continue;
         }
+        if (name == "window") {
+            capabilities.window = in_member("window", [&] {
+                const std::int64_t window = value.as_int();
+                if (window < 0) throw ProtocolError("must be 0 (no window) or a token count, got " + std::to_string(window));
+                return window;
+            });
+            continue;
+        }
         bool found = false;
         for (const auto& [known_name, flag] : known) {
             if (name != known_name) continue;
@@ -331,7 +342,7 @@ Capabilities read_capabilities(const Json& flags) {
         if (!found) {
             std::string names;
             for (const auto& entry : known) names += std::string(names.empty() ? "" : ", ") + entry.first;
-            names += ", paged_free_order, lease_ttl_ms";
+            names += ", paged_free_order, lease_ttl_ms, window";
             throw ProtocolError("unknown capability '" + name + "' (known: " + names + ")");
         }
     }

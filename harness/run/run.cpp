@@ -197,6 +197,7 @@ Run::Run(Engine& engine, const RunOptions& options)
     every_step_ = options.every_entry_every_step || !capabilities_.storage_identity;
     derives_owned_ = !capabilities_.owned_marker && verdicts_.checked().has(Property::owned_marker);
     reads_store_ = reads_.entry_content || reads_.entry_marker || reads_.listing;
+    audit_.set_window(capabilities_.window);
 }
 
 

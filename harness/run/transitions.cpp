@@ -63,8 +63,23 @@ checkers::Made made(MadeBy by, std::int64_t out, std::optional<ObjectId> object)
 
 }  // namespace
 
-void Transitions::expect_copies(std::string what, std::size_t count, const CacheContent& content) {
-    expect_copies(std::move(what), count, content_bytes(content));
+namespace {
+
+// The bytes a copy of `object` holds: bytes_of, or under a window from what
+// it shows to all of it (how much more than its window a cache the model
+// made holds is unknown).
+void size_copies(const Auditor& audit, ObjectId object, checkers::Copies& copies) {
+    copies.bytes = audit.bytes_of(object);
+    if (audit.window() == 0) return;
+    copies.bytes_shown = audit.shown_bytes_of(object);
+    if (audit.object(object).fed) copies.bytes.reset();
+}
+
+}  // namespace
+
+void Transitions::expect_copies_of(std::string what, std::size_t count, ObjectId object) {
+    expect_copies(std::move(what), count, 0);
+    size_copies(audit_, object, copies_);
 }
 
 void Transitions::expect_copies(std::string what, std::size_t count, std::int64_t bytes) {
@@ -324,8 +339,8 @@ std::optional<Fact> Transitions::apply(const op::GetCache& op) {
         count_copy_of(audit_.object(parts.front()).content);
         fact.object = audit_.copy_object(parts.front(), Origin::get_cache, true, 2);
     }
-    expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
-                  audit_.bytes_of(*fact.object));
+    expect_copies_of("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
+                  *fact.object);
     // No cache where one was expected: store-contract's to report (the
     // fact keeps the object it expected). The handle is followed as holding
     // none, so nothing more is asked of what the engine never made
@@ -383,8 +398,8 @@ void Transitions::bind_tokenless(const op::GetCache& op, checkers::Made& fact) {
     // A result holding K/V (store-contract's to report) cannot be followed.
     audit_.object(*fact.object).known = checkers::kv_held(view).empty();
     audit_.bind(op.out.value, fact.object);
-    expect_copies("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
-                  audit_.object(*fact.object).content);
+    expect_copies_of("get_cache " + std::to_string(op.ids.size()) + " ids -> " + checkers::handle_text(op.out.value), 1,
+                  *fact.object);
     copies_.min = 0;
 }
 
@@ -471,7 +486,9 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
     } else {
         fact.sets_max = fact.sets_min = 1;
     }
-    const std::int64_t bytes = object ? audit_.bytes_of(*object) : 0;
+    checkers::Copies sized;
+    sized.bytes = 0;
+    if (object) size_copies(audit_, *object, sized);
     if (out != 0) {
         fact.result = engine_.generate_returning(fact.source, prompt, max, out);
     } else {
@@ -485,7 +502,9 @@ std::optional<Fact> Transitions::generate(const HandleName& source, const Tokens
             if (bound == object) readings_.forget_handle(handle);
         }
     }
-    expect_copies(checkers::generation_text(fact), copied ? 1 : 0, bytes);
+    expect_copies(checkers::generation_text(fact), copied ? 1 : 0, 0);
+    copies_.bytes = sized.bytes;
+    copies_.bytes_shown = sized.bytes_shown;
     if (out != 0) bind_returned(fact, object, out);
     return fact;
 }
@@ -651,8 +670,8 @@ std::optional<Fact> Transitions::apply(const op::Clone& op) {
     count_copy_of(audit_.object(*source).content);
     engine_.clone(op.source.value, op.out.value);
     checkers::Made fact = made(MadeBy::clone, op.out.value, std::nullopt);
-    expect_copies("clone " + checkers::handle_text(op.source.value) + " -> " + checkers::handle_text(op.out.value), 1,
-                  audit_.bytes_of(*source));
+    expect_copies_of("clone " + checkers::handle_text(op.source.value) + " -> " + checkers::handle_text(op.out.value), 1,
+                  *source);
     fact.object = audit_.copy_object(*source, Origin::clone, true, audit_.object(*source).chain_sets + 1);
     fact.sources = {op.source.value};
     audit_.bind(op.out.value, fact.object);
@@ -692,7 +711,7 @@ std::optional<Fact> Transitions::apply(const op::Concat& op) {
     }
     fact.object = audit_.new_object(expected_concat(parts), Origin::concat, true, 0, deepest + 1, audit_.copy_lineage(objects));
     audit_.bind(op.out.value, fact.object);
-    expect_copies("concat -> " + checkers::handle_text(op.out.value), 1, audit_.object(*fact.object).content);
+    expect_copies_of("concat -> " + checkers::handle_text(op.out.value), 1, *fact.object);
     return fact;
 }
 
@@ -718,7 +737,7 @@ std::optional<Fact> Transitions::convert(std::int64_t source_handle, std::int64_
     // from_legacy copies; to_legacy may alias its source or copy it.
     const std::string what = std::string(to_legacy ? "to_legacy " : "from_legacy ") + checkers::handle_text(source_handle) +
                              " -> " + checkers::handle_text(out);
-    expect_copies(what, 1, audit_.object(object).content);
+    expect_copies_of(what, 1, object);
     if (to_legacy) copies_.min = 0;
     checkers::Made fact = made(to_legacy ? MadeBy::to_legacy : MadeBy::from_legacy, out, object);
     fact.sources = {source_handle};
@@ -829,6 +848,10 @@ std::optional<Fact> Transitions::apply(const op::Trim& op) {
         fact.tokens_before = most_tokens(content);
         content = expected_trim(content, op.keep);
     }
+    // docs/semantics.md#store-windows: once a cache held its window, the
+    // tokens before it may be gone, and a windowed engine may refuse the
+    // cut (mlx-lm's RotatingKVCache.is_trimmable): never asked of it.
+    if (audit_.window() > 0 && fact.tokens_before >= audit_.window()) return std::nullopt;
     engine_.trim(op.handle.value, op.keep);
     audit_.trimmed(*object, std::move(content), std::move(fed), std::move(view));
     // Every handle of this cache, and of a view aliasing it, reads anew.

@@ -66,7 +66,8 @@ class Transitions {
     // handle that holds no cache (or h0) from one that cannot be followed.
     std::optional<ObjectId> known_source(std::int64_t handle, bool* holds_none) const;
     // The operation makes `count` copies of `content`'s K/V.
-    void expect_copies(std::string what, std::size_t count, const CacheContent& content);
+    // `count` copies of `object`'s K/V (under a window: from what it shows to all of it).
+    void expect_copies_of(std::string what, std::size_t count, ObjectId object);
     void expect_copies(std::string what, std::size_t count, std::int64_t bytes);
     void refused_copies(std::string what);
     void count_layout(Layout layout);

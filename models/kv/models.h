@@ -96,7 +96,7 @@ struct DecoderConfig {
 // untied readout U [heads*head_dim, vocab]) come from a splitmix64 stream
 // seeded by config.seed, so they are the same on every machine, libtorch
 // version and thread count; the position term is sinusoidal. A token at
-// absolute position P (cache.get_seq_length(0) before the call, plus its
+// absolute position P (cache.get_seq_length(0) + cache.dropped() before the call, plus its
 // index) starts as x = E[token] + pos(P). Per layer: q, k, v = x·Wq, x·Wk,
 // x·Wv; k and v, as [1, heads, n, head_dim] tensors in storages of their
 // own, are cast to the write dtype and appended through update; attention

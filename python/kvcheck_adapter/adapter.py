@@ -86,7 +86,10 @@ class Adapter:
     #: {"modern_layout": False} for one of the legacy layout only, or
     #: {"owned_marker": False} for one whose caches carry no owned marker
     #: (kvcheck then derives "owned" from storage: sharing nothing stored).
-    capabilities: Dict[str, bool] = {}
+    #: {"window": W} (a number) declares a store window: the engine's model
+    #: attends over its last W tokens and its views show only those
+    #: (docs/semantics.md, "Store windows").
+    capabilities: Dict[str, Any] = {}
     #: The model whose caches the engine holds (docs/protocol.md, "model"),
     #: or None: then kvcheck draws caches of any layer count, token counts,
     #: layer shapes, dtypes and geometry the capabilities allow. Declared,

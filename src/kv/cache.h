@@ -82,6 +82,13 @@ class Cache : public std::enable_shared_from_this<Cache> {
     const std::shared_ptr<TensorList>& key_cache() const { return key_cache_; }
     const std::shared_ptr<TensorList>& value_cache() const { return value_cache_; }
 
+    // Tokens a window cut from the front of layer 0's keys (kv::keep_window,
+    // docs/semantics.md#store-windows): the position of its first held
+    // token, which a model numbers the next tokens from. 0 unless a window
+    // cut it; clone and the conversions carry it, concat sums the parts'.
+    std::int64_t dropped() const { return dropped_; }
+    void set_dropped(std::int64_t tokens) { dropped_ = tokens; }
+
     // The owned-copy marker: set by clone/concat, cleared when stored.
     bool owned() const { return owned_; }
     void set_owned(bool owned) { owned_ = owned; }
@@ -111,6 +118,7 @@ class Cache : public std::enable_shared_from_this<Cache> {
     std::shared_ptr<TensorList> key_cache_;
     std::shared_ptr<TensorList> value_cache_;
     bool owned_ = false;
+    std::int64_t dropped_ = 0;
     Lineage lineage_;
 };
 

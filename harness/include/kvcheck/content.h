@@ -153,6 +153,10 @@ struct Segment {
     std::uint64_t seed = 0;
     std::int64_t tokens = 0;
     Dtype precision = Dtype::f32;  // its values are rounded to this dtype
+    // The segment's token `first + t` is its t-th: a suffix of a segment
+    // (expected_window) starts past its first tokens. 0 in every content
+    // kvcheck sends an engine (the wire refuses another).
+    std::int64_t first = 0;
 };
 
 struct SlotContent {
@@ -298,6 +302,10 @@ CacheContent expected_from_legacy(const CacheContent& content);
 // more than `keep` tokens keeps its first `keep`; the rest is unchanged
 // (flags, layout, dtype, geometry, slots holding `keep` or fewer).
 CacheContent expected_trim(const CacheContent& content, std::int64_t keep);
+// docs/semantics.md#store-windows: what a windowed engine (window W >= 1)
+// shows of a cache: every present slot of every layer holding more than W
+// tokens keeps its last W, in order; the rest is unchanged.
+CacheContent expected_window(const CacheContent& content, std::int64_t window);
 bool content_holds_tokens(const CacheContent& content);
 // The bytes of K/V a copy of `content` holds: every present slot's
 // elements at the content's dtype (4 bytes for f32, 2 for f16 and bf16).

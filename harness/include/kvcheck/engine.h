@@ -161,6 +161,11 @@ struct Capabilities {
     // milliseconds of kvcheck's virtual clock that a lease lives for
     // (Engine::advance_clock, lease, unlease); 0: no leases, the default.
     std::int64_t lease_ttl_ms = 0;
+    // docs/semantics.md#store-windows: the engine's model attends over its
+    // last `window` tokens, and of every cache it holds or hands out only
+    // those count: views show each slot's last `window` tokens, a trim is
+    // asked only of a cache that never held `window`. 0: no window.
+    std::int64_t window = 0;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.
