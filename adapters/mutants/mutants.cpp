@@ -550,6 +550,64 @@ class M37 final : public ReferenceEngine {
     static constexpr std::size_t capacity = 4;
 };
 
+// A Copier whose batch strategy is the bug (docs/semantics.md#batches).
+class BatchCopier final : public kv::Copier {
+  public:
+    using BatchFn = std::function<CachePtr(const std::vector<ConstCachePtr>&, const kv::BatchSteps&)>;
+    explicit BatchCopier(BatchFn batch) : batch_(std::move(batch)) {}
+
+  protected:
+    CachePtr batch_strategy(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) override {
+        return batch_(rows, steps);
+    }
+
+  private:
+    BatchFn batch_;
+};
+
+// M38 (ours, issue 40): a beam step's reorder moves the keys but not the
+// values (reorder_cache's index_select applied to one side of the layer):
+// the row handed out pairs one row's keys with another's values.
+CachePtr batch_m38(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
+    kv::BatchSteps unordered = steps;
+    unordered.reorder.clear();
+    auto layers = std::make_shared<kv::LayerList>();
+    for (std::size_t i = 0; i < rows.front()->layers()->size(); ++i) {
+        std::vector<at::Tensor> keys;
+        std::vector<at::Tensor> values;
+        for (const ConstCachePtr& row : rows) {
+            keys.push_back((*row->layers())[i]->keys);
+            values.push_back((*row->layers())[i]->values);
+        }
+        auto layer = std::make_shared<kv::Layer>();
+        layer->keys = kv::batch_slot(keys, steps);
+        layer->values = kv::batch_slot(values, unordered);
+        layer->is_initialized = true;
+        layers->push_back(std::move(layer));
+    }
+    return Cache::from_layers(std::move(layers));
+}
+
+// M39 (ours, issue 40): a batch of one row, neither repeated nor
+// reordered, is taken for the identity: the row handed out is new layer
+// objects around the row's own tensors, so the two share storage.
+CachePtr batch_m39(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
+    if (rows.size() != 1 || steps.repeat != 1 || !steps.reorder.empty()) return kv::batch_row(rows, steps);
+    auto layers = std::make_shared<kv::LayerList>();
+    for (const kv::LayerPtr& layer : *rows.front()->layers()) layers->push_back(std::make_shared<kv::Layer>(*layer));
+    return Cache::from_layers(std::move(layers));
+}
+
+class M38 final : public ReferenceEngine {
+  public:
+    M38() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m38)) {}
+};
+
+class M39 final : public ReferenceEngine {
+  public:
+    M39() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m39)) {}
+};
+
 // A Copier whose clone (and concat) strategy is the bug.
 std::shared_ptr<kv::Copier> copier_with(MutantCopier::CloneFn clone, MutantCopier::ConcatFn concat = nullptr) {
     return std::make_shared<MutantCopier>(std::move(clone), std::move(concat));
@@ -847,6 +905,9 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
         mutant<M37>("M37", "a store of 4 items declaring lrs evicts the first inserted: an overwrite keeps its place",
                     {P::eviction_as_declared}),
+        mutant<M38>("M38", "a batch's reorder moves the keys but not the values", {P::batch_exact}),
+        mutant<M39>("M39", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
+                    {P::clone_independent}),
     };
 }
 

@@ -18,6 +18,7 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.metadata = true;
     capabilities.returned_caches = returned_caches_;
     capabilities.trim = true;
+    capabilities.batch = true;
     capabilities.owned_marker = owned_marker_;
     if (store_.capacity() > 0) {
         capabilities.policy.capacity_items = static_cast<std::int64_t>(store_.capacity());
@@ -255,6 +256,18 @@ void ReferenceEngine::trim(Handle h, std::int64_t keep) {
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("trim: the handle holds no cache");
     kv::crop(*std::const_pointer_cast<kv::Cache>(cache), keep);
+}
+
+// docs/semantics.md#batches: the row handed out is the one deliberate copy.
+void ReferenceEngine::batch_row(const std::vector<Handle>& rows, std::int64_t repeat,
+                                const std::vector<std::int64_t>& reorder, std::int64_t select, Handle out) {
+    std::vector<kv::ConstCachePtr> caches;
+    for (const Handle row : rows) {
+        kv::ConstCachePtr cache = handle(row);
+        if (!cache) throw std::invalid_argument("batch: a row's handle holds no cache");
+        caches.push_back(std::move(cache));
+    }
+    handles_[out] = copier_->batch_row(caches, kv::BatchSteps{repeat, reorder, select}, kv::CopyReason::user);
 }
 
 void ReferenceEngine::release(Handle h) {

@@ -83,6 +83,8 @@ class ReferenceEngine : public Engine {
     void from_legacy(Handle source, Handle out) override;
     void release(Handle handle) override;
     void trim(Handle handle, std::int64_t keep) override;
+    void batch_row(const std::vector<Handle>& rows, std::int64_t repeat, const std::vector<std::int64_t>& reorder,
+                   std::int64_t select, Handle out) override;
 
     std::vector<std::string> stored_ids() override;
     CacheView view_entry(const std::string& id) override;

@@ -11,7 +11,7 @@ struct PropertyInfo {
     Property property;
     const char* id;
     const char* summary;
-    std::uint8_t needs;
+    std::uint16_t needs;
 };
 
 constexpr std::array<PropertyInfo, property_count> property_table{{
@@ -70,6 +70,7 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_free_order) && capabilities.paged_free_order == PagedFreeOrder::unspecified) ||
                              ((info.needs & property_needs_capacity) && !capabilities.policy.bounded()) ||
                              ((info.needs & property_needs_trim) && !capabilities.trim) ||
+                             ((info.needs & property_needs_batch) && !capabilities.batch) ||
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }

@@ -712,6 +712,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", "the adapter does not claim trim (Capabilities::trim): no trim is drawn");
             return;
         }
+        if (property == Property::batch_exact) {
+            out.send("skipped", "the adapter does not claim batch (Capabilities::batch): no batch is drawn");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

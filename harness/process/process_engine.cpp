@@ -230,6 +230,16 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     void trim(Handle handle, std::int64_t keep) override {
         operation(Request("trim").field("handle", handle).field("keep", keep));
     }
+    // With the batch capability.
+    void batch_row(const std::vector<Handle>& rows, std::int64_t repeat, const std::vector<std::int64_t>& reorder,
+                   std::int64_t select, Handle out) override {
+        operation(Request("batch")
+                      .field("rows", rows)
+                      .field("repeat", repeat)
+                      .field("reorder", reorder)
+                      .field("select", select)
+                      .field("out", out));
+    }
 
     // ---- the reads after a step ----
 

@@ -276,7 +276,7 @@ Capabilities read_capabilities(const Json& flags) {
     capabilities.paged_rewind = false;
     // A free order is checked only when the adapter declares one.
     capabilities.paged_free_order = PagedFreeOrder::unspecified;
-    const std::array<std::pair<const char*, bool*>, 23> known{{
+    const std::array<std::pair<const char*, bool*>, 24> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -303,6 +303,8 @@ Capabilities read_capabilities(const Json& flags) {
         {"paged_rewind", &capabilities.paged_rewind},
         // trim (docs/protocol.md, "Trimming"): off unless claimed.
         {"trim", &capabilities.trim},
+        // batch (docs/protocol.md, "Batches"): off unless claimed.
+        {"batch", &capabilities.batch},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

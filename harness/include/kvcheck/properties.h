@@ -18,7 +18,7 @@
 namespace kvcheck {
 
 // The capabilities a property needs (see checkable), as bits.
-enum PropertyNeeds : std::uint8_t {
+enum PropertyNeeds : std::uint16_t {
     property_needs_nothing = 0,
     property_needs_copy_log = 1 << 0,          // Capabilities::copy_log
     property_needs_storage_identity = 1 << 1,  // Capabilities::storage_identity
@@ -29,6 +29,7 @@ enum PropertyNeeds : std::uint8_t {
     property_needs_free_order = 1 << 5,  // Capabilities::paged_free_order declared (not unspecified)
     property_needs_capacity = 1 << 6,  // a declared capacity (Capabilities::policy.bounded())
     property_needs_trim = 1 << 7,      // Capabilities::trim
+    property_needs_batch = 1 << 8,     // Capabilities::batch
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -93,7 +94,10 @@ enum PropertyNeeds : std::uint8_t {
     /* concurrent clients (kvcheck/lanes.h): judged on traces of several lanes */                                 \
     X(linearizable, "linearizable",                                                                                \
       "the requests of concurrent clients give what some order of whole requests, kept by the schedule, gives",    \
-      property_needs_nothing)
+      property_needs_nothing)                                                                                      \
+    /* batches (last: the properties before keep their trace streams, kvcheck::trace_seed) */                      \
+    X(batch_exact, "batch-exact",                                                                                  \
+      "a row of a repeated, reordered or selected batch equals the cache it came from", property_needs_batch)
 
 enum class Property : std::uint8_t {
 #define KVCHECK_PROPERTY_ENUM(name, id, summary, needs) name,
