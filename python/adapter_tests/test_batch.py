@@ -48,7 +48,8 @@ def test_a_correct_batch_passes_and_one_reordering_the_keys_alone_fails(kvcheck,
     run = kvcheck("run", "--adapter", BATCH_ADAPTER, "--property", "batch-exact", "--property", "clone-independent",
                   "--property", "generation-equivalent", "--cases", "30")
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
-    assert verdicts == {"batch-exact": "pass", "clone-independent": "pass", "generation-equivalent": "pass"}, verdicts
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    assert {"batch-exact", "clone-independent", "generation-equivalent"} <= set(verdicts), verdicts
     monkeypatch.setenv("KVCHECK_TEST_BATCH_BUG", "keys_only")
     run = kvcheck("run", "--adapter", BATCH_ADAPTER, "--property", "batch-exact", "--cases", "200", "--failures", "1")
     result = run.result("batch-exact")
