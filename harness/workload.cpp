@@ -868,7 +868,8 @@ Op draw_batch(Drawing& d) {
     std::vector<Op> steps;
     HandleNames rows;
     for (std::int64_t i = 0; i < count; ++i) {
-        spec.seed = static_cast<std::uint64_t>(d.choose.between(1, 999));
+        // Now and then the same content again: two requests of one prompt.
+        if (i == 0 || !d.choose.one_in(8)) spec.seed = static_cast<std::uint64_t>(d.choose.between(1, 999));
         const std::string id = d.id();
         d.draft.stored[id] = Layout::modern;
         d.draft.added.push_back(spec);
