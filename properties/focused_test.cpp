@@ -453,7 +453,7 @@ TEST(BatchExact, TheReferenceHandsOutTheRowItCameFromAndLeavesTheRowsAlone) {
 }
 
 TEST(BatchExact, AReorderOfTheKeysAloneIsCaughtAtTheBatch) {
-    const RunResult result = run_on(*adapters::find_bundled("M38"), parse_trace(batch_trace));
+    const RunResult result = run_on(*adapters::find_bundled("M42"), parse_trace(batch_trace));
     ASSERT_TRUE(result.failure);
     EXPECT_EQ(result.failure->property, "batch-exact");
     EXPECT_EQ(result.failure->step, 4u);
@@ -462,7 +462,7 @@ TEST(BatchExact, AReorderOfTheKeysAloneIsCaughtAtTheBatch) {
 }
 
 TEST(BatchExact, AnIdentityBatchSharingTheRowsTensorsIsCloneIndependents) {
-    const RunResult result = run_on(*adapters::find_bundled("M39"), parse_trace(batch_trace));
+    const RunResult result = run_on(*adapters::find_bundled("M43"), parse_trace(batch_trace));
     ASSERT_TRUE(result.failure);
     EXPECT_EQ(result.failure->property, "clone-independent");
     EXPECT_EQ(result.failure->step, 6u);

@@ -565,7 +565,7 @@ class BatchCopier final : public kv::Copier {
     BatchFn batch_;
 };
 
-// M38 (ours, issue 40): a beam step's reorder moves the keys but not the
+// M42 (ours, issue 40): a beam step's reorder moves the keys but not the
 // values (reorder_cache's index_select applied to one side of the layer):
 // the row handed out pairs one row's keys with another's values.
 CachePtr batch_m38(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
@@ -588,7 +588,7 @@ CachePtr batch_m38(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps&
     return Cache::from_layers(std::move(layers));
 }
 
-// M39 (ours, issue 40): a batch of one row, neither repeated nor
+// M43 (ours, issue 40): a batch of one row, neither repeated nor
 // reordered, is taken for the identity: the row handed out is new layer
 // objects around the row's own tensors, so the two share storage.
 CachePtr batch_m39(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
@@ -598,14 +598,14 @@ CachePtr batch_m39(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps&
     return Cache::from_layers(std::move(layers));
 }
 
-class M38 final : public ReferenceEngine {
+class M42 final : public ReferenceEngine {
   public:
-    M38() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m38)) {}
+    M42() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m38)) {}
 };
 
-class M39 final : public ReferenceEngine {
+class M43 final : public ReferenceEngine {
   public:
-    M39() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m39)) {}
+    M43() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m39)) {}
 };
 
 // A Copier whose clone (and concat) strategy is the bug.
@@ -905,8 +905,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M36>("M36", "trimming a get_cache copy of one entry cuts the stored entry too", {P::stored_immutable}),
         mutant<M37>("M37", "a store of 4 items declaring lrs evicts the first inserted: an overwrite keeps its place",
                     {P::eviction_as_declared}),
-        mutant<M38>("M38", "a batch's reorder moves the keys but not the values", {P::batch_exact}),
-        mutant<M39>("M39", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
+        mutant<M42>("M42", "a batch's reorder moves the keys but not the values", {P::batch_exact}),
+        mutant<M43>("M43", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
                     {P::clone_independent}),
     };
 }

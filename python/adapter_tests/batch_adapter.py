@@ -3,7 +3,7 @@ test_batch.py: the rows stacked along the batch, each repeated in place,
 reordered, one kept, as transformers' batch_repeat_interleave,
 reorder_cache and batch_select_indices do it to a DynamicCache's layers.
 $KVCHECK_TEST_BATCH_BUG "keys_only": the reorder moves the keys but not
-the values (M38 in Python)."""
+the values (M42 in Python)."""
 
 import os
 import sys
