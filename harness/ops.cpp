@@ -178,6 +178,7 @@ bool engine_supports(const Capabilities& capabilities, std::uint16_t needs) {
     if ((needs & needs_paged_rewind) && !capabilities.paged_rewind) return false;
     if ((needs & needs_trim) && !capabilities.trim) return false;
     if ((needs & needs_leases) && capabilities.lease_ttl_ms <= 0) return false;
+    if ((needs & needs_batch) && !capabilities.batch) return false;
     if (!(needs & needs_paged) && !capabilities.store) return false;
     return true;
 }

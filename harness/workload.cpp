@@ -826,6 +826,84 @@ op::Trim draw(Drawing& d, op::Trim*) {
     return trim;
 }
 
+// ---- batches (docs/semantics.md#batches) ----
+
+// The rows of a fresh batch: one geometry, each a plain modern cache
+// (every layer initialized, keys and values, a token at least), as the
+// rows of a batched generation are; only the seed differs from row to row.
+CacheSpec batch_row_spec(Drawing& d) {
+    CacheSpec spec = random_cache_spec(d.choose, d.swarm, d.options);
+    spec.layout = Layout::modern;
+    for (LayerSpec& layer : spec.layers) {
+        layer.slots = 0b11;
+        layer.initialized = true;
+        layer.tokens = std::max<std::int64_t>(1, layer.tokens);
+    }
+    if (spec.layers.empty()) spec.layers.push_back(LayerSpec{0b11, true, 1});
+    return spec;
+}
+
+// The steps after the rows: a repeat, half the time a reorder as a beam
+// step makes it (each new row one of the old, some twice, some dropped),
+// the row kept; half the time a generation from it follows (the beams
+// continue from the rows they took).
+op::Batch batch_of(Drawing& d, HandleNames rows) {
+    op::Batch batch;
+    batch.rows = std::move(rows);
+    batch.repeat = d.choose.between(1, 3);
+    const std::int64_t width = batch.width();
+    if (d.choose.one_in(2)) {
+        for (std::int64_t j = 0; j < width; ++j) batch.reorder.push_back(static_cast<std::int64_t>(d.choose.below(static_cast<std::uint64_t>(width))));
+    }
+    batch.select = static_cast<std::int64_t>(d.choose.below(static_cast<std::uint64_t>(width)));
+    batch.out = new_handle(d.draft, Layout::modern);
+    d.draft.owned.push_back(batch.out.value);
+    return batch;
+}
+
+// A batch the caller owns, as beam search and batched generation hold one.
+// Mostly of fresh rows: items of one geometry stored, each copied out by
+// get_cache (a cache the caller owns), then the batch, each in turn; else
+// of a cache the caller already holds, once or twice. The first step is
+// returned, the others follow it.
+Op draw_batch(Drawing& d) {
+    const std::vector<std::int64_t>& owned = d.draft.owned;
+    const bool modern = takes(d.options.capabilities, Layout::modern);
+    if (!modern || !d.enabled(kind<op::GetCache>()) || (!owned.empty() && d.choose.one_in(3))) {
+        const HandleName row = !owned.empty() ? HandleName{owned[d.choose.below(owned.size())]} : pick_handle(d.choose, d.draft);
+        HandleNames rows{row};
+        if (d.choose.one_in(3)) rows.push_back(row);
+        return batch_of(d, std::move(rows));
+    }
+    CacheSpec spec = batch_row_spec(d);
+    const std::int64_t count = d.choose.between(1, 3);
+    std::vector<Op> steps;
+    HandleNames rows;
+    for (std::int64_t i = 0; i < count; ++i) {
+        // Now and then the same content again: two requests of one prompt.
+        if (i == 0 || !d.choose.one_in(8)) spec.seed = static_cast<std::uint64_t>(d.choose.between(1, 999));
+        const std::string id = d.id();
+        d.draft.stored[id] = Layout::modern;
+        d.draft.added.push_back(spec);
+        steps.push_back(op::Add{id, spec, {}});
+    }
+    for (std::int64_t i = 0; i < count; ++i) {
+        const op::Add& add = std::get<op::Add>(steps[static_cast<std::size_t>(i)]);
+        const HandleName row = new_handle(d.draft, Layout::modern);
+        d.draft.owned.push_back(row.value);
+        rows.push_back(row);
+        steps.push_back(op::GetCache{row, {add.id}});
+    }
+    const op::Batch batch = batch_of(d, std::move(rows));
+    steps.push_back(batch);
+    if (d.enabled(kind<op::Generate>()) && d.choose.one_in(2)) {
+        steps.push_back(op::Generate{batch.out, pick_prompt(d.choose, d.options), d.choose.between(1, d.options.new_tokens_max)});
+    }
+    d.follow_up = std::move(steps[1]);
+    for (std::size_t i = 2; i < steps.size(); ++i) d.draft.chained.push_back(std::move(steps[i]));
+    return std::move(steps[0]);
+}
+
 // Never drawn here (weight 0): the lanes of a concurrent trace are laid
 // out by harness/lanes.cpp.
 op::SwitchLane draw(Drawing&, op::SwitchLane*) { return {}; }
@@ -855,7 +933,11 @@ op::Unlease draw(Drawing& d, op::Unlease*) { return {d.id()}; }
 template <std::size_t K>
 Op draw_kind(Drawing& d) {
     using T = std::variant_alternative_t<K, Op>;
-    return Op(std::in_place_index<K>, draw(d, static_cast<T*>(nullptr)));
+    if constexpr (std::is_same_v<T, op::Batch>) {
+        return draw_batch(d);  // its first step may be an add of its rows
+    } else {
+        return Op(std::in_place_index<K>, draw(d, static_cast<T*>(nullptr)));
+    }
 }
 
 template <std::size_t... K>

@@ -487,5 +487,43 @@ TEST(LeaseRespected, ALeaseOutlivingItsTtlByATickIsCaughtAtItsExpiry) {
     EXPECT_FALSE(run_on(bundled("M39"), early).failure);
 }
 
+// docs/semantics.md#batches: two rows of one geometry copied out of the
+// store, a beam step over them (each repeated twice, then reordered), a
+// generation from the row kept; then the identity batch of one row.
+constexpr const char* batch_trace =
+    "add a modern/f32/1:[kv3 kv3]\nadd b modern/f32/2:[kv3 kv3]\nh1 = get_cache a\nh2 = get_cache b\n"
+    "h3 = batch repeat=2 reorder=3,0,1,1 select=0 h1 h2\ngenerate h3 prompt=4 max=2\n"
+    "h4 = batch repeat=1 reorder= select=0 h1\ngenerate h4 prompt=5 max=2\nget_all\n";
+
+TEST(BatchExact, TheReferenceHandsOutTheRowItCameFromAndLeavesTheRowsAlone) {
+    const RunResult result = run_on(reference(), parse_trace(batch_trace));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(batch_trace), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+    // Stored items are read-only, and rows of two geometries do not stack:
+    // neither batch is run.
+    const RunResult skipped = run_on(reference(), parse_trace("add a modern/f32/1:[kv3]\nadd b modern/f32/1:[kv2]\n"
+                                                              "h1 = get a\nh2 = batch repeat=1 reorder= select=0 h1\n"
+                                                              "h3 = get_cache a\nh4 = get_cache b\n"
+                                                              "h5 = batch repeat=1 reorder= select=1 h3 h4\n"));
+    EXPECT_FALSE(skipped.failure);
+    EXPECT_EQ(skipped.coverage.ops_skipped, 2u);
+}
+
+TEST(BatchExact, AReorderOfTheKeysAloneIsCaughtAtTheBatch) {
+    const RunResult result = run_on(*adapters::find_bundled("M42"), parse_trace(batch_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "batch-exact");
+    EXPECT_EQ(result.failure->step, 4u);
+    EXPECT_NE(result.failure->message.find("batch h1 h2 repeat=2 reorder=3,0,1,1 select=0 -> h3"), std::string::npos)
+        << result.failure->message;
+}
+
+TEST(BatchExact, AnIdentityBatchSharingTheRowsTensorsIsCloneIndependents) {
+    const RunResult result = run_on(*adapters::find_bundled("M43"), parse_trace(batch_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "clone-independent");
+    EXPECT_EQ(result.failure->step, 6u);
+}
+
 }  // namespace
 }  // namespace kvcheck::props

@@ -24,6 +24,7 @@ TEST(Stateful, ReferenceKeepsEveryPropertyAfterEveryStep) {
         options.trace_ops_max = 4 + static_cast<std::size_t>(size) / 3;
         options.capabilities.returned_caches = true;  // the reference's: turn and extract are drawn
         options.capabilities.trim = true;             // and trim
+        options.capabilities.batch = true;            // and batch
         const Trace trace = trace_for_seed(seed, options);
         const RunResult result = run_on(reference(), trace);
         ++cases;

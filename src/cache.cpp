@@ -4,6 +4,9 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
@@ -451,6 +454,50 @@ void crop(Cache& cache, std::int64_t keep) {
     }
     for (at::Tensor& slot : *cache.key_cache()) crop_slot(slot, keep);
     for (at::Tensor& slot : *cache.value_cache()) crop_slot(slot, keep);
+}
+
+at::Tensor batch_slot(const std::vector<at::Tensor>& rows, const BatchSteps& steps) {
+    if (rows.empty() || steps.repeat < 1) throw std::invalid_argument("batch: no rows, or a repeat below 1");
+    const std::int64_t width = static_cast<std::int64_t>(rows.size()) * steps.repeat;
+    const bool reordered = !steps.reorder.empty();
+    if (reordered && static_cast<std::int64_t>(steps.reorder.size()) != width) {
+        throw std::invalid_argument("batch: reorder names " + std::to_string(steps.reorder.size()) + " rows of " +
+                                    std::to_string(width));
+    }
+    for (const std::int64_t index : steps.reorder) {
+        if (index < 0 || index >= width) throw std::invalid_argument("batch: reorder index out of range");
+    }
+    if (steps.select < 0 || steps.select >= width) throw std::invalid_argument("batch: select out of range");
+    at::Tensor batch = at::cat(rows, 0).repeat_interleave(steps.repeat, 0);
+    if (reordered) batch = batch.index_select(0, at::tensor(steps.reorder, at::kLong));
+    return batch.index_select(0, at::tensor(std::vector<std::int64_t>{steps.select}, at::kLong));
+}
+
+CachePtr batch_row(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps) {
+    if (rows.empty()) throw std::invalid_argument("batch: no rows");
+    const std::int64_t layers = rows.front()->layer_count();
+    auto result = std::make_shared<LayerList>();
+    for (std::int64_t i = 0; i < layers; ++i) {
+        std::vector<at::Tensor> keys;
+        std::vector<at::Tensor> values;
+        for (const ConstCachePtr& row : rows) {
+            if (row->layout() != Layout::modern || row->layer_count() != layers) {
+                throw std::invalid_argument("batch: the rows are not modern caches of one layer count");
+            }
+            const Layer& layer = *(*row->layers())[static_cast<std::size_t>(i)];
+            if (!layer.is_initialized || !layer.keys.defined() || !layer.values.defined()) {
+                throw std::invalid_argument("batch: layer " + std::to_string(i) + " of a row holds no keys and values");
+            }
+            keys.push_back(layer.keys);
+            values.push_back(layer.values);
+        }
+        auto layer = std::make_shared<Layer>();
+        layer->keys = batch_slot(keys, steps);
+        layer->values = batch_slot(values, steps);
+        layer->is_initialized = true;
+        result->push_back(std::move(layer));
+    }
+    return Cache::from_layers(std::move(result));
 }
 
 CachePtr from_legacy(const Cache& cache) {

@@ -22,6 +22,10 @@ CachePtr Copier::concat_strategy(const std::vector<ConstCachePtr>& parts) {
     return kv::concat(parts);
 }
 
+CachePtr Copier::batch_strategy(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps) {
+    return kv::batch_row(rows, steps);
+}
+
 CachePtr Copier::clone(const Cache& source, CopyReason reason) {
     return record(clone_strategy(source), {&source}, reason);
 }
@@ -30,6 +34,12 @@ CachePtr Copier::concat(const std::vector<ConstCachePtr>& parts, CopyReason reas
     std::vector<const Cache*> sources;
     for (const ConstCachePtr& part : parts) sources.push_back(part.get());
     return record(concat_strategy(parts), sources, reason);
+}
+
+CachePtr Copier::batch_row(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps, CopyReason reason) {
+    std::vector<const Cache*> sources;
+    for (const ConstCachePtr& row : rows) sources.push_back(row.get());
+    return record(batch_strategy(rows, steps), sources, reason);
 }
 
 CachePtr Copier::from_legacy(const Cache& source) {

@@ -79,6 +79,8 @@ std::vector<std::pair<Op, std::string>> one_op_per_kind() {
         {op::PagedExport{3}, "paged_export seq=3"},
         {op::PagedRewind{3, 2, 1}, "paged_rewind seq=3 count=2 token=1"},
         {op::Trim{{2}, 3}, "trim h2 keep=3"},
+        {op::Batch{{5}, 2, {3, 0, 1, 1}, 1, {{1}, {2}}}, "h5 = batch repeat=2 reorder=3,0,1,1 select=1 h1 h2"},
+        {op::Batch{{4}, 1, {}, 0, {{1}}}, "h4 = batch repeat=1 reorder= select=0 h1"},
         {op::SwitchLane{2}, "switch lane=2"},
         {op::Tick{4}, "tick ms=4"},
         {op::Lease{"a"}, "lease a"},

@@ -608,6 +608,65 @@ class M41 final : public ReferenceEngine {
         ReferenceEngine::store_add(id, cache, metadata);
         cache->set_dropped(0);
     }
+    }
+};
+
+// A Copier whose batch strategy is the bug (docs/semantics.md#batches).
+class BatchCopier final : public kv::Copier {
+  public:
+    using BatchFn = std::function<CachePtr(const std::vector<ConstCachePtr>&, const kv::BatchSteps&)>;
+    explicit BatchCopier(BatchFn batch) : batch_(std::move(batch)) {}
+
+  protected:
+    CachePtr batch_strategy(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) override {
+        return batch_(rows, steps);
+    }
+
+  private:
+    BatchFn batch_;
+};
+
+// M42 (ours, issue 40): a beam step's reorder moves the keys but not the
+// values (reorder_cache's index_select applied to one side of the layer):
+// the row handed out pairs one row's keys with another's values.
+CachePtr batch_m42(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
+    kv::BatchSteps unordered = steps;
+    unordered.reorder.clear();
+    auto layers = std::make_shared<kv::LayerList>();
+    for (std::size_t i = 0; i < rows.front()->layers()->size(); ++i) {
+        std::vector<at::Tensor> keys;
+        std::vector<at::Tensor> values;
+        for (const ConstCachePtr& row : rows) {
+            keys.push_back((*row->layers())[i]->keys);
+            values.push_back((*row->layers())[i]->values);
+        }
+        auto layer = std::make_shared<kv::Layer>();
+        layer->keys = kv::batch_slot(keys, steps);
+        layer->values = kv::batch_slot(values, unordered);
+        layer->is_initialized = true;
+        layers->push_back(std::move(layer));
+    }
+    return Cache::from_layers(std::move(layers));
+}
+
+// M43 (ours, issue 40): a batch of one row, neither repeated nor
+// reordered, is taken for the identity: the row handed out is new layer
+// objects around the row's own tensors, so the two share storage.
+CachePtr batch_m43(const std::vector<ConstCachePtr>& rows, const kv::BatchSteps& steps) {
+    if (rows.size() != 1 || steps.repeat != 1 || !steps.reorder.empty()) return kv::batch_row(rows, steps);
+    auto layers = std::make_shared<kv::LayerList>();
+    for (const kv::LayerPtr& layer : *rows.front()->layers()) layers->push_back(std::make_shared<kv::Layer>(*layer));
+    return Cache::from_layers(std::move(layers));
+}
+
+class M42 final : public ReferenceEngine {
+  public:
+    M42() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m42)) {}
+};
+
+class M43 final : public ReferenceEngine {
+  public:
+    M43() : ReferenceEngine(std::make_shared<BatchCopier>(batch_m43)) {}
 };
 
 // A Copier whose clone (and concat) strategy is the bug.
@@ -911,6 +970,9 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M39>("M39", "a read lease expires a tick late: a delete at its expiry is refused", {P::lease_respected}),
         mutant<M40>("M40", "a store of window 4 keeps the last 5 tokens of what it stores", {P::stored_immutable}),
         mutant<M41>("M41", "a store of window 4 forgets the positions its cut moved on", {P::generation_equivalent}),
+        mutant<M42>("M42", "a batch's reorder moves the keys but not the values", {P::batch_exact}),
+        mutant<M43>("M43", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
+                    {P::clone_independent}),
     };
 }
 

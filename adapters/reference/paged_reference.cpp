@@ -158,9 +158,11 @@ PagedReference::~PagedReference() = default;
 Capabilities PagedReference::capabilities() const {
     Capabilities capabilities = ReferenceEngine::capabilities();
     capabilities.paged = true;
-    // Trimming is the contiguous reference's (judged there): the paged
-    // reference's traces stay those of the paged family and the store.
+    // Trimming and batches are the contiguous reference's (judged there):
+    // the paged reference's traces stay those of the paged family and the
+    // store.
     capabilities.trim = false;
+    capabilities.batch = false;
     const kv::paged::PoolConfig& config = pool_->config();
     capabilities.paged_free_order = config.free_to_front      ? PagedFreeOrder::front
                                     : config.free_by_last_use ? PagedFreeOrder::lru

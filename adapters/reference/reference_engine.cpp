@@ -21,6 +21,7 @@ Capabilities ReferenceEngine::capabilities() const {
     capabilities.returned_caches = returned_caches_;
     capabilities.trim = true;
     capabilities.lease_ttl_ms = leases_.ttl_ms();
+    capabilities.batch = true;
     capabilities.owned_marker = owned_marker_;
     // A lock around the store, the handles and the model (hold): every call
     // may come from any thread.
@@ -372,6 +373,19 @@ void ReferenceEngine::trim(Handle h, std::int64_t keep) {
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("trim: the handle holds no cache");
     kv::crop(*std::const_pointer_cast<kv::Cache>(cache), keep);
+}
+
+// docs/semantics.md#batches: the row handed out is the one deliberate copy.
+void ReferenceEngine::batch_row(const std::vector<Handle>& rows, std::int64_t repeat,
+                                const std::vector<std::int64_t>& reorder, std::int64_t select, Handle out) {
+    const auto held = hold();
+    std::vector<kv::ConstCachePtr> caches;
+    for (const Handle row : rows) {
+        kv::ConstCachePtr cache = handle(row);
+        if (!cache) throw std::invalid_argument("batch: a row's handle holds no cache");
+        caches.push_back(std::move(cache));
+    }
+    handles_[out] = copier_->batch_row(caches, kv::BatchSteps{repeat, reorder, select}, kv::CopyReason::user);
 }
 
 void ReferenceEngine::release(Handle h) {

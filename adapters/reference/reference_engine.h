@@ -108,6 +108,8 @@ class ReferenceEngine : public Engine {
     void advance_clock(std::int64_t ms) override;
     void lease(const std::string& id) override;
     void unlease(const std::string& id) override;
+    void batch_row(const std::vector<Handle>& rows, std::int64_t repeat, const std::vector<std::int64_t>& reorder,
+                   std::int64_t select, Handle out) override;
 
     std::vector<std::string> stored_ids() override;
     CacheView view_entry(const std::string& id) override;

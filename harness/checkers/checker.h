@@ -67,13 +67,14 @@ namespace checkers {
 // ---- facts -------------------------------------------------------------------
 
 // The operation that made a handle, as the checks name it.
-enum class MadeBy : std::uint8_t { get, get_cache, clone, concat, make, to_legacy, from_legacy, stored_back };
+enum class MadeBy : std::uint8_t { get, get_cache, clone, concat, make, to_legacy, from_legacy, stored_back, batch };
 
 struct Made {
     MadeBy by = MadeBy::make;
     std::int64_t out = 0;               // the handle made (stored_back: the handle stored)
     std::optional<ObjectId> object;     // what it must hold; none: no cache
-    std::vector<std::int64_t> sources;  // clone, concat: the handles it was made from
+    std::vector<std::int64_t> sources;  // clone, concat, batch: the handles it was made from
+    std::string how;                    // batch: the operation, as messages name it
     std::string id;                     // get, stored_back: the id
     std::size_t ids = 0;                // get_cache: how many ids were asked for
     bool merged = false;                // get_cache, concat: of several parts

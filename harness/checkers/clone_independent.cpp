@@ -1,8 +1,9 @@
 // clone-independent: a copy shares no tensor storage, layer object or list
 // with its source: a clone, not for an empty cache (the model filling the
 // clone must not add layers to the source), not for layers holding one side
-// only or legacy-named slots; and the copy from_legacy makes
-// (docs/semantics.md#conversion-copies).
+// only or legacy-named slots; the copy from_legacy makes
+// (docs/semantics.md#conversion-copies); and a batch's row, with any of the
+// rows it was stacked from (docs/semantics.md#batches).
 //
 // Checked, when the engine reports storage identities: the copy's storage
 // against its source's, at the step that made it. The copy a generation
@@ -22,10 +23,12 @@ class CloneIndependent final : public Checker {
     CloneIndependent() : Checker(Property::clone_independent) {}
 
     void made(const Made& made, Probe& probe) override {
-        const bool copy = made.by == MadeBy::clone || made.by == MadeBy::from_legacy;
+        const bool copy = made.by == MadeBy::clone || made.by == MadeBy::from_legacy || made.by == MadeBy::batch;
         if (!copy || !made.object || !checking(probe)) return;
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
-            const std::string what = made.by == MadeBy::clone ? "the clone " : "the copy from_legacy made, ";
+            const std::string what = made.by == MadeBy::clone   ? "the clone "
+                                     : made.by == MadeBy::batch ? "the batch row "
+                                                                : "the copy from_legacy made, ";
             fail(probe, what + handle_text(made.out) + " shares one storage with its source " + handle_text(*source));
         }
     }

@@ -52,6 +52,7 @@ class OwnedMarker final : public Checker {
                 if (made.object && !made.tokenless) check_owned(made, made.merged ? "the merged cache" : "the copy", probe);
                 return;
             case MadeBy::clone: check_owned(made, "the clone", probe); return;
+            case MadeBy::batch: check_owned(made, "the batch row", probe); return;
             case MadeBy::concat:
                 if (made.object) check_owned(made, "the merged cache", probe);
                 return;

@@ -71,6 +71,7 @@ PropertySet checkable(const Capabilities& capabilities) {
                              ((info.needs & property_needs_capacity) && !capabilities.policy.bounded()) ||
                              ((info.needs & property_needs_trim) && !capabilities.trim) ||
                              ((info.needs & property_needs_leases) && capabilities.lease_ttl_ms <= 0) ||
+                             ((info.needs & property_needs_batch) && !capabilities.batch) ||
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }

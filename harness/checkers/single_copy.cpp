@@ -3,9 +3,10 @@
 // copies its semantics make (get_cache one, its owned result, or for ids
 // that hold no tokens none, or one of 0 bytes for an empty result; clone,
 // concat and from_legacy one each; a generation one unless its input is
-// already an owned copy; nothing else any), each logged with the bytes of
-// K/V it copied (under a window, from what the cache shows to all of it);
-// and while the model runs, the K/V sets alive are the
+// already an owned copy; a batch one at least, of any size, as its
+// stacking, repeat, reorder and select each may copy; nothing else any),
+// each logged with the bytes of K/V it copied (under a window, from what
+// the cache shows to all of it); and while the model runs, the K/V sets alive are the
 // input's copy chain plus the boundary's copy, no more, and no fewer than
 // the trace still holds (the lower bound only when the model ran: a
 // generation of 0 tokens runs none).
@@ -16,6 +17,8 @@
 // Not checked here: that a copy is correct (layout-roundtrip,
 // merge-correct) or independent (clone-independent, stored-immutable).
 #include "checkers/checker.h"
+
+#include <limits>
 
 namespace kvcheck::checkers {
 namespace {
@@ -48,7 +51,9 @@ class SingleCopy final : public Checker {
         if (!probe.capabilities().copy_log) return;
         const std::size_t made = copies.logged.size();
         const bool counted = expect(probe, made >= copies.min && made <= copies.max, [&] {
+            const bool unbounded = copies.max == std::numeric_limits<std::size_t>::max();
             const std::string expected = copies.min == copies.max ? std::to_string(copies.min)
+                                         : unbounded              ? "at least " + std::to_string(copies.min)
                                                                   : std::to_string(copies.min) + " or " + std::to_string(copies.max);
             return copies.what + " made " + std::to_string(made) + " copies of the K/V, expected " + expected;
         });

@@ -716,6 +716,10 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", "the adapter declares no leases (Capabilities::lease_ttl_ms): no lease is drawn");
             return;
         }
+        if (property == Property::batch_exact) {
+            out.send("skipped", "the adapter does not claim batch (Capabilities::batch): no batch is drawn");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

@@ -236,6 +236,16 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     void advance_clock(std::int64_t ms) override { operation(Request("advance_clock").field("ms", ms)); }
     void lease(const std::string& id) override { operation(Request("lease").field("id", id)); }
     void unlease(const std::string& id) override { operation(Request("unlease").field("id", id)); }
+    // With the batch capability.
+    void batch_row(const std::vector<Handle>& rows, std::int64_t repeat, const std::vector<std::int64_t>& reorder,
+                   std::int64_t select, Handle out) override {
+        operation(Request("batch")
+                      .field("rows", rows)
+                      .field("repeat", repeat)
+                      .field("reorder", reorder)
+                      .field("select", select)
+                      .field("out", out));
+    }
 
     // ---- the reads after a step ----
 

@@ -279,7 +279,7 @@ Capabilities read_capabilities(const Json& flags) {
     capabilities.paged_rewind = false;
     // A free order is checked only when the adapter declares one.
     capabilities.paged_free_order = PagedFreeOrder::unspecified;
-    const std::array<std::pair<const char*, bool*>, 24> known{{
+    const std::array<std::pair<const char*, bool*>, 25> known{{
         {"modern_layout", &capabilities.modern_layout},
         {"legacy_layout", &capabilities.legacy_layout},
         {"one_sided_layers", &capabilities.one_sided_layers},
@@ -308,6 +308,8 @@ Capabilities read_capabilities(const Json& flags) {
         {"trim", &capabilities.trim},
         // Concurrent requests (docs/protocol.md section 11a): off unless claimed.
         {"thread_safe", &capabilities.thread_safe},
+        // batch (docs/protocol.md, "Batches"): off unless claimed.
+        {"batch", &capabilities.batch},
     }};
     const std::vector<Json::Member>& members =
         in_member("capabilities", [&]() -> const std::vector<Json::Member>& { return flags.as_object(); });

@@ -3,6 +3,7 @@
 #include "durability/dump_kill.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace kvcheck {
 namespace {
@@ -858,6 +859,92 @@ std::optional<Fact> Transitions::apply(const op::Trim& op) {
     for (const auto& [handle, bound] : audit_.handles()) {
         if (bound && (*bound == *object || audit_.object(*bound).alias_parent == *object)) readings_.forget_handle(handle);
     }
+    return fact;
+}
+
+// ---- batches (docs/semantics.md#batches) -----------------------------------------
+
+namespace {
+
+// Can these views be stacked into one batch? Each holds one row of the
+// same geometry: modern, every layer initialized with keys and values in
+// their own slots, each slot 4-dimensional with batch 1 and a token at
+// least (a copy of no element shows no copy), every row's slot of the
+// same shape and dtype as the first row's.
+bool stackable(const std::vector<CacheView>& rows) {
+    const CacheView& first = rows.front();
+    for (const CacheView& row : rows) {
+        if (row.layout != Layout::modern || row.layers.size() != first.layers.size()) return false;
+        for (std::size_t i = 0; i < row.layers.size(); ++i) {
+            const LayerView& layer = row.layers[i];
+            if (!layer.initialized || layer.slots[key_cache].present || layer.slots[value_cache].present) return false;
+            for (const Slot side : {keys, values}) {
+                const SlotView& slot = layer.slots[side];
+                const SlotView& model = first.layers[i].slots[side];
+                if (!slot.present || slot.shape.size() != 4 || slot.shape[0] != 1 || slot.shape[2] < 1) return false;
+                if (slot.shape != model.shape || slot.dtype != model.dtype) return false;
+            }
+        }
+    }
+    return !first.layers.empty();
+}
+
+std::string batch_text(const op::Batch& op) {
+    std::string text = "batch";
+    for (const HandleName& row : op.rows) text += " " + checkers::handle_text(row.value);
+    text += " repeat=" + std::to_string(op.repeat);
+    if (!op.reorder.empty()) {
+        text += " reorder=";
+        for (std::size_t i = 0; i < op.reorder.size(); ++i) text += (i ? "," : "") + std::to_string(op.reorder[i]);
+    }
+    return text + " select=" + std::to_string(op.select) + " -> " + checkers::handle_text(op.out.value);
+}
+
+}  // namespace
+
+// Caches the caller owns, stacked as the rows of one batch; the row handed
+// out is a new cache the caller owns holding exactly the row it came from
+// (a cache the model made stays one: what it started from and the tokens
+// fed). Stored items, views of other caches and caches a generation
+// changed unseen are not stacked (read-only, or unknown).
+template <>
+std::optional<Fact> Transitions::apply(const op::Batch& op) {
+    std::vector<ObjectId> objects;
+    std::vector<CacheView> views;
+    std::vector<std::int64_t> sources;
+    std::int64_t deepest = 0;
+    for (const HandleName& row : op.rows) {
+        bool none = false;
+        const std::optional<ObjectId> object = known_source(row.value, &none);
+        if (!object) return std::nullopt;
+        const Object& held = audit_.object(*object);
+        if (!held.expect_owned || held.origin == Origin::stored_item || held.alias_parent != 0) return std::nullopt;
+        objects.push_back(*object);
+        sources.push_back(row.value);
+        deepest = std::max(deepest, held.chain_sets);
+    }
+    for (const ObjectId object : objects) views.push_back(audit_.view_of(object));
+    if (!stackable(views)) return std::nullopt;
+    const ObjectId from = objects[op.source_row()];
+    std::vector<Handle> rows(sources.begin(), sources.end());
+    engine_.batch_row(rows, op.repeat, op.reorder, op.select, op.out.value);
+    checkers::Made fact = made(MadeBy::batch, op.out.value, std::nullopt);
+    fact.how = batch_text(op);
+    fact.sources = std::move(sources);
+    // Copied before new_object, which may move the objects it holds.
+    CacheContent content = audit_.object(from).content;
+    const std::optional<Tokens> fed = audit_.object(from).fed;
+    const std::optional<CacheView> view = audit_.object(from).view;
+    const ObjectId object = audit_.new_object(std::move(content), Origin::clone, true, 0, deepest + 1, audit_.copy_lineage(objects));
+    if (fed) audit_.set_fed(object, *fed, *view);
+    fact.object = object;
+    audit_.bind(op.out.value, object);
+    // The row handed out is new K/V: a copy at least. How many more the
+    // stacking, repeat, reorder and select make, and of what size, is the
+    // engine's (transformers copies at each step; docs/semantics.md#batches).
+    copies_.what = fact.how;
+    copies_.min = 1;
+    copies_.max = std::numeric_limits<std::size_t>::max();
     return fact;
 }
 

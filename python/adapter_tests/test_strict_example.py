@@ -26,9 +26,10 @@ def test_declared_the_store_passes_every_property_with_no_engine_error(kvcheck):
     assert run.report["domain"] == DOMAIN, run.report["domain"]
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert verdicts.pop("trim-exact") == "skipped", verdicts  # the store has no Adapter.trim: nothing is trimmed
+    assert verdicts.pop("batch-exact") == "skipped", verdicts  # nor Adapter.batch: nothing is batched
     assert set(verdicts.values()) == {"pass"}, verdicts
     for result in run.applicable():
-        if result["id"] not in ("engine-error", "shared-state", "trim-exact"):  # the engine-level rows, and one skipped
+        if result["id"] not in ("engine-error", "shared-state", "trim-exact", "batch-exact"):  # the engine-level rows, and two skipped
             assert result["cases"] == 60 and result["judged"] == 60, result
     assert run.result("engine-error")["failures"] == []
 

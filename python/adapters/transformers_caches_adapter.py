@@ -21,6 +21,7 @@ The mapping (python/README.md, "Real engines"):
 | get_cache, clone, concat | a new cache of the class filled by `update` with each part's held K/V in order (static: one `index_copy_` a part; dynamic: one `torch.cat` a layer) |
 | get_cache of one id, clone, the boundary's copy, with `--copy` (dynamic) | `deepcopy`: `copy.deepcopy(cache)`; `select`, `repeat`, `reorder`: a new DynamicCache whose layers hold the source's own tensors, then its `batch_select_indices([0])`, `batch_repeat_interleave(1)` or `reorder_cache([0])`, which rebinds each layer to the rows it selects (the copy; the source keeps its tensors). A merge of several is made as above |
 | generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`); `--decoding beam` passes `num_beams=2` (beam search: the cache expanded to the beams by its `batch_repeat_interleave(2)`, as generate does not expand a cache it is given, then `reorder_cache` after every step; the cache is left holding 2 rows) |
+| batch(rows, repeat, reorder, select) | (dynamic) the rows stacked into one DynamicCache (one `torch.cat` a layer along the batch), then its `batch_repeat_interleave(repeat)`, `reorder_cache(reorder)` when there is one, `batch_select_indices([select])`: the row handed out |
 | trim(handle, keep) | `cache.crop(keep - held)` on a copy the caller holds (transformers 5's crop takes the tokens to remove, negative; dynamic: the layer's tensors sliced, static: `cumulative_length` lowered) |
 | generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does; for `--decoding beam`, beam search on it the same way |
 
@@ -62,6 +63,12 @@ Assumptions (contract differences, declared rather than papered over):
     batch_repeat_interleave or batch_select_indices (Cache's calls raise
     AttributeError on a StaticCache), and a deep copy of a StaticCache
     copies its whole preallocated buffer;
+  - kvcheck's `batch` (docs/semantics.md, batches) is mapped onto a
+    DynamicCache's batch_repeat_interleave, reorder_cache and
+    batch_select_indices in turn; the stacking of the rows is the
+    adapter's (one cat a layer): transformers has none. A StaticCache
+    claims no batch (StaticLayer has no batch_repeat_interleave or
+    batch_select_indices in 5.25);
   - transformers 5.25 has no legacy conversion (DynamicCache's
     to_legacy_cache and from_legacy_cache are gone): nothing to map.
 """
@@ -156,6 +163,9 @@ class TransformersCachesAdapter(Adapter):
         )
         self.model = hf.model_domain(model)
         self.capabilities = hf.capabilities(self.model)
+        # 5.25's StaticLayer has no batch_repeat_interleave or
+        # batch_select_indices: a StaticCache takes no batch (declared).
+        self.capabilities["batch"] = cache_class == "dynamic"
         self.items = {}  # id -> the stored cache object, in insertion order
         self.handed_out = weakref.WeakSet()  # the copies the store made and has not stored since
 
@@ -270,6 +280,26 @@ class TransformersCachesAdapter(Adapter):
         held_tokens = cache.get_seq_length()
         if held_tokens > keep:
             cache.crop(keep - held_tokens)
+
+    # ---- batches ----
+
+    def batch(self, rows, repeat, reorder, select):
+        # The rows stacked into one DynamicCache of batch len(rows) (one cat
+        # a layer along the batch: transformers has no call that stacks
+        # caches; batched generation starts from a batched prompt), then
+        # transformers' own batch operations on it, in place, as beam
+        # search and a batched generation call them.
+        layers = [held_layers(row) for row in rows]
+        stacked = hf.cache_of_layers([
+            (torch.cat([held[i][0] for held in layers], dim=0), torch.cat([held[i][1] for held in layers], dim=0), True)
+            for i in range(len(layers[0]))
+        ])
+        stacked.batch_repeat_interleave(repeat)
+        if reorder:
+            stacked.reorder_cache(torch.tensor(reorder, dtype=torch.long))
+        stacked.batch_select_indices(torch.tensor([select], dtype=torch.long))
+        self.handed_out.add(stacked)  # the caller owns it: a generation writes into it
+        return stacked
 
     def generate_fresh(self, cache, prompt, max_new_tokens):
         # The reference: plain greedy on transformers' default class.

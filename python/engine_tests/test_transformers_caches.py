@@ -48,6 +48,9 @@ def test_a_store_of_static_caches_holds_every_store_property(kvcheck, transforme
     verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in STORE_PROPERTIES}
     assert verdicts == {p: "pass" for p in STORE_PROPERTIES}, verdicts
     assert run.report["adapter"] == f"transformers-{VERSION}-static"
+    # 5.25's StaticLayer has no batch_repeat_interleave or
+    # batch_select_indices: a StaticCache claims no batch.
+    assert run.result("batch-exact")["verdict"] == "skipped", run.result("batch-exact")
 
 
 def test_prompt_lookup_from_a_stored_cache_breaks_generation_equivalent(kvcheck, transformers_env):
@@ -70,6 +73,23 @@ def test_beam_search_and_copies_by_batch_select_hold_the_store_properties(kvchec
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in BATCH_PROPERTIES}
     assert verdicts == {p: "pass" for p in BATCH_PROPERTIES}, verdicts
+
+
+# kvcheck's batch (docs/semantics.md#batches) on DynamicCaches: the rows
+# stacked, then transformers' batch_repeat_interleave, reorder_cache and
+# batch_select_indices; the row handed out judged by its content, its
+# storage against the rows', its marker, its copies and a generation from
+# it.
+BATCH_OP_PROPERTIES = {"batch-exact", "clone-independent", "owned-marker", "single-copy", "generation-equivalent",
+                       "stored-immutable"}
+
+
+def test_batches_of_dynamic_caches_hold_batch_exact_and_the_ownership_properties(kvcheck, transformers_env):
+    properties = [argument for p in sorted(BATCH_OP_PROPERTIES) for argument in ("--property", p)]
+    run = kvcheck("run", "--adapter", ADAPTER + " --cache dynamic", *properties, "--cases", CASES, "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in BATCH_OP_PROPERTIES}
+    assert verdicts == {p: "pass" for p in BATCH_OP_PROPERTIES}, verdicts
 
 
 # The probe: beam search straight on what it is given, a stored cache too

@@ -294,6 +294,22 @@ class Adapter:
         back, or expired)."""
         raise NotImplementedError(f"{type(self).__name__}.unlease")
 
+    # optional: batches (capability "batch"; docs/semantics.md, batches). On
+    # when implemented.
+
+    def batch(self, rows: List[Cache], repeat: int, reorder: List[int], select: int) -> Cache:
+        """One row of a batch, as a new cache the caller owns: the caches
+        `rows` (each of batch 1, owned by the caller, one geometry) stacked
+        into one cache of batch len(rows), every row repeated `repeat` times
+        in place (transformers' batch_repeat_interleave: row j becomes row
+        j // repeat), then, when `reorder` is not empty, the rows reordered
+        (reorder_cache after a beam step: row j becomes row reorder[j]),
+        then row `select` kept (batch_select_indices([select])). The rows
+        are unchanged and the result shares no storage with them.
+        batch-exact compares it with the cache of the row it came from,
+        clone-independent its storage with the rows'."""
+        raise NotImplementedError(f"{type(self).__name__}.batch")
+
     # ---- caches ------------------------------------------------------------------------------
 
     def make_cache(self, content) -> Cache:
@@ -413,6 +429,7 @@ def capabilities_of(engine: Adapter) -> Dict[str, bool]:
         "returned_caches": all(_overrides(engine, m) for m in ("generate_returning", "extract", "feed")),
         "trim": _overrides(engine, "trim"),
         "thread_safe": bool(engine.thread_safe),
+        "batch": _overrides(engine, "batch"),
     }
     flags.update(_paged_flags(engine))
     flags.update(_lease_flags(engine))
@@ -928,6 +945,23 @@ class Server:
         handle, keep = _field(request, "handle", int), _field(request, "keep", int)
         cache = self._held(handle, "trim")
         return self._operation(lambda: s.engine.trim(cache, keep), handles=[handle])
+
+    def _op_batch(self, request):
+        s = self._session
+        rows, out = _field(request, "rows", list), _field(request, "out", int)
+        repeat, select = _field(request, "repeat", int), _field(request, "select", int)
+        reorder = [int(index) for index in _field(request, "reorder", list)]
+        caches = [self._held(row, "batch") for row in rows]
+
+        def run():
+            s.handles[out] = s.engine.batch(caches, repeat, reorder, select)
+
+        # No copy_of: the rows hold tokens (kvcheck stacks no empty row), so
+        # the tracker sees the steps' copies, each a level of the row's
+        # lineage (stack, repeat, reorder, select), which dies with the
+        # step; naming the rows as the result's direct sources as well
+        # would count the live rows at every level.
+        return self._operation(run, handles=[out] + list(rows))
 
     def _op_release(self, request):
         s = self._session

@@ -139,6 +139,28 @@ CachePtr clone(const Cache& source);
 // new owned cache; the parts are not modified. Requires at least one part.
 CachePtr concat(const std::vector<ConstCachePtr>& parts);
 
+// A batch's steps (docs/semantics.md#batches): each row repeated `repeat`
+// times in place (transformers' batch_repeat_interleave), the rows then
+// reordered by `reorder` when it is not empty (reorder_cache: row j becomes
+// row reorder[j]), then row `select` kept (batch_select_indices).
+struct BatchSteps {
+    std::int64_t repeat = 1;
+    std::vector<std::int64_t> reorder;
+    std::int64_t select = 0;
+};
+
+// One slot of the batch: `rows` (each [1, heads, seq, head_dim], of one
+// shape and dtype) stacked along the batch, then `steps`; a new tensor of
+// batch 1. Throws std::invalid_argument for an index out of range.
+at::Tensor batch_slot(const std::vector<at::Tensor>& rows, const BatchSteps& steps);
+
+// The row `steps` selects of the batch of `rows` (each modern, every layer
+// initialized, keys and values of batch 1 and one geometry): a new cache
+// whose every layer holds batch_slot of the rows' keys and of their values,
+// sharing nothing with the rows. The rows are not modified. Throws
+// std::invalid_argument for rows it cannot stack.
+CachePtr batch_row(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps);
+
 // modern -> legacy: slot i holds layer i's key()/value(), aliased (no copy),
 // or an empty tensor when the layer is uninitialized or lacks that side.
 // Throws std::invalid_argument for a legacy cache (and from_legacy for a

@@ -38,6 +38,9 @@ class Copier {
     CachePtr clone(const Cache& source, CopyReason reason);
     // An owned merge of `parts` in order (lineage: every part), logged.
     CachePtr concat(const std::vector<ConstCachePtr>& parts, CopyReason reason);
+    // The row of a batch of `rows` that `steps` selects (kv::batch_row;
+    // lineage: every row), logged: the row handed out is the copy.
+    CachePtr batch_row(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps, CopyReason reason);
     // kv::from_legacy of `source` (lineage: source), logged as a
     // conversion. Not marked owned: a conversion hands out no owned copy.
     CachePtr from_legacy(const Cache& source);
@@ -49,6 +52,7 @@ class Copier {
     // The copy strategy. The reference uses kv::clone and kv::concat.
     virtual CachePtr clone_strategy(const Cache& source);
     virtual CachePtr concat_strategy(const std::vector<ConstCachePtr>& parts);
+    virtual CachePtr batch_strategy(const std::vector<ConstCachePtr>& rows, const BatchSteps& steps);
 
   private:
     CachePtr record(CachePtr copy, const std::vector<const Cache*>& sources, CopyReason reason, bool owned = true);

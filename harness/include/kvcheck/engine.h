@@ -166,6 +166,10 @@ struct Capabilities {
     // those count: views show each slot's last `window` tokens, a trim is
     // asked only of a cache that never held `window`. 0: no window.
     std::int64_t window = 0;
+    // batch (docs/semantics.md#batches): caches the caller owns stacked
+    // into a batch, repeated, reordered and a row selected. Off unless an
+    // engine claims it.
+    bool batch = false;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.
@@ -310,6 +314,20 @@ class Engine {
     virtual void lease(const std::string& /*id*/) { throw std::logic_error("lease: not supported by this engine"); }
     // Gives one lease back; throws when `id` holds no live lease.
     virtual void unlease(const std::string& /*id*/) { throw std::logic_error("unlease: not supported by this engine"); }
+    // ---- batches (docs/semantics.md#batches) ----
+    // With Capabilities::batch; the default throws. Stacks the caches
+    // `rows` (each batch 1, owned by the caller, of one geometry) into one
+    // cache of batch rows.size(), repeats every row `repeat` times in place
+    // (batch_repeat_interleave), reorders the rows by `reorder` when it is
+    // not empty (reorder_cache: row j becomes row reorder[j]), keeps row
+    // `select` (batch_select_indices) and binds `out` to it: a new cache
+    // the caller owns, sharing no storage with any row or the store. The
+    // rows are unchanged; one deliberate copy (of the row handed out) is
+    // logged.
+    virtual void batch_row(const std::vector<Handle>& /*rows*/, std::int64_t /*repeat*/,
+                           const std::vector<std::int64_t>& /*reorder*/, std::int64_t /*select*/, Handle /*out*/) {
+        throw std::logic_error("batch: not supported by this engine");
+    }
 
     // ---- cache-level ----
     virtual void make(const CacheContent& content, Handle out) = 0;  // not stored, not owned

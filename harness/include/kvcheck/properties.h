@@ -30,6 +30,7 @@ enum PropertyNeeds : std::uint16_t {
     property_needs_capacity = 1 << 6,  // a declared capacity (Capabilities::policy.bounded())
     property_needs_trim = 1 << 7,      // Capabilities::trim
     property_needs_leases = 1 << 8,    // Capabilities::lease_ttl_ms > 0
+    property_needs_batch = 1 << 9,     // Capabilities::batch
 };
 
 // X(enum name, id, summary, needs), in the order the checkers run and a
@@ -98,7 +99,10 @@ enum PropertyNeeds : std::uint16_t {
     /* read leases on kvcheck's virtual clock (docs/semantics.md#leases) */                                       \
     X(lease_respected, "lease-respected",                                                                          \
       "an entry under a live read lease is never removed or replaced; an expired lease protects nothing",          \
-      property_needs_leases)
+      property_needs_leases)                                                                                      \
+    /* batches (last: the properties before keep their trace streams, kvcheck::trace_seed) */                      \
+    X(batch_exact, "batch-exact",                                                                                  \
+      "a row of a repeated, reordered or selected batch equals the cache it came from", property_needs_batch)
 
 enum class Property : std::uint8_t {
 #define KVCHECK_PROPERTY_ENUM(name, id, summary, needs) name,

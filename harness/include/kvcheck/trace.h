@@ -86,6 +86,7 @@ enum Needs : std::uint16_t {
     needs_paged_rewind = 1 << 9, // Capabilities::paged_rewind
     needs_trim = 1 << 10,        // Capabilities::trim
     needs_leases = 1 << 11,      // Capabilities::lease_ttl_ms > 0
+    needs_batch = 1 << 12,       // Capabilities::batch
 };
 
 namespace op {
@@ -540,6 +541,46 @@ struct Trim {
     bool well_formed() const { return handle.value != 0 && keep >= 1; }
 };
 
+// ---- batches (docs/semantics.md#batches) ----
+// One row of a batch the caller owns: the caches `rows` (batch 1 each)
+// stacked into one cache of batch rows.size(), each row repeated `repeat`
+// times in place (transformers' batch_repeat_interleave), reordered by
+// `reorder` when it is not empty (reorder_cache after a beam step: row j
+// becomes row reorder[j]), then row `select` kept (batch_select_indices)
+// and bound to `out`, a cache the caller owns.
+//   h5 = batch repeat=2 reorder=3,0,1,1 select=1 h1 h2   # h5 holds h2's K/V
+struct Batch {
+    static constexpr const char* name = "batch";
+    static constexpr std::array<const char*, 5> fields{"out", "repeat", "reorder", "select", "rows"};
+    static constexpr StoreReach reach = StoreReach::named;
+    static constexpr bool changes_ids = false;
+    static constexpr std::uint16_t needs = needs_batch;
+    static constexpr std::size_t list_min = 1;
+    HandleName out;
+    std::int64_t repeat = 1;
+    Tokens reorder;
+    std::int64_t select = 0;
+    HandleNames rows;
+    // The batch's size once repeated.
+    std::int64_t width() const { return static_cast<std::int64_t>(rows.size()) * repeat; }
+    bool well_formed() const {
+        if (out.value == 0 || rows.empty() || repeat < 1 || repeat > 8 || select < 0 || select >= width()) return false;
+        for (const HandleName& row : rows) {
+            if (row == out || row.value == 0) return false;
+        }
+        if (!reorder.empty() && static_cast<std::int64_t>(reorder.size()) != width()) return false;
+        for (const std::int64_t index : reorder) {
+            if (index < 0 || index >= width()) return false;
+        }
+        return true;
+    }
+    // The row of `rows` that row `select` of the result came from.
+    std::size_t source_row() const {
+        const std::int64_t index = reorder.empty() ? select : reorder[static_cast<std::size_t>(select)];
+        return static_cast<std::size_t>(index / repeat);
+    }
+};
+
 // ---- concurrent clients (docs/semantics.md#concurrent-clients) ----
 // A context switch: the steps after it, up to the next switch, are client
 // `lane`'s calls. A trace without one is one client's (lane 0), as every
@@ -619,7 +660,9 @@ using Op = std::variant<op::Add, op::AddHandle, op::Get, op::GetByIds, op::GetAl
                         // concurrent clients
                         op::SwitchLane,
                         // kvcheck's clock and read leases (after SwitchLane: the kinds before keep their indices)
-                        op::Tick, op::Lease, op::Unlease>;
+                        op::Tick, op::Lease, op::Unlease,
+                        // batches (after the rest: the kinds before keep their indices)
+                        op::Batch>;
 using Trace = std::vector<Op>;
 
 inline constexpr std::size_t op_kind_count = std::variant_size_v<Op>;
