@@ -608,7 +608,6 @@ class M41 final : public ReferenceEngine {
         ReferenceEngine::store_add(id, cache, metadata);
         cache->set_dropped(0);
     }
-    }
 };
 
 // A Copier whose batch strategy is the bug (docs/semantics.md#batches).
