@@ -18,6 +18,7 @@ def test_the_fixed_store_holds_every_property(kvcheck):
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert verdicts.pop("trim-exact") == "skipped", verdicts  # the store has no Adapter.trim: nothing is trimmed
     assert verdicts.pop("batch-exact") == "skipped", verdicts  # nor Adapter.batch: nothing is batched
+    assert verdicts.pop("lease-respected") == "skipped", verdicts  # nor lease_ttl_ms: nothing is leased
     assert set(verdicts.values()) == {"pass"}, verdicts
     # Issue 28: the dumps of an adapter process are killed and cut by power
     # failures too (dump_fork, docs/durability.md): every check applied.

@@ -27,9 +27,10 @@ def test_declared_the_store_passes_every_property_with_no_engine_error(kvcheck):
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert verdicts.pop("trim-exact") == "skipped", verdicts  # the store has no Adapter.trim: nothing is trimmed
     assert verdicts.pop("batch-exact") == "skipped", verdicts  # nor Adapter.batch: nothing is batched
+    assert verdicts.pop("lease-respected") == "skipped", verdicts  # nor lease_ttl_ms: nothing is leased
     assert set(verdicts.values()) == {"pass"}, verdicts
     for result in run.applicable():
-        if result["id"] not in ("engine-error", "shared-state", "trim-exact", "batch-exact"):  # the engine-level rows, and two skipped
+        if result["id"] not in ("engine-error", "shared-state", "trim-exact", "batch-exact", "lease-respected"):  # the engine-level rows, and three skipped
             assert result["cases"] == 60 and result["judged"] == 60, result
     assert run.result("engine-error")["failures"] == []
 

@@ -64,7 +64,7 @@ def test_the_model_is_the_decoders():
 def test_the_historic_bugs_are_activation_memorys():
     assert sm.BUGS == ("stored_to_generation", "single_id_returns_stored", "merge_uninitialized", "shallow_clone", "double_copy",
                        "turn_drops_last_token", "stored_turn_stays_writable", "extract_keeps_working_cache",
-                       "evicts_most_recent", "skips_digest")
+                       "evicts_most_recent", "skips_digest", "unlocked_index")
     store = sm.StrictMemory(bugs=["single_id_returns_stored"])
     store.add([{"id": "a", "cache": cache_of(MODEL_CACHE)}])
     assert store.get_cache(["a"]) is store.get("a").cache

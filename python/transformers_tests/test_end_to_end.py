@@ -112,6 +112,7 @@ def test_the_fixed_store_under_kvcheck(tmp_path):
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert results.pop("trim-exact")["verdict"] == "skipped", results  # the store has no Adapter.trim: nothing is trimmed
     assert results.pop("batch-exact")["verdict"] == "skipped", results  # nor Adapter.batch: nothing is batched
+    assert results.pop("lease-respected")["verdict"] == "skipped", results  # nor lease_ttl_ms: nothing is leased
     assert {p["verdict"] for p in results.values()} == {"pass"}, results
     assert report["domain"] == hf.domain_text(hf.model_domain(hf.tiny_model())).replace(",", " "), report["domain"]
 
