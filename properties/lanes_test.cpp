@@ -186,10 +186,24 @@ TEST_P(LaneMutant, IsFoundWithLanesAndNotByOneClient) {
               << " switches\n"
               << format_trace(shrunk.trace) << swimlanes(shrunk.trace, shrunk.failure.step, shrunk.failure.property);
 
+    // One client: the pool mutants (LM1, LM3: a lookup's answer or loaded
+    // counts used by the alloc of the same request) are not found in the
+    // budget. The store mutants (LM2, LM4: a copy tied to its entry until
+    // first used) are reachable by one client's own calls as well (get_cache,
+    // then an overwrite or a delete and add of its entry, then the
+    // generation: docs/semantics.md#concurrent-clients), and since the batch
+    // draws joined the reference's traces one client finds them in a few
+    // dozen traces: for them the lanes must find it no later.
     const std::optional<Finding> alone = find_and_shrink(*adapter, first_seed, traces_max, lanes_options(*adapter, 1));
-    EXPECT_FALSE(alone) << adapter->name << " was found by one client:\n"
-                        << format_failure(alone->shrunk.failure, alone->shrunk.trace,
-                                          reproduce_command(*adapter, alone->shrunk.trace));
+    std::cout << "[ lanes    ] " << adapter->name << " with one client: "
+              << (alone ? "found after " + std::to_string(alone->traces_tried) + " traces" : std::string("not found"))
+              << " in " << traces_max << "\n";
+    const bool one_client_reaches = adapter->name == "LM2" || adapter->name == "LM4";
+    EXPECT_TRUE(!alone || (one_client_reaches && alone->traces_tried >= finding->traces_tried))
+        << adapter->name << " was found by one client after " << (alone ? alone->traces_tried : 0) << " traces, with lanes after "
+        << finding->traces_tried << ":\n"
+        << (alone ? format_failure(alone->shrunk.failure, alone->shrunk.trace, reproduce_command(*adapter, alone->shrunk.trace))
+                  : std::string());
 }
 
 // Each property it is listed under catches it alone, with lanes.

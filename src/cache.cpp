@@ -497,7 +497,17 @@ CachePtr batch_row(const std::vector<ConstCachePtr>& rows, const BatchSteps& ste
         layer->is_initialized = true;
         result->push_back(std::move(layer));
     }
-    return Cache::from_layers(std::move(result));
+    CachePtr row = Cache::from_layers(std::move(result));
+    // The positions a window cut of the row moved on (Cache::dropped) are
+    // the selected row's: row j of the reordered batch is row reorder[j] of
+    // the repeated one, row r / repeat of the rows.
+    // (batch_slot checked the indices; with no layer there is nothing cut.)
+    if (layers > 0) {
+        const std::int64_t repeated =
+            steps.reorder.empty() ? steps.select : steps.reorder[static_cast<std::size_t>(steps.select)];
+        row->set_dropped(rows[static_cast<std::size_t>(repeated / steps.repeat)]->dropped());
+    }
+    return row;
 }
 
 CachePtr from_legacy(const Cache& cache) {
