@@ -138,6 +138,15 @@ void drop_each(const std::vector<T>& list, std::size_t keep_min, const std::func
     }
 }
 
+// 1, value / 2 and value - 1, each once, smallest first.
+std::vector<std::int64_t> smaller_counts(std::int64_t value) {
+    std::vector<std::int64_t> counts{1};
+    for (const std::int64_t count : {value / 2, value - 1}) {
+        if (count > counts.back()) counts.push_back(count);
+    }
+    return counts;
+}
+
 // Simpler values of an integer field, by its name: a size shrinks toward
 // its smallest meaningful value; a dump slot is a name and `truncate` a
 // switch, and neither is a size. A field not listed is left as it is.
@@ -145,8 +154,10 @@ std::vector<std::int64_t> simpler_integers(std::string_view field, std::int64_t 
     if (field == "max" && value > 1) return {1};
     if (field == "bytes" && value > 0) return {value / 2, 0};
     if (field == "offset" && value > 0) return {0};
-    if (field == "count" && value > 1) return {1};   // paged_append
-    if (field == "keep" && value > 1) return {1};    // trim
+    // paged_append's and paged_rewind's count, trim's keep: 1 first, then
+    // halfway and one less, so a failure that needs a count above 1 still
+    // comes down step by step.
+    if ((field == "count" || field == "keep") && value > 1) return smaller_counts(value);
     return {};
 }
 
