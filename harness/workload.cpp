@@ -773,9 +773,21 @@ op::PagedExport draw(Drawing& d, op::PagedExport*) { return {pick_seq(d)}; }
 op::PagedRewind draw(Drawing& d, op::PagedRewind*) {
     op::PagedRewind rewind{pick_seq(d), d.choose.between(1, 3), d.choose.between(1, 3)};
     const auto length = d.draft.lengths.find(rewind.seq);
+    // Half the time, when the draft knows the length, a cut into a block
+    // with a whole block after it (2 tokens a block, as pick_partial
+    // assumes): an odd number of tokens kept, at least 3 dropped. The kept
+    // block loses its identity while the released one after it keeps its
+    // key: the gap in a chain a lookup must stop at (PM28).
+    bool gap = false;
+    if (length != d.draft.lengths.end() && length->second >= 4 && d.choose.one_in(2)) {
+        const std::int64_t kept = 1 + 2 * d.choose.between(0, (length->second - 4) / 2);
+        rewind.count = length->second - kept;
+        gap = true;
+    }
     if (length != d.draft.lengths.end()) length->second = std::max<std::int64_t>(1, length->second - rewind.count);
     const auto request = d.draft.allocated.find(rewind.seq);
-    const std::uint64_t then = d.choose.below(3);
+    // After a gap, the request again is what can stop at it.
+    const std::uint64_t then = gap && d.choose.one_in(2) ? 1 : d.choose.below(3);
     if (then == 0 && d.enabled(kind<op::PagedAppend>())) {
         // Other tokens where the dropped ones were.
         d.follow_up = append_of(d, rewind.seq, d.choose.between(1, 3));
