@@ -85,6 +85,32 @@ TEST(ShrinkKeeps, AnEngineErrorShrinksKeepingItsShape) {
     EXPECT_FALSE(has_id(any.trace, "x")) << "without keeps, any engine error will do:\n" << format_trace(any.trace);
 }
 
+// A failure that needs 5 tokens appended to a sequence and a rewind of at
+// least 4: the two appends become one and the rewind's count comes down
+// to the least that still fails (1 alone would pass).
+TEST(ShrinkCounts, AppendsJoinAndACountComesDownStepByStep) {
+    const Oracle oracle = [](const Trace& trace) -> std::optional<Failure> {
+        std::int64_t appended = 0;
+        for (const Op& operation : trace) {
+            if (const auto* append = std::get_if<op::PagedAppend>(&operation); append && append->seq == 1) {
+                appended += append->count;
+            }
+            const auto* rewind = std::get_if<op::PagedRewind>(&operation);
+            if (rewind != nullptr && appended >= 5 && rewind->count >= 4) {
+                return Failure{"lookup-exact", trace.size() - 1, "planted", {}};
+            }
+        }
+        return std::nullopt;
+    };
+    Trace found;
+    for (const char* line : {"paged_alloc seq=1 tokens=1,3 salt=0", "paged_append seq=1 count=3", "paged_append seq=1 count=2",
+                             "paged_alloc seq=2 tokens=2,2 salt=0", "paged_rewind seq=1 count=7 token=1"}) {
+        found.push_back(parse_op(line));
+    }
+    const ShrinkResult shrunk = shrink(found, *oracle(found), oracle);
+    EXPECT_EQ(format_trace(shrunk.trace), "paged_append seq=1 count=5\npaged_rewind seq=1 count=4 token=1\n");
+}
+
 }  // namespace
 
 // The coverage chart shows a shape only where an adapter claims the

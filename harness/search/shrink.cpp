@@ -225,6 +225,7 @@ class Shrinker {
             progress = fewer_switches() || progress;
             progress = simplify_geometry() || progress;
             progress = simplify_ops() || progress;
+            progress = join_appends() || progress;
         }
         return {best_, failure_, runs_};
     }
@@ -316,6 +317,30 @@ class Shrinker {
                         break;
                     }
                 }
+            }
+        }
+        return progress;
+    }
+
+    // Two appends to one sequence, one right after the other, as one
+    // append of both counts: a failure that needs N tokens appended keeps
+    // one operation for them.
+    bool join_appends() {
+        bool progress = false;
+        for (std::size_t i = 0; i + 1 < best_.size() && budget_left();) {
+            const auto* first = std::get_if<op::PagedAppend>(&best_[i]);
+            const auto* second = std::get_if<op::PagedAppend>(&best_[i + 1]);
+            if (first == nullptr || second == nullptr || first->seq != second->seq) {
+                ++i;
+                continue;
+            }
+            Trace candidate = best_;
+            std::get<op::PagedAppend>(candidate[i]).count += second->count;
+            candidate.erase(candidate.begin() + static_cast<std::ptrdiff_t>(i + 1));
+            if (try_candidate(candidate)) {
+                progress = true;  // the joined append may join the next one too
+            } else {
+                ++i;
             }
         }
         return progress;
