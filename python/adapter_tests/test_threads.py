@@ -235,3 +235,28 @@ def test_a_batch_starts_together_and_its_interleaving_is_the_seeds():
         assert runs[0] == runs[1] == runs[2], (seed, runs)
         orders[seed] = tuple(runs[0])
     assert len(set(orders.values())) > 1, orders
+
+
+def test_kvcheck_gives_the_adapter_its_runs_seed(kvcheck, scratch_dir):
+    # The seed of the SDK's schedule is the run's --seed, so that a
+    # finding replays (docs/protocol.md section 11a).
+    script = os.path.join(scratch_dir, "seeded_adapter.py")
+    with open(script, "w") as file:
+        file.write(
+            "import os, sys\n"
+            f"sys.path.insert(0, {os.path.join(SDK, 'examples')!r})\n"
+            "import activation_memory_adapter as example\n"
+            "class Seeded(example.ActivationMemoryAdapter):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.name = 'seed-' + os.environ.get('KVCHECK_THREAD_SEED', 'unset')\n"
+            "example.serve(Seeded)\n")
+    environment_seed = os.environ.pop("KVCHECK_THREAD_SEED", None)
+    try:
+        run = kvcheck("run", "--adapter", script, "--seed", "7", "--property", "stored-immutable", "--cases", "1",
+                      "--jobs", "1")
+    finally:
+        if environment_seed is not None:
+            os.environ["KVCHECK_THREAD_SEED"] = environment_seed
+    assert run.status == 0, run.stdout + run.stderr
+    assert run.report["adapter"] == "seed-7", run.report["adapter"]
