@@ -201,6 +201,11 @@ std::optional<process::ProcessCommand> process_command(const std::string& text, 
         const char* path = std::getenv("PYTHONPATH");
         command.extra_env.push_back("PYTHONPATH=" + sdk + (path != nullptr && *path != '\0' ? ":" + std::string(path) : ""));
     }
+    // A thread-safe adapter's schedule follows the run's seed, so that a
+    // finding replays (docs/protocol.md section 11a).
+    if (options.thread_seed && std::getenv("KVCHECK_THREAD_SEED") == nullptr) {
+        command.extra_env.push_back("KVCHECK_THREAD_SEED=" + std::to_string(*options.thread_seed));
+    }
     return command;
 }
 

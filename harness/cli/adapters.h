@@ -9,7 +9,9 @@
 #include "kvcheck/search.h"
 
 #include <functional>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,6 +32,10 @@ struct AdapterOptions {
     // environment's ($VIRTUAL_ENV/bin/python), else the python beside this
     // kvcheck (where its installed SDK lives), else /usr/bin/python3.
     std::string python;
+    // The run's seed, given to a process adapter as $KVCHECK_THREAD_SEED
+    // (its SDK's thread schedule: docs/protocol.md section 11a), unless
+    // that is set already. Empty: not given.
+    std::optional<std::uint64_t> thread_seed;
 };
 
 // "reference", "M3", ..., a path to a plugin, "exec:COMMAND" or a Python

@@ -290,6 +290,7 @@ ConformanceOptions conformance_options(const Options& options) {
 AdapterOptions adapter_options(const Options& options) {
     AdapterOptions adapter;
     adapter.python = options.get("python", "");
+    adapter.thread_seed = options.number("seed", ConformanceOptions{}.seed, 0, UINT64_MAX);
     return adapter;
 }
 

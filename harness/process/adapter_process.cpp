@@ -7,6 +7,7 @@
 #include "wire.h"
 
 #include "kvcheck/domain.h"
+#include "kvcheck/yield.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -464,24 +465,28 @@ Json AdapterProcess::call(const std::string& request) {
 }
 
 Json AdapterProcess::call_concurrent(const std::string& request) {
-    std::uint64_t id = 0;
-    {
-        const std::lock_guard<std::mutex> lock(requests_mutex_);
-        if (broken_) throw ProcessError(*broken_);
-        id = ++request_id_last_;
-        in_flight_.insert(id);
-    }
-    std::unique_lock<std::mutex> lock(requests_mutex_, std::defer_lock);
+    std::unique_lock<std::mutex> lock(requests_mutex_);
+    if (broken_) throw ProcessError(*broken_);
+    const std::uint64_t id = ++request_id_last_;
+    in_flight_.insert(id);
+    std::string tagged = request;
+    tagged.insert(1, "\"rid\":" + std::to_string(id) + ",");
+    unsent_.push_back(std::move(tagged));
+    lock.unlock();
     try {
-        std::string tagged = request;
-        tagged.insert(1, "\"rid\":" + std::to_string(id) + ",");
-        {
-            const std::lock_guard<std::mutex> sending(send_mutex_);
-            send(tagged);
-        }
+        // The thread level (kvcheck/yield.h): other clients may run here and
+        // add their requests to this batch, so that several requests are in
+        // flight to the adapter at once. Outside it, nothing.
+        kvcheck::yield("reply");
+        send_unsent();
+        // Under the thread level the one client running reads every reply
+        // in flight before it goes on: the next batch reaches an adapter
+        // with nothing in flight, and the adapter's interleaving of a batch
+        // is a function of its seed and the batch (docs/protocol.md 11b).
+        const bool every_reply = kvcheck::yield_hook != nullptr;
         lock.lock();
         for (;;) {
-            if (const auto found = replies_.find(id); found != replies_.end()) {
+            if (const auto found = replies_.find(id); found != replies_.end() && (!every_reply || in_flight_.empty())) {
                 Json reply = std::move(found->second);
                 replies_.erase(found);
                 return reply;
@@ -505,6 +510,17 @@ Json AdapterProcess::call_concurrent(const std::string& request) {
         replied_.notify_all();
         throw;
     }
+}
+
+void AdapterProcess::send_unsent() {
+    const std::lock_guard<std::mutex> sending(send_mutex_);
+    std::vector<std::string> batch;
+    {
+        const std::lock_guard<std::mutex> lock(requests_mutex_);
+        batch.swap(unsent_);
+    }
+    for (std::size_t k = 0; k + 1 < batch.size(); ++k) batch[k].insert(1, R"("wait":true,)");
+    for (const std::string& frame : batch) send(frame);
 }
 
 void AdapterProcess::read_one_reply() {

@@ -123,6 +123,12 @@ class AdapterProcess {
     // Whichever waiting thread reads the pipe keeps the others' replies for
     // them. A fault (the process dying, a reply that names no request in
     // flight) reaches every waiting caller as the same ProcessError.
+    // Requests go out in batches: a caller sends every request queued when
+    // it comes to wait, each but the last marked "wait" (section 11b).
+    // Under the thread level the caller yields (kvcheck::yield "reply")
+    // between queueing its request and sending the batch, so that other
+    // clients add theirs, and it reads every reply in flight before it
+    // returns.
     Json call_concurrent(const std::string& request);
 
     // Tells the process to exit and waits a moment for it (then kills it).
@@ -157,6 +163,8 @@ class AdapterProcess {
     // call_concurrent's reading, by one caller at a time without
     // requests_mutex_ held: the next reply, kept for the request it names.
     void read_one_reply();
+    // Sends the requests queued (call_concurrent's batch), in order.
+    void send_unsent();
     [[noreturn]] void fail(const std::string& kind, const std::string& detail);
     // After `pipe` ("reply" or "request") closed: how the process ended, as
     // a fault; a process still running is killed, and its fault says that
@@ -193,7 +201,8 @@ class AdapterProcess {
     std::condition_variable replied_;
     std::uint64_t request_id_last_ = 0;
     bool reading_ = false;  // a caller reads the reply pipe
-    std::unordered_set<std::uint64_t> in_flight_;      // sent, no reply read yet
+    std::vector<std::string> unsent_;                  // queued, not yet sent (a batch)
+    std::unordered_set<std::uint64_t> in_flight_;      // sent or queued, no reply read yet
     std::unordered_map<std::uint64_t, Json> replies_;  // read, not yet taken by their callers
     std::optional<ProcessFault> broken_;                // the fault that ended the process for every caller
 };

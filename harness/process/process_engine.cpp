@@ -4,6 +4,7 @@
 #include "wire.h"
 
 #include "durability/dump_kill.h"
+#include "kvcheck/yield.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -250,7 +251,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // ---- the reads after a step ----
 
     void expect_reads(const std::vector<std::string>& entries, bool every_entry) override {
-        const std::lock_guard<std::recursive_mutex> lock(state_mutex_);
+        const auto lock = kvcheck::lock_yielding(state_mutex_);
         read_ids_ = entries;
         read_store_ = every_entry;
     }
@@ -493,7 +494,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // A paged operation (`paged_op`, its name) keeps the pool's state its
     // reply carries.
     Json operation(const Request& request, const char* paged_op = nullptr) {
-        std::unique_lock<std::recursive_mutex> lock(state_mutex_);
+        std::unique_lock<std::recursive_mutex> lock = kvcheck::lock_yielding(state_mutex_);
         forget();
         const bool started_alone = operations_in_flight_ == 0;
         const std::uint64_t started_at = ++operations_started_;
@@ -509,7 +510,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
         struct Ended {  // also when the call throws, its lock released
             ProcessEngine& engine;
             ~Ended() {
-                const std::lock_guard<std::recursive_mutex> relock(engine.state_mutex_);
+                const auto relock = kvcheck::lock_yielding(engine.state_mutex_);
                 --engine.operations_in_flight_;
             }
         };
@@ -518,7 +519,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
             const Ended ended{*this};
             if (hello_.capabilities.thread_safe) lock.unlock();
             reply = call(std::move(text));
-            if (!lock.owns_lock()) lock.lock();
+            if (!lock.owns_lock()) lock = kvcheck::lock_yielding(state_mutex_);
         }
         const bool alone = started_alone && operations_started_ == started_at;
         reading("the reply's observed facts", [&] {
@@ -542,12 +543,12 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // observation made while an operation is in flight (a thread-safe
     // adapter's) is returned, not kept.
     struct Observing {
-        explicit Observing(ProcessEngine& engine) : engine(engine), lock(engine.state_mutex_) {}
+        explicit Observing(ProcessEngine& engine) : engine(engine), lock(kvcheck::lock_yielding(engine.state_mutex_)) {}
         ~Observing() {
             if (engine.operations_in_flight_ > 0) engine.forget();
         }
         ProcessEngine& engine;
-        std::lock_guard<std::recursive_mutex> lock;
+        std::unique_lock<std::recursive_mutex> lock;
     };
 
     Json observation(const Request& request) { return call(request.text()); }
@@ -571,7 +572,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     // flight at once, from the calling threads), but for one carrying the
     // reset: it is answered before any other request is sent.
     Json call(std::string text) {
-        std::unique_lock<std::recursive_mutex> lock(state_mutex_);
+        std::unique_lock<std::recursive_mutex> lock = kvcheck::lock_yielding(state_mutex_);
         check_current();
         connection_->used = true;
         const bool resetting = connection_->reset_due;
@@ -581,7 +582,7 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
         if (hello_.capabilities.thread_safe && !resetting) {
             lock.unlock();
             reply = process.call_concurrent(text);
-            lock.lock();
+            lock = kvcheck::lock_yielding(state_mutex_);
         } else {
             reply = hello_.capabilities.thread_safe ? process.call_concurrent(text) : process.call(text);
         }
@@ -715,7 +716,10 @@ class ProcessEngine final : public Engine, public PagedEngine, public durability
     std::vector<std::string> read_ids_;
     bool read_store_ = false;
     // Guards everything above once a thread-safe adapter's operations
-    // overlap (operation, Observing).
+    // overlap (operation, Observing). Taken with kvcheck::lock_yielding:
+    // under the thread level its holder may be a client waiting at a yield
+    // point (a reply it waits for), and the thread that wants it lets that
+    // client run instead of blocking the only one running.
     std::recursive_mutex state_mutex_;
     std::uint64_t operations_started_ = 0;
     int operations_in_flight_ = 0;

@@ -10,6 +10,7 @@
 #include "wire.h"
 
 #include "kvcheck/executor.h"
+#include "kvcheck/threads.h"
 #include "kvcheck/trace.h"
 
 #include <gtest/gtest.h>
@@ -646,6 +647,72 @@ TEST(ProcessEngine, APagedAdapterRunsAPagedTrace) {
     // A refusal is the step's error, and the pool is as it was.
     EXPECT_THROW(engine->paged()->paged_alloc(5, PagedTokens(20, 1), 0), std::runtime_error);
     EXPECT_EQ(engine->paged()->paged_state(), state);
+}
+
+// The thread level over a process adapter (docs/semantics.md#the-thread-level):
+// a lane waiting for its reply hands kvcheck's turn on (kvcheck::yield
+// "reply"), so several requests are in flight to the example manager,
+// served side by side under the SDK's scheduler, seeded by the run's seed
+// ($KVCHECK_THREAD_SEED). The correct manager passes; its thread bug
+// (unlocked_free: a release's read and store of a count with another
+// client between them) is found, shrunk and replayed (flaky replays are
+// reported with their rate: when a request reaches the adapter is not
+// kvcheck's to choose); one client and the operation level (each call
+// atomic) over the same requests never find it.
+constexpr std::uint64_t thread_seed = 1;
+constexpr std::size_t thread_traces = 60;
+
+ProcessCommand block_manager_command(const std::string& bug) {
+    ProcessCommand command{{KVCHECK_TEST_PYTHON, KVCHECK_TEST_BLOCK_MANAGER}, "block_manager_adapter.py",
+                           {"PYTHONPATH=" KVCHECK_TEST_SDK_DIR, "KVCHECK_THREAD_SEED=" + std::to_string(thread_seed)}};
+    if (!bug.empty()) command.argv.insert(command.argv.end(), {"--bug", bug});
+    return command;
+}
+
+WorkloadOptions thread_options(const Hello& hello, std::int64_t lanes) {
+    WorkloadOptions options;
+    options.capabilities = hello.capabilities;
+    options.lanes = lanes;
+    options.threads = true;
+    return options;
+}
+
+TEST(ProcessEngine, TheThreadLevelSendsSeveralRequestsAtOnceAndTheCorrectManagerPasses) {
+    ProcessLauncher launcher(block_manager_command(""), {});
+    const Hello hello = launcher.probe();
+    ASSERT_TRUE(hello.capabilities.thread_safe);
+    const EngineFactory make = [&] { return launcher.make(); };
+    std::size_t waited = 0;  // runs where a client sent its request while another waited for its reply
+    for (std::uint64_t seed = thread_seed; seed < thread_seed + 10; ++seed) {
+        const ThreadRunResult run = run_threads(*make(), thread_plan(seed, thread_options(hello, 4)), {seed, std::nullopt});
+        EXPECT_FALSE(run.failure) << run.failure->message;
+        const auto handed_on = [](const std::string& line) { return line.find("paused at reply") != std::string::npos; };
+        if (std::any_of(run.history.begin(), run.history.end(), handed_on)) ++waited;
+    }
+    EXPECT_GE(waited, 5u);
+    const std::optional<ThreadFinding> found = search_threads(make, thread_options(hello, 4), thread_seed, thread_traces);
+    EXPECT_FALSE(found) << format_thread_finding(*found);
+}
+
+TEST(ProcessEngine, TheThreadLevelFindsTheManagersUnlockedFreeAndOneClientDoesNot) {
+    ProcessLauncher launcher(block_manager_command("unlocked_free"), {});
+    const Hello hello = launcher.probe();
+    const EngineFactory make = [&] { return launcher.make(); };
+    const std::optional<ThreadFinding> found = search_threads(make, thread_options(hello, 4), thread_seed, thread_traces);
+    ASSERT_TRUE(found) << "unlocked_free survived " << thread_traces << " thread-level traces";
+    const std::string& property = found->result.failure->property;
+    EXPECT_TRUE(property == "refcount-exact" || property == "free-iff-unreferenced") << format_thread_finding(*found);
+    EXPECT_LE(found->plan.lanes.size() - 1, 3u) << format_thread_finding(*found);
+    EXPECT_EQ(found->replays, 3u);
+    std::cout << "[ threads  ] unlocked_free: found after " << found->traces << " traces\n" << format_thread_finding(*found);
+
+    for (const std::int64_t lanes : {4, 1}) {
+        for (std::uint64_t seed = thread_seed; seed < thread_seed + thread_traces; ++seed) {
+            const RunResult run = execute(trace_for_seed(seed, thread_options(hello, lanes)), *make());
+            ASSERT_FALSE(run.failure) << "found with --lanes " << lanes << " without threads, seed " << seed << ": "
+                                      << run.failure->property << ": " << run.failure->message;
+        }
+    }
 }
 
 TEST(ProcessEngine, ColdStartsRunTheCommandAndCheckTheSame) {

@@ -170,3 +170,93 @@ def test_requests_in_flight_are_answered_by_their_ids():
         replies.close()
         os.close(replies_write)
     assert not loop.is_alive()
+
+
+def _serve_batch(seed, count, pause_before_last=0.0):
+    """`count` requests served side by side, sent as one batch (each but
+    the last marked "wait", docs/protocol.md section 11b) under a
+    scheduler seeded `seed`; each request yields twice. Returns the order
+    the requests' steps ran in, and what had run when the last was sent."""
+    from kvcheck_adapter import protocol
+
+    ran = []
+
+    def handle(request):
+        for step in range(3):
+            ran.append((request["rid"], step))
+            threads.yield_point("step")
+        return {"ok": True}
+
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    previous = os.environ.get("KVCHECK_THREAD_SEED")
+    os.environ["KVCHECK_THREAD_SEED"] = str(seed)
+    try:
+        loop = threading.Thread(target=threads.serve_side_by_side,
+                                args=(protocol.Connection(requests_read, replies_write), handle))
+        loop.start()
+    finally:
+        if previous is None:
+            del os.environ["KVCHECK_THREAD_SEED"]
+        else:
+            os.environ["KVCHECK_THREAD_SEED"] = previous
+    requests = os.fdopen(requests_write, "wb")
+    replies = os.fdopen(replies_read, "rb")
+    try:
+        for rid in range(1, count):
+            requests.write(_frame({"rid": rid, "wait": True, "op": "step"}))
+            requests.flush()
+        time.sleep(pause_before_last)
+        before_last = list(ran)
+        requests.write(_frame({"rid": count, "op": "step"}))
+        requests.flush()
+        assert sorted(_read_frame(replies)["rid"] for _ in range(count)) == list(range(1, count + 1))
+        requests.write(_frame({"op": "shutdown"}))
+        requests.flush()
+        _read_frame(replies)
+    finally:
+        requests.close()
+        loop.join(60)
+        replies.close()
+        os.close(replies_write)
+    assert not loop.is_alive()
+    return ran, before_last
+
+
+def test_a_batch_starts_together_and_its_interleaving_is_the_seeds():
+    # Nothing of a batch runs before its last request has come.
+    _, before_last = _serve_batch(5, 3, pause_before_last=0.2)
+    assert before_last == []
+    # The same seed and batch give the same interleaving, whatever order
+    # the request threads start in; the seeds give more than one.
+    orders = {}
+    for seed in (1, 2, 3, 4):
+        runs = [_serve_batch(seed, 4)[0] for _ in range(3)]
+        assert runs[0] == runs[1] == runs[2], (seed, runs)
+        orders[seed] = tuple(runs[0])
+    assert len(set(orders.values())) > 1, orders
+
+
+def test_kvcheck_gives_the_adapter_its_runs_seed(kvcheck, scratch_dir):
+    # The seed of the SDK's schedule is the run's --seed, so that a
+    # finding replays (docs/protocol.md section 11a).
+    script = os.path.join(scratch_dir, "seeded_adapter.py")
+    with open(script, "w") as file:
+        file.write(
+            "import os, sys\n"
+            f"sys.path.insert(0, {os.path.join(SDK, 'examples')!r})\n"
+            "import activation_memory_adapter as example\n"
+            "class Seeded(example.ActivationMemoryAdapter):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.name = 'seed-' + os.environ.get('KVCHECK_THREAD_SEED', 'unset')\n"
+            "example.serve(Seeded)\n")
+    environment_seed = os.environ.pop("KVCHECK_THREAD_SEED", None)
+    try:
+        run = kvcheck("run", "--adapter", script, "--seed", "7", "--property", "stored-immutable", "--cases", "1",
+                      "--jobs", "1")
+    finally:
+        if environment_seed is not None:
+            os.environ["KVCHECK_THREAD_SEED"] = environment_seed
+    assert run.status == 0, run.stdout + run.stderr
+    assert run.report["adapter"] == "seed-7", run.report["adapter"]

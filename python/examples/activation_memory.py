@@ -126,9 +126,10 @@ DUMP_BUG_PROPERTIES = {
 # The bug of a store used by several clients at once (the adapter declares
 # thread_safe): its index updated without the lock. It loses an entry only
 # with two requests in flight (adapter_tests/test_threads.py, under the
-# SDK's scheduler), never with one client; kvcheck's thread level does not
-# yet send a process adapter several requests at once, so `kvcheck run`
-# does not find it (docs/semantics.md#the-thread-level).
+# SDK's scheduler), never with one client; kvcheck's thread level judges
+# the paged family only (the example block manager's unlocked_free is
+# found there), so `kvcheck run` does not find it yet
+# (docs/semantics.md#the-thread-level).
 THREAD_BUG_PROPERTIES = {
     "unlocked_index": "linearizable",
 }

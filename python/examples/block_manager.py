@@ -31,6 +31,16 @@ property kvcheck catches it with in BUG_PROPERTIES):
   hit_not_attached       a hit reports its cached tokens but the table gets
                          fresh blocks, not the cached ones
 
+Used by several clients at once (its adapter declares thread_safe), every
+public call holds the manager's lock (`lock`: a kvcheck_adapter.Lock in the
+adapter, so that the SDK's scheduler sees it); a release reads a block's
+count, pauses (`pause`: kvcheck_adapter.yield_point, where another client
+may run) and stores it. Its thread bug (THREAD_BUGS):
+  unlocked_free          free runs without the lock: another client's hit,
+                         fork or free of a block between the release's read
+                         and store of its count is lost (a block held with
+                         a count too low, or given back while held)
+
     manager = BlockManager(8, 2)
     manager.allocate(1, [5, 9, 2], "")      # 0 cached; blocks 1 and 2
     manager.step([])                        # block 1 published
@@ -39,8 +49,10 @@ property kvcheck catches it with in BUG_PROPERTIES):
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import deque
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 FREE_ORDERS = ("fifo", "lifo")
 
@@ -57,6 +69,15 @@ BUG_PROPERTIES = {
     "weak_hash": "prefix-hit-exact",
     "cow_by_reference": "published-immutable",
     "hit_not_attached": "prefix-hit-exact",
+}
+
+# The bug of a manager used by several clients at once, and the property
+# the thread level catches it with (kvcheck's thread level, over several
+# requests in flight: docs/semantics.md#the-thread-level). One client, or
+# each call atomic (the operation level), never sees it.
+THREAD_BUGS = ("unlocked_free",)
+THREAD_BUG_PROPERTIES = {
+    "unlocked_free": "refcount-exact",
 }
 
 _MASK = (1 << 64) - 1
@@ -84,6 +105,20 @@ class OutOfBlocks(RuntimeError):
     pass
 
 
+def _locked(method):
+    """A public call of the manager: it holds the manager's lock (free
+    under the bug unlocked_free does not)."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if method.__name__ == "free" and "unlocked_free" in self.bugs:
+            return method(self, *args, **kwargs)
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class Block:
     __slots__ = ("id", "ref_cnt", "hash", "identity", "epoch")
 
@@ -97,13 +132,16 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = (), free_order: str = "fifo", window: int = 0):
+    def __init__(self, num_blocks: int, block_size: int, bugs: Sequence[str] = (), free_order: str = "fifo", window: int = 0,
+                 lock: Optional[ContextManager] = None, pause: Callable[[str], None] = lambda point: None):
         if free_order not in FREE_ORDERS:
             raise ValueError(f"unknown free order {free_order!r} (known: {', '.join(FREE_ORDERS)})")
         self.free_order = free_order
-        unknown = sorted(set(bugs).difference(BUGS))
+        unknown = sorted(set(bugs).difference(BUGS + THREAD_BUGS))
         if unknown:
-            raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS)})")
+            raise ValueError(f"unknown bug(s) {', '.join(unknown)} (known: {', '.join(BUGS + THREAD_BUGS)})")
+        self._lock = lock if lock is not None else threading.Lock()
+        self._pause = pause
         if num_blocks < 2 or block_size < 1:
             raise ValueError("BlockManager: needs at least 2 blocks (the null block and one) of at least 1 token")
         if window < 0:
@@ -188,9 +226,11 @@ class BlockManager:
 
     def _unref(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        if block.ref_cnt <= 0:
+        count = block.ref_cnt
+        if count <= 0:
             raise AssertionError(f"block {block_id} released with no reference")
-        block.ref_cnt -= 1
+        self._pause("release")  # read, then store: another client runs here only without the lock
+        block.ref_cnt = count - 1
         if block.ref_cnt == 0:  # keeps its hash: hittable until reused
             if self.free_order == "lifo":
                 self.free_queue.appendleft(block_id)
@@ -216,6 +256,7 @@ class BlockManager:
 
     # ---- operations ----
 
+    @_locked
     def allocate(self, seq: int, tokens: Sequence[int], extra: str) -> int:
         if seq in self.tables:
             raise ValueError(f"sequence {seq} exists")
@@ -241,6 +282,7 @@ class BlockManager:
         self._fill(seq, cached, tokens[cached:])
         return cached
 
+    @_locked
     def append(self, seq: int, added: Sequence[int]) -> List[Tuple[int, int]]:
         table, length, b = self.tables[seq], len(self.tokens[seq]), self.block_size
         last_shared = length % b != 0 and self.blocks[table[-1]].ref_cnt > 1
@@ -258,6 +300,7 @@ class BlockManager:
         self._fill(seq, length, added)
         return copies
 
+    @_locked
     def rewind(self, seq: int, length: int) -> List[Tuple[int, int]]:
         """`seq` keeps its first `length` tokens (speculative decoding
         rejected the rest): emptied blocks are released, the last first; a
@@ -283,6 +326,7 @@ class BlockManager:
         del self.tokens[seq][length:]
         return copies
 
+    @_locked
     def fork(self, parent: int, child: int) -> None:
         if child in self.tables:
             raise ValueError(f"sequence {child} exists")
@@ -295,6 +339,7 @@ class BlockManager:
         if parent in self.imported:
             self.imported.add(child)
 
+    @_locked
     def free(self, seq: int) -> None:
         table = self.tables.pop(seq)
         self.tokens.pop(seq)
@@ -306,13 +351,16 @@ class BlockManager:
             if block_id != 0:
                 self._unref(block_id)
 
+    @_locked
     def lookup(self, tokens: Sequence[int], extra: str) -> int:
         return len(self._hits(tokens, extra)) * self.block_size
 
+    @_locked
     def evict(self) -> None:
         for block_id in list(self.free_queue):
             self._drop_identity(self.blocks[block_id])
 
+    @_locked
     def reset_prefix_cache(self) -> None:
         if self.tables:
             raise RuntimeError(f"reset while {len(self.tables)} sequences hold blocks")
@@ -322,6 +370,7 @@ class BlockManager:
             block.identity = None
         self.free_queue = deque(sorted(self.free_queue))
 
+    @_locked
     def step(self, copies: Sequence[Tuple[int, int]]) -> None:
         """The worker boundary: the blocks filled since the last step are
         written now; publish them, then end the copies (their sources are
@@ -351,6 +400,7 @@ class BlockManager:
             self._unref(table[i])
             table[i] = 0
 
+    @_locked
     def allocate_unknown(self, seq: int, length: int) -> None:
         """A sequence of `length` tokens whose K/V come from elsewhere (an
         activation memory): its tokens are unknown, its blocks never

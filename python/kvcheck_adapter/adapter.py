@@ -664,6 +664,9 @@ class Server:
 
     def _op_reset(self, request):
         self._session = None  # the old engine goes before the new one is made
+        scheduler = _threads.current_scheduler()
+        if scheduler is not None:
+            scheduler.restart()  # each trace's interleaving from the seed alone
         self._session = _Session(self._factory())
         return {"ok": True}
 

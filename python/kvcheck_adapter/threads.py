@@ -6,8 +6,9 @@ Only the thread holding the scheduler's turn runs the engine's Python
 code; it keeps the turn until it reaches a yield point: the start of an
 engine call, the acquire of a `Lock`, or `yield_point(name)`. There the
 scheduler's random source, seeded by $KVCHECK_THREAD_SEED (0 when unset),
-picks which thread waiting for the turn runs next. The same seed and the
-same requests in flight give the same interleaving; when a request
+picks which thread waiting for the turn runs next; kvcheck sets it to its
+run's seed, and each reset (before each trace) draws again from it. The
+same seed and the same requests in flight give the same interleaving; when a request
 arrives depends on kvcheck's threads, and the GIL's own switches (a
 thread blocked outside a yield point, in C code) are not the scheduler's:
 a finding that does not replay is reported flaky with its rate
@@ -44,16 +45,44 @@ class Scheduler:
 
     def __init__(self, seed: int, save_context: Optional[SaveContext] = None):
         self._condition = threading.Condition()
+        self._seed = seed
         self._random = random.Random(seed)
         self._waiting: List[int] = []  # thread idents, in the order they came to wait
         self._running: Optional[int] = None
+        # Each request thread's place in arrival order: the draw is among
+        # the waiting threads in that order, whenever each came to wait.
+        self._order: Dict[int, int] = {}
+        self._arrived = 0
+        self._admitted = 0  # requests of a batch dispatched, not yet come to wait
         self._save_context = save_context
         self.switches = 0  # turns handed to another thread
 
+    def restart(self) -> None:
+        """Draws again from the seed: at kvcheck's reset before each trace
+        (no request runs beside the reset), so that a trace's interleaving
+        does not depend on the traces the process served before it, and a
+        replay in a fresh process draws the same."""
+        with self._condition:
+            self._random = random.Random(self._seed)
+
+    def admit(self, count: int) -> List[int]:
+        """A batch of `count` requests is dispatched, in the order they
+        came: their places in arrival order, one for each one's enter.
+        None of them, nor any other thread, gets the turn until all have
+        come to wait, so that the draws are among the whole batch in the
+        order kvcheck sent it, whatever order the threads start in."""
+        with self._condition:
+            self._admitted += count
+            first = self._arrived + 1
+            self._arrived += count
+            return list(range(first, first + count))
+
     def _hand_on(self) -> None:
         """Gives the turn to a waiting thread, drawn from the seeded source
-        (the caller holds the condition)."""
-        if self._waiting:
+        among the waiting ones in arrival order (the caller holds the
+        condition); while a batch is still coming to wait, to nobody."""
+        if self._waiting and self._admitted == 0:
+            self._waiting.sort(key=self._order.__getitem__)
             self._running = self._waiting.pop(self._random.randrange(len(self._waiting)))
         else:
             self._running = None
@@ -63,10 +92,17 @@ class Scheduler:
         while self._running != me:
             self._condition.wait()
 
-    def enter(self) -> None:
-        """A request thread asks for its first turn."""
+    def enter(self, order: Optional[int] = None) -> None:
+        """A request thread asks for its first turn (`order`: its place
+        from admit; None: it comes last)."""
         me = threading.get_ident()
         with self._condition:
+            if order is None:
+                self._arrived += 1
+                order = self._arrived
+            else:
+                self._admitted -= 1
+            self._order[me] = order
             self._waiting.append(me)
             if self._running is None:
                 self._hand_on()
@@ -76,6 +112,7 @@ class Scheduler:
         """A request thread is done: the turn goes on."""
         with self._condition:
             assert self._running == threading.get_ident(), "leave() by a thread without the turn"
+            del self._order[threading.get_ident()]
             self._hand_on()
 
     def yield_turn(self) -> None:
@@ -161,8 +198,10 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
     """The protocol loop of a thread-safe adapter: each request carrying a
     request id ("rid") runs on a thread of its own (kept for the next
     request once idle), under the scheduler; its reply carries the same
-    id. A request without one (a shutdown) is answered in turn, once the
-    requests in flight are done."""
+    id. A request marked "wait" waits for the next one not so marked:
+    that batch starts together (docs/protocol.md section 11b). A request
+    without an id (a shutdown) is answered in turn, once the requests in
+    flight are done."""
     global _scheduler
     scheduler = Scheduler(thread_seed(), save_context)
     sending = threading.Lock()
@@ -172,10 +211,11 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
 
     def work(inbox: "queue.SimpleQueue") -> None:
         while True:
-            request = inbox.get()
-            if request is None:
+            item = inbox.get()
+            if item is None:
                 return
-            scheduler.enter()
+            request, order = item
+            scheduler.enter(order)
             try:
                 reply = _protocol.answer(handle, request)
             finally:
@@ -186,14 +226,15 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
             idle.put(inbox)
             busy.release()
 
-    def dispatch(request: Dict[str, Any]) -> None:
+    def dispatch(request: Dict[str, Any], order: int) -> None:
         try:
             inbox = idle.get_nowait()
         except queue.Empty:
             inbox = queue.SimpleQueue()
             threading.Thread(target=work, args=(inbox,), daemon=True).start()
-        inbox.put(request)
+        inbox.put((request, order))
 
+    held: List[Dict[str, Any]] = []  # a batch's requests marked "wait": more follow
     _scheduler = scheduler
     try:
         while True:
@@ -201,8 +242,13 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
             if request is None:
                 return
             if "rid" in request:
-                in_flight += 1
-                dispatch(request)
+                held.append(request)
+                if request.get("wait") is True:
+                    continue
+                in_flight += len(held)
+                for one, order in zip(held, scheduler.admit(len(held))):
+                    dispatch(one, order)
+                held = []
                 continue
             for _ in range(in_flight):
                 busy.acquire()
