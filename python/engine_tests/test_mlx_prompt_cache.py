@@ -27,12 +27,17 @@ JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "generation-e
 DECLARED_ABSENT = {"single-copy", "owned-marker", "clone-independent"}
 
 
-def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, monkeypatch):
+@pytest.fixture
+def mlx_env(monkeypatch):
+    """The pinned mlx-lm environment on PYTHONPATH (skipped when it is not installed)."""
     environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
     if not os.path.isdir(environment):
         pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
     # mlx_lm's package import also loads transformers and huggingface_hub.
     monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+
+
+def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --dump", "--cases", CASES, "--jobs", "2", "--timeout", "600")
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
@@ -55,11 +60,7 @@ def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, m
 BOUNDED = ("--property", "eviction-as-declared", "--property", "stored-immutable", "--cases", "50", "--failures", "1")
 
 
-def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, monkeypatch):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --max-size 2", *BOUNDED, "--jobs", "2", "--timeout", "600")
     assert run.report["adapter"] == "mlx-lm-0.32.2-max2", run.stdout + run.stderr
     assert run.status == 0, run.stdout + run.stderr
@@ -72,11 +73,7 @@ def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, m
 # tokens (docs/findings/mlx-lm-1.md). A confirmed upstream bug: an expected
 # FAIL of trim-exact (found after 10 traces at the default seed, shrunk to
 # 3 operations), so that a fix upstream shows up here as a change.
-def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, monkeypatch):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --layer-class ConcatenateKVCache", "--property", "trim-exact",
                   "--cases", "12", "--failures", "1", "--replays", "1", "--jobs", "2", "--timeout", "600")
     assert run.report["adapter"] == "mlx-lm-0.32.2-ConcatenateKVCache", run.stdout + run.stderr
@@ -99,11 +96,7 @@ def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, mon
 # default seed: measured with that bug planted). With --merge copy (a merge
 # feeds copies of its parts' arrays) every property it can be judged on
 # passes, at the default budget too (seeds 20261202, 1, 2).
-def test_mlx_lm_rotating_kv_cache_holds_every_property_it_can_be_judged_on(kvcheck, monkeypatch):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_rotating_kv_cache_holds_every_property_it_can_be_judged_on(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --layer-class RotatingKVCache --merge copy", "--cases", "6",
                   "--failures", "1", "--replays", "1", "--jobs", "2", "--timeout", "600")
     assert run.report["adapter"] == "mlx-lm-0.32.2-RotatingKVCache4-merge-copy", run.stdout + run.stderr
@@ -128,11 +121,7 @@ h4 = get_cache a c
 """
 
 
-def test_mlx_lm_rotating_kv_cache_writes_into_the_arrays_it_was_given(kvcheck, monkeypatch, scratch_dir):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_rotating_kv_cache_writes_into_the_arrays_it_was_given(kvcheck, mlx_env, scratch_dir):
     trace = os.path.join(scratch_dir, "rotating_writes_into_its_part.trace")
     with open(trace, "w") as f:
         f.write(ROTATING_WRITES_INTO_ITS_PART)
