@@ -28,6 +28,46 @@ The mapping (python/README.md, "Real engines"):
 ConcatenateKVCache instead of KVCache (what make_prompt_cache makes for a
 llama): its trim fails trim-exact, docs/findings/mlx-lm-1.md.
 
+`--layer-class RotatingKVCache` (`--max-kv-size W`, default 4) makes every
+layer a `RotatingKVCache(max_size=W, keep=0)`, declared as kvcheck's store
+window W (docs/semantics.md, "Store windows"). The llama's attention then
+reads a window of W tokens, itself included: the mask of a multi-token
+update is the cache's `make_mask` (a causal window of `max_size`); a
+single-token update first cuts the buffer to `max_size` and writes over
+the oldest (`_idx` rotates to `keep`), so the next token reads the last
+`W - 1` and itself. At rest a cache keeps at least its last min(W, n)
+tokens: W after decoding, up to `W - 1 + S` after a prefill of S (every
+token after a first prefill). So:
+  - make writes a layer as a prefill and decoding would: the first half of
+    its tokens (rounded up) in one update_and_fetch, the rest one at a time
+    (the single-token path fills, cuts and rotates the buffer);
+  - view: each layer's `keys_and_values()` read in temporal order by the
+    cache's own `_temporal_order` (the buffer as it lies is rotated once it
+    wrapped: `_update_concat` reads it the same way), then its last W;
+  - merge (get_cache of several): the parts' held K/V in temporal order
+    fed in turn, then `offset` raised by the tokens the parts' windows
+    dropped, so that the merge numbers its next token after the whole
+    concatenation (a RotatingKVCache's offset counts every token its
+    model was fed; a part that dropped tokens holds W or more, so the
+    merge holds W or more too, a state its update paths expect); the
+    arrays fed are the parts' own (`--merge held`, the default) or
+    `mx.array` copies (`--merge copy`): a RotatingKVCache keeps the arrays
+    of its first update and, when they held exactly max_size tokens,
+    writes the next token into them, so a merge changes the stored entry
+    it was fed (stored-immutable FAILs: docs/findings/mlx-lm-2.md);
+  - trim: only while `is_trimmable` (`offset < max_size`), which is all
+    kvcheck asks of a window (a cache that never held W); a refusal is
+    raised, not passed on as an untrimmed cache;
+  - keep > 0 (what make_prompt_cache(max_kv_size=...) makes for a model
+    without a make_cache: `keep=4`, an attention sink of the first 4
+    tokens) is not mapped: kvcheck's window is the last W tokens and has
+    no kept prefix. keep=0 is what the sliding-window models' make_cache
+    makes (gemma3, ministral3, gpt_oss, cohere2, llama's own sliding layers). A
+    llama of all sliding layers cannot be built (LlamaModel looks up a
+    full-attention layer), so the layers are the full-attention llama's
+    with RotatingKVCaches, as `generate --max-kv-size` runs them (there
+    with keep=4).
+
 Assumptions (contract differences, declared rather than papered over):
   - key(id): a 2-token key per id, distinct and of one length, so that no
     key is a prefix of another: inserting a trimmable cache drops every
@@ -105,6 +145,7 @@ from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
 VERSION = "0.32.2"
 MODEL_KEY = "tiny-llama"
 LAYERS, KV_HEADS, HEAD_DIM, VOCAB = 2, 2, 8, 64
+ROTATING_MAX_SIZE = 4  # --layer-class RotatingKVCache's default max_size: kvcheck's window
 NO_EVICTION = 1 << 40  # entries and bytes: far above any trace
 DUMP_FILE = "prompt-cache.safetensors"
 DUMP_IDS = "kvcheck_ids"  # the metadata key of the dumped ids, in listing order
@@ -126,13 +167,27 @@ def tiny_model(seed: int = 1):
 
 
 def held(layer):
-    """The (keys, values) a cache layer gives the model, as MLX arrays: its
-    keys_and_values() (a KVCache's buffers cut to its offset, a
-    ConcatenateKVCache's arrays); None when it holds none."""
+    """The (keys, values) a cache layer holds, in temporal order, as MLX
+    arrays: its keys_and_values() (a KVCache's buffers cut to its offset, a
+    ConcatenateKVCache's arrays, a RotatingKVCache's buffer, which once it
+    rotated is read through its own _temporal_order, as its
+    _update_concat does); None when it holds none."""
     if layer.keys is None:
         return None
     keys, values = layer.keys_and_values()
+    if isinstance(layer, mlx_cache.RotatingKVCache):
+        keys, values = layer._temporal_order(keys), layer._temporal_order(values)
     return None if keys.shape[2] == 0 else (keys, values)
+
+
+def dropped(layer):
+    """The tokens a layer was fed but no longer holds (a RotatingKVCache's
+    window moved past them): its offset less what it holds; 0 for the
+    other classes, which hold every token they were fed."""
+    if not isinstance(layer, mlx_cache.RotatingKVCache):
+        return 0
+    kv = held(layer)
+    return layer.offset - (kv[0].shape[2] if kv is not None else 0)
 
 
 def to_torch(array) -> torch.Tensor:
@@ -142,12 +197,17 @@ def to_torch(array) -> torch.Tensor:
 class MlxPromptCacheAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, model, max_size=None, dumps=False, layer_class="KVCache"):
+    def __init__(self, model, max_size=None, dumps=False, layer_class="KVCache", max_kv_size=ROTATING_MAX_SIZE,
+                 merge_copies=False):
         self.model_ = model
+        self.merge_copies = merge_copies
         self.max_size = max_size
         self.layer_class = getattr(mlx_cache, layer_class)
         self.name = (f"mlx-lm-{VERSION}" + (f"-max{max_size}" if max_size else "") + ("-dump" if dumps else "") +
-                     ("" if layer_class == "KVCache" else "-" + layer_class))
+                     ("" if layer_class == "KVCache" else "-" + layer_class) +
+                     (f"{max_kv_size}" if layer_class == "RotatingKVCache" else "") +
+                     ("-merge-copy" if merge_copies else ""))
+        self.max_kv_size = max_kv_size if layer_class == "RotatingKVCache" else None
         if max_size is not None:
             self.capacity_items = max_size
             self.eviction = "lrs"  # the least recently stored first: see the module doc
@@ -160,6 +220,10 @@ class MlxPromptCacheAdapter(Adapter):
             "any_geometry": True, "generate_stream": False, "storage_identity": False, "copy_log": False,
             "owned_marker": False, "dump": dumps,
         }
+        if self.max_kv_size is not None:
+            # A RotatingKVCache(max_size, keep=0) keeps its last max_size
+            # tokens at rest (module doc): kvcheck's store window.
+            self.capabilities["window"] = self.max_kv_size
         # MLX hangs in a forked child (an evaluation there waits for a thread
         # the fork did not copy: save_prompt_cache in a fork, measured, never
         # returns), so dump-safe cannot kill a dump in a copy of this process.
@@ -190,16 +254,33 @@ class MlxPromptCacheAdapter(Adapter):
 
     def new_layers(self):
         """An empty cache of the chosen class, a layer each (KVCache: what
-        make_prompt_cache makes for a llama)."""
+        make_prompt_cache makes for a llama; RotatingKVCache(max_kv_size,
+        keep=0): what it makes under max_kv_size, but keep=0, as a model's
+        make_cache makes for its sliding-window layers)."""
+        if self.max_kv_size is not None:
+            return [self.layer_class(max_size=self.max_kv_size, keep=0) for _ in range(LAYERS)]
         return [self.layer_class() for _ in range(LAYERS)]
 
     def filled(self, parts):
+        """A merge: new layers given each part's held K/V in order by
+        update_and_fetch, then counting the tokens the parts' windows
+        dropped (a RotatingKVCache's offset counts every token its model
+        was fed; mlx-lm has no merge along the sequence, this is the
+        adapter's). A part that dropped tokens holds max_kv_size or more,
+        so the merge holds that many too, as a RotatingKVCache fed them
+        would."""
         cache = self.new_layers()
         for part in parts:
             for layer, source in zip(cache, part):
                 kv = held(source)
                 if kv is not None:
-                    layer.update_and_fetch(*kv)
+                    # --merge copy: new arrays (mx.array copies), which no
+                    # stored cache holds (docs/findings/mlx-lm-2.md).
+                    layer.update_and_fetch(*((mx.array(kv[0]), mx.array(kv[1])) if self.merge_copies else kv))
+        for n, layer in enumerate(cache):
+            gone = sum(dropped(part[n]) for part in parts if part[n].keys is not None)
+            if gone:
+                layer.offset += gone
         mx.eval([layer.state[:2] for layer in cache if layer.keys is not None])
         return _Held(cache)
 
@@ -214,9 +295,25 @@ class MlxPromptCacheAdapter(Adapter):
             keys = wire.slot_tensor(spec.slots[0], content.dtype, content.heads, content.head_dim)
             values = wire.slot_tensor(spec.slots[1], content.dtype, content.heads, content.head_dim)
             if keys is not None and keys.numel() > 0:
-                layer.update_and_fetch(mx.array(keys.numpy()), mx.array(values.numpy()))
+                self.write(layer, mx.array(keys.numpy()), mx.array(values.numpy()))
         mx.eval([layer.state[:2] for layer in cache if layer.keys is not None])
         return _Held(cache)
+
+    def write(self, layer, keys, values):
+        """A new layer given K/V: KVCache and ConcatenateKVCache in one
+        update_and_fetch; a RotatingKVCache as a prompt's prefill and then
+        decoding write it, the first half (rounded up) in one
+        update_and_fetch and the rest one token at a time, so that its
+        single-token path fills, trims and rotates its buffer (a prefill
+        alone keeps every token in temporal order)."""
+        if self.max_kv_size is None:
+            layer.update_and_fetch(keys, values)
+            return
+        n = keys.shape[2]
+        prefill = (n + 1) // 2
+        layer.update_and_fetch(keys[..., :prefill, :], values[..., :prefill, :])
+        for t in range(prefill, n):
+            layer.update_and_fetch(keys[..., t:t + 1, :], values[..., t:t + 1, :])
 
     def clone(self, cache):
         return self.hand_out(copy.deepcopy(list(cache)))
@@ -225,9 +322,14 @@ class MlxPromptCacheAdapter(Adapter):
         return self.hand_out(self.filled(caches))
 
     def view(self, cache):
+        """Each layer's held K/V in temporal order; of a RotatingKVCache the
+        last max_kv_size of them (its window: a prompt's update keeps up to
+        max_kv_size - 1 more, which no later token reads)."""
         layers = []
         for layer in cache:
             kv = held(layer)
+            if kv is not None and self.max_kv_size is not None:
+                kv = (kv[0][..., -self.max_kv_size:, :], kv[1][..., -self.max_kv_size:, :])
             keys, values = (to_torch(kv[0]), to_torch(kv[1])) if kv is not None else (None, None)
             layers.append(types.SimpleNamespace(keys=keys, values=values, is_initialized=True))
         return wire.view_json(types.SimpleNamespace(layers=layers))
@@ -365,8 +467,15 @@ class MlxPromptCacheAdapter(Adapter):
         # from every layer (KVCache.trim lowers its offset; the buffer stays),
         # as mlx_lm.server does to reuse a cached prefix. Every layer of a
         # cache here holds one length (the declared model).
+        # A RotatingKVCache is trimmable while offset < max_size, and kvcheck
+        # asks trim only of a cache that never held its window (W =
+        # max_size). trim_prompt_cache trims nothing when a layer refuses:
+        # said, rather than judged as a wrong cut.
         held_tokens = cache[0].offset if len(cache) else 0
         if held_tokens > keep:
+            if not mlx_cache.can_trim_prompt_cache(cache):
+                raise RuntimeError(f"trim of a cache holding {held_tokens} tokens to {keep}: "
+                                   f"mlx-lm's can_trim_prompt_cache says it cannot be trimmed")
             mlx_cache.trim_prompt_cache(cache, held_tokens - keep)
 
 
@@ -406,15 +515,24 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-size", type=int, default=None, metavar="N",
                         help="LRUPromptCache's max_size (entries); declared as capacity_items N")
-    parser.add_argument("--layer-class", default="KVCache", choices=("KVCache", "ConcatenateKVCache"),
+    parser.add_argument("--layer-class", default="KVCache", choices=("KVCache", "ConcatenateKVCache", "RotatingKVCache"),
                         help="the cache class of every layer (default KVCache, as make_prompt_cache makes)")
+    parser.add_argument("--max-kv-size", type=int, default=ROTATING_MAX_SIZE, metavar="W",
+                        help=f"RotatingKVCache's max_size (default {ROTATING_MAX_SIZE}; keep=0): declared as window W")
     parser.add_argument("--dump", action="store_true",
                         help="dump and load the store with mlx-lm's save_prompt_cache / load_prompt_cache")
+    parser.add_argument("--merge", choices=("held", "copy"), default="held",
+                        help="a merge feeds the parts' held arrays to update_and_fetch (held, the default) or copies "
+                             "of them (copy: a RotatingKVCache writes into the arrays it was first given, "
+                             "docs/findings/mlx-lm-2.md)")
     arguments = parser.parse_args(argv)
     if arguments.max_size is not None and arguments.max_size < 1:
         parser.error(f"--max-size is {arguments.max_size}: a positive number of entries")
+    if arguments.max_kv_size < 2:
+        parser.error(f"--max-kv-size is {arguments.max_kv_size}: a window of 2 tokens or more")
     model = tiny_model()
-    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size, arguments.dump, arguments.layer_class))
+    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size, arguments.dump, arguments.layer_class,
+                                        arguments.max_kv_size, arguments.merge == "copy"))
 
 
 if __name__ == "__main__":

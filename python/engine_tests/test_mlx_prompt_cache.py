@@ -8,7 +8,9 @@ the copy log, storage identities and owned marker are declared absent (MLX
 arrays share buffers until written). Bounded (--max-size 2), it evicts as
 declared (lrs); of ConcatenateKVCache, trim-exact FAILs: finding mlx-lm-1
 (docs/findings/mlx-lm-1.md, known upstream, unfixed), asserted so that a
-fix shows up."""
+fix shows up. Of RotatingKVCache (a store window), every property passes
+once merges are given copies; fed its parts' own arrays, a merge writes
+into a stored entry (docs/findings/mlx-lm-2.md), asserted by replay."""
 
 import os
 import re
@@ -25,12 +27,17 @@ JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "generation-e
 DECLARED_ABSENT = {"single-copy", "owned-marker", "clone-independent"}
 
 
-def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, monkeypatch):
+@pytest.fixture
+def mlx_env(monkeypatch):
+    """The pinned mlx-lm environment on PYTHONPATH (skipped when it is not installed)."""
     environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
     if not os.path.isdir(environment):
         pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
     # mlx_lm's package import also loads transformers and huggingface_hub.
     monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+
+
+def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --dump", "--cases", CASES, "--jobs", "2", "--timeout", "600")
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
@@ -53,11 +60,7 @@ def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, m
 BOUNDED = ("--property", "eviction-as-declared", "--property", "stored-immutable", "--cases", "50", "--failures", "1")
 
 
-def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, monkeypatch):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --max-size 2", *BOUNDED, "--jobs", "2", "--timeout", "600")
     assert run.report["adapter"] == "mlx-lm-0.32.2-max2", run.stdout + run.stderr
     assert run.status == 0, run.stdout + run.stderr
@@ -70,11 +73,7 @@ def test_mlx_lm_prompt_cache_bounded_evicts_the_least_recently_stored(kvcheck, m
 # tokens (docs/findings/mlx-lm-1.md). A confirmed upstream bug: an expected
 # FAIL of trim-exact (found after 10 traces at the default seed, shrunk to
 # 3 operations), so that a fix upstream shows up here as a change.
-def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, monkeypatch):
-    environment = os.path.join(REPO, ".venv", "engines", "mlx-lm-0.32.2")
-    if not os.path.isdir(environment):
-        pytest.skip(f"mlx-lm is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
+def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, mlx_env):
     run = kvcheck("run", "--adapter", ADAPTER + " --layer-class ConcatenateKVCache", "--property", "trim-exact",
                   "--cases", "12", "--failures", "1", "--replays", "1", "--jobs", "2", "--timeout", "600")
     assert run.report["adapter"] == "mlx-lm-0.32.2-ConcatenateKVCache", run.stdout + run.stderr
@@ -85,3 +84,51 @@ def test_mlx_lm_concatenate_kv_cache_trim_keeps_what_the_model_sees(kvcheck, mon
         # the trimmed cache still gives the model more tokens than it keeps.
         shapes = re.search(r"keys shape \[1,2,(\d+),8\], expected \[1,2,(\d+),8\]", failure["message"])
         assert shapes and int(shapes.group(1)) > int(shapes.group(2)), failure
+
+
+
+# --layer-class RotatingKVCache: every layer a RotatingKVCache(max_size=4,
+# keep=0), declared as kvcheck's store window 4 (docs/semantics.md, "Store
+# windows"); caches are written as a prefill of half their tokens then
+# decoding, so the single-token path fills, cuts and rotates the buffer,
+# and views read it in temporal order (a view reading the rotated buffer as
+# it lies FAILs stored-immutable after 8 traces, 1 operation, at the
+# default seed: measured with that bug planted). With --merge copy (a merge
+# feeds copies of its parts' arrays) every property it can be judged on
+# passes, at the default budget too (seeds 20261202, 1, 2).
+def test_mlx_lm_rotating_kv_cache_holds_every_property_it_can_be_judged_on(kvcheck, mlx_env):
+    run = kvcheck("run", "--adapter", ADAPTER + " --layer-class RotatingKVCache --merge copy", "--cases", "6",
+                  "--failures", "1", "--replays", "1", "--jobs", "2", "--timeout", "600")
+    assert run.report["adapter"] == "mlx-lm-0.32.2-RotatingKVCache4-merge-copy", run.stdout + run.stderr
+    assert run.status == 0, run.stdout + run.stderr
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
+    judged = JUDGED - {"dump-safe"}
+    assert {p: verdicts.get(p) for p in judged} == {p: "pass" for p in judged}, verdicts
+    assert {p: verdicts.get(p) for p in DECLARED_ABSENT} == {p: "skipped" for p in DECLARED_ABSENT}, verdicts
+
+
+# What the generic search found when a merge feeds its parts' own arrays
+# (the default, --merge held): stored-immutable at seed 2 after 139 traces,
+# shrunk 23 -> 3 operations (seed 20261202: after 67; seed 1: after 109),
+# replayed here. A merge of "a" (4 tokens) and "c" (1) feeds a's arrays to
+# a new RotatingKVCache(4), which keeps them and writes c's token into them:
+# the stored entry "a" changes (docs/findings/mlx-lm-2.md, not known
+# upstream). The same trace passes with --merge copy: a fix upstream shows.
+ROTATING_WRITES_INTO_ITS_PART = """\
+add a modern/f32/0/2x8:[kv4 kv4]
+add c modern/f32/347/2x8:[kv1 kv1]
+h4 = get_cache a c
+"""
+
+
+def test_mlx_lm_rotating_kv_cache_writes_into_the_arrays_it_was_given(kvcheck, mlx_env, scratch_dir):
+    trace = os.path.join(scratch_dir, "rotating_writes_into_its_part.trace")
+    with open(trace, "w") as f:
+        f.write(ROTATING_WRITES_INTO_ITS_PART)
+    held = kvcheck("replay", trace, "--adapter", ADAPTER + " --layer-class RotatingKVCache",
+                   "--property", "stored-immutable")
+    assert held.status == 1, held.stdout + held.stderr
+    assert 'stored-immutable: entry "a" layer 0 keys content differs' in held.stdout, held.stdout
+    copied = kvcheck("replay", trace, "--adapter", ADAPTER + " --layer-class RotatingKVCache --merge copy",
+                     "--property", "stored-immutable")
+    assert copied.status == 0, copied.stdout + copied.stderr
