@@ -59,7 +59,7 @@ TEST(Threads, ARunReplaysFromItsSchedule) {
 // Three seeds far apart, 3 and 6 lanes: the lock keeps every call whole
 // (the references yield inside it, so other clients do run and wait).
 TEST(Threads, TheReferencesPassTheThreadLevel) {
-    for (const char* name : {"paged-reference", "paged-reference-window"}) {
+    for (const char* name : {"reference", "paged-reference", "paged-reference-window"}) {
         const Adapter* adapter = adapters::find_bundled(name);
         ASSERT_NE(adapter, nullptr);
         for (const std::uint64_t seed : {first_seed, std::uint64_t{20261202}, std::uint64_t{1} << 40}) {
