@@ -1,7 +1,7 @@
 // The thread level (kvcheck/threads.h, docs/semantics.md#the-thread-level):
 // a cooperative token-passing scheduler over one thread per client lane,
-// the lanes' paged calls, the quiescent checks, and the search that finds,
-// shrinks and replays a failure.
+// each cache family's calls and quiescent checks (PagedFamily,
+// StoreFamily), and the search that finds, shrinks and replays a failure.
 #include "kvcheck/threads.h"
 
 #include "checkers/checker.h"
