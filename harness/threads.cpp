@@ -651,6 +651,23 @@ struct Shrinker {
         if (!result.failure || result.failure->property != property) return std::nullopt;
         return result;
     }
+
+    // A smaller plan under `schedule` (its choices shifted by what was
+    // dropped), else under a few seeded schedules: a dropped call or lane
+    // moves every choice after it, so the old schedule may no longer line
+    // up. The run's own schedule (its `schedule`) replays what failed.
+    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::int64_t>& schedule) {
+        if (auto result = fails(plan, schedule)) return result;
+        for (std::uint64_t seed = 1; seed <= reschedules && runs < shrink_runs_max; ++seed) {
+            ++runs;
+            const std::shared_ptr<Engine> engine = make();
+            ThreadRunResult result = run_threads(*engine, plan, {seed, std::nullopt});
+            if (result.failure && result.failure->property == property) return result;
+        }
+        return std::nullopt;
+    }
+
+    static constexpr std::uint64_t reschedules = 8;
 };
 
 // The schedule with lane `gone` taken out: later lanes move down one, and a
@@ -668,9 +685,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
             LanePlan fewer = found.plan;
             fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
             const std::vector<std::int64_t> moved = without_lane(schedule, static_cast<std::int64_t>(lane));
-            if (auto result = shrinker.fails(fewer, moved)) {
+            if (auto result = shrinker.fails_rescheduled(fewer, moved)) {
                 found.plan = std::move(fewer);
-                schedule = moved;
+                schedule = result->schedule;
                 found.result = std::move(*result);
                 smaller = true;
             }
@@ -679,8 +696,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
             for (std::size_t at = found.plan.lanes[lane].size(); at-- > 0;) {
                 LanePlan fewer = found.plan;
                 fewer.lanes[lane].erase(fewer.lanes[lane].begin() + static_cast<std::ptrdiff_t>(at));
-                if (auto result = shrinker.fails(fewer, schedule)) {
+                if (auto result = shrinker.fails_rescheduled(fewer, schedule)) {
                     found.plan = std::move(fewer);
+                    schedule = result->schedule;
                     found.result = std::move(*result);
                     smaller = true;
                 }
