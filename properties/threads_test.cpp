@@ -69,6 +69,28 @@ class HandsOutTheEntry final : public adapters::ReferenceEngine {
     }
 };
 
+// Hands out the stored cache, declares no storage identities, and
+// overwrites an entry in place: a held copy changes under its client.
+class OverwritesWhatItHandedOut final : public adapters::ReferenceEngine {
+  public:
+    Capabilities capabilities() const override {
+        Capabilities declared = ReferenceEngine::capabilities();
+        declared.storage_identity = false;
+        return declared;
+    }
+
+  protected:
+    kv::CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        const kv::ItemPtr item = store_.get(ids.front());
+        return item ? std::const_pointer_cast<kv::Cache>(item->cache) : nullptr;
+    }
+    void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
+        const kv::ItemPtr item = store_.get(id);
+        if (!item) return ReferenceEngine::store_add(id, cache, metadata);
+        *std::const_pointer_cast<kv::Cache>(item->cache) = *cache;
+    }
+};
+
 class ListsTwice final : public adapters::ReferenceEngine {
   public:
     std::vector<std::string> stored_ids() override {
@@ -91,6 +113,14 @@ TEST(Threads, TheStoresQuiescentChecksFailOnPlantedBugs) {
     const ThreadRunResult listed = run_threads(twice, plan, {1, std::nullopt});
     ASSERT_TRUE(listed.failure);
     EXPECT_EQ(listed.failure->property, "store-contract");
+    OverwritesWhatItHandedOut overwrites;
+    LanePlan overwritten = plan;
+    overwritten.lanes[1].insert(overwritten.lanes[1].begin() + 1,
+                                std::get<op::Add>(parse_trace("add a modern/f32/5:[kv3]").at(0)));
+    const ThreadRunResult changed = run_threads(overwrites, overwritten, {1, std::nullopt});
+    ASSERT_TRUE(changed.failure);
+    EXPECT_EQ(changed.failure->property, "stored-immutable");
+    EXPECT_NE(changed.failure->message.find("changed while its client held it"), std::string::npos) << changed.failure->message;
     adapters::ReferenceEngine sound;
     const ThreadRunResult passed = run_threads(sound, plan, {1, std::nullopt});
     EXPECT_FALSE(passed.failure) << passed.failure->message;
