@@ -44,10 +44,13 @@ void store_reader(Chooser& choose, const WorkloadOptions& options, LaneDraft& dr
 
 void store_request(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
     const std::string& id = lane_ids[choose.below(lane_ids.size())];
-    switch (choose.below(6)) {
+    // The thread level draws dumps too (one racing other clients' adds may tear).
+    const bool dumps = options.threads && options.capabilities.dump;
+    switch (choose.below(dumps ? 7 : 6)) {
         case 0: case 1: case 2: store_reader(choose, options, draft, calls); break;
         case 3: case 4: calls.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}}); break;
-        default: calls.push_back(op::Delete{{id}}); break;
+        case 5: calls.push_back(op::Delete{{id}}); break;
+        default: calls.push_back(op::Dump{0}); break;
     }
 }
 

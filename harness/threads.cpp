@@ -1,7 +1,7 @@
 // The thread level (kvcheck/threads.h, docs/semantics.md#the-thread-level):
 // a cooperative token-passing scheduler over one thread per client lane,
-// the lanes' paged calls, the quiescent checks, and the search that finds,
-// shrinks and replays a failure.
+// each cache family's calls and quiescent checks (PagedFamily,
+// StoreFamily), and the search that finds, shrinks and replays a failure.
 #include "kvcheck/threads.h"
 
 #include "checkers/checker.h"
@@ -10,10 +10,16 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
+
+#include <stdlib.h>
 
 namespace kvcheck {
 namespace {
@@ -105,11 +111,33 @@ class Scheduler {
     bool diverged_ = false;
 };
 
+struct Shared;
+
+// The calls of one cache family as the lanes make them, and what is judged
+// at each quiescent point. Lane-private state is kept per lane (a lane
+// only ever touches its own); the rest is touched by the thread holding
+// the token only.
+class Family {
+  public:
+    virtual ~Family() = default;
+    // Runs one call of `lane` (its invocation is history line `invoked`):
+    // its answer, or nothing when it was not applicable. May throw.
+    virtual std::optional<std::string> call(std::size_t lane, const Op& operation, std::size_t invoked) = 0;
+    // May the engine refuse this call (throw without it being an error)?
+    virtual bool may_refuse(const Op& operation) const = 0;
+    // `lane`'s call returned; its answer is history line `responded`.
+    virtual void responded(std::size_t /*lane*/, std::size_t /*responded*/) {}
+    // No lane is inside a call: judge the engine's state (no lane runs meanwhile).
+    virtual void quiescent(Shared& shared, const std::string& after) = 0;
+    // Every lane has ended (the hooks unset): what is judged last.
+    virtual void ended(Shared& /*shared*/) {}
+};
+
 // What the lane threads share. Only the thread holding the token touches
 // it; the scheduler's mutex orders one holder's writes before the next's reads.
 struct Shared {
     Engine& engine;
-    PagedEngine& paged;
+    Family& family;
     Scheduler* scheduler = nullptr;
     std::int64_t in_call = 0;
     bool checking = false;  // a quiescent check reads the engine: no lane runs meanwhile
@@ -137,83 +165,361 @@ void yield_in_engine(const char* point) {
     shared->scheduler->hand_over(lane, next);
 }
 
-// The pool's whole-state invariants at a quiescent point.
-void check_quiescent(Shared& shared, const std::string& after) {
-    PagedState state;
+// Reads the engine at a quiescent point: no yield inside is taken.
+template <typename Read>
+auto reading(Shared& shared, Read read) -> decltype(read()) {
     shared.checking = true;
     try {
-        state = shared.paged.paged_state();
+        auto value = read();
+        shared.checking = false;
+        return value;
     } catch (...) {
         shared.checking = false;
         throw;
     }
-    shared.checking = false;
-    if (const std::optional<std::string> wrong = checkers::refcount_wrong(state)) {
-        fail(shared, property_id(Property::refcount_exact), "at the quiescent point after " + after + ": " + *wrong);
-    } else if (const std::optional<std::string> queue = checkers::free_queue_wrong(state)) {
-        fail(shared, property_id(Property::free_iff_unreferenced), "at the quiescent point after " + after + ": " + *queue);
-    }
 }
 
-// The sequences each lane holds (lane-private, so never raced on).
+// ---- the paged family ----
+
+// The sequences a lane holds (lane-private, so never raced on).
 using Alive = std::set<std::int64_t>;
 
-// Runs one paged call; returns its answer, or nothing when it was not
-// applicable (a sequence a refused alloc never made).
-std::optional<std::string> call(PagedEngine& paged, const Op& operation, Alive& alive) {
-    return std::visit(
-        [&](const auto& o) -> std::optional<std::string> {
-            using O = std::decay_t<decltype(o)>;
-            if constexpr (std::is_same_v<O, op::PagedLookup>) {
-                return "cached " + std::to_string(paged.paged_lookup(o.tokens, o.salt));
-            } else if constexpr (std::is_same_v<O, op::PagedAlloc>) {
-                if (alive.count(o.seq) != 0) return std::nullopt;
-                const std::int64_t cached = paged.paged_alloc(o.seq, o.tokens, o.salt);
-                alive.insert(o.seq);
-                return "cached " + std::to_string(cached);
-            } else if constexpr (std::is_same_v<O, op::PagedAppend>) {
-                if (alive.count(o.seq) == 0) return std::nullopt;
-                return "appended " + checkers::tokens_text(paged.paged_append(o.seq, o.count));
-            } else if constexpr (std::is_same_v<O, op::PagedFork>) {
-                if (alive.count(o.parent) == 0 || alive.count(o.child) != 0) return std::nullopt;
-                paged.paged_fork(o.parent, o.child);
-                alive.insert(o.child);
-                return std::string("forked");
-            } else if constexpr (std::is_same_v<O, op::PagedFree>) {
-                if (alive.count(o.seq) == 0) return std::nullopt;
-                alive.erase(o.seq);
-                paged.paged_free(o.seq);
-                return std::string("freed");
-            } else if constexpr (std::is_same_v<O, op::PagedEvict>) {
-                paged.paged_evict();
-                return std::string("evicted");
-            } else if constexpr (std::is_same_v<O, op::PagedStep>) {
-                paged.paged_step();
-                return std::string("stepped");
-            } else {
-                throw std::invalid_argument(std::string("the thread level runs paged requests only, not ") + O::name);
+class PagedFamily final : public Family {
+  public:
+    PagedFamily(PagedEngine& paged, std::size_t lanes) : paged_(paged), alive_(lanes) {}
+
+    // Runs one paged call; nothing when it was not applicable (a sequence
+    // a refused alloc never made).
+    std::optional<std::string> call(std::size_t lane, const Op& operation, std::size_t) override {
+        Alive& alive = alive_.at(lane);
+        PagedEngine& paged = paged_;
+        return std::visit(
+            [&](const auto& o) -> std::optional<std::string> {
+                using O = std::decay_t<decltype(o)>;
+                if constexpr (std::is_same_v<O, op::PagedLookup>) {
+                    return "cached " + std::to_string(paged.paged_lookup(o.tokens, o.salt));
+                } else if constexpr (std::is_same_v<O, op::PagedAlloc>) {
+                    if (alive.count(o.seq) != 0) return std::nullopt;
+                    const std::int64_t cached = paged.paged_alloc(o.seq, o.tokens, o.salt);
+                    alive.insert(o.seq);
+                    return "cached " + std::to_string(cached);
+                } else if constexpr (std::is_same_v<O, op::PagedAppend>) {
+                    if (alive.count(o.seq) == 0) return std::nullopt;
+                    return "appended " + checkers::tokens_text(paged.paged_append(o.seq, o.count));
+                } else if constexpr (std::is_same_v<O, op::PagedFork>) {
+                    if (alive.count(o.parent) == 0 || alive.count(o.child) != 0) return std::nullopt;
+                    paged.paged_fork(o.parent, o.child);
+                    alive.insert(o.child);
+                    return std::string("forked");
+                } else if constexpr (std::is_same_v<O, op::PagedFree>) {
+                    if (alive.count(o.seq) == 0) return std::nullopt;
+                    alive.erase(o.seq);
+                    paged.paged_free(o.seq);
+                    return std::string("freed");
+                } else if constexpr (std::is_same_v<O, op::PagedEvict>) {
+                    paged.paged_evict();
+                    return std::string("evicted");
+                } else if constexpr (std::is_same_v<O, op::PagedStep>) {
+                    paged.paged_step();
+                    return std::string("stepped");
+                } else {
+                    throw std::invalid_argument(std::string("the thread level's paged lanes run paged requests only, not ") + O::name);
+                }
+            },
+            operation);
+    }
+
+    // op-atomic's refusals: the pool is full.
+    bool may_refuse(const Op& operation) const override {
+        return std::holds_alternative<op::PagedAlloc>(operation) || std::holds_alternative<op::PagedAppend>(operation) ||
+               std::holds_alternative<op::PagedFork>(operation);
+    }
+
+    // The pool's whole-state invariants.
+    void quiescent(Shared& shared, const std::string& after) override {
+        const PagedState state = reading(shared, [&] { return paged_.paged_state(); });
+        if (const std::optional<std::string> wrong = checkers::refcount_wrong(state)) {
+            fail(shared, property_id(Property::refcount_exact), "at the quiescent point after " + after + ": " + *wrong);
+        } else if (const std::optional<std::string> queue = checkers::free_queue_wrong(state)) {
+            fail(shared, property_id(Property::free_iff_unreferenced), "at the quiescent point after " + after + ": " + *queue);
+        }
+    }
+
+  private:
+    PagedEngine& paged_;
+    std::vector<Alive> alive_;
+};
+
+// ---- the store family ----
+//
+// Each call a request of the linearizable model (checkers::StoreRequest,
+// its first and last lines of the history: invocation and response), a
+// read from its get_cache to its release. At each quiescent point: each
+// held copy is what it was when handed out and shares no storage with a
+// stored entry (stored-immutable), the listing names each id once
+// (store-contract), and the store as read there, with every request ended
+// so far, must be linearizable; every dump is read back at the end (loaded
+// into the engine, once its lanes have ended) and must be one state too.
+class StoreFamily final : public Family, private checkers::StoreModel {
+  public:
+    StoreFamily(Engine& engine, const Capabilities& capabilities, std::size_t lanes)
+        : engine_(engine), capabilities_(capabilities), calling_(lanes) {}
+    ~StoreFamily() override {
+        for (const std::string& dir : dirs_) {
+            std::error_code ignored;
+            std::filesystem::remove_all(dir, ignored);
+        }
+    }
+    StoreFamily(const StoreFamily&) = delete;
+    StoreFamily& operator=(const StoreFamily&) = delete;
+
+    std::optional<std::string> call(std::size_t lane, const Op& operation, std::size_t invoked) override {
+        checkers::StoreRequest request;
+        request.lane = static_cast<std::int64_t>(lane);
+        request.first = request.last = invoked;
+        calling_[lane] = std::nullopt;
+        return std::visit([&](const auto& o) { return run(o, request); }, operation);
+    }
+
+    bool may_refuse(const Op&) const override { return false; }
+
+    void responded(std::size_t lane, std::size_t line) override {
+        if (!calling_[lane]) return;
+        checkers::StoreRequest& request = requests_[*calling_[lane]];
+        request.last = line;
+        if (request.kind == checkers::StoreRequest::Kind::write || request.kind == checkers::StoreRequest::Kind::erase) {
+            request.ended = true;
+            writes_ended_ = true;
+        }
+        calling_[lane] = std::nullopt;
+    }
+
+    void quiescent(Shared& shared, const std::string& after) override {
+        const std::string at = "at the quiescent point after " + after + ": ";
+        if (const std::optional<std::string> held = held_changed(shared)) {
+            fail(shared, property_id(Property::stored_immutable), at + *held);
+            return;
+        }
+        const std::vector<std::string> listed = reading(shared, [&] { return engine_.stored_ids(); });
+        const std::set<std::string> distinct(listed.begin(), listed.end());
+        if (distinct.size() != listed.size()) {
+            fail(shared, property_id(Property::store_contract), at + "the store lists an id twice: " + checkers::id_list(listed));
+            return;
+        }
+        if (writes_ended_) {
+            // A line of its own: after every call that returned, before every call to come.
+            note(shared, "  quiescent: the store holds " + checkers::id_list(listed));
+            checkers::StoreRequest whole;
+            whole.kind = checkers::StoreRequest::Kind::whole;
+            whole.first = whole.last = shared.result.history.size() - 1;
+            whole.ended = true;
+            whole.what = "the store read at the quiescent point after " + after;
+            for (const std::string& id : listed) whole.held[id] = reading(shared, [&] { return engine_.entry_digest(id); });
+            requests_.push_back(std::move(whole));
+            writes_ended_ = false;
+        }
+        judge(shared, at);
+    }
+
+    // Each dump read back: loaded into the engine (whose run is over).
+    void ended(Shared& shared) override {
+        for (const Dumped& dumped : dumps_) {
+            checkers::StoreRequest& whole = requests_[dumped.request];
+            const LoadResult loaded = engine_.load(dumped.dir);
+            if (!loaded.ok) {
+                note(shared, "lane " + std::to_string(whole.lane) + "'s dump does not load: " + loaded.error);
+                fail(shared, property_id(Property::dump_safe), whole.what + " does not load: " + loaded.error);
+                return;
             }
-        },
-        operation);
-}
+            for (const std::string& id : engine_.stored_ids()) whole.held[id] = engine_.entry_digest(id);
+            whole.ended = true;
+        }
+        if (!dumps_.empty()) judge(shared, "with the dumps read back: ");
+    }
 
-// May the engine refuse this call (op-atomic's refusals: the pool is full)?
-bool may_refuse(const Op& operation) {
-    return std::holds_alternative<op::PagedAlloc>(operation) || std::holds_alternative<op::PagedAppend>(operation) ||
-           std::holds_alternative<op::PagedFork>(operation);
-}
+  private:
+    struct Dumped {
+        std::string dir;
+        std::size_t request = 0;
+    };
 
-void run_call(Shared& shared, std::size_t lane, const Op& operation, Alive& alive) {
+    std::optional<std::string> run(const op::Add& o, checkers::StoreRequest& request) {
+        CacheContent content = expand(o.cache);
+        engine_.add(o.id, content, item_metadata(o.meta));
+        contents_.push_back(std::move(content));
+        request.kind = checkers::StoreRequest::Kind::write;
+        request.ids = {o.id};
+        request.object = static_cast<ObjectId>(contents_.size());  // 1-based: contents_[object - 1]
+        return begin(std::move(request), "stored");
+    }
+    std::optional<std::string> run(const op::Delete& o, checkers::StoreRequest& request) {
+        engine_.remove(o.ids);
+        request.kind = checkers::StoreRequest::Kind::erase;
+        request.ids = o.ids;
+        return begin(std::move(request), "deleted");
+    }
+    // get_cache, then the copy's digest (read by its client, as part of the call).
+    std::optional<std::string> run(const op::GetCache& o, checkers::StoreRequest& request) {
+        if (o.ids.size() != 1 || reads_.count(o.out.value) != 0) {
+            throw std::invalid_argument("the thread level's store lanes read one id into a fresh handle: " + format_op(o));
+        }
+        engine_.get_cache(o.ids, o.out.value);
+        request.kind = checkers::StoreRequest::Kind::read;
+        request.ids = o.ids;
+        request.handle = o.out.value;
+        if (engine_.handle_facts(o.out.value).exists) {
+            request.copy = engine_.handle_digest(o.out.value);
+            held_[o.out.value] = *request.copy;
+        }
+        reads_[o.out.value] = requests_.size();
+        const bool copied = request.copy.has_value();
+        return begin(std::move(request), copied ? "a copy" : "no cache");
+    }
+    std::optional<std::string> run(const op::Generate& o, checkers::StoreRequest&) {
+        const GenerateResult result = engine_.generate(o.source.value, o.prompt, o.max, false);
+        const auto read = reads_.find(o.source.value);
+        if (read != reads_.end() && !requests_[read->second].generated) {
+            checkers::StoreRequest& request = requests_[read->second];
+            request.generated = true;
+            request.prompt = o.prompt;
+            request.max = o.max;
+            request.tokens = result.tokens;
+        }
+        // The model wrote into the copy: what its client now holds.
+        if (held_.count(o.source.value) != 0) held_[o.source.value] = engine_.handle_digest(o.source.value);
+        return "generated " + checkers::tokens_text(result.tokens);
+    }
+    std::optional<std::string> run(const op::Release& o, checkers::StoreRequest&) {
+        engine_.release(o.handle.value);
+        const auto read = reads_.find(o.handle.value);
+        if (read != reads_.end()) {
+            requests_[read->second].ended = true;  // at this call's response
+            held_.erase(o.handle.value);
+            calling_[static_cast<std::size_t>(requests_[read->second].lane)] = read->second;
+            reads_.erase(read);
+        }
+        return std::string("released");
+    }
+    std::optional<std::string> run(const op::Dump& o, checkers::StoreRequest& request) {
+        std::string dir = (std::filesystem::temp_directory_path() / "kvcheck-threads-dump-XXXXXX").string();
+        if (::mkdtemp(dir.data()) == nullptr) throw std::runtime_error("cannot make a temporary directory for a dump: " + dir);
+        dirs_.push_back(dir);
+        engine_.dump(dir);  // other lanes may run inside: the request's index is known after it
+        dumps_.push_back({dir, requests_.size()});
+        request.kind = checkers::StoreRequest::Kind::whole;
+        request.what = "lane " + std::to_string(request.lane) + "'s dump (slot " + std::to_string(o.slot) + ")";
+        const std::size_t lane = static_cast<std::size_t>(request.lane);
+        requests_.push_back(std::move(request));
+        calling_[lane] = requests_.size() - 1;  // ends when read back
+        return std::string("dumped");
+    }
+    template <typename O>
+    std::optional<std::string> run(const O&, checkers::StoreRequest&) {
+        throw std::invalid_argument(std::string("the thread level's store lanes run reads, adds, deletes and dumps, not ") + O::name);
+    }
+
+    std::optional<std::string> begin(checkers::StoreRequest request, std::string answer) {
+        const std::size_t lane = static_cast<std::size_t>(request.lane);
+        requests_.push_back(std::move(request));
+        calling_[lane] = requests_.size() - 1;
+        return answer;
+    }
+
+    // A held copy changed by anything but its own client's generations (the
+    // model writes into it), or sharing storage with a stored entry.
+    std::optional<std::string> held_changed(Shared& shared) {
+        const std::vector<std::string> listed = reading(shared, [&] { return engine_.stored_ids(); });
+        for (const auto& [handle, digest] : held_) {
+            const checkers::StoreRequest& read = requests_[reads_.at(handle)];
+            const std::string which = checkers::handle_text(handle) + " (lane " + std::to_string(read.lane) + "'s copy of " +
+                                      checkers::in_quotes(read.ids.front()) + ")";
+            const std::uint64_t now = reading(shared, [&, h = handle] { return engine_.handle_digest(h); });
+            if (now != digest) return which + " changed while its client held it";
+            if (!capabilities_.storage_identity) continue;
+            const std::vector<std::uint64_t> mine = reading(shared, [&, h = handle] { return engine_.storage_of_handle(h); });
+            for (const std::string& id : listed) {
+                const std::vector<std::uint64_t> theirs = reading(shared, [&] { return engine_.storage_of_entry(id); });
+                for (const std::uint64_t storage : mine) {
+                    if (std::find(theirs.begin(), theirs.end(), storage) != theirs.end()) {
+                        return which + " shares storage with the stored entry " + checkers::in_quotes(id);
+                    }
+                }
+            }
+        }
+        return std::nullopt;
+    }
+
+    void judge(Shared& shared, const std::string& at) {
+        if (!judged_) return;
+        std::vector<const checkers::StoreRequest*> ended;
+        for (const checkers::StoreRequest& request : requests_) {
+            if (request.ended) ended.push_back(&request);
+        }
+        if (ended.size() > checkers::linearizable_requests_max) {
+            judged_ = false;  // past what the search's memo holds: not judged further
+            return;
+        }
+        shared.checking = true;
+        std::optional<std::size_t> stuck;
+        try {
+            stuck = checkers::linearization_stuck(ended, *this);
+        } catch (...) {
+            shared.checking = false;
+            throw;
+        }
+        shared.checking = false;
+        if (!stuck) return;
+        const checkers::StoreRequest& request = *ended[*stuck];
+        fail(shared, property_id(Property::linearizable),
+             at + "no order of the " + std::to_string(ended.size()) +
+                 " requests ended so far, each at one point between its invocation and its response, gives what they "
+                 "gave: " + checkers::store_request_text(request, "lines") +
+                 " (the requests of other lanes begun inside it: " + checkers::requests_inside(requests_, request, "line") + ")");
+    }
+
+    // ---- the model: the contents the adds stored ----
+
+    const CacheContent& content(ObjectId object) const { return contents_.at(static_cast<std::size_t>(object - 1)); }
+    bool holds_tokens(ObjectId object) override { return content_holds_tokens(content(object)); }
+    std::uint64_t digest(ObjectId object) override {
+        const CacheContent& held = content(object);
+        return expected_digest(capabilities_.window > 0 ? expected_window(held, capabilities_.window) : held);
+    }
+    const Tokens& fresh(ObjectId object, const Tokens& prompt, std::int64_t max) override {
+        const auto key = std::make_tuple(object, prompt, max);
+        auto at = fresh_.find(key);
+        if (at == fresh_.end()) at = fresh_.emplace(key, engine_.generate_fresh(content(object), prompt, max)).first;
+        return at->second;
+    }
+
+    Engine& engine_;
+    Capabilities capabilities_;
+    std::vector<std::optional<std::size_t>> calling_;  // per lane: the request its call in progress makes or ends
+    std::vector<checkers::StoreRequest> requests_;
+    std::map<std::int64_t, std::size_t> reads_;  // handle -> its read, until released
+    // handle -> the digest of what its client holds: the copy, then what
+    // its own generations wrote into it; no other lane may change it.
+    std::map<std::int64_t, std::uint64_t> held_;
+    std::vector<CacheContent> contents_;         // what each add stored (ObjectId - 1)
+    std::vector<Dumped> dumps_;
+    std::vector<std::string> dirs_;  // the dumps' temporary directories, removed at the end
+    bool writes_ended_ = true;  // the store is read whole at the next quiescent point
+    bool judged_ = true;
+    std::map<std::tuple<ObjectId, Tokens, std::int64_t>, Tokens> fresh_;
+};
+
+void run_call(Shared& shared, std::size_t lane, const Op& operation) {
     const std::string who = "lane " + std::to_string(lane) + "'s " + format_op(operation);
     note(shared, "lane " + std::to_string(lane) + ": " + format_op(operation));
+    const std::size_t invoked = shared.result.history.size() - 1;
     ++shared.in_call;
     std::optional<std::string> answer;
     try {
-        answer = call(shared.paged, operation, alive);
+        answer = shared.family.call(lane, operation, invoked);
     } catch (const std::invalid_argument&) {
         throw;
     } catch (const std::exception& error) {
-        if (!may_refuse(operation)) {
+        if (!shared.family.may_refuse(operation)) {
             --shared.in_call;
             note(shared, "lane " + std::to_string(lane) + ": threw " + error.what());
             fail(shared, engine_error_id, "the engine threw at " + who + ": " + error.what());
@@ -223,20 +529,20 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation, Alive& aliv
     }
     --shared.in_call;
     note(shared, "lane " + std::to_string(lane) + ": -> " + answer.value_or("not applicable"));
-    if (shared.in_call == 0 && !shared.result.failure) check_quiescent(shared, who);
+    shared.family.responded(lane, shared.result.history.size() - 1);
+    if (shared.in_call == 0 && !shared.result.failure) shared.family.quiescent(shared, who);
 }
 
 void run_lane(Shared& shared, std::size_t lane, const Trace& calls) {
     current_shared = &shared;
     current_lane = lane;
     shared.scheduler->wait_turn(lane);
-    Alive alive;
     try {
         for (const Op& operation : calls) {
             if (shared.result.failure) break;
             yield_in_engine("call");  // another lane may run first
             if (shared.result.failure) break;
-            run_call(shared, lane, operation, alive);
+            run_call(shared, lane, operation);
         }
     } catch (const std::exception& error) {
         fail(shared, engine_error_id, "lane " + std::to_string(lane) + ": " + error.what());
@@ -270,15 +576,39 @@ void add_yield_slot(kvcheck_yield_fn* slot) {
     }
 }
 
-ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options) {
-    const Capabilities capabilities = engine.capabilities();
-    if (!capabilities.thread_safe || !capabilities.paged || engine.paged() == nullptr) {
-        throw std::invalid_argument("the thread level needs a paged engine that declares thread_safe");
+namespace {
+
+// Does the plan call the paged family (else: the store's)?
+bool plan_is_paged(const LanePlan& plan) {
+    for (const Trace& lane : plan.lanes) {
+        for (const Op& operation : lane) {
+            if (std::visit([](const auto& o) { return (std::decay_t<decltype(o)>::needs & needs_paged) != 0; }, operation)) return true;
+        }
     }
-    Shared shared{engine, *engine.paged(), nullptr, 0, false, {}};
-    Alive setup;
+    return false;
+}
+
+std::unique_ptr<Family> family_for(Engine& engine, const LanePlan& plan) {
+    const Capabilities capabilities = engine.capabilities();
+    if (!capabilities.thread_safe) throw std::invalid_argument("the thread level needs an engine that declares thread_safe");
+    if (plan_is_paged(plan)) {
+        if (!capabilities.paged || engine.paged() == nullptr) throw std::invalid_argument("paged lanes need a paged engine");
+        return std::make_unique<PagedFamily>(*engine.paged(), plan.lanes.size());
+    }
+    if (!capabilities.store) throw std::invalid_argument("store lanes need an engine with a store");
+    if (capabilities.policy.bounded()) {
+        throw std::invalid_argument("the thread level's store lanes judge an unbounded store (evictions are not in the model)");
+    }
+    return std::make_unique<StoreFamily>(engine, capabilities, plan.lanes.size());
+}
+
+}  // namespace
+
+ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options) {
+    const std::unique_ptr<Family> family = family_for(engine, plan);
+    Shared shared{engine, *family, nullptr, 0, false, {}};
     for (const Op& operation : plan.lanes.at(0)) {
-        if (!shared.result.failure) run_call(shared, 0, operation, setup);
+        if (!shared.result.failure) run_call(shared, 0, operation);
     }
     if (shared.result.failure || plan.lanes.size() < 2) return std::move(shared.result);
     Scheduler scheduler(plan.lanes.size(), options);
@@ -291,6 +621,8 @@ ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRu
         }
         for (std::thread& thread : threads) thread.join();
     }
+    shared.scheduler = nullptr;
+    if (!shared.result.failure) family->ended(shared);
     shared.result.schedule = scheduler.schedule();
     shared.result.diverged = scheduler.diverged();
     return std::move(shared.result);
@@ -298,7 +630,8 @@ ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRu
 
 LanePlan thread_plan(std::uint64_t seed, WorkloadOptions options) {
     options.threads = true;
-    options.capabilities.store = false;  // the thread level judges the paged family
+    // A paged engine's lanes are paged requests; a store's, store requests.
+    if (options.capabilities.paged) options.capabilities.store = false;
     SeededChooser choose(seed);
     return draw_lanes(choose, options);
 }
@@ -318,6 +651,23 @@ struct Shrinker {
         if (!result.failure || result.failure->property != property) return std::nullopt;
         return result;
     }
+
+    // A smaller plan under `schedule` (its choices shifted by what was
+    // dropped), else under a few seeded schedules: a dropped call or lane
+    // moves every choice after it, so the old schedule may no longer line
+    // up. The run's own schedule (its `schedule`) replays what failed.
+    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::int64_t>& schedule) {
+        if (auto result = fails(plan, schedule)) return result;
+        for (std::uint64_t seed = 1; seed <= reschedules && runs < shrink_runs_max; ++seed) {
+            ++runs;
+            const std::shared_ptr<Engine> engine = make();
+            ThreadRunResult result = run_threads(*engine, plan, {seed, std::nullopt});
+            if (result.failure && result.failure->property == property) return result;
+        }
+        return std::nullopt;
+    }
+
+    static constexpr std::uint64_t reschedules = 8;
 };
 
 // The schedule with lane `gone` taken out: later lanes move down one, and a
@@ -335,9 +685,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
             LanePlan fewer = found.plan;
             fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
             const std::vector<std::int64_t> moved = without_lane(schedule, static_cast<std::int64_t>(lane));
-            if (auto result = shrinker.fails(fewer, moved)) {
+            if (auto result = shrinker.fails_rescheduled(fewer, moved)) {
                 found.plan = std::move(fewer);
-                schedule = moved;
+                schedule = result->schedule;
                 found.result = std::move(*result);
                 smaller = true;
             }
@@ -346,8 +696,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
             for (std::size_t at = found.plan.lanes[lane].size(); at-- > 0;) {
                 LanePlan fewer = found.plan;
                 fewer.lanes[lane].erase(fewer.lanes[lane].begin() + static_cast<std::ptrdiff_t>(at));
-                if (auto result = shrinker.fails(fewer, schedule)) {
+                if (auto result = shrinker.fails_rescheduled(fewer, schedule)) {
                     found.plan = std::move(fewer);
+                    schedule = result->schedule;
                     found.result = std::move(*result);
                     smaller = true;
                 }

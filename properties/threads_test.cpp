@@ -11,6 +11,7 @@
 #include "kvcheck/yield.h"
 #include "mutants/mutants.h"
 #include "reference/paged_reference.h"
+#include "reference/reference_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -39,33 +40,104 @@ TEST(Threads, TheReferencesDeclareThreadSafe) {
 }
 
 TEST(Threads, ARunReplaysFromItsSchedule) {
-    const Adapter* adapter = adapters::find_bundled("paged-reference");
-    ASSERT_NE(adapter, nullptr);
-    std::size_t overlapping = 0;  // runs where a client ran while another held the lock
-    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
-        const LanePlan plan = thread_plan(seed, thread_options(*adapter, 3));
-        const ThreadRunResult drawn = run_threads(*adapter->make(), plan, {seed, std::nullopt});
-        EXPECT_FALSE(drawn.failure) << drawn.failure->message;
-        const ThreadRunResult again = run_threads(*adapter->make(), plan, {0, drawn.schedule});
-        EXPECT_EQ(again.history, drawn.history);
-        EXPECT_FALSE(again.diverged);
-        EXPECT_EQ(yield_hook, nullptr);  // set for the length of a run only
-        const auto paused = [](const std::string& line) { return line.find("paused at locked") != std::string::npos; };
-        if (std::any_of(drawn.history.begin(), drawn.history.end(), paused)) ++overlapping;
+    for (const char* name : {"reference", "paged-reference"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        std::size_t overlapping = 0;  // runs where a client ran while another held the lock
+        for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+            const LanePlan plan = thread_plan(seed, thread_options(*adapter, 3));
+            const ThreadRunResult drawn = run_threads(*adapter->make(), plan, {seed, std::nullopt});
+            EXPECT_FALSE(drawn.failure) << drawn.failure->message;
+            const ThreadRunResult again = run_threads(*adapter->make(), plan, {0, drawn.schedule});
+            EXPECT_EQ(again.history, drawn.history);
+            EXPECT_FALSE(again.diverged);
+            EXPECT_EQ(yield_hook, nullptr);  // set for the length of a run only
+            const auto paused = [](const std::string& line) { return line.find("paused at locked") != std::string::npos; };
+            if (std::any_of(drawn.history.begin(), drawn.history.end(), paused)) ++overlapping;
+        }
+        EXPECT_GE(overlapping, 10u) << name;  // the calls do overlap: the lock, not the scheduler, keeps them whole
     }
-    EXPECT_GE(overlapping, 10u);  // the calls do overlap: the lock, not the scheduler, keeps them whole
+}
+
+// The store family's quiescent checks other than linearizable, each on a
+// planted bug (TM3 and TM4 show linearizable's).
+class HandsOutTheEntry final : public adapters::ReferenceEngine {
+  protected:
+    kv::CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        const kv::ItemPtr item = store_.get(ids.front());
+        return item ? std::const_pointer_cast<kv::Cache>(item->cache) : nullptr;
+    }
+};
+
+// Hands out the stored cache, declares no storage identities, and
+// overwrites an entry in place: a held copy changes under its client.
+class OverwritesWhatItHandedOut final : public adapters::ReferenceEngine {
+  public:
+    Capabilities capabilities() const override {
+        Capabilities declared = ReferenceEngine::capabilities();
+        declared.storage_identity = false;
+        return declared;
+    }
+
+  protected:
+    kv::CachePtr store_get_cache(const std::vector<std::string>& ids) override {
+        const kv::ItemPtr item = store_.get(ids.front());
+        return item ? std::const_pointer_cast<kv::Cache>(item->cache) : nullptr;
+    }
+    void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
+        const kv::ItemPtr item = store_.get(id);
+        if (!item) return ReferenceEngine::store_add(id, cache, metadata);
+        *std::const_pointer_cast<kv::Cache>(item->cache) = *cache;
+    }
+};
+
+class ListsTwice final : public adapters::ReferenceEngine {
+  public:
+    std::vector<std::string> stored_ids() override {
+        std::vector<std::string> ids = ReferenceEngine::stored_ids();
+        if (!ids.empty()) ids.push_back(ids.front());
+        return ids;
+    }
+};
+
+TEST(Threads, TheStoresQuiescentChecksFailOnPlantedBugs) {
+    const CacheSpec spec = std::get<op::Add>(parse_trace("add a modern/f32/3:[kv2]").at(0)).cache;
+    LanePlan plan;
+    plan.lanes = {{op::Add{"a", spec, {}}}, {op::GetCache{HandleName{101}, {"a"}}, op::Release{HandleName{101}}}};
+    HandsOutTheEntry shares;
+    const ThreadRunResult shared = run_threads(shares, plan, {1, std::nullopt});
+    ASSERT_TRUE(shared.failure);
+    EXPECT_EQ(shared.failure->property, "stored-immutable");
+    EXPECT_NE(shared.failure->message.find("shares storage with the stored entry"), std::string::npos) << shared.failure->message;
+    ListsTwice twice;
+    const ThreadRunResult listed = run_threads(twice, plan, {1, std::nullopt});
+    ASSERT_TRUE(listed.failure);
+    EXPECT_EQ(listed.failure->property, "store-contract");
+    OverwritesWhatItHandedOut overwrites;
+    LanePlan overwritten = plan;
+    overwritten.lanes[1].insert(overwritten.lanes[1].begin() + 1,
+                                std::get<op::Add>(parse_trace("add a modern/f32/5:[kv3]").at(0)));
+    const ThreadRunResult changed = run_threads(overwrites, overwritten, {1, std::nullopt});
+    ASSERT_TRUE(changed.failure);
+    EXPECT_EQ(changed.failure->property, "stored-immutable");
+    EXPECT_NE(changed.failure->message.find("changed while its client held it"), std::string::npos) << changed.failure->message;
+    adapters::ReferenceEngine sound;
+    const ThreadRunResult passed = run_threads(sound, plan, {1, std::nullopt});
+    EXPECT_FALSE(passed.failure) << passed.failure->message;
 }
 
 // Three seeds far apart, 3 and 6 lanes: the lock keeps every call whole
 // (the references yield inside it, so other clients do run and wait).
 TEST(Threads, TheReferencesPassTheThreadLevel) {
-    for (const char* name : {"paged-reference", "paged-reference-window"}) {
+    for (const char* name : {"reference", "paged-reference", "paged-reference-window"}) {
         const Adapter* adapter = adapters::find_bundled(name);
         ASSERT_NE(adapter, nullptr);
         for (const std::uint64_t seed : {first_seed, std::uint64_t{20261202}, std::uint64_t{1} << 40}) {
             for (const std::int64_t lanes : {3, 6}) {
+                // The store's traces write and load dumps (each flushed to disk): half the budget.
+                const std::size_t traces = std::string(name) == "reference" ? traces_max / 6 : traces_max / 3;
                 const std::optional<ThreadFinding> found =
-                    search_threads(adapter->make, thread_options(*adapter, lanes), seed, traces_max / 3);
+                    search_threads(adapter->make, thread_options(*adapter, lanes), seed, traces);
                 EXPECT_FALSE(found) << format_thread_finding(*found);
             }
         }

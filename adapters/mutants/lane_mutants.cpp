@@ -280,6 +280,57 @@ class TM2 final : public Pool {
     }
 };
 
+// The store family's thread mutants: the reference with its lock dropped
+// (it still declares thread_safe) and a kvcheck::yield inside one section
+// the lock kept whole.
+class UnlockedStore : public ReferenceEngine {
+  public:
+    UnlockedStore() { locked_ = false; }
+};
+
+// TM3: an unlocked index update (copy-on-write, as a store that swaps in a
+// new index map): an add loads the whole index, yields (`store_index`),
+// and installs its copy with its item. Another client's add or delete in
+// between is undone: an entry lost, or a deleted one back.
+class TM3 final : public UnlockedStore {
+  protected:
+    void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
+        const std::vector<kv::ItemPtr> loaded = store_.get_all();
+        kvcheck::yield("store_index");
+        std::vector<kv::NewItem> index;
+        bool replaced = false;
+        for (const kv::ItemPtr& item : loaded) {
+            const bool mine = item->id == id;
+            replaced = replaced || mine;
+            index.push_back(mine ? kv::NewItem{id, windowed(cache), metadata}
+                                 : kv::NewItem{item->id, std::const_pointer_cast<kv::Cache>(item->cache), item->metadata});
+        }
+        if (!replaced) index.push_back({id, windowed(cache), metadata});
+        store_.remove_all();
+        store_.add(index);
+    }
+};
+
+// TM4: a dump torn by a concurrent add: the dump lists the ids, then takes
+// each entry in turn, yielding (`dump_entry`) before each; other clients'
+// adds and deletes in between land in the middle of it, so it may hold an
+// entry from before one add and another from after a later one: a store
+// that never existed.
+class TM4 final : public UnlockedStore {
+  protected:
+    void store_dump(const std::string& dir, kv::FileSystem& fs) override {
+        std::vector<std::string> ids;
+        for (const kv::ItemPtr& item : store_.get_all()) ids.push_back(item->id);
+        kv::Store taken;
+        for (const std::string& id : ids) {
+            kvcheck::yield("dump_entry");
+            const kv::ItemPtr item = store_.get(id);
+            if (item) taken.add({{id, std::const_pointer_cast<kv::Cache>(item->cache), item->metadata}});
+        }
+        taken.dump(dir, fs);
+    }
+};
+
 using P = Property;
 
 }  // namespace
@@ -290,6 +341,10 @@ std::vector<Adapter> thread_mutant_adapters() {
                               {P::free_iff_unreferenced}, pool_of<TM1>()),
         lane_mutant<Unlocked>("TM2", "a fork's reference increment (load, yield, store) races other clients' count updates",
                               {P::refcount_exact, P::free_iff_unreferenced}, pool_of<TM2>()),
+        lane_mutant<TM3>("TM3", "an unlocked store index update: an add installs a copy of the index it loaded before a yield",
+                         {P::linearizable}),
+        lane_mutant<TM4>("TM4", "a dump torn by concurrent adds: it takes each entry in turn, yielding between them",
+                         {P::linearizable}),
     };
 }
 

@@ -50,6 +50,7 @@
 #include "kvcheck/trace.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -398,6 +399,64 @@ std::string kv_held(const CacheView& view);
 // The first of `sources` whose storage `out` shares, if any (needs the
 // engine's storage identities).
 std::optional<std::int64_t> shared_source(Probe& probe, std::int64_t out, const std::vector<std::int64_t>& sources);
+
+// ---- linearizable's model and search (checkers/linearizable.cpp): one
+// search for the operation level's requests (steps) and the thread
+// level's overlapping calls (harness/threads.cpp: lines of its history) ----
+
+// A request of a store client, from its first step (invocation) to its
+// last (response). Steps are comparable within one history only.
+struct StoreRequest {
+    enum class Kind : std::uint8_t {
+        write,  // add: `object` stored under ids[0]
+        erase,  // delete of `ids`
+        read,   // get_cache of ids[0]: the copy it got (`copy`, its digest), its first generation
+        whole,  // the whole store read at once (a dump read back, the store at a quiescent point): `held`
+    };
+    std::int64_t lane = 0;
+    std::size_t first = 0;
+    std::size_t last = 0;
+    bool ended = false;
+    Kind kind = Kind::write;
+    Ids ids;
+    std::optional<ObjectId> object;
+    std::int64_t handle = 0;
+    std::optional<std::uint64_t> copy;
+    bool generated = false;
+    Tokens prompt;
+    std::int64_t max = 0;
+    Tokens tokens;
+    std::map<std::string, std::uint64_t> held;  // whole: each id it holds, and its content digest
+    std::string what;                           // whole: what read it ("lane 2's dump")
+};
+
+// What the model knows of the objects writes store: whether one holds
+// tokens, the digest of its expected view, and what the engine's model
+// generates on it (memoized by the implementer).
+class StoreModel {
+  public:
+    virtual ~StoreModel() = default;
+    virtual bool holds_tokens(ObjectId object) = 0;
+    virtual std::uint64_t digest(ObjectId object) = 0;
+    virtual const Tokens& fresh(ObjectId object, const Tokens& prompt, std::int64_t max) = 0;
+};
+
+// Requests past this many are not judged (the search's memo key is a bit set).
+constexpr std::size_t linearizable_requests_max = 64;
+
+// Wing and Gong's search, memoized as Lowe's: is there an order of
+// `requests` (all ended, at most linearizable_requests_max), each placed at
+// one point between its first and last step, keeping the order of requests
+// that do not overlap, whose reads and whole readings fit the state the
+// writes before them made (the store empty at the start)? Nothing when
+// there is; else the index of a read or whole reading that fitted no state
+// in a deepest order tried.
+std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model);
+// "lane 2's read of \"a\" (steps 4 to 9) got a copy of content 0123... and generated [3, 4]"
+// (`unit` "steps" or "lines"; numbered from 1).
+std::string store_request_text(const StoreRequest& request, const char* unit);
+// The requests of other lanes that began inside `request`: "add \"a\" at step 5 (lane 3), ...", or "none".
+std::string requests_inside(const std::vector<StoreRequest>& all, const StoreRequest& request, const char* unit);
 
 // The paged family's helpers (checkers/paged_util.cpp).
 // "block 3 (count 2, key [1 2], tokens [1 2], 2 written)".

@@ -20,6 +20,12 @@
 // a conversion: not in the model), or an engine with a declared capacity
 // (its evictions are not in the model); a read that found no entry is
 // judged by that alone, and one of an entry holding no tokens by nothing.
+//
+// The search (linearization_stuck) is also the thread level's
+// (harness/threads.cpp), whose requests are calls that overlap in time
+// (first and last: a call's invocation and response), with two more kinds
+// of request: a dump read back and the store read at a quiescent point,
+// each a reading of the whole store that must equal one state.
 #include "checkers/checker.h"
 
 #include <algorithm>
@@ -28,35 +34,153 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 namespace kvcheck::checkers {
 namespace {
 
-// Requests past this many are not judged (the memo's key is a bit set).
-constexpr std::size_t requests_max = 64;
-
-struct Request {
-    std::int64_t lane = 0;
-    std::size_t first = 0;  // steps
-    std::size_t last = 0;
-    bool ended = false;
-    enum class Kind : std::uint8_t { write, erase, read } kind = Kind::write;
-    Ids ids;                         // write: its id; erase: its ids; read: its id
-    std::optional<ObjectId> object;  // write: what it stored
-    // read: the cache get_cache handed out (its digest), and the first
-    // generation from it.
-    std::int64_t handle = 0;
-    std::optional<std::uint64_t> copy;
-    bool generated = false;
-    Tokens prompt;
-    std::int64_t max = 0;
-    Tokens tokens;
-};
-
+using Request = StoreRequest;
 using State = std::map<std::string, ObjectId>;
 
-class Linearizable final : public Checker {
+// ---- the model ----
+
+// Does `read`, placed at `state`, give what it gave?
+bool read_fits(const Request& read, const State& state, StoreModel& model) {
+    const auto entry = state.find(read.ids.front());
+    if (entry == state.end()) return !read.copy;
+    if (!model.holds_tokens(entry->second)) return true;
+    if (!read.copy || *read.copy != model.digest(entry->second)) return false;
+    return !read.generated || read.tokens == model.fresh(entry->second, read.prompt, read.max);
+}
+
+// Does a whole reading, placed at `state`, hold exactly its entries?
+bool whole_fits(const Request& whole, const State& state, StoreModel& model) {
+    if (whole.held.size() != state.size()) return false;
+    for (const auto& [id, object] : state) {
+        const auto held = whole.held.find(id);
+        if (held == whole.held.end() || held->second != model.digest(object)) return false;
+    }
+    return true;
+}
+
+bool fits(const Request& request, const State& state, StoreModel& model) {
+    if (request.kind == Request::Kind::read) return read_fits(request, state, model);
+    if (request.kind == Request::Kind::whole) return whole_fits(request, state, model);
+    return true;
+}
+
+// `state` after `request` (a read changes nothing).
+State after(const Request& request, State state) {
+    if (request.kind == Request::Kind::write) {
+        if (request.object) {
+            state[request.ids.front()] = *request.object;
+        } else {
+            state.erase(request.ids.front());
+        }
+    } else if (request.kind == Request::Kind::erase) {
+        for (const std::string& id : request.ids) state.erase(id);
+    }
+    return state;
+}
+
+// ---- the search (Wing & Gong, memoized as Lowe's) ----
+
+struct Search {
+    const std::vector<const Request*>& requests;
+    StoreModel& model;
+    std::set<std::pair<std::uint64_t, State>> dead;
+    std::size_t deepest = 0;           // the most requests placed in one order
+    std::optional<std::size_t> stuck;  // a read that fitted no state there
+};
+
+bool place(Search& search, std::uint64_t placed, const State& state, std::size_t count) {
+    if (count == search.requests.size()) return true;
+    if (search.dead.count({placed, state}) != 0) return false;
+    // A request may go next when no request left ended before it began.
+    std::size_t ends_first = SIZE_MAX;
+    for (std::size_t i = 0; i < search.requests.size(); ++i) {
+        if (((placed >> i) & 1U) == 0) ends_first = std::min(ends_first, search.requests[i]->last);
+    }
+    for (std::size_t i = 0; i < search.requests.size(); ++i) {
+        const Request& request = *search.requests[i];
+        if (((placed >> i) & 1U) != 0 || request.first > ends_first) continue;
+        if (!fits(request, state, search.model)) {
+            if (count >= search.deepest) {
+                search.deepest = count;
+                search.stuck = i;
+            }
+            continue;
+        }
+        if (place(search, placed | (std::uint64_t{1} << i), after(request, state), count + 1)) return true;
+    }
+    search.dead.insert({placed, state});
+    return false;
+}
+
+const char* kind_text(Request::Kind kind) {
+    switch (kind) {
+        case Request::Kind::write: return "add ";
+        case Request::Kind::erase: return "delete ";
+        case Request::Kind::read: return "read ";
+        case Request::Kind::whole: return "whole read ";
+    }
+    return "";
+}
+
+std::string digest_text(std::uint64_t digest) {
+    char text[24];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+    return text;
+}
+
+}  // namespace
+
+std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model) {
+    if (requests.size() > linearizable_requests_max) throw std::invalid_argument("linearization_stuck: too many requests");
+    Search search{requests, model, {}, 0, std::nullopt};
+    if (place(search, 0, {}, 0)) return std::nullopt;
+    return search.stuck.value_or(requests.size() - 1);
+}
+
+std::string store_request_text(const StoreRequest& request, const char* unit) {
+    const std::string span = " (" + std::string(unit) + " " + std::to_string(request.first + 1) + " to " +
+                             std::to_string(request.last + 1) + ")";
+    if (request.kind == Request::Kind::whole) {
+        std::string text = request.what + span + " held ";
+        if (request.held.empty()) return text + "nothing";
+        bool first = true;
+        for (const auto& [id, digest] : request.held) {
+            text += (first ? "" : ", ") + in_quotes(id) + " of content " + digest_text(digest);
+            first = false;
+        }
+        return text;
+    }
+    if (request.kind != Request::Kind::read) {
+        return "lane " + std::to_string(request.lane) + "'s " + kind_text(request.kind) + id_list(request.ids) + span;
+    }
+    std::string text = "lane " + std::to_string(request.lane) + "'s read of " + in_quotes(request.ids.front()) + span;
+    text += " got " + (request.copy ? "a copy of content " + digest_text(*request.copy) : std::string("no cache"));
+    if (request.generated) text += " and generated " + tokens_text(request.tokens);
+    return text;
+}
+
+std::string requests_inside(const std::vector<StoreRequest>& all, const StoreRequest& request, const char* unit) {
+    std::string text;
+    for (const Request& other : all) {
+        if (other.kind == Request::Kind::whole || other.lane == request.lane || other.first < request.first ||
+            other.first > request.last) {
+            continue;
+        }
+        text += (text.empty() ? "" : ", ") + std::string(kind_text(other.kind)) + id_list(other.ids) + " at " + unit + " " +
+                std::to_string(other.first + 1) + " (lane " + std::to_string(other.lane) + ")";
+    }
+    return text.empty() ? "none" : text;
+}
+
+namespace {
+
+class Linearizable final : public Checker, private StoreModel {
   public:
     Linearizable() : Checker(Property::linearizable) {}
 
@@ -74,7 +198,7 @@ class Linearizable final : public Checker {
         if (!judged_ || !checking(probe)) return;
         if (probe.capabilities().policy.bounded()) judged_ = false;
         std::visit([&](const auto& o) { follow(o, probe); }, operation);
-        if (requests_.size() > requests_max) judged_ = false;
+        if (requests_.size() > linearizable_requests_max) judged_ = false;
     }
 
   private:
@@ -135,108 +259,34 @@ class Linearizable final : public Checker {
         return request;
     }
 
-    // ---- the model ----
+    // ---- the model: the auditor's objects, the engine's model ----
 
-    // Does `read`, placed at `state`, give what it gave?
-    bool read_fits(const Request& read, const State& state, Probe& probe) {
-        const auto entry = state.find(read.ids.front());
-        if (entry == state.end()) return !read.copy;
-        const Object& object = probe.auditor().object(entry->second);
-        if (!content_holds_tokens(object.content)) return true;
-        if (!read.copy || *read.copy != probe.auditor().digest_of(entry->second)) return false;
-        return !read.generated || read.tokens == fresh_tokens(entry->second, read, probe);
-    }
-
-    const Tokens& fresh_tokens(ObjectId object, const Request& read, Probe& probe) {
-        const auto key = std::make_tuple(object, read.prompt, read.max);
+    bool holds_tokens(ObjectId object) override { return content_holds_tokens(probe_->auditor().object(object).content); }
+    std::uint64_t digest(ObjectId object) override { return probe_->auditor().digest_of(object); }
+    const Tokens& fresh(ObjectId object, const Tokens& prompt, std::int64_t max) override {
+        const auto key = std::make_tuple(object, prompt, max);
         auto at = fresh_.find(key);
         if (at == fresh_.end()) {
-            at = fresh_.emplace(key, probe.engine().generate_fresh(probe.auditor().object(object).content, read.prompt,
-                                                                     read.max)).first;
+            at = fresh_.emplace(key, probe_->engine().generate_fresh(probe_->auditor().object(object).content, prompt, max)).first;
         }
         return at->second;
     }
 
-    // `state` after `request` (a read changes nothing).
-    static State after(const Request& request, State state) {
-        if (request.kind == Request::Kind::write) {
-            if (request.object) {
-                state[request.ids.front()] = *request.object;
-            } else {
-                state.erase(request.ids.front());
-            }
-        } else if (request.kind == Request::Kind::erase) {
-            for (const std::string& id : request.ids) state.erase(id);
-        }
-        return state;
-    }
-
-    // ---- the search (Wing & Gong, memoized as Lowe's) ----
-
-    struct Search {
-        std::vector<const Request*> requests;  // ended, by first step
-        std::set<std::pair<std::uint64_t, State>> dead;
-        std::size_t deepest = 0;               // the most requests placed in one order
-        std::optional<std::size_t> stuck;      // a read that fitted no state there
-    };
-
-    bool place(Search& search, std::uint64_t placed, const State& state, std::size_t count, Probe& probe) {
-        if (count == search.requests.size()) return true;
-        if (search.dead.count({placed, state}) != 0) return false;
-        // A request may go next when no request left ended before it began.
-        std::size_t ends_first = SIZE_MAX;
-        for (std::size_t i = 0; i < search.requests.size(); ++i) {
-            if (((placed >> i) & 1U) == 0) ends_first = std::min(ends_first, search.requests[i]->last);
-        }
-        for (std::size_t i = 0; i < search.requests.size(); ++i) {
-            const Request& request = *search.requests[i];
-            if (((placed >> i) & 1U) != 0 || request.first > ends_first) continue;
-            if (request.kind == Request::Kind::read && !read_fits(request, state, probe)) {
-                if (count >= search.deepest) {
-                    search.deepest = count;
-                    search.stuck = i;
-                }
-                continue;
-            }
-            if (place(search, placed | (std::uint64_t{1} << i), after(request, state), count + 1, probe)) return true;
-        }
-        search.dead.insert({placed, state});
-        return false;
-    }
-
     void judge(const Request& ended, Probe& probe) {
         if (!judged_) return;
-        Search search;
+        std::vector<const Request*> ended_so_far;
         for (const Request& request : requests_) {
-            if (request.ended) search.requests.push_back(&request);
+            if (request.ended) ended_so_far.push_back(&request);
         }
-        if (place(search, 0, {}, 0, probe)) return;
-        const Request& stuck = search.stuck ? *search.requests[*search.stuck] : ended;
-        fail(probe, "no order of the " + std::to_string(search.requests.size()) +
+        probe_ = &probe;
+        const std::optional<std::size_t> stuck = linearization_stuck(ended_so_far, *this);
+        probe_ = nullptr;
+        if (!stuck) return;
+        const Request& read = stuck < ended_so_far.size() ? *ended_so_far[*stuck] : ended;
+        fail(probe, "no order of the " + std::to_string(ended_so_far.size()) +
                         " requests ended so far, each run alone at one point between its first and last call, gives "
-                        "what they gave: " + read_text(stuck) + " (the requests of other lanes in between: " +
-                        between(stuck) + ")");
-    }
-
-    static std::string read_text(const Request& read) {
-        std::string text = "lane " + std::to_string(read.lane) + "'s read of " + in_quotes(read.ids.front()) + " (steps " +
-                           std::to_string(read.first + 1) + " to " + std::to_string(read.last + 1) + ") got ";
-        char digest[24];
-        std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(read.copy.value_or(0)));
-        text += read.copy ? "a copy of content " + std::string(digest) : std::string("no cache");
-        if (read.generated) text += " and generated " + tokens_text(read.tokens);
-        return text;
-    }
-
-    std::string between(const Request& read) const {
-        std::string text;
-        for (const Request& other : requests_) {
-            if (other.lane == read.lane || other.first < read.first || other.first > read.last) continue;
-            const char* what = other.kind == Request::Kind::write ? "add " : other.kind == Request::Kind::erase ? "delete " : "read ";
-            text += (text.empty() ? "" : ", ") + std::string(what) + id_list(other.ids) + " at step " +
-                    std::to_string(other.first + 1) + " (lane " + std::to_string(other.lane) + ")";
-        }
-        return text.empty() ? "none" : text;
+                        "what they gave: " + store_request_text(read, "steps") + " (the requests of other lanes in between: " +
+                        requests_inside(requests_, read, "step") + ")");
     }
 
     std::vector<Request> requests_;
@@ -244,6 +294,7 @@ class Linearizable final : public Checker {
     std::int64_t lane_ = 0;
     bool lanes_ = false;   // a switch was seen: a trace of several lanes
     bool judged_ = true;   // false once the trace leaves the model
+    Probe* probe_ = nullptr;  // while judging
     std::map<std::tuple<ObjectId, Tokens, std::int64_t>, Tokens> fresh_;
 };
 

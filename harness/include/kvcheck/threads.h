@@ -6,13 +6,19 @@
 // at each yield the schedule picks the lane that runs next, seeded, so a
 // run is a function of its plan and its schedule and replays exactly.
 //
-// Judged (the paged family): at every quiescent point (every lane between
+// Judged, the paged family: at every quiescent point (every lane between
 // calls) the pool's whole-state invariants, which hold whatever order the
 // calls took effect in: refcount-exact and free-iff-unreferenced
 // (checkers::refcount_wrong, checkers::free_queue_wrong); an engine call
 // that throws where it may not (free, lookup, evict, step) is an engine
-// error. Not judged here: the calls' own answers (hits, content, refusals)
-// against a sequential order (the operation level judges those).
+// error. Not judged here: the paged calls' own answers (hits, content,
+// refusals) against a sequential order (the operation level judges those).
+// The store family (reads, adds, deletes, dumps): at every quiescent point
+// the copies clients hold, unchanged and sharing nothing with the store
+// (stored-immutable), the listing (store-contract), and linearizability of
+// the calls so far over their overlapping invocation-response intervals
+// with the store read there; the dumps read back at the end
+// (docs/semantics.md#the-thread-level).
 //
 //   kvcheck::WorkloadOptions options;  // options.capabilities = the engine's
 //   options.lanes = 3;
@@ -53,11 +59,13 @@ struct ThreadRunResult {
 };
 
 // Runs the plan's lane 0 alone, then lanes 1.. on a thread each under the
-// schedule. The engine must declare thread_safe (std::invalid_argument).
+// schedule. The engine must declare thread_safe, a paged plan needs a paged
+// engine and a store plan an unbounded store (std::invalid_argument).
 ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options);
 
-// The plan of a thread-level trace: draw_lanes's requests of the paged
-// family (forks included: options.threads), for `seed`.
+// The plan of a thread-level trace: draw_lanes's requests (options.threads:
+// paged forks, store dumps), of the paged family for a paged engine, else
+// of the store, for `seed`.
 LanePlan thread_plan(std::uint64_t seed, WorkloadOptions options);
 
 struct ThreadFinding {
