@@ -9,12 +9,8 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 
 namespace kv::models {
 
@@ -251,44 +247,8 @@ Decoder::Decoder(DecoderConfig config) : config_(config) {
 }
 
 const Decoder::Weights& Decoder::weights_for(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count) {
-    std::shared_ptr<const Weights>& held = weights_[{heads, head_dim}];
-    if (held && static_cast<std::int64_t>(held->layers.size()) >= layer_count) return *held;
-    // The weights are a function of (seed, vocabulary, geometry) alone, so
-    // every decoder of the process shares them: kvcheck makes a fresh engine
-    // (and decoder) per trace, and drawing the weights anew each time was
-    // about 2.5 % of a reference run's CPU (issue 39). Bounded: past
-    // shared_weight_floats_max the shared set is emptied (a decoder keeps
-    // those it holds).
-    using Key = std::tuple<std::uint64_t, std::int64_t, std::int64_t, std::int64_t>;
-    static std::mutex mutex;
-    static std::map<Key, std::shared_ptr<const Weights>> shared;
-    static std::size_t shared_floats = 0;
-    const std::lock_guard<std::mutex> lock(mutex);
-    const Key key{config_.seed, config_.vocab_size, heads, head_dim};
-    const auto found = shared.find(key);
-    if (found != shared.end() && static_cast<std::int64_t>(found->second->layers.size()) >= layer_count) {
-        held = found->second;
-        return *held;
-    }
-    auto made = std::make_shared<const Weights>(make_weights(heads, head_dim, layer_count));
-    const std::size_t floats = weight_floats(*made);
-    if (found != shared.end()) {
-        shared_floats -= weight_floats(*found->second);
-        shared.erase(found);
-    }
-    if (shared_floats + floats > shared_weight_floats_max) {
-        shared.clear();
-        shared_floats = 0;
-    }
-    shared.emplace(key, made);
-    shared_floats += floats;
-    held = std::move(made);
-    return *held;
-}
-
-// Layer i's weights are the same whatever the number of layers: drawn in
-// order after the embeddings.
-Decoder::Weights Decoder::make_weights(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count) const {
+    Weights& weights = weights_[{heads, head_dim}];
+    if (static_cast<std::int64_t>(weights.layers.size()) >= layer_count) return weights;
     const bool configured = heads == config_.head_count && head_dim == config_.head_dim;
     const std::uint64_t seed =
         configured ? config_.seed
@@ -296,7 +256,7 @@ Decoder::Weights Decoder::make_weights(std::int64_t heads, std::int64_t head_dim
                                                                             static_cast<std::uint64_t>(head_dim)));
     const std::int64_t width = heads * head_dim;
     WeightSource random(seed);
-    Weights weights;
+    weights = Weights{};
     weights.embedding = seeded(random, config_.vocab_size, width, embedding_scale);
     weights.unembedding = seeded(random, width, config_.vocab_size, unembedding_scale);
     // The same doubles embed_rows computed per element before (a pow per
@@ -313,12 +273,6 @@ Decoder::Weights Decoder::make_weights(std::int64_t heads, std::int64_t head_dim
         weights.layers.push_back(std::move(layer_weights));
     }
     return weights;
-}
-
-std::size_t Decoder::weight_floats(const Weights& weights) {
-    std::size_t floats = weights.embedding.size() + weights.unembedding.size() + 2 * weights.position_rates.size();
-    for (const LayerWeights& layer : weights.layers) floats += layer.qkv.size() + layer.out.size();
-    return floats;
 }
 
 namespace {

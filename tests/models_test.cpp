@@ -355,31 +355,6 @@ TEST(ModelsDecoder, DefaultGeometryTokensArePinned) {
     }
 }
 
-// Weights are shared by every decoder of the process with the same seed
-// and vocabulary (decoder.cpp): made first by a decoder running more layers
-// of the default geometry (the shared set then holds 6 layers), or by one
-// of another vocabulary, they are still those a decoder draws alone (the
-// pinned tokens above), and a decoder keeps its own after another grows
-// the shared set.
-kv::CachePtr shaped_cache(std::int64_t heads, std::int64_t head_dim, std::int64_t layers);
-
-TEST(ModelsDecoder, SharedWeightsAreThoseDrawnAlone) {
-    // A seed no other test runs: the vocabulary-48 decoder is the first of it.
-    constexpr std::uint64_t seed = 5;
-    const Tokens pinned = {10, 11, 15, 24, 2, 22, 1, 6};  // drawn alone (before the weights were shared)
-    DecoderConfig other_vocabulary = config_for(seed);
-    other_vocabulary.vocab_size = 48;
-    Decoder wider(other_vocabulary);
-    generate_from(wider, kv::models::memory_cache(wider, memory_tokens, Layout::modern));
-    Decoder kept(config_for(seed));
-    Decoder deeper(config_for(seed));
-    const DecoderConfig defaults;
-    deeper.forward(memory_tokens, *shaped_cache(defaults.head_count, defaults.head_dim, 6));
-    Decoder fresh(config_for(seed));
-    EXPECT_EQ(generate_from(fresh, kv::models::memory_cache(fresh, memory_tokens, Layout::modern)), pinned);
-    EXPECT_EQ(generate_from(kept, kv::models::memory_cache(kept, memory_tokens, Layout::modern)), pinned);
-}
-
 // A modern cache of `layers` initialized layers, each holding K/V of shape
 // [1, heads, 0, head_dim]: no token, but a geometry for the decoder to take.
 kv::CachePtr shaped_cache(std::int64_t heads, std::int64_t head_dim, std::int64_t layers) {

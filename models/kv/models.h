@@ -21,10 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -178,14 +176,7 @@ class Decoder final : public TypedModel {
     // The weights of geometry (heads, head_dim) with at least `layer_count`
     // layers, made on first use (and made again, the same layers first, when
     // more layers are needed).
-    // Shared by every decoder of the process with the same seed and
-    // vocabulary (decoder.cpp).
     const Weights& weights_for(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count);
-    Weights make_weights(std::int64_t heads, std::int64_t head_dim, std::int64_t layer_count) const;
-    static std::size_t weight_floats(const Weights& weights);
-    // The shared weights of all geometries, in floats (doubles count two),
-    // at most: 64 MiB.
-    static constexpr std::size_t shared_weight_floats_max = std::size_t{16} << 20;
     // [n, E] row-major: embedding row plus position term per token, plus
     // `extra`'s row when it is not empty.
     std::vector<float> embed_rows(const Weights& weights, std::int64_t heads, std::int64_t head_dim,
@@ -194,7 +185,7 @@ class Decoder final : public TypedModel {
     std::int64_t run(const std::vector<std::int64_t>& tokens, Cache& cache, at::ScalarType dtype, const std::string& extra);
 
     DecoderConfig config_;
-    std::map<std::pair<std::int64_t, std::int64_t>, std::shared_ptr<const Weights>> weights_;  // by (heads, head_dim)
+    std::map<std::pair<std::int64_t, std::int64_t>, Weights> weights_;  // by (heads, head_dim)
 };
 
 // The prefill of a "memory": a new cache of `layout` holding the K/V that
