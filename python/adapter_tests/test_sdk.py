@@ -64,6 +64,18 @@ def test_materialized_slots_have_storages_of_their_own(spec):
     assert not set(ids) & {storage_identity(t) for t in kv._all_slots(again) if t is not None and t.numel() > 0}
 
 
+def test_a_cache_partly_in_a_full_segment_memo_is_still_made_whole(monkeypatch):
+    # A memo emptied because it is full loses the segments found in it
+    # before: the cache being made must have them made again.
+    monkeypatch.setattr(wire, "_segment_memo", {})
+    monkeypatch.setattr(wire, "_MEMO_ENTRIES_MAX", 4)
+    first = content.expand(content.parse_cache_spec("modern/f16/9:[kv3 kv2]"))
+    both = content.expand(content.parse_cache_spec("modern/f16/9:[kv3 kv2 kv4]"))  # first's 4 segments, and 2 new
+    wire.materialize(first)
+    made, reference = wire.materialize(both), kv.materialize(both)
+    assert content.view_of(made) == content.view_of(reference)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_view_json_is_view_of(spec):
     cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))

@@ -115,75 +115,103 @@ def _index_mix(heads: int, tokens: int, head_dim: int) -> np.ndarray:
     return found
 
 
-def _memo_key(segment: _content.Segment, heads: int, head_dim: int) -> tuple:
-    return (segment.seed, segment.tokens, segment.precision, heads, head_dim)
-
-
-def _make_segments(segments: List[_content.Segment], heads: int, head_dim: int) -> None:
-    """Puts the values of every segment not memoised yet into the memo, all
-    in one pass of array arithmetic per precision (content.slot_value and
-    round_to, element for element): per segment, it costs what one numpy
-    call costs."""
-    missing = list(
-        dict.fromkeys(s for s in segments if s.tokens > 0 and _memo_key(s, heads, head_dim) not in _segment_memo)
-    )
+def _make_segments(keyed: Dict[tuple, _content.Segment], heads: int, head_dim: int) -> None:
+    """Puts the values of the segments `keyed` names (by memo key: (seed,
+    tokens, precision, heads, head_dim)) that are not memoised yet into the
+    memo, all in one pass of array arithmetic per precision
+    (content.slot_value and round_to, element for element): per segment, it
+    costs what one numpy call costs. The memo holds each segment as a
+    float32 [1, heads, tokens, head_dim] array (never handed out: a slot's
+    tensor is a copy)."""
+    missing = [(key, segment) for key, segment in keyed.items() if key not in _segment_memo]
     if not missing:
         return
     if len(_segment_memo) + len(missing) > _MEMO_ENTRIES_MAX:
-        _segment_memo.clear()
+        _segment_memo.clear()  # every segment named is made again: the caller reads them all
+        missing = list(keyed.items())
     for precision in _content.DTYPES:
-        group = [s for s in missing if s.precision == precision]
+        group = [found for found in missing if found[1].precision == precision]
         if not group:
             continue
-        sizes = [heads * s.tokens * head_dim for s in group]
-        seeds = np.repeat(np.array([s.seed for s in group], dtype=np.uint64), sizes)
-        mixes = np.concatenate([_index_mix(heads, s.tokens, head_dim) for s in group])
+        sizes = [heads * segment.tokens * head_dim for _, segment in group]
+        if len(group) == 1:
+            seeds = np.uint64(group[0][1].seed)
+            mixes = _index_mix(heads, group[0][1].tokens, head_dim)
+        else:
+            seeds = np.repeat(np.array([segment.seed for _, segment in group], dtype=np.uint64), sizes)
+            mixes = np.concatenate([_index_mix(heads, segment.tokens, head_dim) for _, segment in group])
         values = _content.round_to_array(precision, _content.segment_values_raw(seeds, mixes))
         start = 0
-        for segment, size in zip(group, sizes):
-            part = values[start : start + size].reshape(heads, segment.tokens, head_dim)
-            _segment_memo[_memo_key(segment, heads, head_dim)] = part
+        for (key, segment), size in zip(group, sizes):
+            _segment_memo[key] = values[start : start + size].reshape(_content.CACHE_BATCH, heads, segment.tokens, head_dim)
             start += size
 
 
+def _slot_keys(slot: _content.SlotContent, heads: int, head_dim: int, keyed: Dict[tuple, _content.Segment]) -> List[tuple]:
+    """The memo keys of a slot's segments that hold tokens, in order; each
+    is also put in `keyed` (key -> segment)."""
+    keys = []
+    for segment in slot.segments:
+        if segment.tokens > 0:
+            key = (segment.seed, segment.tokens, segment.precision, heads, head_dim)
+            keyed[key] = segment
+            keys.append(key)
+    return keys
+
+
+def _tensor_of(slot: _content.SlotContent, keys: List[tuple], torch_dtype: torch.dtype, heads: int, head_dim: int):
+    """slot_tensor of a slot whose segments (memo keys `keys`) are in the memo."""
+    if not slot.present:
+        return None
+    if not slot.segments:
+        return torch.zeros(0, dtype=torch_dtype)
+    if not keys:
+        return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
+    if len(keys) == 1:
+        shared = torch.from_numpy(_segment_memo[keys[0]])  # the memo's: copied below
+        if torch_dtype == torch.float32:
+            return shared.clone(memory_format=torch.contiguous_format)
+        return shared.to(torch_dtype)
+    joined = torch.from_numpy(np.concatenate([_segment_memo[key] for key in keys], axis=2))  # a new array
+    return joined.clone(memory_format=torch.contiguous_format) if torch_dtype == torch.float32 else joined.to(torch_dtype)
+
+
 def slot_tensor(
-    slot: _content.SlotContent, dtype: str, heads: int, head_dim: int, made: bool = False
+    slot: _content.SlotContent, dtype: str, heads: int, head_dim: int
 ) -> Optional[torch.Tensor]:
     """content.slot_tensor, bit for bit, from memoised segment values: None
     when absent, a [0] tensor without segments, else [1, heads, T,
-    head_dim] in a storage of its own. `made`: the caller has just put the
-    slot's segments into the memo (_make_segments)."""
-    if not slot.present:
-        return None
-    torch_dtype = _content.TORCH_DTYPES[dtype]
-    if not slot.segments:
-        return torch.zeros(0, dtype=torch_dtype)
-    if not made:
-        _make_segments(slot.segments, heads, head_dim)
-    parts = [_segment_memo[_memo_key(s, heads, head_dim)] for s in slot.segments if s.tokens > 0]
-    if not parts:
-        return torch.zeros(_content.CACHE_BATCH, heads, 0, head_dim, dtype=torch_dtype)
-    values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-    shared = torch.from_numpy(values[None])  # may be the memo's array: copied below
-    return shared.clone(memory_format=torch.contiguous_format) if torch_dtype == torch.float32 else shared.to(torch_dtype)
+    head_dim] in a storage of its own."""
+    keyed: Dict[tuple, _content.Segment] = {}
+    keys = _slot_keys(slot, heads, head_dim, keyed)
+    _make_segments(keyed, heads, head_dim)
+    return _tensor_of(slot, keys, _content.TORCH_DTYPES[dtype], heads, head_dim)
 
 
 def materialize(content: _content.CacheContent) -> Any:
     """cache.materialize(content): a DynamicCache (modern) or
     LegacyDynamicCache (legacy) holding exactly `content`, every slot in a
-    storage of its own, the layers' flags as given, not owned."""
-    _make_segments([s for layer in content.layers for slot in layer.slots for s in slot.segments], content.heads, content.head_dim)
-    make = lambda slot: slot_tensor(slot, content.dtype, content.heads, content.head_dim, made=True)  # noqa: E731
+    storage of its own, the layers' flags as given, not owned. The values
+    of the segments not memoised yet are made together first."""
+    heads, head_dim = content.heads, content.head_dim
+    torch_dtype = _content.TORCH_DTYPES[content.dtype]
+    keyed: Dict[tuple, _content.Segment] = {}
+    slot_keys = [[_slot_keys(slot, heads, head_dim, keyed) for slot in layer.slots] for layer in content.layers]
+    _make_segments(keyed, heads, head_dim)
     if content.layout == "legacy":
         legacy = _cache.LegacyDynamicCache()
-        for layer in content.layers:
-            legacy.key_cache.append(make(layer.slots[_content.KEYS]))
-            legacy.value_cache.append(make(layer.slots[_content.VALUES]))
+        for layer, keys in zip(content.layers, slot_keys):
+            legacy.key_cache.append(_tensor_of(layer.slots[_content.KEYS], keys[_content.KEYS], torch_dtype, heads, head_dim))
+            legacy.value_cache.append(
+                _tensor_of(layer.slots[_content.VALUES], keys[_content.VALUES], torch_dtype, heads, head_dim)
+            )
         return legacy
     modern = _cache.DynamicCache()
-    for layer in content.layers:
+    for layer, keys in zip(content.layers, slot_keys):
         made = _cache.DynamicLayer()
-        made.keys, made.values, made.key_cache, made.value_cache = (make(slot) for slot in layer.slots)
+        made.keys, made.values, made.key_cache, made.value_cache = (
+            _tensor_of(slot, slot_keys_of, torch_dtype, heads, head_dim) for slot, slot_keys_of in zip(layer.slots, keys)
+        )
         made.is_initialized = layer.initialized
         modern.layers.append(made)
     return modern
