@@ -74,18 +74,25 @@ class EvictionAsDeclared final : public Checker {
     }
 
   private:
+    // No entry `one` evicted is one of `kept` (ids the store never evicts);
+    // else fails with "<what> evicted "<id>"<why>".
+    bool none_gone_of(const Evicted::Store& one, const std::vector<std::string>& kept, const std::string& what,
+                      const std::string& why, Probe& probe) const {
+        for (const std::string& id : one.gone) {
+            const bool held = std::find(kept.begin(), kept.end(), id) != kept.end();
+            if (!expect(probe, !held, [&] { return what + " evicted " + in_quotes(id) + why; })) return false;
+        }
+        return true;
+    }
+
     // docs/semantics.md#leases: an entry under a live lease is never
     // evicted; a store that can make room only by evicting the item it is
     // given refuses it whole, and refuses nothing else.
     bool leases_kept(const Evicted& e, const Evicted::Store& one, const std::string& what,
                      const std::string& declared, Probe& probe) const {
-        for (const std::string& id : one.gone) {
-            const bool leased = std::find(e.leased.begin(), e.leased.end(), id) != e.leased.end();
-            const bool kept = expect(probe, !leased, [&] {
-                return what + " evicted " + in_quotes(id) + ", which holds a live lease (" + declared +
-                       ": an entry under a live lease is never evicted)";
-            });
-            if (!kept) return false;
+        if (!none_gone_of(one, e.leased, what, ", which holds a live lease (" + declared +
+                                                     ": an entry under a live lease is never evicted)", probe)) {
+            return false;
         }
         if (one.refused) {
             return expect(probe, one.refusal_due, [&] {
@@ -120,15 +127,8 @@ class EvictionAsDeclared final : public Checker {
                            victim_text(e.policy.eviction) + " first; " + declared + ")";
                 });
             case Eviction::unspecified:
-                for (const std::string& id : one.gone) {
-                    const bool handed = std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end();
-                    const bool kept = expect(probe, !handed, [&] {
-                        return what + " evicted " + in_quotes(id) + ", which a live handle holds (" + declared +
-                               ": an entry handed out is never evicted)";
-                    });
-                    if (!kept) return false;
-                }
-                return true;
+                return none_gone_of(one, e.handed_out, what, ", which a live handle holds (" + declared +
+                                                             ": an entry handed out is never evicted)", probe);
         }
         return true;
     }
