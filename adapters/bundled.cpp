@@ -11,10 +11,10 @@ const std::vector<Adapter>& bundled() {
         std::vector<Adapter> all = {{"reference", "the reference implementation", "bundled", {},
                                      [] { return std::shared_ptr<Engine>(std::make_shared<ReferenceEngine>()); }}};
         all.push_back({"reference-leases",
-                       "the reference with read leases of 4 ms on kvcheck's virtual clock (docs/semantics.md#leases)",
+                       "the reference with read leases of 4 ms on kvcheck's virtual clock, in a store of 3 entries (lru) that never evicts a leased one (docs/semantics.md#leases)",
                        "bundled", {}, [] {
                            auto engine = std::make_shared<ReferenceEngine>();
-                           engine->enable_leases(ReferenceEngine::bundled_lease_ttl_ms);
+                           engine->enable_bundled_leases();
                            engine->rename("reference-leases");
                            return std::shared_ptr<Engine>(std::move(engine));
                        }});

@@ -151,12 +151,6 @@ std::string capabilities_fault(const Capabilities& c) {
     const std::string policy = policy_fault(c.policy);
     if (!policy.empty()) return policy;
     if (c.lease_ttl_ms < 0) return "lease_ttl_ms is " + std::to_string(c.lease_ttl_ms) + ": a lease lives 1 ms or more (0: no leases)";
-    // What a bounded store may evict under a live lease is not modelled yet
-    // (docs/semantics.md#leases): eviction-as-declared would judge an
-    // engine that rightly keeps a leased entry.
-    if (c.lease_ttl_ms > 0 && c.policy.bounded()) {
-        return "lease_ttl_ms with a capacity: leases in a bounded store are not judged yet (declare one or the other)";
-    }
     const ModelDomain& model = c.model;
     if (!model.declared) return "";
     const std::string fault = model_fault(model);

@@ -917,13 +917,23 @@ op::Tick draw(Drawing& d, op::Tick*) {
 }
 
 // A read lease, then often what it must hold off: a delete or an overwrite
-// of the leased entry.
+// of the leased entry, at once or, half the time, after a tick of exactly
+// the TTL (the first instant the lease no longer holds: M39) or one less
+// (the last it holds).
 op::Lease draw(Drawing& d, op::Lease*) {
     std::string id = d.id();
+    std::optional<Op> held_off;
     if (d.enabled(kind<op::Delete>()) && d.choose.one_in(3)) {
-        d.follow_up = op::Delete{{id}};
+        held_off = op::Delete{{id}};
     } else if (d.enabled(kind<op::Add>()) && d.choose.one_in(3)) {
-        d.follow_up = add_of(d, id);
+        held_off = add_of(d, id);
+    }
+    if (held_off && d.enabled(kind<op::Tick>()) && d.choose.one_in(2)) {
+        const std::int64_t ttl = std::min(std::max<std::int64_t>(1, d.options.capabilities.lease_ttl_ms), op::Tick::ms_max);
+        d.follow_up = op::Tick{ttl > 1 && d.choose.one_in(3) ? ttl - 1 : ttl};
+        d.draft.chained.push_back(std::move(*held_off));
+    } else {
+        d.follow_up = std::move(held_off);
     }
     return {std::move(id)};
 }

@@ -487,6 +487,30 @@ TEST(LeaseRespected, ALeaseOutlivingItsTtlByATickIsCaughtAtItsExpiry) {
     EXPECT_FALSE(run_on(bundled("M39"), early).failure);
 }
 
+// docs/semantics.md#leases, eviction under leases: reference-leases holds 3
+// entries (lru). "a" is the least recently used but leased: "d" evicts
+// "b"; with every entry leased "e" is refused whole; once the leases
+// expired "e" evicts "a".
+constexpr const char* evict_under_leases_trace =
+    "add a modern/f32/1:[kv2]\nadd b modern/f32/2:[kv2]\nadd c modern/f32/3:[kv2]\nlease a\n"
+    "add d modern/f32/4:[kv2]\nlease c\nlease d\nadd e modern/f32/5:[kv2]\ntick ms=4\n"
+    "add e modern/f32/5:[kv2]\nget_all\n";
+
+TEST(EvictionUnderLeases, TheReferencePassesOverLeasedEntriesAndRefusesWhenAllAreLeased) {
+    const RunResult result = run_on(bundled("reference-leases"), parse_trace(evict_under_leases_trace));
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(evict_under_leases_trace), "");
+    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+}
+
+TEST(EvictionUnderLeases, AnEvictionOfALeasedEntryIsCaughtAtTheAdd) {
+    const RunResult result = run_on(bundled("M44"), parse_trace(evict_under_leases_trace));
+    ASSERT_TRUE(result.failure);
+    EXPECT_EQ(result.failure->property, "eviction-as-declared");
+    EXPECT_EQ(result.failure->step, 4u);
+    EXPECT_NE(result.failure->message.find("add \"d\" evicted \"a\", which holds a live lease"), std::string::npos)
+        << result.failure->message;
+}
+
 // docs/semantics.md#batches: two rows of one geometry copied out of the
 // store, a beam step over them (each repeated twice, then reordered), a
 // generation from the row kept; then the identity batch of one row.

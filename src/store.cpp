@@ -28,6 +28,9 @@ void Store::add(const std::vector<NewItem>& items) {
         if (!item.cache) throw std::invalid_argument("add: item '" + item.id + "' has no cache");
     }
     for (const NewItem& item : items) {
+        if (capacity_ > 0 && items_.count(item.id) == 0 && order_.size() >= capacity_ && !victim()) {
+            throw std::runtime_error("add: the store is full (" + std::to_string(capacity_) + " items) and every entry is pinned");
+        }
         item.cache->set_owned(false);  // a stored cache is never an owned copy,
         item.cache->set_lineage({});   // and no longer a copy of anything: it is the original now
         auto stored = std::make_shared<const Item>(Item{item.id, item.cache, item.metadata});
@@ -38,8 +41,16 @@ void Store::add(const std::vector<NewItem>& items) {
         ++changes_;
         if (inserted) order_.push_back(item.id);
         touch(item.id);
-        while (capacity_ > 0 && order_.size() > capacity_) remove({recency_.front()});
+        while (capacity_ > 0 && order_.size() > capacity_) remove({*victim()});
     }
+}
+
+// The least recently used entry that is not pinned.
+const std::string* Store::victim() const {
+    for (const std::string& id : recency_) {
+        if (!pinned_ || !pinned_(id)) return &id;
+    }
+    return nullptr;
 }
 
 void Store::touch(const std::string& id) {

@@ -557,7 +557,7 @@ class M37 final : public ReferenceEngine {
 // is_key_evictable: the reader's memory object is freed under it).
 class M38 final : public ReferenceEngine {
   public:
-    M38() { enable_leases(bundled_lease_ttl_ms); }
+    M38() { enable_bundled_leases(); }
 
   protected:
     bool lease_live(const std::string& id, LeaseUse use) const override {
@@ -570,12 +570,28 @@ class M38 final : public ReferenceEngine {
 // delete at t + TTL is refused.
 class M39 final : public ReferenceEngine {
   public:
-    M39() { enable_leases(bundled_lease_ttl_ms); }
+    M39() { enable_bundled_leases(); }
 
   protected:
     bool lease_live(const std::string& id, LeaseUse) const override {
         const kv::Leases::Lease lease = leases_.lease(id);
         return lease.count > 0 && leases_.now_ms() <= lease.until_ms;
+    }
+};
+
+// M44 (ours, issue 40): a bounded store evicts an entry under a live read
+// lease (reference-leases: 3 entries, lru): its eviction never asks
+// whether the least recently used entry is leased (LMCache's eviction
+// policy called without its is_key_evictable filter), so a reader's entry
+// goes while it is read, and a full store of leased entries evicts one
+// instead of refusing the add.
+class M44 final : public ReferenceEngine {
+  public:
+    M44() { enable_bundled_leases(); }
+
+  protected:
+    bool lease_live(const std::string& id, LeaseUse use) const override {
+        return use != LeaseUse::evict && ReferenceEngine::lease_live(id, use);
     }
 };
 
@@ -972,6 +988,7 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M42>("M42", "a batch's reorder moves the keys but not the values", {P::batch_exact}),
         mutant<M43>("M43", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
                     {P::clone_independent}),
+        mutant<M44>("M44", "a bounded store evicts an entry under a live read lease", {P::eviction_as_declared}),
     };
 }
 

@@ -66,6 +66,12 @@ void ReferenceEngine::set_capacity(std::size_t items, Eviction eviction) {
 void ReferenceEngine::enable_leases(std::int64_t ttl_ms) {
     if (ttl_ms <= 0) throw std::invalid_argument("a lease lives 1 ms or more, not " + std::to_string(ttl_ms));
     leases_ = kv::Leases(ttl_ms);
+    store_.set_pinned([this](const std::string& id) { return lease_live(id, LeaseUse::evict); });
+}
+
+void ReferenceEngine::enable_bundled_leases() {
+    enable_leases(bundled_lease_ttl_ms);
+    set_capacity(bundled_lease_capacity_items);
 }
 
 bool ReferenceEngine::lease_live(const std::string& id, LeaseUse) const { return leases_.live(id); }

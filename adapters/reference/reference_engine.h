@@ -63,10 +63,19 @@ class ReferenceEngine : public Engine {
     // (kv::Leases; docs/semantics.md#leases), and declares them
     // (Capabilities::lease_ttl_ms): while an entry holds a live lease, add,
     // add_handle, extract, remove, remove_all and load refuse whole (throw).
+    // A bounded store (set_capacity) never evicts an entry under a live
+    // lease: it evicts the least recently used one not leased, and a full
+    // store whose every entry is leased refuses an add of a new id.
     void enable_leases(std::int64_t ttl_ms);
+    // The bundled reference-leases and its mutants: leases of
+    // bundled_lease_ttl_ms in a store of bundled_lease_capacity_items (lru).
+    void enable_bundled_leases();
     // The TTL of the bundled reference-leases and its mutants: short, so
     // that traces of a few ticks reach every expiry.
     static constexpr std::int64_t bundled_lease_ttl_ms = 4;
+    // Their capacity: small, so that an add meets a full store whose
+    // entries are leased (docs/semantics.md#leases).
+    static constexpr std::size_t bundled_lease_capacity_items = 3;
     // docs/semantics.md#store-windows: a model attending over its last
     // `window` tokens (DecoderConfig::window), and every cache the engine
     // stores, hands out or makes cut to them (kv::keep_window); declared
@@ -134,9 +143,9 @@ class ReferenceEngine : public Engine {
     virtual void store_dump(const std::string& dir, kv::FileSystem& fs);
     virtual kv::CachePtr convert_from_legacy(const kv::Cache& cache);
     // Whether `id` holds a live lease, asked before a call removes it
-    // (remove, remove_all, load), replaces it (add, add_handle, extract) or
-    // gives a lease on it back (unlease).
-    enum class LeaseUse : std::uint8_t { remove, replace, give_back };
+    // (remove, remove_all, load), replaces it (add, add_handle, extract),
+    // gives a lease on it back (unlease), or before the store evicts it.
+    enum class LeaseUse : std::uint8_t { remove, replace, give_back, evict };
     virtual bool lease_live(const std::string& id, LeaseUse use) const;
     // The file system dumps and loads go through.
     virtual kv::FileSystem& file_system() { return kv::posix_file_system(); }

@@ -1,6 +1,8 @@
 #include "auditor/auditor.h"
 
 #include <algorithm>
+#include <cassert>
+#include <tuple>
 
 namespace kvcheck {
 namespace {
@@ -149,7 +151,9 @@ std::vector<std::string> Auditor::handed_out() const {
 }
 
 std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
-                                                const std::vector<std::pair<std::string, std::int64_t>>& added) const {
+                                                const std::vector<std::pair<std::string, std::int64_t>>& added,
+                                                const std::set<std::string>& leased,
+                                                std::vector<std::string>* refused) const {
     std::vector<std::string> order = order_;
     std::vector<std::string> recency = recency_;
     std::vector<std::string> stores = stores_;
@@ -160,8 +164,23 @@ std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
         return (policy.capacity_items > 0 && static_cast<std::int64_t>(order.size()) > policy.capacity_items) ||
                (policy.capacity_bytes > 0 && total > policy.capacity_bytes);
     };
+    // The first of the policy's order that is not leased (the item being
+    // stored is never leased: a lease on its id refuses the store).
+    const auto victim = [&]() -> std::string {
+        const std::vector<std::string>& queue = policy.eviction == Eviction::lru   ? recency
+                                                : policy.eviction == Eviction::lrs ? stores
+                                                                                   : order;
+        for (const std::string& id : queue) {
+            if (leased.count(id) == 0) return id;
+        }
+        return {};
+    };
+    const auto holds_leased = [&] {
+        return std::any_of(order.begin(), order.end(), [&](const std::string& id) { return leased.count(id) != 0; });
+    };
     std::vector<std::string> evicted;
     for (const auto& [id, size] : added) {
+        const auto state = std::make_tuple(order, recency, stores, bytes, total, evicted.size());
         const auto known = bytes.find(id);
         if (known == bytes.end()) {
             order.push_back(id);
@@ -172,15 +191,22 @@ std::vector<std::string> Auditor::due_evictions(const StorePolicy& policy,
         move_to_back(stores, id);
         total += bytes[id] = size;
         while (over() && evicts_in_order(policy.eviction)) {
-            const std::string victim = policy.eviction == Eviction::lru   ? recency.front()
-                                       : policy.eviction == Eviction::lrs ? stores.front()
-                                                                          : order.front();
-            order.erase(std::find(order.begin(), order.end(), victim));
-            recency.erase(std::find(recency.begin(), recency.end(), victim));
-            stores.erase(std::find(stores.begin(), stores.end(), victim));
-            total -= bytes.at(victim);
-            bytes.erase(victim);
-            evicted.push_back(victim);
+            const std::string next = victim();
+            assert(!next.empty());  // the item itself is never leased
+            if (next == id && holds_leased()) {
+                // No room but by evicting the item while a leased entry
+                // stays: refused whole.
+                std::tie(order, recency, stores, bytes, total, std::ignore) = state;
+                evicted.resize(std::get<5>(state));
+                if (refused != nullptr) refused->push_back(id);
+                break;
+            }
+            order.erase(std::find(order.begin(), order.end(), next));
+            recency.erase(std::find(recency.begin(), recency.end(), next));
+            stores.erase(std::find(stores.begin(), stores.end(), next));
+            total -= bytes.at(next);
+            bytes.erase(next);
+            evicted.push_back(next);
         }
     }
     return evicted;

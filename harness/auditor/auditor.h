@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -137,9 +138,15 @@ class Auditor {
     // The ids a store of `policy` (lru, fifo or lrs) evicts, in order, when
     // `added` (id, K/V bytes) are stored one after the other into the store
     // as it is now. Nothing changes here: the run follows what the engine
-    // did, and eviction-as-declared compares.
+    // did, and eviction-as-declared compares. The `leased` ids (entries
+    // under a live lease: docs/semantics.md#leases) are passed over; an
+    // item for which the store could make room only by evicting the item
+    // itself while a leased entry stays is refused whole (nothing evicted
+    // for it, nothing stored): its id goes to `refused`, when given.
     std::vector<std::string> due_evictions(const StorePolicy& policy,
-                                           const std::vector<std::pair<std::string, std::int64_t>>& added) const;
+                                           const std::vector<std::pair<std::string, std::int64_t>>& added,
+                                           const std::set<std::string>& leased = {},
+                                           std::vector<std::string>* refused = nullptr) const;
     std::optional<ObjectId> entry(const std::string& id) const;
     // The view and digest the engine's cache of `object` must have.
     const CacheView& view_of(ObjectId object);

@@ -191,7 +191,10 @@ struct DumpKilled {
 struct Evicted {
     struct Store {
         std::string id;                  // the item stored
-        bool refused = false;            // policy none: the engine refused it, past the capacity
+        bool refused = false;            // the engine refused it (its error was caught: refusal_due, or leases declared)
+        // Policy none past its capacity, or no room but by evicting the item
+        // itself while entries under a live lease stay (docs/semantics.md#leases).
+        bool refusal_due = false;
         bool over = false;               // with it, the store would exceed its capacity
         std::size_t items_before = 0;    // entries, and K/V bytes, held with it, before any eviction
         std::int64_t bytes_before = 0;
@@ -201,6 +204,7 @@ struct Evicted {
     std::string what;                     // the operation, as messages name it: "add \"a\"", "fill i0..i63"
     StorePolicy policy;
     std::vector<std::string> handed_out;  // ids a live handle held before the operation
+    std::vector<std::string> leased;      // ids under a live lease before it: never evicted
     std::vector<Store> stores;
     std::size_t items_after = 0;          // entries, and K/V bytes, held after the operation
     std::int64_t bytes_after = 0;

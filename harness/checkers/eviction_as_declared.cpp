@@ -4,8 +4,11 @@
 // capacity, only what its declared policy names (lru: the least recently
 // used; fifo: the first stored; lrs: the least recently stored, an
 // overwrite moving an entry to the back; unspecified: any entry but one
-// handed out; none: nothing, it refuses the add instead), and holds no
-// more than its capacity afterwards.
+// handed out; none: nothing, it refuses the add instead), never an entry
+// under a live lease (a store that could make room only by evicting the
+// item it is given refuses it whole, docs/semantics.md#leases), and holds
+// no more than its capacity afterwards (under unspecified, unless every
+// entry left is handed out or leased).
 //
 // Checked: at each step that stores items (add, add_handle, extract,
 // fill), the entries the engine no longer lists, of those it held or was
@@ -59,6 +62,7 @@ class EvictionAsDeclared final : public Checker {
         for (const Evicted::Store& one : e.stores) {
             // "add "e"", or within a fill "fill i0..i63: storing "i5"".
             const std::string what = e.stores.size() == 1 ? e.what : e.what + ": storing " + in_quotes(one.id);
+            if (!leases_kept(e, one, what, declared, probe)) return;
             if (!one.over && !one.gone.empty()) {
                 fail(probe, what + " evicted " + id_list(one.gone) + ", but the store had room: with it, it would hold " +
                                 held_text(one.items_before, one.bytes_before) + " (" + declared + ")");
@@ -70,6 +74,43 @@ class EvictionAsDeclared final : public Checker {
     }
 
   private:
+    // No entry `one` evicted is one of `kept` (ids the store never evicts);
+    // else fails with "<what> evicted "<id>"<why>".
+    bool none_gone_of(const Evicted::Store& one, const std::vector<std::string>& kept, const std::string& what,
+                      const std::string& why, Probe& probe) const {
+        for (const std::string& id : one.gone) {
+            const bool held = std::find(kept.begin(), kept.end(), id) != kept.end();
+            if (!expect(probe, !held, [&] { return what + " evicted " + in_quotes(id) + why; })) return false;
+        }
+        return true;
+    }
+
+    // docs/semantics.md#leases: an entry under a live lease is never
+    // evicted; a store that can make room only by evicting the item it is
+    // given refuses it whole, and refuses nothing else.
+    bool leases_kept(const Evicted& e, const Evicted::Store& one, const std::string& what,
+                     const std::string& declared, Probe& probe) const {
+        if (!none_gone_of(one, e.leased, what, ", which holds a live lease (" + declared +
+                                                     ": an entry under a live lease is never evicted)", probe)) {
+            return false;
+        }
+        if (one.refused) {
+            return expect(probe, one.refusal_due, [&] {
+                return what + " was refused, but the store could make room: with it, it would hold " +
+                       held_text(one.items_before, one.bytes_before) + ", " +
+                       (e.leased.empty() ? std::string("none under a live lease") : "under a live lease only " + id_list(e.leased)) +
+                       " (" + declared + ")";
+            });
+        }
+        if (one.refusal_due && e.policy.eviction != Eviction::none) {
+            return expect(probe, false, [&] {
+                return what + " was stored, but the store had no room but by evicting it: every other entry holds a live lease (" +
+                       id_list(e.leased) + "; " + declared + "): the add must be refused";
+            });
+        }
+        return true;
+    }
+
     bool policy_kept(const Evicted& e, const Evicted::Store& one, const std::string& what, const std::string& declared,
                      Probe& probe) const {
         switch (e.policy.eviction) {
@@ -86,15 +127,8 @@ class EvictionAsDeclared final : public Checker {
                            victim_text(e.policy.eviction) + " first; " + declared + ")";
                 });
             case Eviction::unspecified:
-                for (const std::string& id : one.gone) {
-                    const bool handed = std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end();
-                    const bool kept = expect(probe, !handed, [&] {
-                        return what + " evicted " + in_quotes(id) + ", which a live handle holds (" + declared +
-                               ": an entry handed out is never evicted)";
-                    });
-                    if (!kept) return false;
-                }
-                return true;
+                return none_gone_of(one, e.handed_out, what, ", which a live handle holds (" + declared +
+                                                             ": an entry handed out is never evicted)", probe);
         }
         return true;
     }
@@ -109,7 +143,8 @@ class EvictionAsDeclared final : public Checker {
         if (policy.eviction == Eviction::unspecified) {
             const std::vector<std::string>& held = probe.auditor().order();
             const bool all_handed_out = std::all_of(held.begin(), held.end(), [&](const std::string& id) {
-                return std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end();
+                return std::find(e.handed_out.begin(), e.handed_out.end(), id) != e.handed_out.end() ||
+                       std::find(e.leased.begin(), e.leased.end(), id) != e.leased.end();
             });
             if (all_handed_out) return;
         }

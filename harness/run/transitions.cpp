@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 namespace kvcheck {
 namespace {
@@ -171,6 +172,9 @@ void Transitions::begin_stores(std::string what) {
     fact.what = std::move(what);
     fact.policy = policy;
     fact.handed_out = audit_.handed_out();
+    for (const auto& [id, lease] : leases_) {
+        if (lease.live(clock_ms_) && audit_.entry(id)) fact.leased.push_back(id);
+    }
     evicted_ = std::move(fact);
 }
 
@@ -199,11 +203,20 @@ bool Transitions::store_item(const std::string& id, std::int64_t bytes, const st
     one.items_before = audit_.order().size() + (entry ? 0 : 1);
     one.bytes_before = audit_.stored_bytes() - (entry ? audit_.bytes_of(*entry) : 0) + bytes;
     one.over = past_capacity(static_cast<std::int64_t>(one.items_before), one.bytes_before);
-    one.due = audit_.due_evictions(policy, {{id, bytes}});
-    if (policy.eviction == Eviction::none && one.over) {
+    const std::set<std::string> leased(evicted_->leased.begin(), evicted_->leased.end());
+    std::vector<std::string> no_room;
+    one.due = audit_.due_evictions(policy, {{id, bytes}}, leased, &no_room);
+    one.refusal_due = (policy.eviction == Eviction::none && one.over) || !no_room.empty();
+    // A refusal is the engine's answer to judge when one is due, and with
+    // leases declared (a store refusing for a lease that expired); any
+    // other error stays an error of the step.
+    if (one.refusal_due || lease_ttl_ms() > 0) {
         try {
             call();
         } catch (const std::exception&) {
+            // A refusal for a lease on the item's own id is lease-respected's.
+            const auto own = leases_.find(id);
+            if (!one.refusal_due && own != leases_.end() && own->second.count > 0 && audit_.entry(id)) throw;
             one.refused = true;
             evicted_->stores.push_back(std::move(one));
             return false;

@@ -56,9 +56,24 @@ contract differences"), never papered over:
   - a store copies: the K/V are copied into LMCache's memory object (an
     offload), so the caller's object is not kept (its owned marker
     cleared); no copy log (`copy_log` false).
-  - no capacity declared: the memory pool (32 MiB) holds more than any
-    trace stores; L1Manager does not evict by itself (its eviction
-    controller is a separate component, not run here).
+  - a capacity of 4 entries, eviction "lrs" (`--capacity-items`; 0: none
+    declared, nothing evicted). L1Manager does not evict by itself: a
+    write past its pool answers OUT_OF_MEMORY, and LMCache's
+    `L1EvictionController` thread wakes every second of the wall clock and,
+    when the pool's usage is at or above a watermark, deletes a fraction of
+    the keys its policy tracks. The adapter makes that controller (LRU
+    policy, registered on the manager as LMCache does) but never starts its
+    thread: when an add of a new id finds the store holding its capacity,
+    it runs the loop's eviction pass itself, unchanged but for the trigger
+    and the fraction (`get_eviction_actions` with `is_key_evictable` as the
+    filter, each action through `execute_eviction_action`, a fraction small
+    enough to name one key: the least recently used key not locked). When
+    the pass evicts nothing (every key read-locked) the add raises, storing
+    nothing, as the allocator's OUT_OF_MEMORY would at a full pool. The
+    LRU policy is told of writes (`reserve_write`, `finish_write`) and
+    deletes only: a read (`reserve_read`) is no use (recency comes from
+    `touch_keys`, which the retrieve path of a store controller calls and
+    this adapter does not), so the order is the least recently stored's.
   - write leases (reserve_write/finish_write: a staged object invisible
     until finished, a finish after its write TTL answering
     KEY_IN_WRONG_STATE) are used by every add but not judged: kvcheck's
@@ -84,8 +99,9 @@ from lmcache_cpu_backend_adapter import (  # noqa: E402
 import torch  # noqa: E402
 from lmcache.v1.distributed import l1_manager as lmcache_l1  # noqa: E402
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
-from lmcache.v1.distributed.config import L1ManagerConfig, L1MemoryManagerConfig  # noqa: E402
+from lmcache.v1.distributed.config import EvictionConfig, L1ManagerConfig, L1MemoryManagerConfig  # noqa: E402
 from lmcache.v1.distributed.error import L1Error  # noqa: E402
+from lmcache.v1.distributed.storage_controllers.eviction_controller import L1EvictionController  # noqa: E402
 
 from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
@@ -94,6 +110,9 @@ from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
 from _decoder_calls import DecoderCalls  # noqa: E402
 
 POOL_BYTES = 32 * 1024 * 1024  # more than any trace stores: nothing runs out of memory
+# get_eviction_actions names at least one key for any fraction above 0, and
+# int(keys x fraction) keys: this one names one key in any store kvcheck fills.
+ONE_KEY_FRACTION = 1e-9
 
 
 class VirtualClock:
@@ -137,7 +156,7 @@ lmcache_l1.TTLLock = VirtualTTLLock
 class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
     listing = "unordered"
 
-    def __init__(self, model, read_ttl_seconds=1):
+    def __init__(self, model, read_ttl_seconds=1, capacity_items=4):
         self.model_ = model
         self.name = f"lmcache-{VERSION}-l1"
         self.description = (f"LMCache {VERSION}'s L1Manager (read leases of {read_ttl_seconds} s on kvcheck's clock) "
@@ -155,6 +174,12 @@ class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
             memory_config=L1MemoryManagerConfig(size_in_bytes=POOL_BYTES, use_lazy=False, shm_name=""),
             read_ttl_seconds=read_ttl_seconds)
         self.manager = lmcache_l1.L1Manager(config)
+        if capacity_items > 0:
+            self.capacity_items = capacity_items
+            self.eviction = "lrs"
+            # Its thread never started: evict_for_a_new_key runs its pass.
+            self.evictions = L1EvictionController(self.manager, EvictionConfig(
+                eviction_policy="LRU", trigger_watermark=0.0, eviction_ratio=ONE_KEY_FRACTION))
         # Its pool (32 MiB, touched at start) is freed with the adapter: a
         # process runs many traces, each on a new adapter.
         weakref.finalize(self, self.manager.close)
@@ -187,6 +212,21 @@ class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
             if self.resident(id) is not None and not self.manager.is_key_evictable(self.ids[id]):
                 raise RuntimeError(f"{what} {id!r}: LMCache answered KEY_IS_LOCKED (is_key_evictable is False)")
 
+    def evict_for_a_new_key(self):
+        """L1EvictionController.eviction_loop's pass, run when an add of a new
+        id finds the store at its capacity; raises when it evicts nothing."""
+        if not self.capacity_items or len(self.stored_ids()) < self.capacity_items:
+            return
+        policy = self.evictions._eviction_policy
+        for action in policy.get_eviction_actions(ONE_KEY_FRACTION, key_eligible_filter=self.manager.is_key_evictable):
+            self.evictions.execute_eviction_action(action)
+        for id in [id for id in self.ids if self.resident(id) is None]:
+            del self.ids[id]
+            self.views.pop(id, None)
+        if len(self.stored_ids()) >= self.capacity_items:
+            raise RuntimeError(f"reserve_write: the store holds {self.capacity_items} entries and the eviction pass "
+                               "evicted none (every key is read-locked): no room, as OUT_OF_MEMORY")
+
     # ---- the clock and read leases ----
 
     def advance_clock(self, ms):
@@ -207,6 +247,8 @@ class LMCacheL1ManagerAdapter(DecoderCalls, Adapter):
         if self.resident(id) is not None:
             self.check("delete", self.manager.delete([key]))
             del self.ids[id]
+        else:
+            self.evict_for_a_new_key()
         layout = MemoryLayoutDesc(shapes=[torch.Size([2, LAYERS, tokens, HEADS * HEAD_DIM])], dtypes=[torch.float32])
         answers = self.manager.reserve_write([key], [False], layout)
         self.check("reserve_write", answers)
@@ -285,11 +327,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--read-ttl-seconds", type=int, default=1, metavar="S",
                         help="L1ManagerConfig.read_ttl_seconds: declared lease_ttl_ms 1000 S")
+    parser.add_argument("--capacity-items", type=int, default=4, metavar="N",
+                        help="entries held before an add runs the eviction pass (0: no capacity declared)")
     arguments = parser.parse_args(argv)
     if arguments.read_ttl_seconds < 1:
         parser.error(f"--read-ttl-seconds is {arguments.read_ttl_seconds}: 1 or more")
+    if arguments.capacity_items < 0:
+        parser.error(f"--capacity-items is {arguments.capacity_items}: 0 or more")
     model = models.Decoder()
-    serve(lambda: LMCacheL1ManagerAdapter(model, arguments.read_ttl_seconds))
+    serve(lambda: LMCacheL1ManagerAdapter(model, arguments.read_ttl_seconds, arguments.capacity_items))
 
 
 if __name__ == "__main__":

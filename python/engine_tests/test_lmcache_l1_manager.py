@@ -15,7 +15,7 @@ from conftest import PYTHON_DIR, REPO, run_adapter, use_engine
 ADAPTER = os.path.join(PYTHON_DIR, "adapters", "lmcache_l1_manager_adapter.py")
 ENVIRONMENT = os.path.join(REPO, ".venv", "engines", "lmcache-0.5.6")
 JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "owned-marker", "clone-independent",
-          "generation-equivalent", "store-contract", "lease-respected"}
+          "generation-equivalent", "store-contract", "lease-respected", "eviction-as-declared"}
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@
 #include "kv/io.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -109,6 +110,12 @@ class Store {
     // evicted item's holders hold stays as it is: the store lets go of it.
     void set_capacity(std::size_t items) { capacity_ = items; }
     std::size_t capacity() const { return capacity_; }
+    // Entries the store must not evict (an entry under a live read lease:
+    // docs/semantics.md#leases): eviction passes over them to the least
+    // recently used one that is not pinned, and an add of a new id to a
+    // full store whose every entry is pinned is refused (throws
+    // std::runtime_error, nothing stored). None pinned by default.
+    void set_pinned(std::function<bool(const std::string&)> pinned) { pinned_ = std::move(pinned); }
     // `id` was handed out (get, get_by_ids, get_cache): its recency. A
     // missing id is ignored.
     void touch(const std::string& id);
@@ -142,10 +149,13 @@ class Store {
     Copier& copier() { return *copier_; }
 
   private:
+    const std::string* victim() const;
+
     std::shared_ptr<Copier> copier_;
     std::vector<std::string> order_;
     std::vector<std::string> recency_;  // least recently used first
     std::size_t capacity_ = 0;
+    std::function<bool(const std::string&)> pinned_;
     std::map<std::string, ItemPtr> items_;
     std::uint64_t changes_ = 0;
 };
