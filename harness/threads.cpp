@@ -203,9 +203,23 @@ bool may_refuse(const Op& operation) {
            std::holds_alternative<op::PagedFork>(operation);
 }
 
+// The call's return (or throw), in the order calls returned; its index.
+std::size_t returned(Shared& shared, std::size_t lane) {
+    shared.result.returned.push_back(static_cast<std::int64_t>(lane));
+    return shared.result.returned.size() - 1;
+}
+
 void run_call(Shared& shared, std::size_t lane, const Op& operation, Alive& alive) {
     const std::string who = "lane " + std::to_string(lane) + "'s " + format_op(operation);
     note(shared, "lane " + std::to_string(lane) + ": " + format_op(operation));
+    struct Blame {  // the failure, if it was found at this call's return: this call
+        Shared& shared;
+        bool failed_before;
+        std::optional<std::size_t> index;
+        ~Blame() {
+            if (!failed_before && shared.result.failure && index) shared.result.failing_call = *index;
+        }
+    } blame{shared, shared.result.failure.has_value(), std::nullopt};
     ++shared.in_call;
     std::optional<std::string> answer;
     try {
@@ -215,6 +229,7 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation, Alive& aliv
     } catch (const std::exception& error) {
         if (!may_refuse(operation)) {
             --shared.in_call;
+            blame.index = returned(shared, lane);
             note(shared, "lane " + std::to_string(lane) + ": threw " + error.what());
             fail(shared, engine_error_id, "the engine threw at " + who + ": " + error.what());
             return;
@@ -222,6 +237,7 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation, Alive& aliv
         answer = std::string("refused: ") + error.what();
     }
     --shared.in_call;
+    blame.index = returned(shared, lane);
     note(shared, "lane " + std::to_string(lane) + ": -> " + answer.value_or("not applicable"));
     if (shared.in_call == 0 && !shared.result.failure) check_quiescent(shared, who);
 }
@@ -239,7 +255,12 @@ void run_lane(Shared& shared, std::size_t lane, const Trace& calls) {
             run_call(shared, lane, operation, alive);
         }
     } catch (const std::exception& error) {
+        const bool failed_before = shared.result.failure.has_value();
         fail(shared, engine_error_id, "lane " + std::to_string(lane) + ": " + error.what());
+        // At a quiescent check this lane ran: its last call's return.
+        const std::vector<std::int64_t>& calls = shared.result.returned;
+        const auto own = std::find(calls.rbegin(), calls.rend(), static_cast<std::int64_t>(lane));
+        if (!failed_before && own != calls.rend()) shared.result.failing_call = static_cast<std::size_t>(calls.rend() - own) - 1;
     }
     shared.scheduler->finish(lane);
     current_shared = nullptr;
