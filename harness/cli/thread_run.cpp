@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <iostream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace kvcheck::cli {
 namespace {
