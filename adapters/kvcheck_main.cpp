@@ -2,6 +2,7 @@
 // adapters (the reference and the mutants) built in.
 #include "bundled.h"
 #include "main.h"
+#include "mutants/mutants.h"
 
 #include <cstdio>
 #include <iostream>
@@ -18,7 +19,11 @@
 #endif
 
 int main(int argc, char** argv) {
-    const int status = kvcheck::cli::main(argc, argv, kvcheck::adapters::bundled());
+    // The thread mutants are the command line's (kvcheck run --threads), not
+    // in bundled(): the suites that walk it search at the operation level.
+    std::vector<kvcheck::Adapter> adapters = kvcheck::adapters::bundled();
+    for (kvcheck::Adapter& mutant : kvcheck::adapters::thread_mutant_adapters()) adapters.push_back(std::move(mutant));
+    const int status = kvcheck::cli::main(argc, argv, adapters);
 #ifdef KVCHECK_LEAK_CHECK_AT_EXIT
     return status;
 #else

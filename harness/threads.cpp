@@ -508,10 +508,24 @@ class StoreFamily final : public Family, private checkers::StoreModel {
     std::map<std::tuple<ObjectId, Tokens, std::int64_t>, Tokens> fresh_;
 };
 
+// The call's return (or throw), in the order calls returned; its index.
+std::size_t returned(Shared& shared, std::size_t lane) {
+    shared.result.returned.push_back(static_cast<std::int64_t>(lane));
+    return shared.result.returned.size() - 1;
+}
+
 void run_call(Shared& shared, std::size_t lane, const Op& operation) {
     const std::string who = "lane " + std::to_string(lane) + "'s " + format_op(operation);
     note(shared, "lane " + std::to_string(lane) + ": " + format_op(operation));
     const std::size_t invoked = shared.result.history.size() - 1;
+    struct Blame {  // the failure, if it was found at this call's return: this call
+        Shared& shared;
+        bool failed_before;
+        std::optional<std::size_t> index;
+        ~Blame() {
+            if (!failed_before && shared.result.failure && index) shared.result.failing_call = *index;
+        }
+    } blame{shared, shared.result.failure.has_value(), std::nullopt};
     ++shared.in_call;
     std::optional<std::string> answer;
     try {
@@ -521,6 +535,7 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation) {
     } catch (const std::exception& error) {
         if (!shared.family.may_refuse(operation)) {
             --shared.in_call;
+            blame.index = returned(shared, lane);
             note(shared, "lane " + std::to_string(lane) + ": threw " + error.what());
             fail(shared, engine_error_id, "the engine threw at " + who + ": " + error.what());
             return;
@@ -528,6 +543,7 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation) {
         answer = std::string("refused: ") + error.what();
     }
     --shared.in_call;
+    blame.index = returned(shared, lane);
     note(shared, "lane " + std::to_string(lane) + ": -> " + answer.value_or("not applicable"));
     shared.family.responded(lane, shared.result.history.size() - 1);
     if (shared.in_call == 0 && !shared.result.failure) shared.family.quiescent(shared, who);
@@ -545,7 +561,12 @@ void run_lane(Shared& shared, std::size_t lane, const Trace& calls) {
             run_call(shared, lane, operation);
         }
     } catch (const std::exception& error) {
+        const bool failed_before = shared.result.failure.has_value();
         fail(shared, engine_error_id, "lane " + std::to_string(lane) + ": " + error.what());
+        // At a quiescent check this lane ran: its last call's return.
+        const std::vector<std::int64_t>& calls = shared.result.returned;
+        const auto own = std::find(calls.rbegin(), calls.rend(), static_cast<std::int64_t>(lane));
+        if (!failed_before && own != calls.rend()) shared.result.failing_call = static_cast<std::size_t>(calls.rend() - own) - 1;
     }
     shared.scheduler->finish(lane);
     current_shared = nullptr;

@@ -172,6 +172,20 @@ TEST(Threads, APluginsYieldHookIsSetForTheRun) {
     EXPECT_GT(paused, 0u);
 }
 
+TEST(Threads, AThreadTraceNeedsItsHeaderWhole) {
+    EXPECT_FALSE(parse_thread_trace("# a lanes trace\npaged_step\nswitch lane=1\npaged_step\n"));
+    const std::optional<ThreadTrace> parsed = parse_thread_trace("# x\nthreads lanes=3 schedule=2,1\npaged_step\nswitch lane=2\npaged_evict\n");
+    ASSERT_TRUE(parsed);
+    EXPECT_EQ(parsed->schedule, (std::vector<std::int64_t>{2, 1}));
+    ASSERT_EQ(parsed->plan.lanes.size(), 3u);  // lane 1 emptied, kept: the schedule's numbers stand
+    EXPECT_EQ(parsed->plan.lanes[1].size(), 0u);
+    EXPECT_EQ(parsed->plan.lanes[2].size(), 1u);
+    for (const char* bad : {"threads lanes=3\n", "threads schedule=1\n", "threads lanes=1 schedule=\n", "threads lanes=3 schedule=3\n",
+                            "threads lanes=2 schedule=1 color=red\n", "threads lanes=2 schedule=\nswitch lane=2\npaged_step\n"}) {
+        EXPECT_THROW(parse_thread_trace(bad), TraceParseError) << bad;
+    }
+}
+
 class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
@@ -189,6 +203,16 @@ TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
     EXPECT_EQ(again.failure->message, failure.message);
     EXPECT_EQ(again.history, found->result.history);
     EXPECT_FALSE(again.diverged);  // every choice of the shrunk schedule names a lane that could run
+    // Its trace file's text (kvcheck run --threads writes it, kvcheck replay
+    // reads it) holds the plan and the schedule: the same run again.
+    const std::optional<ThreadTrace> parsed = parse_thread_trace(thread_trace_text(found->plan, found->result));
+    ASSERT_TRUE(parsed);
+    EXPECT_EQ(parsed->schedule, found->result.schedule);
+    ASSERT_EQ(parsed->plan.lanes.size(), found->plan.lanes.size());
+    for (std::size_t lane = 0; lane < parsed->plan.lanes.size(); ++lane) {
+        EXPECT_EQ(format_trace(parsed->plan.lanes[lane]), format_trace(found->plan.lanes[lane]));
+    }
+    EXPECT_EQ(run_threads(*adapter.make(), parsed->plan, {0, parsed->schedule}).history, found->result.history);
     std::cout << "[ threads  ] " << adapter.name << ": found after " << found->traces << " traces\n"
               << format_thread_finding(*found);
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -199,6 +200,62 @@ TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
     EXPECT_TRUE(contains(replay.out, "* generate h101 prompt=5 max=2 |  <- ")) << replay.out;
     EXPECT_EQ(kvcheck("replay " + apart + " --adapter LM2").status, 0);
     EXPECT_EQ(kvcheck("replay " + raced + " --adapter reference").status, 0);
+}
+
+// The thread level (--threads): each thread mutant is caught by a property
+// it breaks, shrunk to at most 3 client lanes, drawn side by side in every
+// report, and its trace file replays the schedule exactly from the command
+// line (3 runs alike); the same calls under no schedule (no switch inside a
+// call) pass, as they do on the paged reference.
+TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
+    const std::string traces = scratch("thread-traces");
+    for (const auto& [mutant, property, lanes] : {std::tuple{"TM1", "free-iff-unreferenced", "6"}, std::tuple{"TM2", "refcount-exact", "3"}}) {
+        const std::string run_options = std::string("run --adapter ") + mutant + " --threads --lanes " + lanes + " --cases 60 --quiet --trace-dir " + traces;
+        const Outcome run = kvcheck(run_options);
+        EXPECT_EQ(run.status, 1) << run.out;
+        EXPECT_TRUE(contains(run.out, std::string("ERROR: ") + property + ": at the quiescent point after")) << run.out;
+        EXPECT_TRUE(contains(run.out, "# the lanes side by side, in schedule order")) << run.out;
+        EXPECT_TRUE(contains(run.out, std::string("  <- ") + property)) << run.out;
+        EXPECT_TRUE(contains(run.out, "# what ran, in order")) << run.out;
+        EXPECT_TRUE(contains(run.out, " paused at ")) << run.out;  // a call overlapped another
+        const std::string trace = traces + "/threads-" + mutant + "-" + property + ".trace";
+        ASSERT_TRUE(std::filesystem::exists(trace)) << run.out;
+        EXPECT_TRUE(contains(run.out, "reproduce: kvcheck replay " + trace + " --adapter " + mutant)) << run.out;
+        const std::string text = read_file(trace);
+        const std::size_t header = text.find("\nthreads lanes=");
+        ASSERT_NE(header, std::string::npos) << text;
+        EXPECT_LE(std::stoi(text.substr(header + 15)), 4) << text;  // lane 0's setup and at most 3 clients
+
+        const Outcome replay = kvcheck("replay " + trace + " --adapter " + mutant);
+        EXPECT_EQ(replay.status, 1) << replay.out;
+        EXPECT_TRUE(contains(replay.out, std::string("ERROR: ") + property + ":")) << replay.out;
+        EXPECT_TRUE(contains(replay.out, "replayed alike 3 of 3 times")) << replay.out;
+        EXPECT_EQ(kvcheck("replay " + trace + " --adapter paged-reference").status, 0);
+        const std::string unswitched = scratch(std::string(mutant) + "-unswitched.trace");
+        write_file(unswitched, text.substr(0, header) + "\nthreads lanes=" + text.substr(header + 15, text.find(' ', header + 15) - header - 15) +
+                                   " schedule=" + text.substr(text.find('\n', header + 1)));
+        const Outcome alone = kvcheck("replay " + unswitched + " --adapter " + mutant);
+        EXPECT_EQ(alone.status, 0) << read_file(unswitched) << alone.out;
+    }
+    const std::string json = scratch("tm1.json"), html = scratch("tm1.html");
+    const std::string tm1 = "run --adapter TM1 --threads --cases 60 --quiet --trace-dir " + traces;
+    EXPECT_EQ(kvcheck(tm1 + " --report json --out " + json).status, 1);
+    const std::string report = read_file(json);
+    EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
+    EXPECT_TRUE(contains(report, "\"threads\": \"threads lanes=")) << report;
+    EXPECT_EQ(kvcheck(tm1 + " --report html --out " + html).status, 1);
+    const std::string page = read_file(html);
+    EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
+    EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
+    EXPECT_TRUE(contains(page, "<td class=\"conflict\">")) << page;
+
+    // No silent sequential run: an engine the thread level cannot run is n/a.
+    const Outcome store = kvcheck("run --adapter reference --threads --cases 5 --quiet --trace-dir " + traces);
+    EXPECT_EQ(store.status, 0) << store.out;
+    EXPECT_TRUE(contains(store.out, "n/a for every adapter: 3 at the thread level: the thread level runs paged engines")) << store.out;
+    EXPECT_EQ(kvcheck("run --adapter TM1 --threads --lanes 1 --quiet --trace-dir " + traces).status, 2);
+    EXPECT_EQ(kvcheck("run --adapter TM1 --threads --property single-copy --quiet --trace-dir " + traces).status, 2);
+    EXPECT_EQ(kvcheck("shrink " + traces + "/threads-TM1-free-iff-unreferenced.trace --adapter TM1").status, 2);
 }
 
 // The report without the times it holds ("seconds": 0.123).

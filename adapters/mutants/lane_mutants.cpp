@@ -336,7 +336,7 @@ using P = Property;
 }  // namespace
 
 std::vector<Adapter> thread_mutant_adapters() {
-    return {
+    std::vector<Adapter> mutants = {
         lane_mutant<Unlocked>("TM1", "an unlocked free-queue update: a release stores back the free queue it loaded before a yield",
                               {P::free_iff_unreferenced}, pool_of<TM1>()),
         lane_mutant<Unlocked>("TM2", "a fork's reference increment (load, yield, store) races other clients' count updates",
@@ -346,6 +346,8 @@ std::vector<Adapter> thread_mutant_adapters() {
         lane_mutant<TM4>("TM4", "a dump torn by concurrent adds: it takes each entry in turn, yielding between them",
                          {P::linearizable}),
     };
+    for (Adapter& mutant : mutants) mutant.threads = true;
+    return mutants;
 }
 
 std::vector<Adapter> lane_mutant_adapters() {

@@ -10,6 +10,7 @@
 #include "report.h"
 #include "report_html.h"
 #include "text.h"
+#include "thread_run.h"
 #include "wire.h"
 
 #include <boost/pfr.hpp>
@@ -159,6 +160,12 @@ const std::vector<OptionSpec> run_options = [] {
         {"lanes", true, "clients per trace (default 1): above 1, each trace is that many lanes of requests\n"
                         "                             interleaved by a seeded schedule (random or PCT), checked call by call\n"
                         "                             (docs/semantics.md#concurrent-clients); at most 15"},
+        {"threads", false, "the thread level: each of --lanes clients (default 3) calls on a thread of its own, the calls\n"
+                           "                             overlapping, a seeded schedule switching at yield points; judges at every quiescent\n"
+                           "                             point refcount-exact and free-iff-unreferenced (paged engines) or stored-immutable,\n"
+                           "                             store-contract and linearizable, and dump-safe at the end (unbounded stores)\n"
+                           "                             (docs/semantics.md#the-thread-level); for engines that declare thread_safe\n"
+                           "                             (others: n/a). --cases: traces per adapter"},
         {"model", true, "search one model's caches only, instead of what each engine declares:\n"
                         "                             layers=N,heads=N,head_dim=N,dtype=f32[+f16+bf16],layout=modern[+legacy]\n"
                         "                             [,odd_layers=yes|no] (heads, head_dim default 2, 4; odd_layers no)"},
@@ -393,7 +400,7 @@ void refuse_over_limits(const std::string& path, const Trace& trace) {
 }
 
 // A regular file only (InputFile): a FIFO would block, a device never end.
-Trace read_trace(const std::string& path) {
+std::string read_trace_text(const std::string& path) {
     const InputFile file(path);
     if (file.fd() < 0) throw UsageError("trace file " + printable(path, 400) + " " + file.problem());
     // Read with a bound too: the file may grow while it is read.
@@ -410,6 +417,25 @@ Trace read_trace(const std::string& path) {
         throw UsageError("trace file " + printable(path, 400) + " is empty (0 bytes): no trace to replay (a trace kvcheck "
                          "writes has a header; was its write cut short?)");
     }
+    return text;
+}
+
+// A thread-level trace file (its `threads` line, kvcheck/threads.h), or
+// nothing for any other.
+std::optional<ThreadTrace> read_thread_trace(const std::string& path, const std::string& text) {
+    std::optional<ThreadTrace> threads;
+    try {
+        threads = parse_thread_trace(text);
+    } catch (const TraceParseError& error) {
+        throw UsageError(path + ": " + printable(error.what(), 300));
+    }
+    if (threads) {
+        for (const Trace& lane : threads->plan.lanes) refuse_over_limits(path, lane);
+    }
+    return threads;
+}
+
+Trace parse_trace_file(const std::string& path, const std::string& text) {
     Trace trace;
     try {
         trace = parse_trace(text);
@@ -419,6 +445,8 @@ Trace read_trace(const std::string& path) {
     refuse_over_limits(path, trace);
     return trace;
 }
+
+Trace read_trace(const std::string& path) { return parse_trace_file(path, read_trace_text(path)); }
 
 // The message and notes of a failure, fit for a terminal: an engine's
 // exception text may hold anything.
@@ -559,19 +587,42 @@ int command_run(const Args& args) {
     ConformanceOptions conformance = conformance_options(options);
     const ReportFormat format = parse_report_format(options.get("report", "table"));
     const bool bundled = !options.has("adapter");
+    const bool threads = options.has("threads");
+    if (threads) {
+        if (!options.has("lanes")) conformance.workload.lanes = 3;
+        if (conformance.workload.lanes < 2) throw UsageError("--threads needs at least 2 --lanes (clients), not 1");
+        const std::vector<Property> judged = thread_properties();
+        for (const Property p : conformance.properties) {
+            if (std::find(judged.begin(), judged.end(), p) == judged.end()) {
+                throw UsageError(std::string("--threads judges refcount-exact and free-iff-unreferenced (paged engines), "
+                                             "stored-immutable, store-contract, linearizable and dump-safe (stores) only, not ") +
+                                 property_id(p) + " (docs/semantics.md#the-thread-level)");
+            }
+        }
+    }
     std::vector<Adapter> adapters;
     if (bundled) {
         adapters = bundled_adapters();
         // The concurrency mutants are the self-check's with --lanes, the
         // others without (kvcheck/adapter.h, Adapter::lanes).
+        // With --threads: the references that can run at the thread level
+        // and the thread mutants (Adapter::threads), which nothing else finds.
         const bool lanes = conformance.workload.lanes > 1;
         adapters.erase(std::remove_if(adapters.begin(), adapters.end(),
-                                      [lanes](const Adapter& a) { return !a.breaks.empty() && (a.lanes > 1) != lanes; }),
+                                      [&](const Adapter& a) {
+                                          if (threads) {
+                                              if (a.threads) return false;
+                                              const Capabilities declared = a.make()->capabilities();
+                                              return !a.breaks.empty() || !declared.thread_safe || (!declared.paged && declared.policy.bounded());
+                                          }
+                                          return a.threads || (!a.breaks.empty() && (a.lanes > 1) != lanes);
+                                      }),
                        adapters.end());
         // The Python example store joins the self-check when it can run
-        // here (scripts/bootstrap installs Debian's python3-torch).
+        // here (scripts/bootstrap installs Debian's python3-torch); not
+        // the thread level's (the C++ references and thread mutants only).
         try {
-            adapters.push_back(python_example(adapter_options(options)));
+            if (!threads) adapters.push_back(python_example(adapter_options(options)));
         } catch (const UsageError& error) {
             std::cerr << "kvcheck run: the Python example store is left out: " << printable(error.what(), 300) << "\n";
         }
@@ -593,13 +644,13 @@ int command_run(const Args& args) {
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
               << conformance.workload.trace_ops_max << " operations; " << describe_scope(conformance.workload.scope) << "; "
               << (conformance.workload.lanes > 1 ? std::to_string(conformance.workload.lanes) + " lanes; " : "")
-              << "domain: " << domains_searched(adapters, conformance.model) << "; " << limits_text(conformance.limits) << "\n";
+              << (threads ? "the thread level (a thread per lane); " : "") << "domain: " << domains_searched(adapters, conformance.model) << "; " << limits_text(conformance.limits) << "\n";
     if (conformance.isolate) install_interrupt_handlers();
     const auto started = std::chrono::steady_clock::now();
     ConformanceRun run;
     {
         const EngineStdoutToStderr guard(!conformance.isolate);
-        run = check_adapters(adapters, conformance);
+        run = threads ? check_threads(adapters, conformance) : check_adapters(adapters, conformance);
     }
     // The HTML report draws each failure step by step: its trace replayed
     // once more per step (report_html.h). A Ctrl-C while it draws cuts the
@@ -663,7 +714,9 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
                                           "--out or standard output; the report to standard output or, when the trace is\n"
                                           "there, standard error."
                                         : "Runs the trace in the file against the adapter and reports the first violation (or a\n"
-                                          "crash or hang of the engine), pinned to the step it happened.",
+                                          "crash or hang of the engine), pinned to the step it happened. A thread-level trace (its\n"
+                                          "first line 'threads lanes=N schedule=...', from kvcheck run --threads) runs on a thread per\n"
+                                          "lane under that schedule, 3 times on fresh engines: flaky when the runs differ.",
                               shrink_it ? shrink_options : replay_options);
         return 0;
     }
@@ -671,7 +724,19 @@ int replay_or_shrink(const Args& args, bool shrink_it) {
     if (!options.has("adapter")) throw UsageError(command + " needs --adapter");
     const ConformanceOptions conformance = conformance_options(options);
     const std::string path = options.positional().front();
-    const Trace trace = read_trace(path);
+    const std::string text = read_trace_text(path);
+    if (const std::optional<ThreadTrace> threads = read_thread_trace(path, text)) {
+        // A thread-level finding: replayed on a thread per lane under its
+        // schedule, on fresh engines, --replays times (default 3).
+        if (shrink_it) throw UsageError(path + " is a thread-level trace: kvcheck run --threads shrinks its findings, kvcheck shrink does not");
+        if (options.has("prefix")) throw UsageError("--prefix does not apply to a thread-level trace (" + printable(path, 200) + ")");
+        const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
+        if (conformance.isolate) install_interrupt_handlers();
+        const EngineStdoutToStderr guard(!conformance.isolate);
+        return replay_threads(adapter, *threads, replay_command(adapter, path), property_set(conformance.properties), conformance,
+                              std::cout);
+    }
+    const Trace trace = parse_trace_file(path, text);
     std::optional<Trace> prefix;
     if (options.has("prefix")) prefix = read_trace(options.get("prefix", ""));
     const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));

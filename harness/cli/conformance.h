@@ -76,6 +76,10 @@ struct FailureReport {
     std::size_t step = 0;
     std::vector<std::size_t> conflicts;
     std::string swimlanes;
+    // A thread-level finding (kvcheck run --threads): its trace file's first
+    // line, "threads lanes=N schedule=...\n", written before `trace` (the
+    // calls in the order they began); "" for any other.
+    std::string threads;
     std::size_t found_length = 0;  // operations before shrinking
     std::size_t found_after = 0;   // traces its search had run when it was found, its own included
     std::uint64_t seed = 0;        // the seed of the trace it was found in (0: unknown)

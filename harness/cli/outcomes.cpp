@@ -63,7 +63,7 @@ void write_trace_file(const Adapter& adapter, const std::string& stem, const std
     out << "# kvcheck: " << (failure.fault.empty() ? property + " fails" : "fault (" + printable(failure.fault, 200) + ")")
         << " on adapter " << printable(adapter.name, 200) << "\n# " << printable(failure.message, 2000) << "\n# seed "
         << options.seed << "\n# reproduce: " << reproduce << "\n"
-        << failure.trace;
+        << failure.threads << failure.trace;
     if (const int failed = replace_file(file, out.str())) {
         failure.trace_file_error = "cannot write " + file + ": " + std::strerror(failed);
         return;

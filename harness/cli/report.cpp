@@ -55,19 +55,25 @@ std::string not_applicable_note(const std::vector<PropertyResult>& rows, const s
     std::size_t family = 0;
     std::size_t capacity = 0;
     std::size_t lanes = 0;
+    std::size_t threads = 0;
+    std::string threads_why;  // the thread level's reason (kvcheck run --threads), as its rows say it
     for (const PropertyResult& row : rows) {
         if (row.message.find("--lanes") != std::string::npos) {
             ++lanes;
+        } else if (row.message.find("the thread level") != std::string::npos) {
+            ++threads;
+            threads_why = row.message.substr(row.message.rfind("n/a: ", 0) == 0 ? 5 : 0);
         } else {
             (row.message.find("capacity") != std::string::npos ? capacity : family) += 1;
         }
     }
-    const std::size_t count = family + capacity + lanes;
+    const std::size_t count = family + capacity + lanes + threads;
     if (count == 0) return "";
     std::string why;
     if (family != 0) why = std::to_string(family) + " of the other cache family (paged or contiguous)";
     if (capacity != 0) why += (why.empty() ? "" : ", ") + std::to_string(capacity) + " judging a capacity, and none is declared";
     if (lanes != 0) why += (why.empty() ? "" : ", ") + std::to_string(lanes) + " judged with --lanes only";
+    if (threads != 0) why += (why.empty() ? "" : ", ") + std::to_string(threads) + " at the thread level: " + threads_why;
     return std::to_string(count) + (count == 1 ? " property" : " properties") + " left out, n/a " + whom + ": " + why;
 }
 
@@ -156,7 +162,7 @@ std::string json_failure(const FailureReport& f) {
         << ", \"trace_file\": " << json_or_null(f.trace_file) << ", \"trace_file_error\": " << json_or_null(f.trace_file_error)
         << ", \"reproduce\": " << json_or_null(f.reproduce) << ", \"output\": " << json_engine_text(f.output)
         << ", \"reproduction\": " << json_reproduction(f.reproduction, f.prefix_file) << ", \"lanes\": " << json_lanes(f)
-        << "}";
+        << ", \"threads\": " << json_or_null(f.threads) << "}";
     return out.str();
 }
 
@@ -333,8 +339,14 @@ std::string matrix(const std::vector<AdapterResult>& results, bool markdown) {
     return out.str();
 }
 
+// Its lines that are no comment (a thread-level trace holds what ran as comments).
 std::size_t operations_in(const std::string& trace) {
-    return static_cast<std::size_t>(std::count(trace.begin(), trace.end(), '\n'));
+    std::size_t operations = 0;
+    for (std::size_t line = 0; line < trace.size(); line = trace.find('\n', line) + 1) {
+        if (trace[line] != '#') ++operations;
+        if (trace.find('\n', line) == std::string::npos) break;
+    }
+    return operations;
 }
 
 // The details' heading words after "adapter / property".
@@ -386,7 +398,7 @@ std::string failure_text(const PropertyResult& p, const FailureReport& f) {
     std::ostringstream out;
     out << "ERROR: " << p.id << ": " << printable(f.message, 2000) << count_note(f) << "\n";
     for (const std::string& other : f.also) out << "also: " << printable(other, 2000) << "\n";
-    out << f.trace << f.swimlanes << prefix_note(f);
+    out << f.threads << f.trace << f.swimlanes << prefix_note(f);
     if (!f.trace.empty() || f.seed != 0) out << shrunk_note(f) << "\n";
     if (!f.reproduce.empty()) out << "reproduce: " << f.reproduce << "\n";
     if (!f.trace_file_error.empty()) out << "the trace was not written: " << printable(f.trace_file_error, 400) << "\n";
@@ -413,7 +425,7 @@ std::string failure_markdown(const PropertyResult& p, const FailureReport& f) {
     if (!f.trace.empty() || f.seed != 0) out << "- " << shrunk_note(f) << "\n";
     if (!f.reproduce.empty()) out << "- reproduce: `" << f.reproduce << "`\n";
     if (!f.trace_file_error.empty()) out << "- the trace was not written: " << markdown_text(f.trace_file_error) << "\n";
-    if (!f.trace.empty()) out << "\n```\n" << f.trace << f.swimlanes << "```\n";
+    if (!f.trace.empty()) out << "\n```\n" << f.threads << f.trace << f.swimlanes << "```\n";
     if (!f.reproduction.prefix.empty()) out << "\n```\n" << prefix_note(f) << "```\n";
     return out.str();
 }

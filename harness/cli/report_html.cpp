@@ -297,7 +297,7 @@ std::string failure_html(const PropertyResult& p, const FailureReport& f, const 
     if (picture != nullptr) {
         out << picture_html(*picture, f.message);
     } else if (!f.trace.empty()) {
-        out << "<pre class=\"trace\">" << html(f.trace) << "</pre>";
+        out << "<pre class=\"trace\">" << html(f.threads + f.trace) << "</pre>";
     }
     out << lanes_html(f);
     if (!f.reproduction.prefix.empty()) {
@@ -376,7 +376,10 @@ Pictures picture_failures(const std::vector<AdapterResult>& results, const Confo
             const PropertyResult& p = results[a].properties[i];
             for (std::size_t f = 0; f < std::min(p.failures.size(), per_property_max); ++f) {
                 const FailureReport& failure = p.failures[f];
-                if (parse_property(p.id) && !failure.trace.empty() && failure.fault.empty()) drawn.emplace_back(a, i, f);
+                // A thread-level finding is not drawn step by step: its calls overlap.
+                if (parse_property(p.id) && !failure.trace.empty() && failure.fault.empty() && failure.threads.empty()) {
+                    drawn.emplace_back(a, i, f);
+                }
             }
         }
     }

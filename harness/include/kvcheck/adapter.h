@@ -51,6 +51,9 @@ struct Adapter {
     // --lanes): 1 for the mutants one client finds; more for a concurrency
     // mutant, whose bug lies between two calls of one client's request.
     std::int64_t lanes = 1;
+    // A thread mutant: what `breaks` lists is found at the thread level only
+    // (kvcheck run --threads, kvcheck/threads.h), whose self-check it joins.
+    bool threads = false;
 
     // How a command line names the adapter: its name when bundled, else its source.
     std::string reference() const { return source == "bundled" ? name : source; }

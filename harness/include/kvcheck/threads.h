@@ -56,6 +56,12 @@ struct ThreadRunResult {
     std::vector<std::int64_t> schedule;  // the choices made, replayable
     std::vector<std::string> history;    // calls, yields and returns, in the order they ran
     bool diverged = false;               // a replayed choice could not be followed
+    // The lane of each call, in the order the calls returned (or threw;
+    // lane 0's setup first), and of them the call at which the failure was
+    // found (the one whose return reached the failing quiescent point, or
+    // that threw). The calls another lane's call ran inside come before it.
+    std::vector<std::int64_t> returned;
+    std::size_t failing_call = 0;
 };
 
 // Runs the plan's lane 0 alone, then lanes 1.. on a thread each under the
@@ -86,6 +92,26 @@ std::optional<ThreadFinding> search_threads(const EngineFactory& make, const Wor
 // The finding as text: the failure, the lanes' calls, the history (calls
 // and yields of each lane in the order they ran), and the schedule.
 std::string format_thread_finding(const ThreadFinding& finding);
+
+// ---- a thread-level finding as a trace file (docs/semantics.md#the-thread-level) ----
+// The file holds the calls in the order they returned, `switch lane=K` before
+// each run of one lane's calls (a lanes trace, drawn side by side like any),
+// the calls that never began after them, and a first line
+//   threads lanes=N schedule=1,1,2
+// that makes it a thread-level trace: `kvcheck replay` runs it on a thread
+// per lane under that schedule (each lane's calls are its lines, in order).
+struct ThreadTrace {
+    LanePlan plan;
+    std::vector<std::int64_t> schedule;
+};
+// The calls in the order they returned, then those that never ran; and the
+// index in it of the failing call (result.failing_call).
+Trace ran_trace(const LanePlan& plan, const ThreadRunResult& result, std::size_t* failing_step = nullptr);
+// The header line and ran_trace's text.
+std::string thread_trace_text(const LanePlan& plan, const ThreadRunResult& result);
+// A trace file's text: nullopt without the `threads` line (an ordinary
+// trace); the plan and schedule with it; TraceParseError when malformed.
+std::optional<ThreadTrace> parse_thread_trace(const std::string& text);
 
 // A plugin's yield hook (kvcheck_plugin::yield_hook), set with kvcheck's own
 // for the length of each thread-level run.
