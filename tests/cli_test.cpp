@@ -249,10 +249,18 @@ TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
     EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
     EXPECT_TRUE(contains(page, "<td class=\"conflict\">")) << page;
 
-    // No silent sequential run: an engine the thread level cannot run is n/a.
+    // The store family: the reference passes, TM3 (an unlocked index
+    // update) fails linearizable; the paged rows are n/a for a store.
     const Outcome store = kvcheck("run --adapter reference --threads --cases 5 --quiet --trace-dir " + traces);
     EXPECT_EQ(store.status, 0) << store.out;
-    EXPECT_TRUE(contains(store.out, "n/a for every adapter: 3 at the thread level: the thread level runs paged engines")) << store.out;
+    EXPECT_TRUE(contains(store.out, "a property of the paged family")) << store.out;
+    const Outcome index = kvcheck("run --adapter TM3 --threads --cases 60 --quiet --trace-dir " + traces);
+    EXPECT_EQ(index.status, 1) << index.out;
+    EXPECT_TRUE(contains(index.out, "ERROR: linearizable: at the quiescent point after")) << index.out;
+    // No silent sequential run: an engine the thread level cannot run is n/a.
+    const Outcome bounded = kvcheck("run --adapter reference-leases --threads --cases 5 --quiet --trace-dir " + traces);
+    EXPECT_EQ(bounded.status, 0) << bounded.out;
+    EXPECT_TRUE(contains(bounded.out, "and the adapter declares a capacity")) << bounded.out;
     EXPECT_EQ(kvcheck("run --adapter TM1 --threads --lanes 1 --quiet --trace-dir " + traces).status, 2);
     EXPECT_EQ(kvcheck("run --adapter TM1 --threads --property single-copy --quiet --trace-dir " + traces).status, 2);
     EXPECT_EQ(kvcheck("shrink " + traces + "/threads-TM1-free-iff-unreferenced.trace --adapter TM1").status, 2);
