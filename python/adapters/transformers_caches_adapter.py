@@ -11,6 +11,7 @@ the cache's batch operations.
         --adapter 'python/adapters/transformers_caches_adapter.py --cache static'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding beam --copy select'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache static --sliding-window 8'
 
 The mapping (python/README.md, "Real engines"):
 
@@ -40,10 +41,21 @@ Assumptions (contract differences, declared rather than papered over):
     StaticCache copies its whole preallocated buffer (max_cache_len slots),
     which single-copy would count as the wrong number of bytes (a copy of
     the held tokens is what kvcheck's model of a copy is);
-  - the sliding-window static layers (StaticSlidingWindowLayer) are not
-    offered: a layer keeps only its window, and kvcheck's model domain has no
-    token ceiling to keep a drawn cache inside it (the need: a declared
-    `tokens_max` in the model domain);
+  - `--sliding-window N` (docs/semantics.md, store windows): the model is
+    a tiny Mistral whose every layer attends over its last N positions, and
+    every cache is built from its config, of sliding-window layers:
+    DynamicSlidingWindowLayer keeps the last N - 1 tokens (declared window
+    N - 1), StaticSlidingWindowLayer min(N, max_cache_len) (declared N).
+    transformers has no merge or copy of a windowed cache but deepcopy: a
+    copy or merge is a new cache of the class holding the window of the
+    concatenation of what the parts hold (each token copied once), its
+    count of positions (cumulative_length, cumulative_length_int) set to
+    the parts' sum. generate_fresh runs on a plain DynamicCache of the
+    whole content make was given (the model's mask does the windowing).
+    No batch (a sliding layer counts one position for all its rows), no
+    --copy but update, and no prompt lookup with --cache static (its
+    sliding layer over max_cache_len > N is not is_croppable: assisted
+    decoding raises);
   - QuantizedCache is not offered: its stored K/V are its quantized ones
     (fp8 here; quanto and hqq are not installed), which kvcheck's exact
     content comparison reads as changed content (the need: a declared
