@@ -124,19 +124,27 @@ generate h1 prompt=1 max=1
 """
 
 
-def test_beam_search_on_the_stored_cache_itself_breaks_stored_immutable(kvcheck, transformers_env, scratch_dir):
-    probe = os.path.join(scratch_dir, "beams_on_the_stored_cache.py")
-    trace = os.path.join(scratch_dir, "beams_from_a_stored_cache.trace")
+def probe_breaks_stored_immutable(kvcheck, scratch_dir, probe_source, trace_text, message, options):
+    """Replays `trace_text` on the probe adapter (`probe_source`, run over
+    this adapter), asserting stored-immutable's FAIL with `message`, then on
+    this adapter with `options`, asserting the pass."""
+    probe = os.path.join(scratch_dir, "probe.py")
+    trace = os.path.join(scratch_dir, "probe.trace")
     with open(probe, "w") as f:
-        f.write(PROBE)
+        f.write(probe_source)
     with open(trace, "w") as f:
-        f.write(BEAMS_FROM_A_STORED_CACHE)
+        f.write(trace_text)
     caught = kvcheck("replay", trace, "--adapter", f"{probe} {ADAPTER}", "--property", "stored-immutable")
     assert caught.status == 1, caught.stdout + caught.stderr
-    assert "stored-immutable: entry \"c\" layer 0 keys shape [2,2,2,8]" in caught.stdout, caught.stdout
-    held = kvcheck("replay", trace, "--adapter", ADAPTER + " --cache dynamic --decoding beam",
-                   "--property", "stored-immutable")
+    assert message in caught.stdout, caught.stdout
+    held = kvcheck("replay", trace, "--adapter", f"{ADAPTER} {options}", "--property", "stored-immutable")
     assert held.status == 0, held.stdout + held.stderr
+
+
+def test_beam_search_on_the_stored_cache_itself_breaks_stored_immutable(kvcheck, transformers_env, scratch_dir):
+    probe_breaks_stored_immutable(kvcheck, scratch_dir, PROBE, BEAMS_FROM_A_STORED_CACHE,
+                                  "stored-immutable: entry \"c\" layer 0 keys shape [2,2,2,8]",
+                                  "--cache dynamic --decoding beam")
 
 
 def test_a_deep_copy_of_a_cropped_cache_breaks_single_copy(kvcheck, transformers_env):
@@ -194,15 +202,5 @@ WHOLE_WINDOW_PROBE = textwrap.dedent("""
 
 def test_a_dynamic_sliding_layer_declared_with_its_whole_window_breaks_stored_immutable(
         kvcheck, transformers_env, scratch_dir):
-    probe = os.path.join(scratch_dir, "whole_window.py")
-    trace = os.path.join(scratch_dir, "nine_tokens.trace")
-    with open(probe, "w") as f:
-        f.write(WHOLE_WINDOW_PROBE)
-    with open(trace, "w") as f:
-        f.write("add a modern/f32/0/2x8:[kv9 kv9]\n")
-    caught = kvcheck("replay", trace, "--adapter", f"{probe} {ADAPTER}", "--property", "stored-immutable")
-    assert caught.status == 1, caught.stdout + caught.stderr
-    assert "keys shape [1,2,7,8], expected [1,2,8,8]" in caught.stdout, caught.stdout
-    held = kvcheck("replay", trace, "--adapter", ADAPTER + " --cache dynamic --sliding-window 8",
-                   "--property", "stored-immutable")
-    assert held.status == 0, held.stdout + held.stderr
+    probe_breaks_stored_immutable(kvcheck, scratch_dir, WHOLE_WINDOW_PROBE, "add a modern/f32/0/2x8:[kv9 kv9]\n",
+                                  "keys shape [1,2,7,8], expected [1,2,8,8]", "--cache dynamic --sliding-window 8")
