@@ -11,6 +11,7 @@ the cache's batch operations.
         --adapter 'python/adapters/transformers_caches_adapter.py --cache static'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding beam --copy select'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache static --sliding-window 8'
 
 The mapping (python/README.md, "Real engines"):
 
@@ -40,10 +41,21 @@ Assumptions (contract differences, declared rather than papered over):
     StaticCache copies its whole preallocated buffer (max_cache_len slots),
     which single-copy would count as the wrong number of bytes (a copy of
     the held tokens is what kvcheck's model of a copy is);
-  - the sliding-window static layers (StaticSlidingWindowLayer) are not
-    offered: a layer keeps only its window, and kvcheck's model domain has no
-    token ceiling to keep a drawn cache inside it (the need: a declared
-    `tokens_max` in the model domain);
+  - `--sliding-window N` (docs/semantics.md, store windows): the model is
+    a tiny Mistral whose every layer attends over its last N positions, and
+    every cache is built from its config, of sliding-window layers:
+    DynamicSlidingWindowLayer keeps the last N - 1 tokens (declared window
+    N - 1), StaticSlidingWindowLayer min(N, max_cache_len) (declared N).
+    transformers has no merge or copy of a windowed cache but deepcopy: a
+    copy or merge is a new cache of the class holding the window of the
+    concatenation of what the parts hold (each token copied once), its
+    count of positions (cumulative_length, cumulative_length_int) set to
+    the parts' sum. generate_fresh runs on a plain DynamicCache of the
+    whole content make was given (the model's mask does the windowing).
+    No batch (a sliding layer counts one position for all its rows), no
+    --copy but update, and no prompt lookup with --cache static (its
+    sliding layer over max_cache_len > N is not is_croppable: assisted
+    decoding raises);
   - QuantizedCache is not offered: its stored K/V are its quantized ones
     (fp8 here; quanto and hqq are not installed), which kvcheck's exact
     content comparison reads as changed content (the need: a declared
@@ -133,6 +145,43 @@ MAX_CACHE_LEN = 4096
 
 
 
+def positions_of(cache) -> int:
+    """The positions `cache` was fed: its get_seq_length, which a
+    sliding-window layer counts as every token it was fed
+    (cumulative_length, cumulative_length_int), more than the window it
+    holds."""
+    return int(cache.get_seq_length())
+
+
+def count_positions(cache, positions: int) -> None:
+    """Sets the positions every sliding-window layer of `cache` counts:
+    a DynamicSlidingWindowLayer's cumulative_length, a
+    StaticSlidingWindowLayer's cumulative_length_int (what get_seq_length
+    and the next update read; its tensor cumulative_length is not read
+    again once the window is full). For a copy or merge of windowed caches,
+    which transformers has no call for: filled by update with the K/V the
+    parts hold, the copy goes on from the positions its source was fed."""
+    for layer in cache.layers:
+        if isinstance(layer, transformers.cache_utils.DynamicSlidingWindowLayer):
+            layer.cumulative_length = positions
+        elif isinstance(layer, transformers.cache_utils.StaticSlidingWindowLayer):
+            layer.cumulative_length_int = positions
+
+
+def window_tail(pieces, tokens: int):
+    """The last `tokens` tokens of the concatenation of `pieces`, (keys,
+    values) pairs along the sequence, as views of the pieces (no copy), in
+    order."""
+    tail = []
+    for keys, values in reversed(pieces):
+        if tokens <= 0:
+            break
+        take = min(tokens, keys.shape[-2])
+        tail.append((keys[..., keys.shape[-2] - take :, :], values[..., values.shape[-2] - take :, :]))
+        tokens -= take
+    return tail[::-1]
+
+
 def held_layers(cache):
     """(keys, values) a layer of `cache` holds, per layer: None for a layer
     holding none."""
@@ -153,27 +202,49 @@ class TransformersCachesAdapter(Adapter):
         self.options = DECODINGS[decoding]
         self.fresh_options = DECODINGS[FRESH_DECODINGS[decoding]]
         self.copy_one = COPIES[copying]
-        suffix = "" if decoding == "greedy" else f"+{decoding}"
+        # The model's sliding window (tiny_config(sliding_window=N): every
+        # layer of a cache built from the config is a sliding-window layer),
+        # or None.
+        self.sliding_window = getattr(model.config, "sliding_window", None)
+        suffix = "" if self.sliding_window is None else f"+window{self.sliding_window}"
+        suffix += "" if decoding == "greedy" else f"+{decoding}"
         suffix += "" if copying == "update" else f"+copy-{copying}"
         self.name = f"transformers-{hf.VERSION}-{cache_class}{suffix}"
         self.description = (
             f"transformers {hf.VERSION}'s {'StaticCache' if cache_class == 'static' else 'DynamicCache'} in a store,"
             f" generating with {decoding} decoding, copying by {copying}"
-            " (python/adapters/transformers_caches_adapter.py)"
+            + ("" if self.sliding_window is None else f", sliding-window layers of window {self.sliding_window}")
+            + " (python/adapters/transformers_caches_adapter.py)"
         )
         self.model = hf.model_domain(model)
         self.capabilities = hf.capabilities(self.model)
         # 5.25's StaticLayer has no batch_repeat_interleave or
-        # batch_select_indices: a StaticCache takes no batch (declared).
-        self.capabilities["batch"] = cache_class == "dynamic"
+        # batch_select_indices: a StaticCache takes no batch (declared). A
+        # sliding-window layer counts one position for all its rows: a batch
+        # of windowed rows fed different lengths has no transformers form.
+        self.capabilities["batch"] = cache_class == "dynamic" and self.sliding_window is None
+        if self.sliding_window is not None:
+            # docs/semantics.md#store-windows: the tokens a cache keeps at
+            # rest. DynamicSlidingWindowLayer keeps the last
+            # sliding_window - 1 (its update's keys[..., -sliding_window + 1:, :]:
+            # what the next token reads besides itself);
+            # StaticSlidingWindowLayer keeps min(sliding_window, max_cache_len).
+            self.capabilities["window"] = (
+                self.sliding_window - 1 if cache_class == "dynamic" else min(self.sliding_window, MAX_CACHE_LEN)
+            )
         self.items = {}  # id -> the stored cache object, in insertion order
         self.handed_out = weakref.WeakSet()  # the copies the store made and has not stored since
+        # make_cache's fresh caches -> a full DynamicCache of the whole
+        # content, what generate_fresh runs on under a window.
+        self.whole = weakref.WeakKeyDictionary()
 
     # ---- the engine's caches ----
 
     def new_cache(self):
         if self.cache_class == "static":
             return transformers.StaticCache(config=self.model_.config, max_cache_len=MAX_CACHE_LEN)
+        if self.sliding_window is not None:
+            return transformers.DynamicCache(config=self.model_.config)  # DynamicSlidingWindowLayers
         return transformers.DynamicCache()
 
     def filled(self, parts):
@@ -185,6 +256,8 @@ class TransformersCachesAdapter(Adapter):
         layers = [held_layers(part) for part in parts]
         count = max((len(held) for held in layers), default=0)
         pieces = [[held[i] for held in layers if i < len(held) and held[i] is not None] for i in range(count)]
+        if self.sliding_window is not None:
+            return self.filled_window(pieces, sum(positions_of(part) for part in parts))
         if self.cache_class == "dynamic":
             return hf.cache_of_layers([
                 (torch.cat([p[0] for p in layer], dim=-2), torch.cat([p[1] for p in layer], dim=-2), True)
@@ -197,6 +270,32 @@ class TransformersCachesAdapter(Adapter):
                 cache.update(keys, values, i)
         return cache
 
+    def filled_window(self, pieces, positions):
+        """A new cache of sliding-window layers holding, per layer, the
+        window of the concatenation of `pieces` (the parts' held K/V), each
+        of its tokens copied once, and counting `positions` (the parts'
+        sum: a copy goes on from the positions its source was fed). Static:
+        the class's update with each piece of the window in turn (one
+        index_copy_ each: it never fills past the window). Dynamic: one cat
+        a layer of the window's pieces, put in the layer as its update
+        leaves it (its update would cat once more what it is given)."""
+        window = self.capabilities["window"]
+        cache = self.new_cache()
+        for i, layer in enumerate(pieces):
+            if not layer:
+                continue
+            tail = window_tail(layer, window)
+            if self.cache_class == "static":
+                for keys, values in tail:
+                    cache.update(keys, values, i)
+                continue
+            keys, values = torch.cat([p[0] for p in tail], dim=-2), torch.cat([p[1] for p in tail], dim=-2)
+            sliding = cache.layers[i]
+            sliding.lazy_initialization(keys, values)
+            sliding.keys, sliding.values = keys, values
+        count_positions(cache, positions)
+        return cache
+
     def copy_of(self, parts):
         if len(parts) == 1 and self.copy_one is not None:
             made = self.copy_one(parts[0])
@@ -207,12 +306,17 @@ class TransformersCachesAdapter(Adapter):
 
     def make_cache(self, content):
         made = hf.materialize(content)  # a DynamicCache holding the content's own tensors
-        if self.cache_class == "dynamic":
+        if self.cache_class == "dynamic" and self.sliding_window is None:
             return made
+        # The class's own update with each layer's whole content: a static
+        # layer copies it into its buffers, a sliding-window layer keeps its
+        # window of it and counts every position.
         cache = self.new_cache()
         for i, layer in enumerate(made.layers):
             if layer.keys is not None and layer.keys.numel() > 0:
                 cache.update(layer.keys, layer.values, i)
+        if self.sliding_window is not None:
+            self.whole[cache] = made
         return cache
 
     def clone(self, cache):
@@ -302,9 +406,13 @@ class TransformersCachesAdapter(Adapter):
         return stacked
 
     def generate_fresh(self, cache, prompt, max_new_tokens):
-        # The reference: plain greedy on transformers' default class.
+        # The reference: plain greedy on transformers' default class (full
+        # DynamicLayers). Under a window it holds the whole content make_cache
+        # was given, and the model's sliding-window mask hides what the
+        # window dropped: a windowed cache must generate what the full one
+        # does.
         reference = transformers.DynamicCache()
-        for i, layer in enumerate(held_layers(cache)):
+        for i, layer in enumerate(held_layers(self.whole.get(cache, cache))):
             if layer is not None:
                 reference.update(layer[0].clone(), layer[1].clone(), i)
         return hf.generate(self.model_, prompt, reference, max_new_tokens, **self.fresh_options)
@@ -319,8 +427,23 @@ def main(argv=None) -> None:
                         help="how the store copies one cache (dynamic only but update): copy.deepcopy, or a batch"
                         " operation on a cache holding the source's tensors: batch_select_indices,"
                         " batch_repeat_interleave(1), reorder_cache")
+    parser.add_argument("--sliding-window", type=int, default=None, metavar="N",
+                        help="a model with sliding-window attention of N positions in every layer (Mistral's"
+                        " architecture): the store's caches are made of transformers' sliding-window layers"
+                        " (DynamicSlidingWindowLayer, StaticSlidingWindowLayer), declared as kvcheck's store window")
     hf.add_print_model(parser)
     arguments = parser.parse_args(argv)
+    if arguments.sliding_window is not None and arguments.sliding_window < 2:
+        parser.error(f"--sliding-window {arguments.sliding_window}: a window of at least 2 positions (a dynamic"
+                     " sliding layer keeps sliding_window - 1 tokens)")
+    if arguments.sliding_window is not None and arguments.copy != "update":
+        parser.error("--sliding-window needs --copy update: the batch-operation copies build plain DynamicLayers"
+                     " (no window, no count of positions)")
+    if arguments.sliding_window is not None and arguments.cache == "static" and arguments.decoding == "prompt-lookup":
+        # generate checks is_croppable after the prefill and raises.
+        parser.error("--sliding-window with --cache static cannot decode by prompt lookup: a StaticSlidingWindowLayer"
+                     f" of max_cache_len {MAX_CACHE_LEN} > sliding_window is not croppable (is_croppable is"
+                     " max_cache_len <= sliding_window), and assisted decoding refuses such a cache")
     if arguments.cache == "static" and (arguments.decoding == "beam" or arguments.copy != "update"):
         # transformers 5.25's StaticLayer has no batch_repeat_interleave or
         # batch_select_indices (Cache's calls raise AttributeError), and a
@@ -328,7 +451,7 @@ def main(argv=None) -> None:
         parser.error("--decoding beam and --copy other than update need --cache dynamic: a StaticCache cannot be"
                      " expanded to beams or selected by rows (StaticLayer has no batch_repeat_interleave or"
                      " batch_select_indices), and its deep copy copies all max_cache_len slots")
-    model = hf.model_or_print(arguments)
+    model = hf.model_or_print(arguments, hf.tiny_config(sliding_window=arguments.sliding_window))
     if model is None:
         return
     serve(lambda: TransformersCachesAdapter(model, arguments.cache, arguments.decoding, arguments.copy))

@@ -124,19 +124,27 @@ generate h1 prompt=1 max=1
 """
 
 
-def test_beam_search_on_the_stored_cache_itself_breaks_stored_immutable(kvcheck, transformers_env, scratch_dir):
-    probe = os.path.join(scratch_dir, "beams_on_the_stored_cache.py")
-    trace = os.path.join(scratch_dir, "beams_from_a_stored_cache.trace")
+def probe_breaks_stored_immutable(kvcheck, scratch_dir, probe_source, trace_text, message, options):
+    """Replays `trace_text` on the probe adapter (`probe_source`, run over
+    this adapter), asserting stored-immutable's FAIL with `message`, then on
+    this adapter with `options`, asserting the pass."""
+    probe = os.path.join(scratch_dir, "probe.py")
+    trace = os.path.join(scratch_dir, "probe.trace")
     with open(probe, "w") as f:
-        f.write(PROBE)
+        f.write(probe_source)
     with open(trace, "w") as f:
-        f.write(BEAMS_FROM_A_STORED_CACHE)
+        f.write(trace_text)
     caught = kvcheck("replay", trace, "--adapter", f"{probe} {ADAPTER}", "--property", "stored-immutable")
     assert caught.status == 1, caught.stdout + caught.stderr
-    assert "stored-immutable: entry \"c\" layer 0 keys shape [2,2,2,8]" in caught.stdout, caught.stdout
-    held = kvcheck("replay", trace, "--adapter", ADAPTER + " --cache dynamic --decoding beam",
-                   "--property", "stored-immutable")
+    assert message in caught.stdout, caught.stdout
+    held = kvcheck("replay", trace, "--adapter", f"{ADAPTER} {options}", "--property", "stored-immutable")
     assert held.status == 0, held.stdout + held.stderr
+
+
+def test_beam_search_on_the_stored_cache_itself_breaks_stored_immutable(kvcheck, transformers_env, scratch_dir):
+    probe_breaks_stored_immutable(kvcheck, scratch_dir, PROBE, BEAMS_FROM_A_STORED_CACHE,
+                                  "stored-immutable: entry \"c\" layer 0 keys shape [2,2,2,8]",
+                                  "--cache dynamic --decoding beam")
 
 
 def test_a_deep_copy_of_a_cropped_cache_breaks_single_copy(kvcheck, transformers_env):
@@ -150,3 +158,49 @@ def test_a_deep_copy_of_a_cropped_cache_breaks_single_copy(kvcheck, transformers
     result = run.result("single-copy")
     assert result["verdict"] == "fail" and result["fault"] is None, result
     assert "but the K/V it copies are" in result["message"], result["message"]
+
+
+# transformers' sliding-window layers (--sliding-window 8: a tiny Mistral,
+# every layer sliding) as kvcheck's store window (docs/semantics.md#store-
+# windows): a DynamicSlidingWindowLayer keeps the last sliding_window - 1
+# tokens (declared window 7), a StaticSlidingWindowLayer min(sliding_window,
+# max_cache_len) (declared 8). Every store property holds, trim-exact
+# included (kvcheck trims only a cache that never held its window); a
+# windowed DynamicCache claims no batch (one position count for all rows).
+@pytest.mark.parametrize("cache_class", ["dynamic", "static"])
+def test_sliding_window_layers_hold_every_store_property(kvcheck, transformers_env, cache_class):
+    run = kvcheck("run", "--adapter", f"{ADAPTER} --cache {cache_class} --sliding-window 8", "--cases", CASES,
+                  "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    assert run.report["adapter"] == f"transformers-{VERSION}-{cache_class}+window8"
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in STORE_PROPERTIES}
+    assert verdicts == {p: "pass" for p in STORE_PROPERTIES}, verdicts
+    assert run.result("batch-exact")["verdict"] == "skipped", run.result("batch-exact")
+
+
+# The probe: a DynamicCache of sliding-window layers declared with the
+# window the model attends over (8) instead of the tokens its layers keep
+# (sliding_window - 1 = 7): a cache of 9 tokens stored shows 7.
+WHOLE_WINDOW_PROBE = textwrap.dedent("""
+    import runpy
+    import sys
+
+    adapter = runpy.run_path(sys.argv.pop(1))
+    hf = adapter["hf"]
+
+
+    class WholeWindow(adapter["TransformersCachesAdapter"]):
+        def __init__(self, *arguments):
+            super().__init__(*arguments)
+            self.capabilities["window"] = self.sliding_window
+
+
+    model = hf.tiny_model(config=hf.tiny_config(sliding_window=8))
+    adapter["serve"](lambda: WholeWindow(model, "dynamic", "greedy"))
+""")
+
+
+def test_a_dynamic_sliding_layer_declared_with_its_whole_window_breaks_stored_immutable(
+        kvcheck, transformers_env, scratch_dir):
+    probe_breaks_stored_immutable(kvcheck, scratch_dir, WHOLE_WINDOW_PROBE, "add a modern/f32/0/2x8:[kv9 kv9]\n",
+                                  "keys shape [1,2,7,8], expected [1,2,8,8]", "--cache dynamic --sliding-window 8")

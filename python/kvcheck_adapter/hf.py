@@ -163,11 +163,24 @@ def materialize(content: _content.CacheContent):
 
 
 def tiny_config(
-    layers: int = 2, kv_heads: int = 2, query_heads: int = 4, head_dim: int = 8, vocab: int = 64, hidden: int = 32
+    layers: int = 2,
+    kv_heads: int = 2,
+    query_heads: int = 4,
+    head_dim: int = 8,
+    vocab: int = 64,
+    hidden: int = 32,
+    sliding_window: Optional[int] = None,
 ):
     """A LlamaConfig of a tiny float32 model: eos, bos and pad disabled, so
-    that generation always makes exactly max_new_tokens."""
-    return transformers.LlamaConfig(
+    that generation always makes exactly max_new_tokens. With
+    `sliding_window`, a MistralConfig instead (Llama's architecture with
+    sliding-window attention in every layer: each token attends over the
+    last `sliding_window` positions, itself included), whose caches built
+    from the config (DynamicCache(config=...), StaticCache) are made of
+    transformers' sliding-window layers."""
+    config_class = transformers.LlamaConfig if sliding_window is None else transformers.MistralConfig
+    window = {} if sliding_window is None else {"sliding_window": int(sliding_window)}
+    return config_class(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -180,18 +193,22 @@ def tiny_config(
         eos_token_id=None,
         pad_token_id=None,
         tie_word_embeddings=False,
+        **window,
     )
 
 
 def tiny_model(seed: int = 1, config=None):
-    """A LlamaForCausalLM of tiny_config() (or `config`), float32, eval mode,
-    weights drawn from torch's generator seeded with `seed` (the global
-    generator is left as it was), forwards marked for the copy tracker
-    (mark_forwards). Made in code: nothing is downloaded."""
+    """A LlamaForCausalLM of tiny_config() (or `config`; a MistralForCausalLM
+    of a MistralConfig), float32, eval mode, weights drawn from torch's
+    generator seeded with `seed` (the global generator is left as it was),
+    forwards marked for the copy tracker (mark_forwards). Made in code:
+    nothing is downloaded."""
     config = config if config is not None else tiny_config()
+    sliding = isinstance(config, transformers.MistralConfig)
+    model_class = transformers.MistralForCausalLM if sliding else transformers.LlamaForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(config)
+        model = model_class(config)
     model = model.to(torch.float32).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
@@ -283,10 +300,11 @@ def add_print_model(parser) -> None:
                         help="print the model's domain as kvcheck run --model takes it, and exit")
 
 
-def model_or_print(arguments):
-    """The tiny model an adapter serves, or None once its domain is printed
-    as `kvcheck run --model` takes it (--print-model: the adapter exits)."""
-    model = tiny_model()
+def model_or_print(arguments, config=None):
+    """The tiny model an adapter serves (of `config`, else tiny_config()), or
+    None once its domain is printed as `kvcheck run --model` takes it
+    (--print-model: the adapter exits)."""
+    model = tiny_model(config=config)
     if arguments.print_model:
         print(domain_text(model_domain(model)))
         return None
@@ -294,11 +312,13 @@ def model_or_print(arguments):
 
 
 def _check_geometry(model, cache) -> int:
-    """The cache's length; OutsideDomain (one sentence) when the model
-    cannot run over it."""
+    """The tokens the cache holds (its first layer's keys: a sliding-window
+    layer holds its window only); OutsideDomain (one sentence) when the
+    model cannot run over it."""
     domain = model_domain(model)
-    length = _observe.seq_length(logical_cache(cache))
     layers = _observe_layers(cache)
+    first = layers[0][0] if layers else None
+    length = 0 if first is None or first.numel() == 0 else int(first.shape[-2])
     if length > 0 and len(layers) != domain["layers"]:
         raise OutsideDomain(f"the cache holds {len(layers)} layers; the model has {domain['layers']}")
     for i, (keys, values) in enumerate(layers):
@@ -421,14 +441,18 @@ def generate(model, prompt: Sequence[int], cache, max_new_tokens: int, **options
     if any(not 0 <= t < vocab for t in prompt):
         raise OutsideDomain(f"generate: prompt {prompt} has a token outside the vocabulary [0, {vocab})")
     cached = _check_geometry(model, cache)
-    if cached + len(prompt) + max_new_tokens > POSITIONS_MAX:
+    # The positions the cache was fed: the tokens it holds, or for a
+    # sliding-window layer every position it was fed (cumulative_length),
+    # more than the window it keeps. generate numbers the prompt on from it.
+    positions = max(cached, _observe.seq_length(cache))
+    if positions + len(prompt) + max_new_tokens > POSITIONS_MAX:
         raise OutsideDomain(
-            f"generate: {cached} cached + {len(prompt)} prompt + {max_new_tokens} new tokens exceed the model's"
+            f"generate: {positions} cached + {len(prompt)} prompt + {max_new_tokens} new tokens exceed the model's"
             f" {POSITIONS_MAX} positions"
         )
     if max_new_tokens == 0:
         return []
-    input_ids = torch.tensor([[PLACEHOLDER_TOKEN] * cached + prompt], dtype=torch.long)
+    input_ids = torch.tensor([[PLACEHOLDER_TOKEN] * positions + prompt], dtype=torch.long)
     arguments = {_cache_argument(model): cache}
     with torch.no_grad(), _beams(cache, cached, int(options.get("num_beams", 1))):
         output = model.generate(
