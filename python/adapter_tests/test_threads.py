@@ -260,3 +260,30 @@ def test_kvcheck_gives_the_adapter_its_runs_seed(kvcheck, scratch_dir):
             os.environ["KVCHECK_THREAD_SEED"] = environment_seed
     assert run.status == 0, run.stdout + run.stderr
     assert run.report["adapter"] == "seed-7", run.report["adapter"]
+
+
+def test_kvcheck_run_threads_finds_the_unlocked_index_that_one_client_and_the_operation_level_miss(kvcheck):
+    # The store family at the thread level over a process adapter
+    # (docs/semantics.md#the-thread-level): several requests in flight, the
+    # SDK's schedule seeded by the run; the lost entry is linearizable's.
+    from conftest import EXAMPLE
+    correct = kvcheck("run", "--threads", "--adapter", EXAMPLE, "--cases", "40")
+    assert correct.status == 0, correct.stdout + correct.stderr
+    assert correct.result("linearizable")["verdict"] == "pass"
+    buggy = f"{EXAMPLE} --bug unlocked_index"
+    found = kvcheck("run", "--threads", "--adapter", buggy, "--cases", "100")
+    assert found.status == 1, found.stdout + found.stderr
+    linearizable = found.result("linearizable")
+    assert linearizable["verdict"] == "fail", linearizable
+    failure = linearizable["failures"][0]
+    assert failure["threads"].startswith("threads lanes="), failure
+    assert failure["reproduction"] is None, failure  # replayed alike 3 of 3 times
+    replay = kvcheck("replay", failure["trace_file"], "--adapter", buggy)
+    assert replay.status == 1 and "replayed alike 3 of 3 times" in replay.stdout, replay.stdout + replay.stderr
+    assert kvcheck("replay", failure["trace_file"], "--adapter", EXAMPLE).status == 0
+    # Each call atomic (the operation level), or one client: every judged
+    # property holds.
+    for sequential in (["--lanes", "3", "--property", "linearizable", "--cases", "300"], ["--cases", "60"]):
+        missed = kvcheck("run", *sequential, "--adapter", buggy)
+        assert missed.status == 0, missed.stdout + missed.stderr
+        assert any(p["verdict"] == "pass" for p in missed.report["properties"]), missed.report
