@@ -161,14 +161,24 @@ def test_requests_in_flight_are_answered_by_their_ids():
         assert sorted(answered) == list(range(1, count + 1))
         for rid, reply in answered.items():
             assert not reply["ok"] and f"'no_such_op_{rid}'" in reply["error"], reply
-        requests.write(_frame({"op": "shutdown"}))
-        requests.flush()
-        assert _read_frame(replies)["ok"]
+        assert _shut_down(requests, replies)["ok"]
     finally:
-        requests.close()
-        loop.join(60)
-        replies.close()
-        os.close(replies_write)
+        _close(requests, replies, replies_write, loop)
+
+
+def _shut_down(requests, replies):
+    """Asks the protocol loop to end; its reply."""
+    requests.write(_frame({"op": "shutdown"}))
+    requests.flush()
+    return _read_frame(replies)
+
+
+def _close(requests, replies, replies_write, loop):
+    """The pipes closed and the loop's thread ended."""
+    requests.close()
+    loop.join(60)
+    replies.close()
+    os.close(replies_write)
     assert not loop.is_alive()
 
 
@@ -211,15 +221,9 @@ def _serve_batch(seed, count, pause_before_last=0.0):
         requests.write(_frame({"rid": count, "op": "step"}))
         requests.flush()
         assert sorted(_read_frame(replies)["rid"] for _ in range(count)) == list(range(1, count + 1))
-        requests.write(_frame({"op": "shutdown"}))
-        requests.flush()
-        _read_frame(replies)
+        _shut_down(requests, replies)
     finally:
-        requests.close()
-        loop.join(60)
-        replies.close()
-        os.close(replies_write)
-    assert not loop.is_alive()
+        _close(requests, replies, replies_write, loop)
     return ran, before_last
 
 
