@@ -594,9 +594,10 @@ int command_run(const Args& args) {
         const std::vector<Property> judged = thread_properties();
         for (const Property p : conformance.properties) {
             if (std::find(judged.begin(), judged.end(), p) == judged.end()) {
-                throw UsageError(std::string("--threads judges refcount-exact and free-iff-unreferenced (paged engines), "
-                                             "stored-immutable, store-contract, linearizable and dump-safe (stores) only, not ") +
-                                 property_id(p) + " (docs/semantics.md#the-thread-level)");
+                std::string names;
+                for (const Property q : judged) names += (names.empty() ? "" : ", ") + std::string(property_id(q));
+                throw UsageError("--threads judges " + names + " only, not " + property_id(p) +
+                                 " (docs/semantics.md#the-thread-level)");
             }
         }
     }
