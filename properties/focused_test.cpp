@@ -458,20 +458,30 @@ const Adapter& bundled(const char* name) {
     return *adapter;
 }
 
-TEST(LeaseRespected, TheReferenceRefusesExactlyWhatALiveLeaseHoldsOff) {
-    const RunResult result = run_on(bundled("reference-leases"), parse_trace(lease_trace));
-    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(lease_trace), "");
+// The trace passes on the bundled adapter, every operation of it run.
+void expect_passes_whole(const char* adapter, const char* text) {
+    const Trace trace = parse_trace(text);
+    const RunResult result = run_on(bundled(adapter), trace);
+    EXPECT_FALSE(result.failure) << format_failure(*result.failure, trace, "");
     EXPECT_EQ(result.coverage.ops_skipped, 0u);
 }
 
-TEST(LeaseRespected, ADeleteUnderALiveLeaseIsCaughtAtTheDelete) {
-    const RunResult result = run_on(bundled("M38"), parse_trace(lease_trace));
+TEST(LeaseRespected, TheReferenceRefusesExactlyWhatALiveLeaseHoldsOff) {
+    expect_passes_whole("reference-leases", lease_trace);
+}
+
+// The trace fails `property` on the bundled adapter at `step`, saying `said`.
+void expect_caught(const char* adapter, const char* text, const char* property, std::size_t step, const std::string& said) {
+    const RunResult result = run_on(bundled(adapter), parse_trace(text));
     ASSERT_TRUE(result.failure);
-    EXPECT_EQ(result.failure->property, "lease-respected");
-    EXPECT_EQ(result.failure->step, 3u);
-    EXPECT_NE(result.failure->message.find("delete a b at t=0 ms was not refused: \"a\" holds 1 live lease(s), until t=4 ms"),
-              std::string::npos)
-        << result.failure->message;
+    EXPECT_EQ(result.failure->property, property);
+    EXPECT_EQ(result.failure->step, step);
+    EXPECT_NE(result.failure->message.find(said), std::string::npos) << result.failure->message;
+}
+
+TEST(LeaseRespected, ADeleteUnderALiveLeaseIsCaughtAtTheDelete) {
+    expect_caught("M38", lease_trace, "lease-respected", 3,
+                  "delete a b at t=0 ms was not refused: \"a\" holds 1 live lease(s), until t=4 ms");
 }
 
 TEST(LeaseRespected, ALeaseOutlivingItsTtlByATickIsCaughtAtItsExpiry) {
@@ -497,18 +507,11 @@ constexpr const char* evict_under_leases_trace =
     "add e modern/f32/5:[kv2]\nget_all\n";
 
 TEST(EvictionUnderLeases, TheReferencePassesOverLeasedEntriesAndRefusesWhenAllAreLeased) {
-    const RunResult result = run_on(bundled("reference-leases"), parse_trace(evict_under_leases_trace));
-    EXPECT_FALSE(result.failure) << format_failure(*result.failure, parse_trace(evict_under_leases_trace), "");
-    EXPECT_EQ(result.coverage.ops_skipped, 0u);
+    expect_passes_whole("reference-leases", evict_under_leases_trace);
 }
 
 TEST(EvictionUnderLeases, AnEvictionOfALeasedEntryIsCaughtAtTheAdd) {
-    const RunResult result = run_on(bundled("M44"), parse_trace(evict_under_leases_trace));
-    ASSERT_TRUE(result.failure);
-    EXPECT_EQ(result.failure->property, "eviction-as-declared");
-    EXPECT_EQ(result.failure->step, 4u);
-    EXPECT_NE(result.failure->message.find("add \"d\" evicted \"a\", which holds a live lease"), std::string::npos)
-        << result.failure->message;
+    expect_caught("M44", evict_under_leases_trace, "eviction-as-declared", 4, "add \"d\" evicted \"a\", which holds a live lease");
 }
 
 // docs/semantics.md#batches: two rows of one geometry copied out of the
