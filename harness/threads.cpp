@@ -5,6 +5,7 @@
 #include "kvcheck/threads.h"
 
 #include "checkers/checker.h"
+#include "thread_family.h"
 #include "kvcheck/yield.h"
 
 #include <algorithm>
@@ -22,11 +23,7 @@
 #include <stdlib.h>
 
 namespace kvcheck {
-namespace {
-
-constexpr std::size_t replays_of_a_finding = 3;
-// A shrink step's candidates are tried at most this many times in all.
-constexpr std::size_t shrink_runs_max = 2000;
+namespace threads_detail {
 
 // One thread runs at a time: `running_` holds the token, and a yield hands
 // it to the lane the schedule picks (itself included).
@@ -111,38 +108,17 @@ class Scheduler {
     bool diverged_ = false;
 };
 
-struct Shared;
+}  // namespace threads_detail
 
-// The calls of one cache family as the lanes make them, and what is judged
-// at each quiescent point. Lane-private state is kept per lane (a lane
-// only ever touches its own); the rest is touched by the thread holding
-// the token only.
-class Family {
-  public:
-    virtual ~Family() = default;
-    // Runs one call of `lane` (its invocation is history line `invoked`):
-    // its answer, or nothing when it was not applicable. May throw.
-    virtual std::optional<std::string> call(std::size_t lane, const Op& operation, std::size_t invoked) = 0;
-    // May the engine refuse this call (throw without it being an error)?
-    virtual bool may_refuse(const Op& operation) const = 0;
-    // `lane`'s call returned; its answer is history line `responded`.
-    virtual void responded(std::size_t /*lane*/, std::size_t /*responded*/) {}
-    // No lane is inside a call: judge the engine's state (no lane runs meanwhile).
-    virtual void quiescent(Shared& shared, const std::string& after) = 0;
-    // Every lane has ended (the hooks unset): what is judged last.
-    virtual void ended(Shared& /*shared*/) {}
-};
+namespace {
 
-// What the lane threads share. Only the thread holding the token touches
-// it; the scheduler's mutex orders one holder's writes before the next's reads.
-struct Shared {
-    Engine& engine;
-    Family& family;
-    Scheduler* scheduler = nullptr;
-    std::int64_t in_call = 0;
-    bool checking = false;  // a quiescent check reads the engine: no lane runs meanwhile
-    ThreadRunResult result;
-};
+using threads_detail::Family;
+using threads_detail::Scheduler;
+using threads_detail::Shared;
+
+constexpr std::size_t replays_of_a_finding = 3;
+// A shrink step's candidates are tried at most this many times in all.
+constexpr std::size_t shrink_runs_max = 2000;
 
 thread_local Shared* current_shared = nullptr;
 thread_local std::size_t current_lane = 0;
@@ -277,13 +253,17 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         checkers::StoreRequest request;
         request.lane = static_cast<std::int64_t>(lane);
         request.first = request.last = invoked;
-        calling_[lane] = std::nullopt;
+        {
+            const std::lock_guard<std::mutex> book(book_);
+            calling_[lane] = std::nullopt;
+        }
         return std::visit([&](const auto& o) { return run(o, request); }, operation);
     }
 
     bool may_refuse(const Op&) const override { return false; }
 
     void responded(std::size_t lane, std::size_t line) override {
+        const std::lock_guard<std::mutex> book(book_);
         if (!calling_[lane]) return;
         checkers::StoreRequest& request = requests_[*calling_[lane]];
         request.last = line;
@@ -346,6 +326,7 @@ class StoreFamily final : public Family, private checkers::StoreModel {
     std::optional<std::string> run(const op::Add& o, checkers::StoreRequest& request) {
         CacheContent content = expand(o.cache);
         engine_.add(o.id, content, item_metadata(o.meta));
+        const std::lock_guard<std::mutex> book(book_);
         contents_.push_back(std::move(content));
         request.kind = checkers::StoreRequest::Kind::write;
         request.ids = {o.id};
@@ -356,11 +337,12 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         engine_.remove(o.ids);
         request.kind = checkers::StoreRequest::Kind::erase;
         request.ids = o.ids;
+        const std::lock_guard<std::mutex> book(book_);
         return begin(std::move(request), "deleted");
     }
     // get_cache, then the copy's digest (read by its client, as part of the call).
     std::optional<std::string> run(const op::GetCache& o, checkers::StoreRequest& request) {
-        if (o.ids.size() != 1 || reads_.count(o.out.value) != 0) {
+        if (o.ids.size() != 1 || read_of(o.out.value)) {
             throw std::invalid_argument("the thread level's store lanes read one id into a fresh handle: " + format_op(o));
         }
         engine_.get_cache(o.ids, o.out.value);
@@ -369,28 +351,39 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         request.handle = o.out.value;
         if (engine_.handle_facts(o.out.value).exists) {
             request.copy = engine_.handle_digest(o.out.value);
-            held_[o.out.value] = *request.copy;
         }
+        const std::lock_guard<std::mutex> book(book_);
+        if (request.copy) held_[o.out.value] = *request.copy;
         reads_[o.out.value] = requests_.size();
         const bool copied = request.copy.has_value();
         return begin(std::move(request), copied ? "a copy" : "no cache");
     }
     std::optional<std::string> run(const op::Generate& o, checkers::StoreRequest&) {
         const GenerateResult result = engine_.generate(o.source.value, o.prompt, o.max, false);
-        const auto read = reads_.find(o.source.value);
-        if (read != reads_.end() && !requests_[read->second].generated) {
-            checkers::StoreRequest& request = requests_[read->second];
-            request.generated = true;
-            request.prompt = o.prompt;
-            request.max = o.max;
-            request.tokens = result.tokens;
+        bool held = false;
+        {
+            const std::lock_guard<std::mutex> book(book_);
+            const auto read = reads_.find(o.source.value);
+            if (read != reads_.end() && !requests_[read->second].generated) {
+                checkers::StoreRequest& request = requests_[read->second];
+                request.generated = true;
+                request.prompt = o.prompt;
+                request.max = o.max;
+                request.tokens = result.tokens;
+            }
+            held = held_.count(o.source.value) != 0;
         }
         // The model wrote into the copy: what its client now holds.
-        if (held_.count(o.source.value) != 0) held_[o.source.value] = engine_.handle_digest(o.source.value);
+        if (held) {
+            const std::uint64_t digest = engine_.handle_digest(o.source.value);
+            const std::lock_guard<std::mutex> book(book_);
+            held_[o.source.value] = digest;
+        }
         return "generated " + checkers::tokens_text(result.tokens);
     }
     std::optional<std::string> run(const op::Release& o, checkers::StoreRequest&) {
         engine_.release(o.handle.value);
+        const std::lock_guard<std::mutex> book(book_);
         const auto read = reads_.find(o.handle.value);
         if (read != reads_.end()) {
             requests_[read->second].ended = true;  // at this call's response
@@ -403,8 +396,12 @@ class StoreFamily final : public Family, private checkers::StoreModel {
     std::optional<std::string> run(const op::Dump& o, checkers::StoreRequest& request) {
         std::string dir = (std::filesystem::temp_directory_path() / "kvcheck-threads-dump-XXXXXX").string();
         if (::mkdtemp(dir.data()) == nullptr) throw std::runtime_error("cannot make a temporary directory for a dump: " + dir);
-        dirs_.push_back(dir);
+        {
+            const std::lock_guard<std::mutex> book(book_);
+            dirs_.push_back(dir);
+        }
         engine_.dump(dir);  // other lanes may run inside: the request's index is known after it
+        const std::lock_guard<std::mutex> book(book_);
         dumps_.push_back({dir, requests_.size()});
         request.kind = checkers::StoreRequest::Kind::whole;
         request.what = "lane " + std::to_string(request.lane) + "'s dump (slot " + std::to_string(o.slot) + ")";
@@ -413,11 +410,16 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         calling_[lane] = requests_.size() - 1;  // ends when read back
         return std::string("dumped");
     }
+    bool read_of(std::int64_t handle) {
+        const std::lock_guard<std::mutex> book(book_);
+        return reads_.count(handle) != 0;
+    }
     template <typename O>
     std::optional<std::string> run(const O&, checkers::StoreRequest&) {
         throw std::invalid_argument(std::string("the thread level's store lanes run reads, adds, deletes and dumps, not ") + O::name);
     }
 
+    // With book_ held.
     std::optional<std::string> begin(checkers::StoreRequest request, std::string answer) {
         const std::size_t lane = static_cast<std::size_t>(request.lane);
         requests_.push_back(std::move(request));
@@ -506,7 +508,26 @@ class StoreFamily final : public Family, private checkers::StoreModel {
     bool writes_ended_ = true;  // the store is read whole at the next quiescent point
     bool judged_ = true;
     std::map<std::tuple<ObjectId, Tokens, std::int64_t>, Tokens> fresh_;
+    // Guards the members above while lanes call at once (a stress run; at
+    // the thread level only the token's holder runs): never held in an
+    // engine call, so never across a yield.
+    std::mutex book_;
 };
+
+}  // namespace
+
+threads_detail::CallOutcome threads_detail::call_family(Family& family, std::size_t lane, const Op& operation, std::size_t invoked) {
+    try {
+        return {family.call(lane, operation, invoked), std::nullopt};
+    } catch (const std::invalid_argument&) {
+        throw;
+    } catch (const std::exception& error) {
+        if (!family.may_refuse(operation)) return {std::nullopt, std::string(error.what())};
+        return {std::string("refused: ") + error.what(), std::nullopt};
+    }
+}
+
+namespace {
 
 // The call's return (or throw), in the order calls returned; its index.
 std::size_t returned(Shared& shared, std::size_t lane) {
@@ -527,24 +548,15 @@ void run_call(Shared& shared, std::size_t lane, const Op& operation) {
         }
     } blame{shared, shared.result.failure.has_value(), std::nullopt};
     ++shared.in_call;
-    std::optional<std::string> answer;
-    try {
-        answer = shared.family.call(lane, operation, invoked);
-    } catch (const std::invalid_argument&) {
-        throw;
-    } catch (const std::exception& error) {
-        if (!shared.family.may_refuse(operation)) {
-            --shared.in_call;
-            blame.index = returned(shared, lane);
-            note(shared, "lane " + std::to_string(lane) + ": threw " + error.what());
-            fail(shared, engine_error_id, "the engine threw at " + who + ": " + error.what());
-            return;
-        }
-        answer = std::string("refused: ") + error.what();
-    }
+    const threads_detail::CallOutcome outcome = threads_detail::call_family(shared.family, lane, operation, invoked);
     --shared.in_call;
     blame.index = returned(shared, lane);
-    note(shared, "lane " + std::to_string(lane) + ": -> " + answer.value_or("not applicable"));
+    if (outcome.error) {
+        note(shared, "lane " + std::to_string(lane) + ": threw " + *outcome.error);
+        fail(shared, engine_error_id, "the engine threw at " + who + ": " + *outcome.error);
+        return;
+    }
+    note(shared, "lane " + std::to_string(lane) + ": -> " + outcome.answer.value_or("not applicable"));
     shared.family.responded(lane, shared.result.history.size() - 1);
     if (shared.in_call == 0 && !shared.result.failure) shared.family.quiescent(shared, who);
 }
@@ -609,7 +621,9 @@ bool plan_is_paged(const LanePlan& plan) {
     return false;
 }
 
-std::unique_ptr<Family> family_for(Engine& engine, const LanePlan& plan) {
+}  // namespace
+
+std::unique_ptr<Family> threads_detail::family_for(Engine& engine, const LanePlan& plan) {
     const Capabilities capabilities = engine.capabilities();
     if (!capabilities.thread_safe) throw std::invalid_argument("the thread level needs an engine that declares thread_safe");
     if (plan_is_paged(plan)) {
@@ -623,10 +637,8 @@ std::unique_ptr<Family> family_for(Engine& engine, const LanePlan& plan) {
     return std::make_unique<StoreFamily>(engine, capabilities, plan.lanes.size());
 }
 
-}  // namespace
-
 ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options) {
-    const std::unique_ptr<Family> family = family_for(engine, plan);
+    const std::unique_ptr<Family> family = threads_detail::family_for(engine, plan);
     Shared shared{engine, *family, nullptr, 0, false, {}};
     for (const Op& operation : plan.lanes.at(0)) {
         if (!shared.result.failure) run_call(shared, 0, operation);

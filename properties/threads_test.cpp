@@ -7,6 +7,7 @@
 // same budget.
 #include "run_util.h"
 
+#include "kvcheck/stress.h"
 #include "kvcheck/threads.h"
 #include "kvcheck/yield.h"
 #include "mutants/mutants.h"
@@ -184,6 +185,75 @@ TEST(Threads, AThreadTraceNeedsItsHeaderWhole) {
                             "threads lanes=2 schedule=1 color=red\n", "threads lanes=2 schedule=\nswitch lane=2\npaged_step\n"}) {
         EXPECT_THROW(parse_thread_trace(bad), TraceParseError) << bad;
     }
+}
+
+// A plain stress run (kvcheck/stress.h) is judged by the thread level's
+// checks, at the end of each round: the references pass its rounds; engines
+// broken sequentially are found in its first round (M2 by linearizable;
+// PM12 by the pool's own assertion, which fires before the round's end; a
+// paged state that misreports a count by refcount-exact); a round that
+// crashes is found too, in the child the rounds run in.
+class MiscountsABlock final : public adapters::PagedReference {
+  public:
+    PagedState paged_state() override {
+        PagedState state = PagedReference::paged_state();
+        if (state.blocks.size() > 1) ++state.blocks[1].count;
+        return state;
+    }
+};
+
+class AbortsAtAFree final : public adapters::PagedReference {
+  public:
+    void paged_free(std::int64_t) override { std::abort(); }
+};
+
+TEST(Threads, AStressRunIsJudgedByTheThreadLevelsChecks) {
+    constexpr std::size_t rounds = 20;
+    std::size_t overlapping = 0;  // rounds where a lane's call began inside another lane's
+    for (const char* name : {"reference", "paged-reference"}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        for (std::uint64_t seed = 1; seed <= rounds; ++seed) {
+            const ThreadRunResult round = run_stress(*adapter->make(), thread_plan(seed, thread_options(*adapter, 4)));
+            EXPECT_FALSE(round.failure) << name << " seed " << seed << ": " << round.failure->message;
+            EXPECT_TRUE(round.schedule.empty());
+            std::map<std::string, bool> inside;  // lane -> in a call
+            bool overlapped = false;
+            for (const std::string& line : round.history) {
+                const std::string lane = line.substr(0, line.find(':'));
+                const bool response = line.find(": -> ") != std::string::npos || line.find(": threw ") != std::string::npos;
+                if (!response && line.rfind("lane ", 0) == 0) {
+                    for (const auto& [other, busy] : inside) overlapped = overlapped || (busy && other != lane);
+                }
+                inside[lane] = !response;
+            }
+            overlapping += overlapped ? 1 : 0;
+        }
+    }
+    std::cout << "[ stress   ] " << overlapping << " of " << 2 * rounds << " rounds had calls of two lanes overlap\n";
+    const auto found = [](const EngineFactory& make, const Adapter& like) {
+        return stress_search(make, thread_options(like, 4), first_seed, {rounds, 0, 120});
+    };
+    const Adapter* paged = adapters::find_bundled("paged-reference");
+    for (const auto& [name, property] : {std::pair{"M2", "linearizable"}, std::pair{"PM12", "engine-error"}}) {
+        const Adapter* adapter = adapters::find_bundled(name);
+        ASSERT_NE(adapter, nullptr);
+        const StressOutcome outcome = found(adapter->make, *adapter);
+        ASSERT_TRUE(outcome.failure) << name << " survived " << rounds << " stress rounds";
+        EXPECT_EQ(outcome.failure->property, property) << outcome.failure->message;
+        EXPECT_EQ(outcome.rounds, 1u) << name;
+        EXPECT_FALSE(outcome.history.empty());
+    }
+    const StressOutcome hidden = found([] { return std::make_shared<MiscountsABlock>(); }, *paged);
+    ASSERT_TRUE(hidden.failure);
+    EXPECT_EQ(hidden.failure->property, "refcount-exact") << hidden.failure->message;
+    EXPECT_EQ(hidden.rounds, 1u);
+    const StressOutcome crashed = found([] { return std::make_shared<AbortsAtAFree>(); }, *paged);
+    ASSERT_TRUE(crashed.failure);
+    EXPECT_TRUE(crashed.crashed);
+    EXPECT_EQ(crashed.failure->property, "engine-error");
+    EXPECT_NE(crashed.failure->message.find("killed by SIGABRT"), std::string::npos) << crashed.failure->message;
+    EXPECT_EQ(crashed.round_seed, first_seed + crashed.rounds - 1);
 }
 
 class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
