@@ -97,8 +97,16 @@ ThreadRunResult run_stress(Engine& engine, const LanePlan& plan) {
         if (result.failure && returns[at].first == result.failure->step) result.failing_call = at;
     }
     if (result.failure) return std::move(result);
-    family->quiescent(shared, "the round's last call (every lane ended)");
-    if (!result.failure) family->ended(shared);
+    try {
+        family->quiescent(shared, "the round's last call (every lane ended)");
+        if (!result.failure) family->ended(shared);
+    } catch (const std::invalid_argument&) {
+        throw;
+    } catch (const std::exception& error) {
+        // As at the thread level: the engine threw when its state was read.
+        result.failure = Failure{engine_error_id, result.history.empty() ? 0 : result.history.size() - 1,
+                                 std::string("the engine threw when read at the end of the round: ") + error.what(), {}};
+    }
     if (result.failure) result.failing_call = returns.empty() ? 0 : returns.size() - 1;
     return std::move(result);
 }
