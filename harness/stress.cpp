@@ -10,11 +10,13 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -29,10 +31,9 @@ struct LaneRecord {
     std::vector<std::pair<std::size_t, std::string>> lines;
     std::vector<std::size_t> responses;  // the response line of each call
     std::optional<Failure> failure;
-    std::exception_ptr misuse;  // std::invalid_argument: the family cannot run the plan
 };
 
-void run_lane(Family& family, std::size_t lane, const Trace& calls, std::atomic<std::size_t>& next_line, LaneRecord& record) {
+void run_calls(Family& family, std::size_t lane, const Trace& calls, std::atomic<std::size_t>& next_line, LaneRecord& record) {
     const std::string name = "lane " + std::to_string(lane);
     for (const Op& operation : calls) {
         const std::size_t invoked = next_line++;
@@ -48,6 +49,18 @@ void run_lane(Family& family, std::size_t lane, const Trace& calls, std::atomic<
         }
         record.lines.emplace_back(response, name + ": -> " + outcome.answer.value_or("not applicable"));
         family.responded(lane, response);
+    }
+}
+
+// As the thread level's lanes: whatever else a lane throws (the engine's
+// std::invalid_argument included) ends it as an engine error.
+void run_lane(Family& family, std::size_t lane, const Trace& calls, std::atomic<std::size_t>& next_line, LaneRecord& record) {
+    try {
+        run_calls(family, lane, calls, next_line, record);
+    } catch (const std::exception& error) {
+        const std::size_t line = next_line++;
+        record.lines.emplace_back(line, "lane " + std::to_string(lane) + ": threw " + error.what());
+        record.failure = Failure{engine_error_id, line, "lane " + std::to_string(lane) + ": " + error.what(), {}};
     }
 }
 
@@ -68,17 +81,10 @@ ThreadRunResult run_stress(Engine& engine, const LanePlan& plan) {
             threads.emplace_back([&, lane] {
                 ++started;
                 while (started.load() < threads_count) std::this_thread::yield();
-                try {
-                    run_lane(*family, lane, plan.lanes[lane], next_line, records[lane]);
-                } catch (const std::invalid_argument&) {
-                    records[lane].misuse = std::current_exception();
-                }
+                run_lane(*family, lane, plan.lanes[lane], next_line, records[lane]);
             });
         }
         for (std::thread& thread : threads) thread.join();
-    }
-    for (const LaneRecord& record : records) {
-        if (record.misuse) std::rethrow_exception(record.misuse);
     }
     threads_detail::Shared shared{engine, *family, nullptr, 0, false, {}};
     ThreadRunResult& result = shared.result;
@@ -100,8 +106,6 @@ ThreadRunResult run_stress(Engine& engine, const LanePlan& plan) {
     try {
         family->quiescent(shared, "the round's last call (every lane ended)");
         if (!result.failure) family->ended(shared);
-    } catch (const std::invalid_argument&) {
-        throw;
     } catch (const std::exception& error) {
         // As at the thread level: the engine threw when its state was read.
         result.failure = Failure{engine_error_id, result.history.empty() ? 0 : result.history.size() - 1,
@@ -124,10 +128,22 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& options, std::uint64_t seed,
                             const StressBudget& budget) {
+    // The rounds' temporary files (a store's dumps) in a directory of the
+    // search's own, removed here: a round that crashes leaves its files.
+    std::string temporary = (std::filesystem::temp_directory_path() / "kvcheck-stress-XXXXXX").string();
+    if (::mkdtemp(temporary.data()) == nullptr) throw std::runtime_error("cannot make a temporary directory: " + temporary);
+    struct Removed {
+        const std::string& dir;
+        ~Removed() {
+            std::error_code ignored;
+            std::filesystem::remove_all(dir, ignored);
+        }
+    } removed{temporary};
     const auto body = [&](int out) {
         // A crash is an expected outcome here, not an event to keep a core of.
         const rlimit no_core{0, 0};
         ::setrlimit(RLIMIT_CORE, &no_core);
+        ::setenv("TMPDIR", temporary.c_str(), 1);
         const auto start = std::chrono::steady_clock::now();
         for (std::size_t round = 0; (budget.rounds_max == 0 || round < budget.rounds_max) &&
                                     (budget.seconds_max <= 0 || seconds_since(start) < budget.seconds_max);
