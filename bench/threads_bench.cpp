@@ -15,6 +15,11 @@
 // child until the first failure or the budget. A round that crashes or
 // hangs counts as found.
 //
+// Stress to the named property (`stress_property/<TM>`): the stress run
+// going on past rounds that crash, hang or throw (a fresh child from the
+// next round on) until a round fails by a property the mutant breaks (what
+// kvcheck reports), within the same budget a seed.
+//
 // Seeds: 10 first seeds 1,000,003 apart (no two search the same plans), the
 // same lanes for both. Time is wall-clock and, beside it, CPU time (this
 // process's for kvcheck; the stress child's, threads included, for stress),
@@ -28,6 +33,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -99,6 +105,23 @@ std::optional<Found> stress_until_failure(const Adapter& adapter, std::uint64_t 
     return Found{now_seconds() - start, children_cpu_seconds() - cpu_start, outcome.rounds, how};
 }
 
+std::optional<Found> stress_until_property(const Adapter& adapter, std::uint64_t seed) {
+    const double start = now_seconds();
+    const double cpu_start = children_cpu_seconds();
+    std::size_t rounds = 0;
+    for (double spent = 0; spent < stress_seconds_max; spent = now_seconds() - start) {
+        const StressOutcome outcome =
+            stress_search(adapter.make, thread_options(adapter), seed + rounds, {stress_rounds_max, stress_seconds_max - spent, 120});
+        rounds += outcome.rounds;
+        if (!outcome.failure) return std::nullopt;
+        const std::optional<Property> property = parse_property(outcome.failure->property);
+        if (property && std::find(adapter.breaks.begin(), adapter.breaks.end(), *property) != adapter.breaks.end()) {
+            return Found{now_seconds() - start, children_cpu_seconds() - cpu_start, rounds, outcome.failure->property};
+        }
+    }
+    return std::nullopt;
+}
+
 // One side's searches over the first seeds: medians over the seeds that
 // found the bug, how many missed, and how it was found.
 template <std::optional<Found> (*until_failure)(const Adapter&, std::uint64_t)>
@@ -139,7 +162,8 @@ const bool registered = [] {
     for (const Adapter& adapter : mutants) {
         for (const auto& [kind, run] : {std::pair{"kvcheck/", time_to_failure<kvcheck_until_failure>},
                                         std::pair{"kvcheck_reported/", time_to_failure<kvcheck_reported>},
-                                        std::pair{"stress/", time_to_failure<stress_until_failure>}}) {
+                                        std::pair{"stress/", time_to_failure<stress_until_failure>},
+                                        std::pair{"stress_property/", time_to_failure<stress_until_property>}}) {
             benchmark::RegisterBenchmark((kind + adapter.name).c_str(), run, &adapter)
                 ->Iterations(1)
                 ->UseRealTime()
