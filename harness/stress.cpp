@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace kvcheck {
 namespace {
@@ -151,7 +153,11 @@ StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& op
             const std::uint64_t round_seed = seed + round;
             const LanePlan plan = thread_plan(round_seed, options);
             const std::shared_ptr<Engine> engine = make();
+            // A round that loops (a broken engine's corrupted structures may)
+            // ends the child by SIGALRM: read as hung.
+            ::alarm(budget.round_seconds_max);
             const ThreadRunResult result = run_stress(*engine, plan);
+            ::alarm(0);
             durability::Writer report;
             if (!result.failure) {
                 report.number(round_passed);
@@ -197,9 +203,11 @@ StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& op
         // The round after the last that passed died.
         outcome.rounds += 1;
         outcome.round_seed = seed + outcome.rounds - 1;
-        outcome.hung = end.hung;
-        outcome.crashed = !end.hung;
-        const std::string how = end.hung ? "hung (still for " + std::to_string(budget.still_seconds_max) + " s)"
+        const bool looped = WIFSIGNALED(end.status) && WTERMSIG(end.status) == SIGALRM;
+        outcome.hung = end.hung || looped;
+        outcome.crashed = !outcome.hung;
+        const std::string how = end.hung   ? "hung (still for " + std::to_string(budget.still_seconds_max) + " s)"
+                                : looped ? "hung (ran past " + std::to_string(budget.round_seconds_max) + " s)"
                                          : posix::wait_status_text(end.status);
         outcome.failure = Failure{engine_error_id, 0, "the stress round of seed " + std::to_string(outcome.round_seed) + " " + how, {}};
     }

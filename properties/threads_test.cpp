@@ -16,7 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 namespace kvcheck::props {
 namespace {
@@ -192,7 +194,7 @@ TEST(Threads, AThreadTraceNeedsItsHeaderWhole) {
 // broken sequentially are found in its first round (M2 by linearizable;
 // PM12 by the pool's own assertion, which fires before the round's end; a
 // paged state that misreports a count by refcount-exact); a round that
-// crashes is found too, in the child the rounds run in.
+// crashes or never ends is found too, in the child the rounds run in.
 class MiscountsABlock final : public adapters::PagedReference {
   public:
     PagedState paged_state() override {
@@ -205,6 +207,13 @@ class MiscountsABlock final : public adapters::PagedReference {
 class AbortsAtAFree final : public adapters::PagedReference {
   public:
     void paged_free(std::int64_t) override { std::abort(); }
+};
+
+class NeverReturnsFromAFree final : public adapters::PagedReference {
+  public:
+    void paged_free(std::int64_t) override {
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
 };
 
 TEST(Threads, AStressRunIsJudgedByTheThreadLevelsChecks) {
@@ -254,6 +263,11 @@ TEST(Threads, AStressRunIsJudgedByTheThreadLevelsChecks) {
     EXPECT_EQ(crashed.failure->property, "engine-error");
     EXPECT_NE(crashed.failure->message.find("killed by SIGABRT"), std::string::npos) << crashed.failure->message;
     EXPECT_EQ(crashed.round_seed, first_seed + crashed.rounds - 1);
+    const StressOutcome looped =
+        stress_search([] { return std::make_shared<NeverReturnsFromAFree>(); }, thread_options(*paged, 4), first_seed, {rounds, 0, 120, 1});
+    ASSERT_TRUE(looped.failure);
+    EXPECT_TRUE(looped.hung);
+    EXPECT_NE(looped.failure->message.find("hung (ran past 1 s)"), std::string::npos) << looped.failure->message;
 }
 
 class ThreadMutant : public ::testing::TestWithParam<std::size_t> {};
