@@ -51,7 +51,7 @@ constexpr std::int64_t lanes = 6;                // lane 0 and 5 client threads,
 constexpr std::size_t kvcheck_traces_max = 2000;  // per seed
 constexpr double stress_seconds_max = 20;         // per seed: the stress run's budget
 constexpr std::size_t stress_rounds_max = 1000000;
-constexpr unsigned stress_round_seconds_max = 10;  // a round this long (a correct one takes milliseconds) is hung
+constexpr double stress_round_cpu_seconds_max = 10;  // a round using this much CPU (a correct one: milliseconds) is hung
 
 WorkloadOptions thread_options(const Adapter& adapter) {
     WorkloadOptions options;
@@ -100,7 +100,7 @@ std::optional<Found> stress_until_failure(const Adapter& adapter, std::uint64_t 
     const double start = now_seconds();
     const double cpu_start = children_cpu_seconds();
     const StressOutcome outcome =
-        stress_search(adapter.make, thread_options(adapter), seed, {stress_rounds_max, stress_seconds_max, 120, stress_round_seconds_max});
+        stress_search(adapter.make, thread_options(adapter), seed, {stress_rounds_max, stress_seconds_max, 120, stress_round_cpu_seconds_max});
     if (!outcome.failure) return std::nullopt;
     const std::string how = outcome.crashed ? "crashed" : outcome.hung ? "hung" : outcome.failure->property;
     return Found{now_seconds() - start, children_cpu_seconds() - cpu_start, outcome.rounds, how};
@@ -112,7 +112,7 @@ std::optional<Found> stress_until_property(const Adapter& adapter, std::uint64_t
     std::size_t rounds = 0;
     for (double spent = 0; spent < stress_seconds_max; spent = now_seconds() - start) {
         const StressOutcome outcome =
-            stress_search(adapter.make, thread_options(adapter), seed + rounds, {stress_rounds_max, stress_seconds_max - spent, 120, stress_round_seconds_max});
+            stress_search(adapter.make, thread_options(adapter), seed + rounds, {stress_rounds_max, stress_seconds_max - spent, 120, stress_round_cpu_seconds_max});
         rounds += outcome.rounds;
         if (!outcome.failure) return std::nullopt;
         const std::optional<Property> property = parse_property(outcome.failure->property);

@@ -13,12 +13,14 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -122,6 +124,20 @@ namespace {
 // The child's messages to the search (durability/child.h's framing).
 enum : std::uint64_t { round_passed = 20, round_failed = 21 };
 
+// Arms (or, with 0, disarms) SIGPROF after `seconds` of this process's CPU time.
+void cpu_timer(double seconds) {
+    itimerval timer{};
+    timer.it_value.tv_sec = static_cast<time_t>(seconds);
+    timer.it_value.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(timer.it_value.tv_sec)) * 1e6);
+    ::setitimer(ITIMER_PROF, &timer, nullptr);
+}
+
+std::string seconds_text(double seconds) {
+    std::ostringstream text;
+    text << seconds;
+    return text.str();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -154,10 +170,12 @@ StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& op
             const LanePlan plan = thread_plan(round_seed, options);
             const std::shared_ptr<Engine> engine = make();
             // A round that loops (a broken engine's corrupted structures may)
-            // ends the child by SIGALRM: read as hung.
-            ::alarm(budget.round_seconds_max);
+            // ends the child by SIGPROF when it has used this much CPU: read
+            // as hung. CPU time, which the load of other processes does not
+            // stretch (a correct round uses milliseconds).
+            cpu_timer(budget.round_cpu_seconds_max);
             const ThreadRunResult result = run_stress(*engine, plan);
-            ::alarm(0);
+            cpu_timer(0);
             durability::Writer report;
             if (!result.failure) {
                 report.number(round_passed);
@@ -203,11 +221,11 @@ StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& op
         // The round after the last that passed died.
         outcome.rounds += 1;
         outcome.round_seed = seed + outcome.rounds - 1;
-        const bool looped = WIFSIGNALED(end.status) && WTERMSIG(end.status) == SIGALRM;
+        const bool looped = WIFSIGNALED(end.status) && WTERMSIG(end.status) == SIGPROF;
         outcome.hung = end.hung || looped;
         outcome.crashed = !outcome.hung;
         const std::string how = end.hung   ? "hung (still for " + std::to_string(budget.still_seconds_max) + " s)"
-                                : looped ? "hung (ran past " + std::to_string(budget.round_seconds_max) + " s)"
+                                : looped ? "hung (a round used " + seconds_text(budget.round_cpu_seconds_max) + " s of CPU)"
                                          : posix::wait_status_text(end.status);
         outcome.failure = Failure{engine_error_id, 0, "the stress round of seed " + std::to_string(outcome.round_seed) + " " + how, {}};
     }

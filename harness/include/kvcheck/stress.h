@@ -32,10 +32,10 @@ struct StressBudget {
     // A round still this long (process/stillness.h: not counting the time
     // it waited for a CPU) is killed and reported hung.
     double still_seconds_max = 120;
-    // A round running this long (the machine's clock: a correct engine's
-    // round takes milliseconds) is ended and reported hung: a broken
-    // engine's corrupted structures may loop, using the CPU.
-    unsigned round_seconds_max = 60;
+    // A round that has used this much CPU time (a correct engine's round
+    // uses milliseconds) is ended and reported hung: a broken engine's
+    // corrupted structures may loop for ever.
+    double round_cpu_seconds_max = 60;
 };
 
 struct StressOutcome {
