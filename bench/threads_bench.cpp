@@ -161,10 +161,10 @@ void time_to_failure(benchmark::State& state, const Adapter* adapter) {
 const bool registered = [] {
     static const std::vector<Adapter> mutants = adapters::thread_mutant_adapters();
     for (const Adapter& adapter : mutants) {
-        for (const auto& [kind, run] : {std::pair{"kvcheck/", time_to_failure<kvcheck_until_failure>},
-                                        std::pair{"kvcheck_reported/", time_to_failure<kvcheck_reported>},
-                                        std::pair{"stress/", time_to_failure<stress_until_failure>},
-                                        std::pair{"stress_property/", time_to_failure<stress_until_property>}}) {
+        for (const auto& [kind, run] : {std::pair{"kvcheck/", &time_to_failure<kvcheck_until_failure>},
+                                        std::pair{"kvcheck_reported/", &time_to_failure<kvcheck_reported>},
+                                        std::pair{"stress/", &time_to_failure<stress_until_failure>},
+                                        std::pair{"stress_property/", &time_to_failure<stress_until_property>}}) {
             benchmark::RegisterBenchmark((kind + adapter.name).c_str(), run, &adapter)
                 ->Iterations(1)
                 ->UseRealTime()
