@@ -24,6 +24,7 @@
 #include "bench_util.h"
 
 #include "run_util.h"
+#include "side_by_side.h"
 
 #include "kvcheck/lanes.h"
 #include "kvcheck/paged.h"
@@ -207,13 +208,7 @@ void time_to_failure(benchmark::State& state, const Adapter* adapter) {
 const bool registered = [] {
     for (const Adapter& adapter : adapters::bundled()) {
         if (adapter.lanes <= 1) continue;
-        for (const auto& [kind, run] : {std::pair{"kvcheck/", time_to_failure<kvcheck_until_failure>},
-                                        std::pair{"stress/", time_to_failure<stress_until_failure>}}) {
-            benchmark::RegisterBenchmark((kind + adapter.name).c_str(), run, &adapter)
-                ->Iterations(1)
-                ->UseRealTime()
-                ->Unit(benchmark::kSecond);
-        }
+        register_sides(adapter, {{"kvcheck/", time_to_failure<kvcheck_until_failure>}, {"stress/", time_to_failure<stress_until_failure>}});
     }
     return true;
 }();

@@ -25,6 +25,7 @@
 // process's for kvcheck; the stress child's, threads included, for stress),
 // which the load of other processes does not inflate.
 #include "bench_util.h"
+#include "side_by_side.h"
 
 #include "mutants/mutants.h"
 
@@ -161,15 +162,10 @@ void time_to_failure(benchmark::State& state, const Adapter* adapter) {
 const bool registered = [] {
     static const std::vector<Adapter> mutants = adapters::thread_mutant_adapters();
     for (const Adapter& adapter : mutants) {
-        for (const auto& [kind, run] : {std::pair{"kvcheck/", &time_to_failure<kvcheck_until_failure>},
-                                        std::pair{"kvcheck_reported/", &time_to_failure<kvcheck_reported>},
-                                        std::pair{"stress/", &time_to_failure<stress_until_failure>},
-                                        std::pair{"stress_property/", &time_to_failure<stress_until_property>}}) {
-            benchmark::RegisterBenchmark((kind + adapter.name).c_str(), run, &adapter)
-                ->Iterations(1)
-                ->UseRealTime()
-                ->Unit(benchmark::kSecond);
-        }
+        register_sides(adapter, {{"kvcheck/", time_to_failure<kvcheck_until_failure>},
+                                 {"kvcheck_reported/", time_to_failure<kvcheck_reported>},
+                                 {"stress/", time_to_failure<stress_until_failure>},
+                                 {"stress_property/", time_to_failure<stress_until_property>}});
     }
     return true;
 }();
