@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <tuple>
 
 namespace kvcheck::props {
 namespace {
@@ -189,7 +190,7 @@ TEST(Threads, AThreadTraceNeedsItsHeaderWhole) {
 
 // A plain stress run (kvcheck/stress.h) is judged by the thread level's
 // checks, at the end of each round: the references pass its rounds; engines
-// broken sequentially are found in its first round (M2 by linearizable;
+// broken sequentially are found in its first rounds (M2 by linearizable;
 // PM12 by the pool's own assertion, which fires before the round's end; a
 // paged state that misreports a count by refcount-exact); a round that
 // crashes or never ends is found too, in the child the rounds run in.
@@ -243,19 +244,23 @@ TEST(Threads, AStressRunIsJudgedByTheThreadLevelsChecks) {
         return stress_search(make, thread_options(like, 4), first_seed, {rounds, 0, 120});
     };
     const Adapter* paged = adapters::find_bundled("paged-reference");
-    for (const auto& [name, property] : {std::pair{"M2", "linearizable"}, std::pair{"PM12", "engine-error"}}) {
+    // What a round finds may depend on how its threads ran (M2's changed
+    // entry may be deleted before the end; PM12's double release may be
+    // the last call to touch its block): either of two findings, within 3 rounds.
+    for (const auto& [name, one, other] : {std::tuple{"M2", "linearizable", "stored-immutable"},
+                                           std::tuple{"PM12", "engine-error", "refcount-exact"}}) {
         const Adapter* adapter = adapters::find_bundled(name);
         ASSERT_NE(adapter, nullptr);
         const StressOutcome outcome = found(adapter->make, *adapter);
         ASSERT_TRUE(outcome.failure) << name << " survived " << rounds << " stress rounds";
-        EXPECT_EQ(outcome.failure->property, property) << outcome.failure->message;
-        EXPECT_EQ(outcome.rounds, 1u) << name;
+        EXPECT_TRUE(outcome.failure->property == one || outcome.failure->property == other) << outcome.failure->message;
+        EXPECT_LE(outcome.rounds, 3u) << name;
         EXPECT_FALSE(outcome.history.empty());
     }
     const StressOutcome hidden = found([] { return std::make_shared<MiscountsABlock>(); }, *paged);
     ASSERT_TRUE(hidden.failure);
     EXPECT_EQ(hidden.failure->property, "refcount-exact") << hidden.failure->message;
-    EXPECT_EQ(hidden.rounds, 1u);
+    EXPECT_EQ(hidden.rounds, 1u);  // wrong whatever the schedule
     const StressOutcome crashed = found([] { return std::make_shared<AbortsAtAFree>(); }, *paged);
     ASSERT_TRUE(crashed.failure);
     EXPECT_TRUE(crashed.crashed);
