@@ -673,12 +673,15 @@ struct Shrinker {
         return result;
     }
 
-    // A smaller plan under `schedule` (its choices shifted by what was
-    // dropped), else under a few seeded schedules: a dropped call or lane
-    // moves every choice after it, so the old schedule may no longer line
-    // up. The run's own schedule (its `schedule`) replays what failed.
-    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::int64_t>& schedule) {
-        if (auto result = fails(plan, schedule)) return result;
+    // A smaller plan under each of `schedules` (the old one with its
+    // choices moved to what was dropped), else under a few seeded
+    // schedules: a dropped call or lane moves every choice after it, so
+    // the old schedule may no longer line up. The run's own schedule (its
+    // `schedule`) replays what failed.
+    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::vector<std::int64_t>>& schedules) {
+        for (const std::vector<std::int64_t>& schedule : schedules) {
+            if (auto result = fails(plan, schedule)) return result;
+        }
         for (std::uint64_t seed = 1; seed <= reschedules && runs < shrink_runs_max; ++seed) {
             ++runs;
             const std::shared_ptr<Engine> engine = make();
@@ -691,36 +694,82 @@ struct Shrinker {
     static constexpr std::uint64_t reschedules = 8;
 };
 
-// The schedule with lane `gone` taken out: later lanes move down one, and a
-// choice of `gone` becomes one of the lane after it (which ran once `gone`
-// had nothing left to run).
-std::vector<std::int64_t> without_lane(std::vector<std::int64_t> schedule, std::int64_t gone) {
-    for (std::int64_t& lane : schedule) lane = lane > gone ? lane - 1 : lane;
-    return schedule;
+// The schedules to try once lane `gone` is taken out (its calls dropped, or
+// merged into lane `into` of what is left): later lanes move down one, and
+// a choice of `gone` becomes one of `into` (where its calls now are), of
+// each other lane left in turn (one that ran once `gone` had nothing left
+// to run), or is left out.
+std::vector<std::vector<std::int64_t>> without_lane(const std::vector<std::int64_t>& schedule, std::int64_t gone, std::int64_t into,
+                                                    std::size_t lanes_left) {
+    std::vector<std::int64_t> order;
+    if (into >= 1) order.push_back(into);
+    for (std::int64_t lane = 1; lane < static_cast<std::int64_t>(lanes_left); ++lane) {
+        if (lane != into) order.push_back(lane);
+    }
+    std::vector<std::vector<std::int64_t>> schedules;
+    for (std::size_t variant = 0; variant <= order.size(); ++variant) {
+        std::vector<std::int64_t> moved;
+        for (const std::int64_t lane : schedule) {
+            if (lane != gone) {
+                moved.push_back(lane > gone ? lane - 1 : lane);
+            } else if (variant < order.size()) {
+                moved.push_back(order[variant]);
+            }
+        }
+        if (std::find(schedules.begin(), schedules.end(), moved) == schedules.end()) schedules.push_back(std::move(moved));
+    }
+    return schedules;
+}
+
+// Adopts a smaller plan that failed, with the schedule that ran it.
+void adopt(ThreadFinding& found, std::vector<std::int64_t>& schedule, LanePlan plan, ThreadRunResult result) {
+    found.plan = std::move(plan);
+    schedule = result.schedule;
+    found.result = std::move(result);
+}
+
+// Fewer lanes: each client lane dropped, else its calls appended to another
+// lane's (lane 0's included: they then run alone, first), so that calls
+// which need not overlap share a lane.
+bool fewer_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
+    bool smaller = false;
+    for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
+        LanePlan fewer = found.plan;
+        fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
+        const auto gone = static_cast<std::int64_t>(lane);
+        if (auto result = shrinker.fails_rescheduled(fewer, without_lane(schedule, gone, gone, fewer.lanes.size()))) {
+            adopt(found, schedule, std::move(fewer), std::move(*result));
+            smaller = true;
+        }
+    }
+    for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
+        for (std::size_t into = 0; into < found.plan.lanes.size(); ++into) {
+            if (into == lane) continue;
+            LanePlan merged = found.plan;
+            merged.lanes[into].insert(merged.lanes[into].end(), merged.lanes[lane].begin(), merged.lanes[lane].end());
+            merged.lanes.erase(merged.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
+            const auto gone = static_cast<std::int64_t>(lane);
+            const auto target = static_cast<std::int64_t>(into > lane ? into - 1 : into);
+            if (auto result = shrinker.fails_rescheduled(merged, without_lane(schedule, gone, target, merged.lanes.size()))) {
+                adopt(found, schedule, std::move(merged), std::move(*result));
+                smaller = true;
+                break;
+            }
+        }
+    }
+    return smaller;
 }
 
 void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
     for (bool smaller = true; smaller;) {
-        smaller = false;
-        for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
-            LanePlan fewer = found.plan;
-            fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
-            const std::vector<std::int64_t> moved = without_lane(schedule, static_cast<std::int64_t>(lane));
-            if (auto result = shrinker.fails_rescheduled(fewer, moved)) {
-                found.plan = std::move(fewer);
-                schedule = result->schedule;
-                found.result = std::move(*result);
-                smaller = true;
-            }
-        }
-        for (std::size_t lane = 1; lane < found.plan.lanes.size(); ++lane) {
+        smaller = fewer_lanes(shrinker, found, schedule);
+        // Fewer calls, lane 0's too (a merge may have moved calls there).
+        for (std::size_t lane = 0; lane < found.plan.lanes.size(); ++lane) {
             for (std::size_t at = found.plan.lanes[lane].size(); at-- > 0;) {
                 LanePlan fewer = found.plan;
                 fewer.lanes[lane].erase(fewer.lanes[lane].begin() + static_cast<std::ptrdiff_t>(at));
-                if (auto result = shrinker.fails_rescheduled(fewer, schedule)) {
-                    found.plan = std::move(fewer);
-                    schedule = result->schedule;
-                    found.result = std::move(*result);
+                if (auto result = shrinker.fails_rescheduled(fewer, {schedule})) {
+                    adopt(found, schedule, std::move(fewer), std::move(*result));
                     smaller = true;
                 }
             }
