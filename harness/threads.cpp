@@ -258,8 +258,10 @@ class PagedFamily final : public Family {
 // held copy is what it was when handed out and shares no storage with a
 // stored entry (stored-immutable), the listing names each id once
 // (store-contract), and the store as read there, with every request ended
-// so far, must be linearizable; every dump is read back at the end (loaded
-// into the engine, once its lanes have ended) and must be one state too.
+// so far, must be linearizable (with a capacity, its evictions those of
+// the declared policy: a read is then placed inside its get_cache, a use);
+// every dump is read back at the end (loaded into the engine, once its
+// lanes have ended) and must be one state too.
 class StoreFamily final : public Family, private checkers::StoreModel {
   public:
     StoreFamily(Engine& engine, const Capabilities& capabilities, std::size_t lanes)
@@ -290,6 +292,8 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         if (request.kind == checkers::StoreRequest::Kind::write || request.kind == checkers::StoreRequest::Kind::erase) {
             request.ended = true;
             writes_ended_ = true;
+        } else if (request.kind == checkers::StoreRequest::Kind::read && bounded()) {
+            request.ended = true;  // placed inside its get_cache: there it was a use (lru) and got its copy
         }
         calling_[lane] = std::nullopt;
     }
@@ -393,9 +397,9 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         engine_.release(o.handle.value);
         const auto read = reads_.find(o.handle.value);
         if (read != reads_.end()) {
-            requests_[read->second].ended = true;  // at this call's response
+            requests_[read->second].ended = true;  // at this call's response (bounded: at its get_cache's)
             held_.erase(o.handle.value);
-            calling_[static_cast<std::size_t>(requests_[read->second].lane)] = read->second;
+            if (!bounded()) calling_[static_cast<std::size_t>(requests_[read->second].lane)] = read->second;
             reads_.erase(read);
         }
         return std::string("released");
@@ -462,7 +466,7 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         shared.checking = true;
         std::optional<std::size_t> stuck;
         try {
-            stuck = checkers::linearization_stuck(ended, *this);
+            stuck = checkers::linearization_stuck(ended, *this, capabilities_.policy);
         } catch (...) {
             shared.checking = false;
             throw;
@@ -476,6 +480,10 @@ class StoreFamily final : public Family, private checkers::StoreModel {
                  "gave: " + checkers::store_request_text(request, "lines") +
                  " (the requests of other lanes begun inside it: " + checkers::requests_inside(requests_, request, "line") + ")");
     }
+
+    // A store with a capacity: its evictions are in the model, in the order
+    // its uses made, so a read is placed inside its get_cache (its use).
+    bool bounded() const { return capabilities_.policy.bounded(); }
 
     // ---- the model: the contents the adds stored ----
 
@@ -597,6 +605,16 @@ void add_yield_slot(kvcheck_yield_fn* slot) {
     }
 }
 
+std::optional<std::string> store_not_judged_by_threads(const Capabilities& capabilities) {
+    const StorePolicy& policy = capabilities.policy;
+    if (capabilities.lease_ttl_ms > 0) return "the thread level's store lanes judge no leases (they run on kvcheck's virtual clock)";
+    if (policy.capacity_bytes > 0) return "the thread level's store lanes judge a capacity of items, not of bytes";
+    if (policy.bounded() && !evicts_in_order(policy.eviction)) {
+        return std::string("the thread level's store lanes judge a capacity evicted lru, fifo or lrs, not ") + eviction_name(policy.eviction);
+    }
+    return std::nullopt;
+}
+
 namespace {
 
 // Does the plan call the paged family (else: the store's)?
@@ -617,9 +635,7 @@ std::unique_ptr<Family> family_for(Engine& engine, const LanePlan& plan) {
         return std::make_unique<PagedFamily>(*engine.paged(), plan.lanes.size());
     }
     if (!capabilities.store) throw std::invalid_argument("store lanes need an engine with a store");
-    if (capabilities.policy.bounded()) {
-        throw std::invalid_argument("the thread level's store lanes judge an unbounded store (evictions are not in the model)");
-    }
+    if (const std::optional<std::string> why = store_not_judged_by_threads(capabilities)) throw std::invalid_argument(*why);
     return std::make_unique<StoreFamily>(engine, capabilities, plan.lanes.size());
 }
 

@@ -144,6 +144,24 @@ TEST(Threads, TheReferencesPassTheThreadLevel) {
     }
 }
 
+// A store with a capacity (lru and lrs, 2 entries, so that adds evict
+// often): what it evicts under concurrent adds and reads is what some
+// linearization's policy evicts (TM5 shows the check failing).
+TEST(Threads, BoundedReferencesPassTheThreadLevel) {
+    for (const Eviction eviction : {Eviction::lru, Eviction::lrs}) {
+        const EngineFactory make = [eviction] {
+            auto engine = std::make_shared<adapters::ReferenceEngine>();
+            engine->set_capacity(2, eviction);
+            return std::shared_ptr<Engine>(std::move(engine));
+        };
+        const Adapter adapter{"bounded", "", "test", {}, make};
+        for (const std::int64_t lanes : {3, 6}) {
+            const std::optional<ThreadFinding> found = search_threads(make, thread_options(adapter, lanes), first_seed, traces_max / 6);
+            EXPECT_FALSE(found) << eviction_name(eviction) << ":\n" << format_thread_finding(*found);
+        }
+    }
+}
+
 // A plugin's own copy of the hook (kvcheck_plugin::yield_hook, registered
 // by add_yield_slot when kvcheck opens the plugin) is set for the length of
 // a run: a yield through it reaches the scheduler.
