@@ -744,10 +744,8 @@ void adopt(ThreadFinding& found, std::vector<std::int64_t>& schedule, LanePlan p
     found.result = std::move(result);
 }
 
-// Fewer lanes: each client lane dropped, else its calls appended to another
-// lane's (lane 0's included: they then run alone, first), so that calls
-// which need not overlap share a lane.
-bool fewer_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
+// Fewer lanes: each client lane dropped.
+bool drop_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
     bool smaller = false;
     for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
         LanePlan fewer = found.plan;
@@ -758,6 +756,14 @@ bool fewer_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int6
             smaller = true;
         }
     }
+    return smaller;
+}
+
+// Fewer lanes, the calls kept: a client lane's calls appended to another
+// lane's (lane 0's included: they then run alone, first), so that calls
+// which need not overlap share a lane.
+bool merge_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
+    bool smaller = false;
     for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
         for (std::size_t into = 0; into < found.plan.lanes.size(); ++into) {
             if (into == lane) continue;
@@ -778,7 +784,7 @@ bool fewer_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int6
 
 void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
     for (bool smaller = true; smaller;) {
-        smaller = fewer_lanes(shrinker, found, schedule);
+        smaller = drop_lanes(shrinker, found, schedule);
         // Fewer calls, lane 0's too (a merge may have moved calls there).
         for (std::size_t lane = 0; lane < found.plan.lanes.size(); ++lane) {
             for (std::size_t at = found.plan.lanes[lane].size(); at-- > 0;) {
@@ -810,6 +816,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
                 smaller = true;
             }
         }
+        // Merged lanes, once nothing else is dropped: the calls a merge
+        // keeps are then dropped in the next round where they can be.
+        if (!smaller) smaller = merge_lanes(shrinker, found, schedule);
     }
     // The schedule that replays it: as many choices as were given, each
     // the lane that did run there (a choice that could not be followed
