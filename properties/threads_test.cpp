@@ -7,6 +7,8 @@
 // same budget.
 #include "run_util.h"
 
+#include "checkers/checker.h"
+
 #include "kvcheck/threads.h"
 #include "kvcheck/yield.h"
 #include "mutants/mutants.h"
@@ -160,6 +162,72 @@ TEST(Threads, BoundedReferencesPassTheThreadLevel) {
             EXPECT_FALSE(found) << eviction_name(eviction) << ":\n" << format_thread_finding(*found);
         }
     }
+}
+
+// The bounded model of linearizable's search, one policy against another:
+// add a, b, a again, then c in a store of 2: fifo evicts a (stored first),
+// lrs and lru evict b (a was stored, so used, again); a read of b before c
+// makes lru evict a instead. Each object's digest is its number.
+class ObjectsAreTheirDigests final : public checkers::StoreModel {
+  public:
+    bool holds_tokens(ObjectId) override { return true; }
+    std::uint64_t digest(ObjectId object) override { return static_cast<std::uint64_t>(object); }
+    const Tokens& fresh(ObjectId, const Tokens&, std::int64_t) override { return none_; }
+
+  private:
+    Tokens none_;
+};
+
+TEST(Threads, ABoundedStoresEvictionsAreThoseOfItsPolicy) {
+    std::vector<checkers::StoreRequest> requests;
+    const auto request = [&](checkers::StoreRequest::Kind kind, const std::string& id, ObjectId object) {
+        checkers::StoreRequest made;
+        made.kind = kind;
+        made.ids = {id};
+        made.object = object;
+        made.first = made.last = requests.size();
+        made.ended = true;
+        if (kind == checkers::StoreRequest::Kind::read) made.copy = static_cast<std::uint64_t>(object);
+        requests.push_back(made);
+    };
+    const auto write = checkers::StoreRequest::Kind::write;
+    request(write, "a", 1);
+    request(write, "b", 2);
+    request(write, "a", 3);
+    const auto stuck = [&](Eviction eviction, std::vector<checkers::StoreRequest> all, std::map<std::string, std::uint64_t> held) {
+        checkers::StoreRequest c;
+        c.kind = write;
+        c.ids = {"c"};
+        c.object = 4;
+        c.first = c.last = all.size();
+        c.ended = true;
+        all.push_back(c);
+        checkers::StoreRequest whole;
+        whole.kind = checkers::StoreRequest::Kind::whole;
+        whole.held = std::move(held);
+        whole.first = whole.last = all.size();
+        whole.ended = true;
+        all.push_back(whole);
+        std::vector<const checkers::StoreRequest*> pointers;
+        for (const checkers::StoreRequest& one : all) pointers.push_back(&one);
+        ObjectsAreTheirDigests model;
+        StorePolicy policy;
+        policy.capacity_items = 2;
+        policy.eviction = eviction;
+        return checkers::linearization_stuck(pointers, model, policy).has_value();
+    };
+    const std::map<std::string, std::uint64_t> kept_a = {{"a", 3}, {"c", 4}}, kept_b = {{"b", 2}, {"c", 4}};
+    EXPECT_FALSE(stuck(Eviction::fifo, requests, kept_b));
+    EXPECT_TRUE(stuck(Eviction::fifo, requests, kept_a));
+    EXPECT_FALSE(stuck(Eviction::lrs, requests, kept_a));
+    EXPECT_TRUE(stuck(Eviction::lrs, requests, kept_b));
+    EXPECT_FALSE(stuck(Eviction::lru, requests, kept_a));
+    request(checkers::StoreRequest::Kind::read, "b", 2);  // a use under lru only
+    EXPECT_FALSE(stuck(Eviction::lru, requests, kept_b));
+    EXPECT_TRUE(stuck(Eviction::lru, requests, kept_a));
+    EXPECT_FALSE(stuck(Eviction::lrs, requests, kept_a));
+    EXPECT_TRUE(stuck(Eviction::lrs, requests, {{"a", 3}, {"b", 2}, {"c", 4}}));  // past the capacity: no state
+    EXPECT_THROW(stuck(Eviction::unspecified, requests, kept_a), std::invalid_argument);
 }
 
 // A plugin's own copy of the hook (kvcheck_plugin::yield_hook, registered
