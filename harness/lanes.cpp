@@ -16,8 +16,14 @@ namespace {
 // no two lanes share one, as no two clients share a private object.
 constexpr std::int64_t lane_names_stride = 100;
 constexpr std::int64_t requests_per_lane_max = 3;
-// The ids every store request names: few, so that lanes meet on them.
-const Ids lane_ids = {"a", "b"};
+// The ids every store request names: few, so that lanes meet on them; at
+// the thread level, one more for a store with a capacity, so that its
+// adds evict.
+const Ids& lane_ids(const WorkloadOptions& options) {
+    static const Ids few = {"a", "b"};
+    static const Ids evicting = {"a", "b", "c"};
+    return options.threads && options.capabilities.policy.capacity_items > 0 ? evicting : few;
+}
 
 struct LaneDraft {
     std::int64_t lane = 0;
@@ -37,13 +43,15 @@ Tokens prompt_of(Chooser& choose, const WorkloadOptions& options) {
 // A reader: a copy of an entry, a generation from it, its release.
 void store_reader(Chooser& choose, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
     const HandleName handle{draft.name()};
-    calls.push_back(op::GetCache{handle, {lane_ids[choose.below(lane_ids.size())]}});
+    const Ids& ids = lane_ids(options);
+    calls.push_back(op::GetCache{handle, {ids[choose.below(ids.size())]}});
     calls.push_back(op::Generate{handle, prompt_of(choose, options), choose.between(1, options.new_tokens_max)});
     calls.push_back(op::Release{handle});
 }
 
 void store_request(Chooser& choose, const Swarm& swarm, const WorkloadOptions& options, LaneDraft& draft, Trace& calls) {
-    const std::string& id = lane_ids[choose.below(lane_ids.size())];
+    const Ids& ids = lane_ids(options);
+    const std::string& id = ids[choose.below(ids.size())];
     // The thread level draws dumps too (one racing other clients' adds may tear).
     const bool dumps = options.threads && options.capabilities.dump;
     switch (choose.below(dumps ? 7 : 6)) {
@@ -138,7 +146,7 @@ LanePlan draw_lanes(Chooser& choose, const WorkloadOptions& options) {
         const std::int64_t seq = lane_names_stride - 1;
         setup = {op::PagedAlloc{seq, prompts[0], 0}, op::PagedStep{}, op::PagedFree{seq}};
     } else {
-        for (const std::string& id : lane_ids) setup.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}});
+        for (const std::string& id : lane_ids(options)) setup.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}});
     }
     for (std::int64_t lane = 1; lane <= clients; ++lane) {
         LaneDraft draft{lane};

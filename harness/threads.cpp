@@ -234,8 +234,10 @@ class PagedFamily final : public Family {
 // held copy is what it was when handed out and shares no storage with a
 // stored entry (stored-immutable), the listing names each id once
 // (store-contract), and the store as read there, with every request ended
-// so far, must be linearizable; every dump is read back at the end (loaded
-// into the engine, once its lanes have ended) and must be one state too.
+// so far, must be linearizable (with a capacity, its evictions those of
+// the declared policy: a read is then placed inside its get_cache, a use);
+// every dump is read back at the end (loaded into the engine, once its
+// lanes have ended) and must be one state too.
 class StoreFamily final : public Family, private checkers::StoreModel {
   public:
     StoreFamily(Engine& engine, const Capabilities& capabilities, std::size_t lanes)
@@ -270,6 +272,8 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         if (request.kind == checkers::StoreRequest::Kind::write || request.kind == checkers::StoreRequest::Kind::erase) {
             request.ended = true;
             writes_ended_ = true;
+        } else if (request.kind == checkers::StoreRequest::Kind::read && bounded()) {
+            request.ended = true;  // placed inside its get_cache: there it was a use (lru) and got its copy
         }
         calling_[lane] = std::nullopt;
     }
@@ -386,9 +390,9 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         const std::lock_guard<std::mutex> book(book_);
         const auto read = reads_.find(o.handle.value);
         if (read != reads_.end()) {
-            requests_[read->second].ended = true;  // at this call's response
+            requests_[read->second].ended = true;  // at this call's response (bounded: at its get_cache's)
             held_.erase(o.handle.value);
-            calling_[static_cast<std::size_t>(requests_[read->second].lane)] = read->second;
+            if (!bounded()) calling_[static_cast<std::size_t>(requests_[read->second].lane)] = read->second;
             reads_.erase(read);
         }
         return std::string("released");
@@ -464,7 +468,7 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         shared.checking = true;
         std::optional<std::size_t> stuck;
         try {
-            stuck = checkers::linearization_stuck(ended, *this);
+            stuck = checkers::linearization_stuck(ended, *this, capabilities_.policy);
         } catch (...) {
             shared.checking = false;
             throw;
@@ -478,6 +482,10 @@ class StoreFamily final : public Family, private checkers::StoreModel {
                  "gave: " + checkers::store_request_text(request, "lines") +
                  " (the requests of other lanes begun inside it: " + checkers::requests_inside(requests_, request, "line") + ")");
     }
+
+    // A store with a capacity: its evictions are in the model, in the order
+    // its uses made, so a read is placed inside its get_cache (its use).
+    bool bounded() const { return capabilities_.policy.bounded(); }
 
     // ---- the model: the contents the adds stored ----
 
@@ -609,6 +617,16 @@ void add_yield_slot(kvcheck_yield_fn* slot) {
     }
 }
 
+std::optional<std::string> store_not_judged_by_threads(const Capabilities& capabilities) {
+    const StorePolicy& policy = capabilities.policy;
+    if (capabilities.lease_ttl_ms > 0) return "the thread level's store lanes judge no leases (they run on kvcheck's virtual clock)";
+    if (policy.capacity_bytes > 0) return "the thread level's store lanes judge a capacity of items, not of bytes";
+    if (policy.bounded() && !evicts_in_order(policy.eviction)) {
+        return std::string("the thread level's store lanes judge a capacity evicted lru, fifo or lrs, not ") + eviction_name(policy.eviction);
+    }
+    return std::nullopt;
+}
+
 namespace {
 
 // Does the plan call the paged family (else: the store's)?
@@ -631,9 +649,7 @@ std::unique_ptr<Family> threads_detail::family_for(Engine& engine, const LanePla
         return std::make_unique<PagedFamily>(*engine.paged(), plan.lanes.size());
     }
     if (!capabilities.store) throw std::invalid_argument("store lanes need an engine with a store");
-    if (capabilities.policy.bounded()) {
-        throw std::invalid_argument("the thread level's store lanes judge an unbounded store (evictions are not in the model)");
-    }
+    if (const std::optional<std::string> why = store_not_judged_by_threads(capabilities)) throw std::invalid_argument(*why);
     return std::make_unique<StoreFamily>(engine, capabilities, plan.lanes.size());
 }
 
@@ -685,12 +701,15 @@ struct Shrinker {
         return result;
     }
 
-    // A smaller plan under `schedule` (its choices shifted by what was
-    // dropped), else under a few seeded schedules: a dropped call or lane
-    // moves every choice after it, so the old schedule may no longer line
-    // up. The run's own schedule (its `schedule`) replays what failed.
-    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::int64_t>& schedule) {
-        if (auto result = fails(plan, schedule)) return result;
+    // A smaller plan under each of `schedules` (the old one with its
+    // choices moved to what was dropped), else under a few seeded
+    // schedules: a dropped call or lane moves every choice after it, so
+    // the old schedule may no longer line up. The run's own schedule (its
+    // `schedule`) replays what failed.
+    std::optional<ThreadRunResult> fails_rescheduled(const LanePlan& plan, const std::vector<std::vector<std::int64_t>>& schedules) {
+        for (const std::vector<std::int64_t>& schedule : schedules) {
+            if (auto result = fails(plan, schedule)) return result;
+        }
         for (std::uint64_t seed = 1; seed <= reschedules && runs < shrink_runs_max; ++seed) {
             ++runs;
             const std::shared_ptr<Engine> engine = make();
@@ -703,36 +722,88 @@ struct Shrinker {
     static constexpr std::uint64_t reschedules = 8;
 };
 
-// The schedule with lane `gone` taken out: later lanes move down one, and a
-// choice of `gone` becomes one of the lane after it (which ran once `gone`
-// had nothing left to run).
-std::vector<std::int64_t> without_lane(std::vector<std::int64_t> schedule, std::int64_t gone) {
-    for (std::int64_t& lane : schedule) lane = lane > gone ? lane - 1 : lane;
-    return schedule;
+// The schedules to try once lane `gone` is taken out (its calls dropped, or
+// merged into lane `into` of what is left): later lanes move down one, and
+// a choice of `gone` becomes one of `into` (where its calls now are), of
+// each other lane left in turn (one that ran once `gone` had nothing left
+// to run), or is left out.
+std::vector<std::vector<std::int64_t>> without_lane(const std::vector<std::int64_t>& schedule, std::int64_t gone, std::int64_t into,
+                                                    std::size_t lanes_left) {
+    std::vector<std::int64_t> order;
+    if (into >= 1) order.push_back(into);
+    for (std::int64_t lane = 1; lane < static_cast<std::int64_t>(lanes_left); ++lane) {
+        if (lane != into) order.push_back(lane);
+    }
+    std::vector<std::vector<std::int64_t>> schedules;
+    for (std::size_t variant = 0; variant <= order.size(); ++variant) {
+        std::vector<std::int64_t> moved;
+        for (const std::int64_t lane : schedule) {
+            if (lane != gone) {
+                moved.push_back(lane > gone ? lane - 1 : lane);
+            } else if (variant < order.size()) {
+                moved.push_back(order[variant]);
+            }
+        }
+        if (std::find(schedules.begin(), schedules.end(), moved) == schedules.end()) schedules.push_back(std::move(moved));
+    }
+    return schedules;
+}
+
+// Adopts a smaller plan that failed, with the schedule that ran it.
+void adopt(ThreadFinding& found, std::vector<std::int64_t>& schedule, LanePlan plan, ThreadRunResult result) {
+    found.plan = std::move(plan);
+    schedule = result.schedule;
+    found.result = std::move(result);
+}
+
+// Fewer lanes: each client lane dropped.
+bool drop_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
+    bool smaller = false;
+    for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
+        LanePlan fewer = found.plan;
+        fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
+        const auto gone = static_cast<std::int64_t>(lane);
+        if (auto result = shrinker.fails_rescheduled(fewer, without_lane(schedule, gone, gone, fewer.lanes.size()))) {
+            adopt(found, schedule, std::move(fewer), std::move(*result));
+            smaller = true;
+        }
+    }
+    return smaller;
+}
+
+// Fewer lanes, the calls kept: a client lane's calls appended to another
+// lane's (lane 0's included: they then run alone, first), so that calls
+// which need not overlap share a lane.
+bool merge_lanes(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
+    bool smaller = false;
+    for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
+        for (std::size_t into = 0; into < found.plan.lanes.size(); ++into) {
+            if (into == lane) continue;
+            LanePlan merged = found.plan;
+            merged.lanes[into].insert(merged.lanes[into].end(), merged.lanes[lane].begin(), merged.lanes[lane].end());
+            merged.lanes.erase(merged.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
+            const auto gone = static_cast<std::int64_t>(lane);
+            const auto target = static_cast<std::int64_t>(into > lane ? into - 1 : into);
+            if (auto result = shrinker.fails_rescheduled(merged, without_lane(schedule, gone, target, merged.lanes.size()))) {
+                adopt(found, schedule, std::move(merged), std::move(*result));
+                smaller = true;
+                break;
+            }
+        }
+    }
+    return smaller;
 }
 
 void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>& schedule) {
     for (bool smaller = true; smaller;) {
-        smaller = false;
-        for (std::size_t lane = found.plan.lanes.size() - 1; lane >= 1 && found.plan.lanes.size() > 2; --lane) {
-            LanePlan fewer = found.plan;
-            fewer.lanes.erase(fewer.lanes.begin() + static_cast<std::ptrdiff_t>(lane));
-            const std::vector<std::int64_t> moved = without_lane(schedule, static_cast<std::int64_t>(lane));
-            if (auto result = shrinker.fails_rescheduled(fewer, moved)) {
-                found.plan = std::move(fewer);
-                schedule = result->schedule;
-                found.result = std::move(*result);
-                smaller = true;
-            }
-        }
-        for (std::size_t lane = 1; lane < found.plan.lanes.size(); ++lane) {
+        smaller = drop_lanes(shrinker, found, schedule);
+        // Fewer calls, lane 0's too (a merge may have moved calls there).
+        for (std::size_t lane = 0; lane < found.plan.lanes.size(); ++lane) {
             for (std::size_t at = found.plan.lanes[lane].size(); at-- > 0;) {
                 LanePlan fewer = found.plan;
                 fewer.lanes[lane].erase(fewer.lanes[lane].begin() + static_cast<std::ptrdiff_t>(at));
-                if (auto result = shrinker.fails_rescheduled(fewer, schedule)) {
-                    found.plan = std::move(fewer);
-                    schedule = result->schedule;
-                    found.result = std::move(*result);
+                if (auto result = shrinker.fails_rescheduled(fewer, {schedule})) {
+                    adopt(found, schedule, std::move(fewer), std::move(*result));
                     smaller = true;
                 }
             }
@@ -757,6 +828,9 @@ void shrink(Shrinker& shrinker, ThreadFinding& found, std::vector<std::int64_t>&
                 smaller = true;
             }
         }
+        // Merged lanes, once nothing else is dropped: the calls a merge
+        // keeps are then dropped in the next round where they can be.
+        if (!smaller) smaller = merge_lanes(shrinker, found, schedule);
     }
     // The schedule that replays it: as many choices as were given, each
     // the lane that did run there (a choice that could not be followed

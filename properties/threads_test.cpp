@@ -7,6 +7,8 @@
 // same budget.
 #include "run_util.h"
 
+#include "checkers/checker.h"
+
 #include "kvcheck/stress.h"
 #include "kvcheck/threads.h"
 #include "kvcheck/yield.h"
@@ -144,6 +146,90 @@ TEST(Threads, TheReferencesPassTheThreadLevel) {
             }
         }
     }
+}
+
+// A store with a capacity (lru and lrs, 2 entries, so that adds evict
+// often): what it evicts under concurrent adds and reads is what some
+// linearization's policy evicts (TM5 shows the check failing).
+TEST(Threads, BoundedReferencesPassTheThreadLevel) {
+    for (const Eviction eviction : {Eviction::lru, Eviction::lrs}) {
+        const EngineFactory make = [eviction] {
+            auto engine = std::make_shared<adapters::ReferenceEngine>();
+            engine->set_capacity(2, eviction);
+            return std::shared_ptr<Engine>(std::move(engine));
+        };
+        const Adapter adapter{"bounded", "", "test", {}, make};
+        for (const std::int64_t lanes : {3, 6}) {
+            const std::optional<ThreadFinding> found = search_threads(make, thread_options(adapter, lanes), first_seed, traces_max / 6);
+            EXPECT_FALSE(found) << eviction_name(eviction) << ":\n" << format_thread_finding(*found);
+        }
+    }
+}
+
+// The bounded model of linearizable's search, one policy against another:
+// add a, b, a again, then c in a store of 2: fifo evicts a (stored first),
+// lrs and lru evict b (a was stored, so used, again); a read of b before c
+// makes lru evict a instead. Each object's digest is its number.
+class ObjectsAreTheirDigests final : public checkers::StoreModel {
+  public:
+    bool holds_tokens(ObjectId) override { return true; }
+    std::uint64_t digest(ObjectId object) override { return static_cast<std::uint64_t>(object); }
+    const Tokens& fresh(ObjectId, const Tokens&, std::int64_t) override { return none_; }
+
+  private:
+    Tokens none_;
+};
+
+TEST(Threads, ABoundedStoresEvictionsAreThoseOfItsPolicy) {
+    std::vector<checkers::StoreRequest> requests;
+    const auto request = [&](checkers::StoreRequest::Kind kind, const std::string& id, ObjectId object) {
+        checkers::StoreRequest made;
+        made.kind = kind;
+        made.ids = {id};
+        made.object = object;
+        made.first = made.last = requests.size();
+        made.ended = true;
+        if (kind == checkers::StoreRequest::Kind::read) made.copy = static_cast<std::uint64_t>(object);
+        requests.push_back(made);
+    };
+    const auto write = checkers::StoreRequest::Kind::write;
+    request(write, "a", 1);
+    request(write, "b", 2);
+    request(write, "a", 3);
+    const auto stuck = [&](Eviction eviction, std::vector<checkers::StoreRequest> all, std::map<std::string, std::uint64_t> held) {
+        checkers::StoreRequest c;
+        c.kind = write;
+        c.ids = {"c"};
+        c.object = 4;
+        c.first = c.last = all.size();
+        c.ended = true;
+        all.push_back(c);
+        checkers::StoreRequest whole;
+        whole.kind = checkers::StoreRequest::Kind::whole;
+        whole.held = std::move(held);
+        whole.first = whole.last = all.size();
+        whole.ended = true;
+        all.push_back(whole);
+        std::vector<const checkers::StoreRequest*> pointers;
+        for (const checkers::StoreRequest& one : all) pointers.push_back(&one);
+        ObjectsAreTheirDigests model;
+        StorePolicy policy;
+        policy.capacity_items = 2;
+        policy.eviction = eviction;
+        return checkers::linearization_stuck(pointers, model, policy).has_value();
+    };
+    const std::map<std::string, std::uint64_t> kept_a = {{"a", 3}, {"c", 4}}, kept_b = {{"b", 2}, {"c", 4}};
+    EXPECT_FALSE(stuck(Eviction::fifo, requests, kept_b));
+    EXPECT_TRUE(stuck(Eviction::fifo, requests, kept_a));
+    EXPECT_FALSE(stuck(Eviction::lrs, requests, kept_a));
+    EXPECT_TRUE(stuck(Eviction::lrs, requests, kept_b));
+    EXPECT_FALSE(stuck(Eviction::lru, requests, kept_a));
+    request(checkers::StoreRequest::Kind::read, "b", 2);  // a use under lru only
+    EXPECT_FALSE(stuck(Eviction::lru, requests, kept_b));
+    EXPECT_TRUE(stuck(Eviction::lru, requests, kept_a));
+    EXPECT_FALSE(stuck(Eviction::lrs, requests, kept_a));
+    EXPECT_TRUE(stuck(Eviction::lrs, requests, {{"a", 3}, {"b", 2}, {"c", 4}}));  // past the capacity: no state
+    EXPECT_THROW(stuck(Eviction::unspecified, requests, kept_a), std::invalid_argument);
 }
 
 // A plugin's own copy of the hook (kvcheck_plugin::yield_hook, registered
@@ -314,8 +400,25 @@ TEST_P(ThreadMutant, IsFoundWithThreadsAndNotWithoutThem) {
     }
 }
 
+// The shrinker brings TM4 (its failure needs a dump and, on another lane,
+// two adds it tears) to at most 3 client lanes on every seed, not only on
+// the first (above): 9 seeds far apart (2 client lanes on each today).
+TEST(Threads, TM4IsShrunkToAtMostThreeLanesOnEverySeed) {
+    const std::vector<Adapter> mutants = adapters::thread_mutant_adapters();
+    const auto tm4 = std::find_if(mutants.begin(), mutants.end(), [](const Adapter& a) { return a.name == "TM4"; });
+    ASSERT_NE(tm4, mutants.end());
+    for (std::uint64_t k = 1; k < 10; ++k) {
+        const std::uint64_t seed = first_seed + k * 1000003;
+        const std::optional<ThreadFinding> found = search_threads(tm4->make, thread_options(*tm4, 6), seed, traces_max);
+        ASSERT_TRUE(found) << "seed " << seed;
+        EXPECT_LE(found->plan.lanes.size() - 1, 3u) << format_thread_finding(*found);
+        EXPECT_EQ(found->replays_same, found->replays) << format_thread_finding(*found);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Bundled, ThreadMutant, ::testing::Range<std::size_t>(0, adapters::thread_mutant_adapters().size()),
                          [](const auto& info) { return adapters::thread_mutant_adapters().at(info.param).name; });
 
 }  // namespace
 }  // namespace kvcheck::props
+

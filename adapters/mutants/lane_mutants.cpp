@@ -331,6 +331,33 @@ class TM4 final : public UnlockedStore {
     }
 };
 
+// TM5: an LRU list updated without its lock, in a store of
+// tm5_capacity_items entries (lru): an add reads the list (least recently
+// used first), yields (`store_lru`), stores its entry, and evicts by the
+// list it read. Another client's use in between is not seen (the entry it
+// just used is evicted), nor its add's eviction: the same entry is
+// evicted twice, and the store is left past its capacity (one never evicted).
+constexpr std::size_t tm5_capacity_items = 2;
+
+class TM5 final : public UnlockedStore {
+  public:
+    TM5() { set_capacity(tm5_capacity_items); }
+
+  protected:
+    void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
+        const std::vector<std::string> loaded = store_.recency();
+        kvcheck::yield("store_lru");
+        const bool fresh = std::find(loaded.begin(), loaded.end(), id) == loaded.end();
+        std::size_t evicting = fresh && loaded.size() >= tm5_capacity_items ? loaded.size() + 1 - tm5_capacity_items : 0;
+        store_.set_capacity(0);  // the store's own eviction off: this add evicts by the list it read
+        ReferenceEngine::store_add(id, cache, metadata);
+        store_.set_capacity(tm5_capacity_items);
+        for (auto victim = loaded.begin(); victim != loaded.end() && evicting > 0; ++victim, --evicting) {
+            store_.remove({*victim});
+        }
+    }
+};
+
 using P = Property;
 
 }  // namespace
@@ -344,6 +371,8 @@ std::vector<Adapter> thread_mutant_adapters() {
         lane_mutant<TM3>("TM3", "an unlocked store index update: an add installs a copy of the index it loaded before a yield",
                          {P::linearizable}),
         lane_mutant<TM4>("TM4", "a dump torn by concurrent adds: it takes each entry in turn, yielding between them",
+                         {P::linearizable}),
+        lane_mutant<TM5>("TM5", "an unlocked LRU list in a store of 2 entries: an add evicts by the recency list it read before a yield",
                          {P::linearizable}),
     };
     for (Adapter& mutant : mutants) mutant.threads = true;

@@ -454,8 +454,12 @@ constexpr std::size_t linearizable_requests_max = 64;
 // that do not overlap, whose reads and whole readings fit the state the
 // writes before them made (the store empty at the start)? Nothing when
 // there is; else the index of a read or whole reading that fitted no state
-// in a deepest order tried.
-std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model);
+// in a deepest order tried. With `policy` bounded (items, evicted lru,
+// fifo or lrs; else std::invalid_argument), a write past the capacity
+// evicts as the policy says, in the order its uses made (under lru a read
+// is a use: it is placed where its get_cache ran).
+std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model,
+                                               const StorePolicy& policy = {});
 // "lane 2's read of \"a\" (steps 4 to 9) got a copy of content 0123... and generated [3, 4]"
 // (`unit` "steps" or "lines"; numbered from 1).
 std::string store_request_text(const StoreRequest& request, const char* unit);

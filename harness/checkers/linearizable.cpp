@@ -25,7 +25,8 @@
 // (harness/threads.cpp), whose requests are calls that overlap in time
 // (first and last: a call's invocation and response), with two more kinds
 // of request: a dump read back and the store read at a quiescent point,
-// each a reading of the whole store that must equal one state.
+// each a reading of the whole store that must equal one state; and a
+// store with a capacity, whose evictions follow its declared policy.
 #include "checkers/checker.h"
 
 #include <algorithm>
@@ -36,19 +37,29 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <vector>
 
 namespace kvcheck::checkers {
 namespace {
 
 using Request = StoreRequest;
-using State = std::map<std::string, ObjectId>;
+
+// The store as the model knows it: each id's object and, for a bounded
+// store, the order its policy evicts in (the first goes first); without a
+// bound the order is not kept (it changes nothing, and would split the memo).
+struct State {
+    std::map<std::string, ObjectId> entries;
+    std::vector<std::string> order;
+
+    bool operator<(const State& other) const { return std::tie(entries, order) < std::tie(other.entries, other.order); }
+};
 
 // ---- the model ----
 
 // Does `read`, placed at `state`, give what it gave?
 bool read_fits(const Request& read, const State& state, StoreModel& model) {
-    const auto entry = state.find(read.ids.front());
-    if (entry == state.end()) return !read.copy;
+    const auto entry = state.entries.find(read.ids.front());
+    if (entry == state.entries.end()) return !read.copy;
     if (!model.holds_tokens(entry->second)) return true;
     if (!read.copy || *read.copy != model.digest(entry->second)) return false;
     return !read.generated || read.tokens == model.fresh(entry->second, read.prompt, read.max);
@@ -56,8 +67,8 @@ bool read_fits(const Request& read, const State& state, StoreModel& model) {
 
 // Does a whole reading, placed at `state`, hold exactly its entries?
 bool whole_fits(const Request& whole, const State& state, StoreModel& model) {
-    if (whole.held.size() != state.size()) return false;
-    for (const auto& [id, object] : state) {
+    if (whole.held.size() != state.entries.size()) return false;
+    for (const auto& [id, object] : state.entries) {
         const auto held = whole.held.find(id);
         if (held == whole.held.end() || held->second != model.digest(object)) return false;
     }
@@ -70,16 +81,37 @@ bool fits(const Request& request, const State& state, StoreModel& model) {
     return true;
 }
 
-// `state` after `request` (a read changes nothing).
-State after(const Request& request, State state) {
+// `id` used: last in the eviction order.
+void use(State& state, const std::string& id) {
+    state.order.erase(std::remove(state.order.begin(), state.order.end(), id), state.order.end());
+    state.order.push_back(id);
+}
+
+void erase(State& state, const std::string& id) {
+    state.entries.erase(id);
+    state.order.erase(std::remove(state.order.begin(), state.order.end(), id), state.order.end());
+}
+
+// `state` after `request`: a write stores (and, past a capacity, evicts
+// the first of the order), a delete erases; a read changes nothing but,
+// under lru, its entry's recency.
+State after(const Request& request, State state, const StorePolicy& policy) {
+    const bool ordered = policy.capacity_items > 0;
     if (request.kind == Request::Kind::write) {
-        if (request.object) {
-            state[request.ids.front()] = *request.object;
-        } else {
-            state.erase(request.ids.front());
+        const std::string& id = request.ids.front();
+        if (!request.object) {
+            erase(state, id);
+            return state;
         }
+        const bool fresh = state.entries.count(id) == 0;
+        state.entries[id] = *request.object;
+        if (ordered && (fresh || policy.eviction != Eviction::fifo)) use(state, id);  // fifo: an overwrite keeps its place
+        while (ordered && state.entries.size() > static_cast<std::size_t>(policy.capacity_items)) erase(state, state.order.front());
     } else if (request.kind == Request::Kind::erase) {
-        for (const std::string& id : request.ids) state.erase(id);
+        for (const std::string& id : request.ids) erase(state, id);
+    } else if (request.kind == Request::Kind::read && ordered && policy.eviction == Eviction::lru &&
+               state.entries.count(request.ids.front()) != 0) {
+        use(state, request.ids.front());
     }
     return state;
 }
@@ -89,6 +121,7 @@ State after(const Request& request, State state) {
 struct Search {
     const std::vector<const Request*>& requests;
     StoreModel& model;
+    const StorePolicy& policy;
     std::set<std::pair<std::uint64_t, State>> dead;
     std::size_t deepest = 0;           // the most requests placed in one order
     std::optional<std::size_t> stuck;  // a read that fitted no state there
@@ -112,7 +145,7 @@ bool place(Search& search, std::uint64_t placed, const State& state, std::size_t
             }
             continue;
         }
-        if (place(search, placed | (std::uint64_t{1} << i), after(request, state), count + 1)) return true;
+        if (place(search, placed | (std::uint64_t{1} << i), after(request, state, search.policy), count + 1)) return true;
     }
     search.dead.insert({placed, state});
     return false;
@@ -136,9 +169,13 @@ std::string digest_text(std::uint64_t digest) {
 
 }  // namespace
 
-std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model) {
+std::optional<std::size_t> linearization_stuck(const std::vector<const StoreRequest*>& requests, StoreModel& model,
+                                               const StorePolicy& policy) {
     if (requests.size() > linearizable_requests_max) throw std::invalid_argument("linearization_stuck: too many requests");
-    Search search{requests, model, {}, 0, std::nullopt};
+    if (policy.bounded() && (policy.capacity_bytes > 0 || !evicts_in_order(policy.eviction))) {
+        throw std::invalid_argument("linearization_stuck: a bound of items evicted in order (lru, fifo, lrs) only");
+    }
+    Search search{requests, model, policy, {}, 0, std::nullopt};
     if (place(search, 0, {}, 0)) return std::nullopt;
     return search.stuck.value_or(requests.size() - 1);
 }

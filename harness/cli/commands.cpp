@@ -614,7 +614,7 @@ int command_run(const Args& args) {
                                           if (threads) {
                                               if (a.threads) return false;
                                               const Capabilities declared = a.make()->capabilities();
-                                              return !a.breaks.empty() || !declared.thread_safe || (!declared.paged && declared.policy.bounded());
+                                              return !a.breaks.empty() || !declared.thread_safe || (!declared.paged && store_not_judged_by_threads(declared));
                                           }
                                           return a.threads || (!a.breaks.empty() && (a.lanes > 1) != lanes);
                                       }),

@@ -17,7 +17,8 @@
 // the copies clients hold, unchanged and sharing nothing with the store
 // (stored-immutable), the listing (store-contract), and linearizability of
 // the calls so far over their overlapping invocation-response intervals
-// with the store read there; the dumps read back at the end
+// with the store read there (a store with a capacity: its evictions as its
+// policy declares them); the dumps read back at the end
 // (docs/semantics.md#the-thread-level).
 //
 //   kvcheck::WorkloadOptions options;  // options.capabilities = the engine's
@@ -64,9 +65,16 @@ struct ThreadRunResult {
     std::size_t failing_call = 0;
 };
 
+// Why the thread level's store lanes cannot judge a store that declares
+// these (a capacity in bytes, an eviction policy that names no order,
+// leases), or nothing: an unbounded store, or one of so many items evicted
+// lru, fifo or lrs, whose evictions are in the model.
+std::optional<std::string> store_not_judged_by_threads(const Capabilities& capabilities);
+
 // Runs the plan's lane 0 alone, then lanes 1.. on a thread each under the
 // schedule. The engine must declare thread_safe, a paged plan needs a paged
-// engine and a store plan an unbounded store (std::invalid_argument).
+// engine and a store plan a store the thread level judges
+// (store_not_judged_by_threads; else std::invalid_argument).
 ThreadRunResult run_threads(Engine& engine, const LanePlan& plan, const ThreadRunOptions& options);
 
 // The plan of a thread-level trace: draw_lanes's requests (options.threads:
