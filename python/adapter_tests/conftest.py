@@ -88,6 +88,13 @@ class Run:
     def result(self, property_id):
         return next(p for p in self.report["properties"] if p["id"] == property_id)
 
+    def part(self, source):
+        """The results (by property id) of the adapter given as `source`,
+        of a run of several adapters: exactly one has that source."""
+        parts = [a for a in self.whole_report["adapters"] if a["source"] == source]
+        assert len(parts) == 1, (source, [a["source"] for a in self.whole_report["adapters"]])
+        return {p["id"]: p for p in parts[0]["properties"]}
+
     def applicable(self):
         """The properties that apply to the adapter: not those of the other
         cache family, whose verdict is n/a (skipped, "n/a: ...")."""
