@@ -88,6 +88,13 @@ class Run:
     def result(self, property_id):
         return next(p for p in self.report["properties"] if p["id"] == property_id)
 
+    def part(self, source):
+        """The results (by property id) of the adapter given as `source`,
+        of a run of several adapters: exactly one has that source."""
+        parts = [a for a in self.whole_report["adapters"] if a["source"] == source]
+        assert len(parts) == 1, (source, [a["source"] for a in self.whole_report["adapters"]])
+        return {p["id"]: p for p in parts[0]["properties"]}
+
     def applicable(self):
         """The properties that apply to the adapter: not those of the other
         cache family, whose verdict is n/a (skipped, "n/a: ...")."""
@@ -99,19 +106,18 @@ def is_other_family(result):
     return result["verdict"] == "skipped" and (result["message"] or "").startswith("n/a")
 
 
-@pytest.fixture
-def kvcheck(scratch_dir):
-    """Runs `kvcheck ARGS...` in the scratch directory (traces go there); for
-    `run`, with a JSON report, parsed into Run.report."""
+def kvcheck_runner(directory):
+    """Runs `kvcheck ARGS...` in `directory` (traces go to its traces/);
+    for `run`, with a JSON report, parsed into Run.report."""
     binary = kvcheck_binary()
 
     def run(*args, timeout=900):
         args = list(args)
         report_path = None
         if args and args[0] == "run":
-            report_path = os.path.join(scratch_dir, "report.json")
-            args += ["--report", "json", "--out", report_path, "--quiet", "--trace-dir", os.path.join(scratch_dir, "traces")]
-        completed = subprocess.run([binary] + args, cwd=scratch_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            report_path = os.path.join(directory, "report.json")
+            args += ["--report", "json", "--out", report_path, "--quiet", "--trace-dir", os.path.join(directory, "traces")]
+        completed = subprocess.run([binary] + args, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, timeout=timeout)
         report = None
         if report_path and os.path.isfile(report_path):
@@ -119,4 +125,24 @@ def kvcheck(scratch_dir):
                 report = json.load(file)
         return Run(completed, report)
 
+    run.directory = directory
     return run
+
+
+@pytest.fixture
+def kvcheck(scratch_dir):
+    """kvcheck_runner in the test's scratch directory."""
+    return kvcheck_runner(scratch_dir)
+
+
+@pytest.fixture(scope="module")
+def kvcheck_module():
+    """kvcheck_runner in a directory of the module's, removed after its
+    last test: for a run whose result several tests read (CI time: a
+    search through an adapter process made once, not once a test). A test
+    that writes files of its own uses its scratch_dir beside it."""
+    directory = tempfile.mkdtemp(prefix="kvcheck-adapter-test-")
+    try:
+        yield kvcheck_runner(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

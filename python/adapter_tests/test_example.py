@@ -28,10 +28,27 @@ def test_the_fixed_store_holds_every_property(kvcheck):
     assert run.report["source"] == f"exec:{ADAPTER_PYTHON} {EXAMPLE}"
 
 
+@pytest.fixture(scope="module")
+def bug_search(kvcheck_module):
+    """Each bug's search (its property, 400 traces, up to its first
+    failure), run once for the module: the tests that read a search's
+    result share it (CI time)."""
+    runs = {}
+
+    def search(bug):
+        if bug not in runs:
+            runs[bug] = kvcheck_module("run", "--adapter", f"{EXAMPLE} --bug {bug}", "--property", BUGS[bug],
+                                       "--cases", "400", "--failures", "1")
+        return runs[bug]
+
+    search.directory = kvcheck_module.directory
+    return search
+
+
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_each_bug_is_caught_by_the_property_that_names_it(kvcheck, bug):
+def test_each_bug_is_caught_by_the_property_that_names_it(bug_search, bug):
     prop = BUGS[bug]
-    run = kvcheck("run", "--adapter", f"{EXAMPLE} --bug {bug}", "--property", prop, "--cases", "400", "--failures", "1")
+    run = bug_search(bug)
     assert run.status == 1, run.stdout + run.stderr
     result = run.result(prop)
     assert result["verdict"] == "fail" and result["fault"] is None, result
@@ -95,11 +112,12 @@ def test_rows_of_the_other_family_are_left_out_of_the_text_and_marked_in_json(kv
     assert marked["op-atomic"] is True and marked["no-leak"] is True and marked["store-contract"] is False, marked
 
 
-def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, scratch_dir):
+def test_a_failure_replays_and_shrinks_with_the_same_adapter(kvcheck, bug_search, scratch_dir):
     adapter = f"{EXAMPLE} --bug double_copy"
-    run = kvcheck("run", "--adapter", adapter, "--property", "single-copy", "--cases", "400", "--failures", "1")
+    assert BUGS["double_copy"] == "single-copy"
+    run = bug_search("double_copy")
     result = run.result("single-copy")
-    trace_file = os.path.join(scratch_dir, "traces", "activation-memory+double_copy-single-copy.trace")
+    trace_file = os.path.join(bug_search.directory, "traces", "activation-memory+double_copy-single-copy.trace")
     assert os.path.isfile(trace_file)
     assert result["reproduce"].startswith("kvcheck replay ")
     replay = kvcheck("replay", trace_file, "--adapter", adapter)

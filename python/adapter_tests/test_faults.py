@@ -28,30 +28,53 @@ def fault_adapter(kind, *extra):
     return " ".join(["exec:" + ADAPTER_PYTHON, FAULT_ADAPTER, "--fault", kind] + list(extra))
 
 
-def run_properties(kvcheck, adapter, *options):
-    args = ["run", "--adapter", adapter, "--cases", "5", "--jobs", "2"]
-    for prop in PROPERTIES:
-        args += ["--property", prop]
-    return kvcheck(*args, *options)
+def run_adapters(kvcheck, adapters, *options):
+    """One `kvcheck run` of `adapters` (CI time: one kvcheck start, most
+    of all under ASan); Run.part gives each adapter's results, as a run of
+    its own gives them: a fault is its job's, and the jobs of the other
+    adapters go on."""
+    return kvcheck("run", *[argument for adapter in adapters for argument in ("--adapter", adapter)], *options)
 
 
-@pytest.mark.parametrize(
-    "kind, fault, words",
-    [
-        ("crash", "crash", "was killed by SIGSEGV"),
-        ("exit", "exit", "exited with status 3"),
-        ("garbage", "protocol", "not a protocol frame on its reply pipe (a length of 1214606444 bytes"),
-        ("not-json", "protocol", "a frame that is not JSON"),
-        ("no-ok", "protocol", "has no boolean 'ok'"),
-    ],
-)
-@pytest.mark.parametrize("start", ["cold", "warm"])
-def test_a_broken_process_is_a_fault_of_each_property(kvcheck, kind, fault, words, start):
+def run_properties(kvcheck, adapters, *options):
+    properties = [argument for prop in PROPERTIES for argument in ("--property", prop)]
+    return run_adapters(kvcheck, adapters, "--cases", "5", "--jobs", "2", *properties, *options)
+
+
+def warm(start):
+    return ["--warm"] if start == "warm" else []
+
+
+BROKEN = [
+    ("crash", "crash", "was killed by SIGSEGV"),
+    ("exit", "exit", "exited with status 3"),
+    ("garbage", "protocol", "not a protocol frame on its reply pipe (a length of 1214606444 bytes"),
+    ("not-json", "protocol", "a frame that is not JSON"),
+    ("no-ok", "protocol", "has no boolean 'ok'"),
+]
+STARTS = ["cold", "warm"]
+
+
+def broken_adapter(kind, start):
     # warm: the broken processes are copies of a fork server (section 10).
-    run = run_properties(kvcheck, fault_adapter(kind, "--noise", "50", *(["--warm"] if start == "warm" else [])))
+    return fault_adapter(kind, "--noise", "50", *warm(start))
+
+
+@pytest.fixture(scope="module")
+def broken_run(kvcheck_module):
+    """Every broken process of BROKEN, cold and warm, in one kvcheck run;
+    each test judges its adapter's part."""
+    return run_properties(kvcheck_module, [broken_adapter(kind, start) for kind, _, _ in BROKEN for start in STARTS])
+
+
+@pytest.mark.parametrize("kind, fault, words", BROKEN)
+@pytest.mark.parametrize("start", STARTS)
+def test_a_broken_process_is_a_fault_of_each_property(broken_run, kind, fault, words, start):
+    run = broken_run
     assert run.status == 1, run.stdout + run.stderr
+    results = run.part(broken_adapter(kind, start))
     for prop in PROPERTIES:  # the first fault did not end the run
-        result = run.result(prop)
+        result = results[prop]
         assert result["verdict"] == "fail", result
         assert result["fault"].startswith(fault + ": "), result
         assert words in result["fault"], result["fault"]
@@ -67,16 +90,27 @@ def process_gone(pid):
         return True
 
 
-@pytest.mark.parametrize("start", ["cold", "warm"])
-def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_dir, start):
+@pytest.fixture(scope="module")
+def hang_run(kvcheck_module):
+    """The hang, cold and warm, in one kvcheck run (one 10 s wait, not
+    two), each with its pid file: (run, {start: (adapter, pid file)})."""
+    hung = {}
+    for start in STARTS:
+        pid_file = os.path.join(kvcheck_module.directory, f"adapter-{start}.pid")
+        hung[start] = (fault_adapter("hang", "--pid-file", pid_file, "--noise", "3", *warm(start)), pid_file)
+    run = run_adapters(kvcheck_module, [adapter for adapter, _ in hung.values()], "--property", "store-contract",
+                       "--cases", "5", "--timeout", "10")
+    return run, hung
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(hang_run, start):
     # warm: the hung copy is the fork server's child; the server kills it
     # when the sandbox child that asked for it is killed.
-    pid_file = os.path.join(scratch_dir, "adapter.pid")
-    warm = ["--warm"] if start == "warm" else []
-    run = kvcheck("run", "--adapter", fault_adapter("hang", "--pid-file", pid_file, "--noise", "3", *warm),
-                  "--property", "store-contract", "--cases", "5", "--timeout", "10")
+    run, hung = hang_run
+    adapter, pid_file = hung[start]
     assert run.status == 1, run.stdout + run.stderr
-    result = run.result("store-contract")
+    result = run.part(adapter)["store-contract"]
     assert result["fault"] == "hang: no progress for 10 s", result
     assert "noise line 2 on stdout" in result["output"], result["output"]
     with open(pid_file) as file:
@@ -88,7 +122,7 @@ def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(kvcheck, scratch_
 
 
 @pytest.mark.parametrize("where", ["handshake", "operation"])
-@pytest.mark.parametrize("start", ["cold", "warm"])
+@pytest.mark.parametrize("start", STARTS)
 def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(kvcheck, scratch_dir, start, where):
     # Issue 43, D7: a double fork and setsid (the grandchild's parent exits,
     # it is in a session of its own) from the process kvcheck starts for the
@@ -96,8 +130,7 @@ def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(kvcheck, scr
     # fork server as it answers the handshake, or from one of its copies.
     pid_file = os.path.join(scratch_dir, "escaped.pid")
     how = ["none", "--escape-at-hello"] if where == "handshake" else ["escape"]
-    warm = ["--warm"] if start == "warm" else []
-    run = kvcheck("run", "--adapter", fault_adapter(*how, "--escape-mb", "1", "--pid-file", pid_file, *warm),
+    run = kvcheck("run", "--adapter", fault_adapter(*how, "--escape-mb", "1", "--pid-file", pid_file, *warm(start)),
                   "--property", "store-contract", "--cases", "2")
     assert run.status == 1, run.stdout + run.stderr
     with open(pid_file) as file:
@@ -108,16 +141,21 @@ def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(kvcheck, scr
     assert gone, f"the escaped process {escaped} outlived kvcheck ({start} start, from the {where})"
 
 
-@pytest.mark.parametrize("start", ["cold", "warm"])
-def test_memory_over_the_limit_is_a_fault(kvcheck, start):
+@pytest.fixture(scope="module")
+def memory_run(kvcheck_module):
+    """The adapter over the memory limit, cold and warm, in one kvcheck run."""
+    return run_adapters(kvcheck_module, [fault_adapter("memory", *warm(start)) for start in STARTS],
+                        "--property", "store-contract", "--cases", "5", "--memory-mb", "1024")
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_memory_over_the_limit_is_a_fault(memory_run, start):
     # The limit is the sandbox child's and its adapter's together (a warm
     # copy, not the child's descendant, is counted as one): 1 GiB leaves
     # room for a child built with sanitizers; the adapter grows to 3.
-    warm = ["--warm"] if start == "warm" else []
-    run = kvcheck("run", "--adapter", fault_adapter("memory", *warm), "--property", "store-contract", "--cases", "5",
-                  "--memory-mb", "1024")
+    run = memory_run
     assert run.status == 1, run.stdout + run.stderr
-    result = run.result("store-contract")
+    result = run.part(fault_adapter("memory", *warm(start)))["store-contract"]
     assert result["fault"].startswith("memory: "), result
     assert "over the limit of 1024 MiB" in result["fault"]
 
@@ -175,7 +213,7 @@ def test_an_engine_that_rejects_everything_fails_by_engine_error_not_fault(kvche
     # without it: the searches go on to their end all the same, no trace
     # can be judged, and the properties are blocked; the errors are grouped by message shape, one
     # group per operation refused, their counts every trace of both searches.
-    run = run_properties(kvcheck, fault_adapter("none"))
+    run = run_properties(kvcheck, [fault_adapter("none")])
     assert run.status == 1
     for prop in PROPERTIES:
         result = run.result(prop)

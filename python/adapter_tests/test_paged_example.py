@@ -4,10 +4,11 @@ every paged property (the contiguous ones are n/a: it is a paged engine
 only), and each historic bug is caught by the property that names it
 (block_manager.BUG_PROPERTIES), shrunk. Under Debian's torch 1.13 only:
 the SDK's paged side is the same code under either torch (test_paged_sdk.py
-runs under both), and there the whole file costs a few seconds of CPU,
-where under .venv's torch 2 each of kvcheck's adapter processes starts
-cold and the file costs over a minute (BENCHMARKS.md, "Paged block
-managers from Python")."""
+runs under both), and a second run of the file would add CI time without
+a check. (The cold starts under torch 2 that BENCHMARKS.md, "Paged block
+managers from Python", measured are gone: a kvcheck run of the manager
+under .venv's torch 2 starts one interpreter and forks the rest, as under
+torch 1.13; BENCHMARKS.md, "CI's Python suites".)"""
 
 import os
 
