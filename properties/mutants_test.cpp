@@ -109,6 +109,16 @@ TEST(ReferenceWindow, PassesTheSameBudget) { expect_passes("reference-window", t
 // path with the reference but the comparison within the tolerance.
 TEST(ReferenceQuantized, PassesATenthOfTheBudget) { expect_passes("reference-quantized", traces_max / 10); }
 
+// Concurrent requests' readings are compared with the expected content
+// exactly: linearizable is not checked under a tolerance, nor is a killed dump.
+TEST(ReferenceQuantized, DeclaresItsToleranceAndIsNotJudgedWhereContentIsComparedExactly) {
+    const Capabilities capabilities = adapters::find_bundled("reference-quantized")->make()->capabilities();
+    EXPECT_EQ(capabilities.content_tolerance.rel, 1.0 / 256);
+    EXPECT_FALSE(checkable(capabilities).has(Property::linearizable));
+    EXPECT_TRUE(checkable(capabilities).has(Property::stored_immutable));
+    EXPECT_FALSE(capabilities.dump_kill);
+}
+
 // A tolerance loosens only the comparison with what kvcheck expects: a
 // cache read twice must read the same. A quantized store that nudges one
 // value of a float32 or float16 cache by 2^-10 of it, once, well inside the

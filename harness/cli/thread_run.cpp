@@ -27,6 +27,10 @@ std::string not_at_the_thread_level(const Capabilities& capabilities) {
         return "n/a: the thread level runs a paged engine's or a store's requests, and the adapter declares neither "
                "(docs/semantics.md#the-thread-level)";
     }
+    if (capabilities.content_tolerance.declared()) {
+        return "n/a: the thread level compares what the lanes read with the expected content exactly, and the adapter "
+               "declares a content tolerance (docs/semantics.md#content-tolerance)";
+    }
     if (!capabilities.paged && capabilities.policy.bounded()) {
         return "n/a: the thread level's store lanes judge an unbounded store, and the adapter declares a capacity (its "
                "evictions are not in the thread level's model; docs/semantics.md#the-thread-level)";
