@@ -26,6 +26,14 @@ const std::vector<Adapter>& bundled() {
                            engine->set_window(reference_window);
                            return std::shared_ptr<Engine>(std::move(engine));
                        }});
+        all.push_back({"reference-quantized",
+                       "the reference as a quantized store: every cache it builds holds its values on the bfloat16 grid, and it declares that rounding's content tolerance (docs/semantics.md#content-tolerance)",
+                       "bundled", {}, [] {
+                           auto engine = std::make_shared<ReferenceEngine>();
+                           engine->rename("reference-quantized");
+                           engine->quantize();
+                           return std::shared_ptr<Engine>(std::move(engine));
+                       }});
         for (Adapter& mutant : mutant_adapters()) all.push_back(std::move(mutant));
         all.push_back({"paged-reference", "the paged reference: a block pool with a prefix index (and the reference store)",
                        "bundled", {}, [] {

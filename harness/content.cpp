@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -322,6 +324,7 @@ struct ExpectedSlot {
     std::array<std::int64_t, 4> shape;
     std::size_t dims;
     std::uint64_t hash;  // content_hash of its values
+    const std::vector<float>* values;
 };
 
 // What a correct engine reports for `content`, in the order a view lists
@@ -345,8 +348,8 @@ void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_
             round_all(dtype, values.data(), values.size());
             const std::uint64_t hash = content_hash(values.data(), values.size());
             const ExpectedSlot expected =
-                tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash}
-                            : ExpectedSlot{dtype, {cache_batch, content.heads, tokens, content.head_dim}, 4, hash};
+                tokens == 0 ? ExpectedSlot{dtype, {0}, 1, hash, &values}
+                            : ExpectedSlot{dtype, {cache_batch, content.heads, tokens, content.head_dim}, 4, hash, &values};
             on_slot(&expected);
         }
     }
@@ -354,7 +357,7 @@ void walk_expected(const CacheContent& content, OnLayer&& on_layer, OnSlot&& on_
 
 }  // namespace
 
-CacheView expected_view(const CacheContent& content) {
+CacheView expected_view(const CacheContent& content, bool values) {
     CacheView view;
     view.layout = content.layout;
     int slot = 0;
@@ -372,6 +375,7 @@ CacheView expected_view(const CacheContent& content) {
             slot_view.dtype = expected->dtype;
             slot_view.shape.assign(expected->shape.begin(), expected->shape.begin() + expected->dims);
             slot_view.hash = expected->hash;
+            if (values) slot_view.values = *expected->values;
         });
     return view;
 }
@@ -424,7 +428,34 @@ std::uint64_t view_digest(const CacheView& view) {
     return digest.value();
 }
 
-std::string view_difference(const CacheView& actual, const CacheView& expected) {
+bool ContentTolerance::within(float value, float expected) const {
+    if (value == expected) return true;  // infinities too; a NaN never is
+    const double difference = std::fabs(static_cast<double>(value) - static_cast<double>(expected));
+    return difference <= abs + rel * std::fabs(static_cast<double>(expected));
+}
+
+namespace {
+
+// A slot whose hash differs, compared value by value within `tolerance`:
+// empty when every value is within it.
+std::string values_difference(const SlotView& actual, const SlotView& expected, const ContentTolerance& tolerance) {
+    if (actual.values.size() != expected.values.size()) {
+        return "content differs (the adapter reported " + std::to_string(actual.values.size()) + " values of " +
+               std::to_string(expected.values.size()) + "; an engine with a content tolerance reports a slot's values)";
+    }
+    for (std::size_t i = 0; i < actual.values.size(); ++i) {
+        if (tolerance.within(actual.values[i], expected.values[i])) continue;
+        char text[160];
+        std::snprintf(text, sizeof text, "content differs beyond the tolerance at element %zu: %.9g, expected %.9g (abs %g, rel %g)", i,
+                      static_cast<double>(actual.values[i]), static_cast<double>(expected.values[i]), tolerance.abs, tolerance.rel);
+        return text;
+    }
+    return {};
+}
+
+}  // namespace
+
+std::string view_difference(const CacheView& actual, const CacheView& expected, const ContentTolerance& tolerance) {
     if (actual.layout != expected.layout) {
         return std::string("layout is ") + layout_name(actual.layout) + ", expected " + layout_name(expected.layout);
     }
@@ -455,7 +486,10 @@ std::string view_difference(const CacheView& actual, const CacheView& expected) 
                 return where() + " dtype " + dtype_name(x.dtype) + ", expected " + dtype_name(y.dtype);
             }
             if (x.shape != y.shape) return where() + " shape " + shape_text(x.shape) + ", expected " + shape_text(y.shape);
-            if (x.hash != y.hash) return where() + " content differs";
+            if (x.hash == y.hash) continue;
+            if (!tolerance.declared()) return where() + " content differs";
+            const std::string values = values_difference(x, y, tolerance);
+            if (!values.empty()) return where() + " " + values;
         }
     }
     return {};

@@ -620,6 +620,10 @@ void add_yield_slot(kvcheck_yield_fn* slot) {
 std::optional<std::string> store_not_judged_by_threads(const Capabilities& capabilities) {
     const StorePolicy& policy = capabilities.policy;
     if (capabilities.lease_ttl_ms > 0) return "the thread level's store lanes judge no leases (they run on kvcheck's virtual clock)";
+    if (capabilities.content_tolerance.declared()) {
+        return "the thread level's store lanes compare what they read with the expected content exactly, and the adapter "
+               "declares a content tolerance (docs/semantics.md#content-tolerance)";
+    }
     if (policy.capacity_bytes > 0) return "the thread level's store lanes judge a capacity of items, not of bytes";
     if (policy.bounded() && !evicts_in_order(policy.eviction)) {
         return std::string("the thread level's store lanes judge a capacity evicted lru, fifo or lrs, not ") + eviction_name(policy.eviction);

@@ -1,6 +1,7 @@
 // Every known bug is caught: each mutant is found by the seeded workload,
 // reported under a property it is known to break, and shrunk to a short
 // trace that replays the failure. The reference passes the same budget.
+#include "reference/reference_engine.h"
 #include "run_util.h"
 
 #include <gtest/gtest.h>
@@ -101,6 +102,88 @@ TEST(Reference, PassesTheSameBudget) { expect_passes("reference", traces_max); }
 // cache it stores, hands out or makes is cut to its last 4 tokens, and
 // kvcheck compares only those; nothing is a finding.
 TEST(ReferenceWindow, PassesTheSameBudget) { expect_passes("reference-window", traces_max); }
+
+// The same for a quantized store (docs/semantics.md#content-tolerance): what
+// it reads back is off the content by its rounding, within the tolerance it
+// declares; nothing is a finding. A tenth of the budget: it shares every
+// path with the reference but the comparison within the tolerance.
+TEST(ReferenceQuantized, PassesATenthOfTheBudget) { expect_passes("reference-quantized", traces_max / 10); }
+
+// Concurrent requests' readings are compared with the expected content
+// exactly: linearizable is not checked under a tolerance, nor is a killed dump.
+TEST(ReferenceQuantized, DeclaresItsToleranceAndIsNotJudgedWhereContentIsComparedExactly) {
+    const Capabilities capabilities = adapters::find_bundled("reference-quantized")->make()->capabilities();
+    EXPECT_EQ(capabilities.content_tolerance.rel, 1.0 / 256);
+    EXPECT_FALSE(checkable(capabilities).has(Property::linearizable));
+    EXPECT_TRUE(checkable(capabilities).has(Property::stored_immutable));
+    EXPECT_FALSE(capabilities.dump_kill);
+}
+
+// A tolerance loosens only the comparison with what kvcheck expects: a
+// cache read twice must read the same. A quantized store that nudges one
+// value of a float32 or float16 cache by 2^-10 of it, once, well inside the
+// 2^-8 it declares, is caught exactly: a stored entry its get_cache copies, by
+// stored-immutable; the cache a generation decoded from (not an owned
+// copy), by clone-independent.
+class NudgesBelowTheTolerance final : public adapters::ReferenceEngine {
+  public:
+    enum class Where : std::uint8_t { stored_copied, generation_source };
+    explicit NudgesBelowTheTolerance(Where where) : where_(where) { quantize(); }
+    void get_cache(const std::vector<std::string>& ids, Handle out) override {
+        ReferenceEngine::get_cache(ids, out);
+        if (where_ != Where::stored_copied) return;
+        for (const std::string& id : ids) {
+            if (store_.get(id) != nullptr) nudge(*stored(id));
+        }
+    }
+    GenerateResult generate(Handle h, const std::vector<std::int64_t>& prompt, std::int64_t max_new_tokens,
+                            bool stream) override {
+        GenerateResult result = ReferenceEngine::generate(h, prompt, max_new_tokens, stream);
+        if (where_ != Where::generation_source) return result;
+        // Not an owned copy (the model's to write) and not a stored entry (stored-immutable's).
+        const kv::ConstCachePtr source = handle(h);
+        if (!source || source->owned()) return result;
+        for (const std::string& id : stored_ids()) {
+            if (stored(id) == source) return result;
+        }
+        nudge(*source);
+        return result;
+    }
+
+  private:
+    // Once an engine: a second nudge of a cache read in between would be
+    // caught by the reading after the first.
+    void nudge(const kv::Cache& cache) {
+        if (nudged_ || cache.layer_count() == 0) return;
+        const at::Tensor keys = cache.layout() == kv::Layout::legacy ? (*cache.key_cache())[0] : (*cache.layers())[0]->keys;
+        if (!keys.defined() || keys.dim() != 4 || keys.numel() == 0 || keys.scalar_type() == at::kBFloat16) return;
+        keys[0][0][0][0].mul_(1.0 + 1.0 / 1024);
+        nudged_ = true;
+    }
+    Where where_;
+    bool nudged_ = false;
+};
+
+// Each with only its property checked: no other property's reading of the
+// cache comes first.
+void expect_the_nudge_caught(NudgesBelowTheTolerance::Where where, Property property) {
+    const Adapter nudging{"nudges-below-the-tolerance", "nudges one value by 2^-10", "test", {}, [where] {
+                              return std::shared_ptr<Engine>(std::make_shared<NudgesBelowTheTolerance>(where));
+                          }};
+    const auto finding = find_and_shrink(nudging, first_seed, traces_max / 10, WorkloadOptions{}, PropertySet::only(property));
+    ASSERT_TRUE(finding) << "a write below the tolerance went unseen (" << property_id(property) << ")";
+    EXPECT_EQ(finding->shrunk.failure.property, property_id(property));
+    EXPECT_NE(finding->shrunk.failure.message.find("differs from its first reading"), std::string::npos)
+        << finding->shrunk.failure.message;
+}
+
+TEST(ReferenceQuantized, AWriteBelowTheToleranceIntoAStoredEntryIsCaughtByStoredImmutable) {
+    expect_the_nudge_caught(NudgesBelowTheTolerance::Where::stored_copied, Property::stored_immutable);
+}
+
+TEST(ReferenceQuantized, AWriteBelowTheToleranceIntoAGenerationsSourceIsCaughtByCloneIndependent) {
+    expect_the_nudge_caught(NudgesBelowTheTolerance::Where::generation_source, Property::clone_independent);
+}
 
 // A tenth of the budget: a paged trace runs the model on every alloc and
 // append and reads the pool twice a step (the mutants are found in far fewer).

@@ -514,7 +514,7 @@ TEST_F(Cli, VersionSaysWhichFormatsThisKvcheckSpeaks) {
     const Outcome version = kvcheck("--version");
     EXPECT_EQ(version.status, 0);
     EXPECT_EQ(version.stdout_text.rfind("kvcheck 0.", 0), 0u) << version.out;
-    EXPECT_TRUE(contains(version.stdout_text, "report format 2, plugin ABI 15, dump format 1")) << version.out;
+    EXPECT_TRUE(contains(version.stdout_text, "report format 2, plugin ABI 16, dump format 1")) << version.out;
 }
 
 // ---- output paths -------------------------------------------------------------------

@@ -626,6 +626,17 @@ class M41 final : public ReferenceEngine {
     }
 };
 
+// M46 (ours, issue 40): a quantized store (as reference-quantized) that
+// declares the bfloat16 grid's content tolerance but keeps 3 mantissa bits:
+// what it reads back is off by up to 2^-4 of a value, beyond the 2^-8 it
+// declared (docs/semantics.md#content-tolerance). A tolerance-judged
+// comparison must still catch it. It rounds everything it builds alike, so
+// its generations agree with its fresh ones.
+class M46 final : public ReferenceEngine {
+  public:
+    M46() { quantize(3); }
+};
+
 // A Copier whose batch strategy is the bug (docs/semantics.md#batches).
 class BatchCopier final : public kv::Copier {
   public:
@@ -989,6 +1000,8 @@ std::vector<Adapter> mutant_adapters() {
         mutant<M43>("M43", "a batch of one row, not repeated or reordered, hands out the row's own tensors",
                     {P::clone_independent}),
         mutant<M44>("M44", "a bounded store evicts an entry under a live read lease", {P::eviction_as_declared}),
+        mutant<M46>("M46", "a quantized store declaring the bfloat16 grid's tolerance keeps only 3 mantissa bits",
+                    {P::stored_immutable}),
     };
 }
 

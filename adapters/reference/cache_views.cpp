@@ -48,11 +48,22 @@ std::uint64_t widened_hash(const at::Tensor& t, std::size_t count) {
     return content_hash(values.data(), count);
 }
 
-at::Tensor slot_tensor(const CacheContent& content, const SlotContent& slot, at::ScalarType dtype) {
+// `value` with only its top `bits` mantissa bits, rounded to the nearest,
+// ties to even (7: the bfloat16 grid). Values are finite (slot_value).
+float keep_mantissa(float value, int bits) {
+    if (bits >= 23) return value;
+    const int cut = 23 - bits;
+    std::uint32_t pattern = bits_of(value);
+    pattern += (std::uint32_t{1} << (cut - 1)) - 1 + ((pattern >> cut) & 1);
+    return float_of(pattern & ~((std::uint32_t{1} << cut) - 1));
+}
+
+at::Tensor slot_tensor(const CacheContent& content, const SlotContent& slot, at::ScalarType dtype, int mantissa_bits) {
     if (!slot.present) return {};
     if (slot.segments.empty()) return kv::empty_slot(at::TensorOptions().dtype(dtype));
     std::vector<float> values;
     fill_slot(slot, content.heads, content.head_dim, values);
+    for (float& value : values) value = keep_mantissa(value, mantissa_bits);
     // Made in place, in its dtype: at::tensor, reshape and to would be three
     // trips through the dispatcher per slot (and at::empty a fourth). The
     // values are already rounded to their precision, so each narrowing is
@@ -81,13 +92,17 @@ std::uint64_t slot_hash(const at::Tensor& t) {
     return content_hash(values.data_ptr<float>(), count);
 }
 
-SlotView slot_view(const at::Tensor& t) {
+SlotView slot_view(const at::Tensor& t, bool with_values) {
     SlotView view;
     if (!t.defined()) return view;
     view.present = true;
     view.dtype = dtype_of(t.scalar_type());
     view.shape.assign(t.sizes().begin(), t.sizes().end());
     view.hash = slot_hash(t);
+    if (with_values && t.numel() > 0) {
+        const at::Tensor widened = t.to(at::kFloat).contiguous();
+        view.values.assign(widened.data_ptr<float>(), widened.data_ptr<float>() + widened.numel());
+    }
     return view;
 }
 
@@ -102,46 +117,46 @@ void digest_slot(ViewDigest& digest, const at::Tensor& t) {
 
 }  // namespace
 
-kv::CachePtr materialize(const CacheContent& content) {
+kv::CachePtr materialize(const CacheContent& content, int mantissa_bits) {
     const at::ScalarType dtype = scalar_type(content.dtype);
     if (content.layout == Layout::legacy) {
         auto keys = std::make_shared<kv::TensorList>();
         auto values = std::make_shared<kv::TensorList>();
         for (const LayerContent& layer : content.layers) {
-            keys->push_back(slot_tensor(content, layer.slots[kvcheck::keys], dtype));
-            values->push_back(slot_tensor(content, layer.slots[kvcheck::values], dtype));
+            keys->push_back(slot_tensor(content, layer.slots[kvcheck::keys], dtype, mantissa_bits));
+            values->push_back(slot_tensor(content, layer.slots[kvcheck::values], dtype, mantissa_bits));
         }
         return kv::Cache::from_slots(std::move(keys), std::move(values));
     }
     auto layers = std::make_shared<kv::LayerList>();
     for (const LayerContent& layer : content.layers) {
         auto made = std::make_shared<kv::Layer>();
-        made->keys = slot_tensor(content, layer.slots[kvcheck::keys], dtype);
-        made->values = slot_tensor(content, layer.slots[kvcheck::values], dtype);
-        made->key_cache = slot_tensor(content, layer.slots[kvcheck::key_cache], dtype);
-        made->value_cache = slot_tensor(content, layer.slots[kvcheck::value_cache], dtype);
+        made->keys = slot_tensor(content, layer.slots[kvcheck::keys], dtype, mantissa_bits);
+        made->values = slot_tensor(content, layer.slots[kvcheck::values], dtype, mantissa_bits);
+        made->key_cache = slot_tensor(content, layer.slots[kvcheck::key_cache], dtype, mantissa_bits);
+        made->value_cache = slot_tensor(content, layer.slots[kvcheck::value_cache], dtype, mantissa_bits);
         made->is_initialized = layer.initialized;
         layers->push_back(std::move(made));
     }
     return kv::Cache::from_layers(std::move(layers));
 }
 
-CacheView view_of(const kv::Cache& cache) {
+CacheView view_of(const kv::Cache& cache, bool with_values) {
     CacheView view;
     view.layout = cache.layout() == kv::Layout::modern ? Layout::modern : Layout::legacy;
     view.layers.reserve(static_cast<std::size_t>(cache.layer_count()));
     for (std::int64_t i = 0; i < cache.layer_count(); ++i) {
         LayerView layer_view;
         if (cache.layout() == kv::Layout::legacy) {
-            layer_view.slots[keys] = slot_view((*cache.key_cache())[i]);
-            layer_view.slots[values] = slot_view((*cache.value_cache())[i]);
+            layer_view.slots[keys] = slot_view((*cache.key_cache())[i], with_values);
+            layer_view.slots[values] = slot_view((*cache.value_cache())[i], with_values);
         } else {
             const kv::Layer& layer = *(*cache.layers())[i];
             layer_view.initialized = layer.is_initialized;
-            layer_view.slots[keys] = slot_view(layer.keys);
-            layer_view.slots[values] = slot_view(layer.values);
-            layer_view.slots[key_cache] = slot_view(layer.key_cache);
-            layer_view.slots[value_cache] = slot_view(layer.value_cache);
+            layer_view.slots[keys] = slot_view(layer.keys, with_values);
+            layer_view.slots[values] = slot_view(layer.values, with_values);
+            layer_view.slots[key_cache] = slot_view(layer.key_cache, with_values);
+            layer_view.slots[value_cache] = slot_view(layer.value_cache, with_values);
         }
         view.layers.push_back(std::move(layer_view));  // a copy would allocate every shape again
     }

@@ -15,11 +15,13 @@
 
 namespace kvcheck::adapters {
 
-// A cache holding exactly `content`.
-kv::CachePtr materialize(const CacheContent& content);
+// A cache holding exactly `content`; with `mantissa_bits` < 23, each value
+// first rounded to that many mantissa bits (a quantized store: 7 is the
+// bfloat16 grid; docs/semantics.md#content-tolerance).
+kv::CachePtr materialize(const CacheContent& content, int mantissa_bits = 23);
 // What kvcheck sees of a cache: layout, flags, and per slot dtype, shape
-// and content hash.
-CacheView view_of(const kv::Cache& cache);
+// and content hash; with `values`, each slot's values too (SlotView::values).
+CacheView view_of(const kv::Cache& cache, bool with_values = false);
 // view_digest(view_of(cache)), without building the view.
 std::uint64_t digest_of(const kv::Cache& cache);
 // The identities of everything the cache is made of, as opaque numbers.

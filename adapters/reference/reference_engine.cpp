@@ -27,6 +27,12 @@ Capabilities ReferenceEngine::capabilities() const {
     // may come from any thread.
     capabilities.thread_safe = true;
     capabilities.window = window_;
+    if (quantized()) {
+        capabilities.content_tolerance = quantized_tolerance();
+        // A killed dump's states are compared with the expected content's
+        // digests exactly (harness/durability/dump_kill.cpp).
+        capabilities.dump_kill = false;
+    }
     if (window_ > 0) {
         // A dump keeps the K/V, not the positions a window cut (Cache::dropped):
         // a loaded entry would number the next tokens from the wrong place.
@@ -105,6 +111,15 @@ void ReferenceEngine::unlease(const std::string& id) {
     leases_.give_back(id);
 }
 
+void ReferenceEngine::quantize(int mantissa_bits) {
+    if (mantissa_bits < 1 || mantissa_bits > 22) {
+        throw std::invalid_argument("the reference's quantized mantissa must keep 1 to 22 bits, got " + std::to_string(mantissa_bits));
+    }
+    mantissa_bits_ = mantissa_bits;
+}
+
+kv::CachePtr ReferenceEngine::built(const CacheContent& content) const { return materialize(content, mantissa_bits_); }
+
 void ReferenceEngine::set_window(std::int64_t window) {
     if (window < 1) throw std::invalid_argument("the reference's window must be at least 1 token, got " + std::to_string(window));
     window_ = window;
@@ -168,7 +183,7 @@ std::vector<std::int64_t> ReferenceEngine::run_generation(const kv::ConstCachePt
 void ReferenceEngine::add(const std::string& id, const CacheContent& content, const Metadata& metadata) {
     const auto held = hold();
     refuse_leased({id}, LeaseUse::replace, "add");
-    store_add(id, materialize(content), metadata);
+    store_add(id, built(content), metadata);
     leases_.forget(id);
 }
 
@@ -279,7 +294,7 @@ std::vector<std::int64_t> ReferenceEngine::generate_fresh(const CacheContent& co
     const auto held = hold();
     // A fresh deep copy is already private: run the model on it directly,
     // with no boundary and nothing logged.
-    const kv::CachePtr fresh = materialize(content);
+    const kv::CachePtr fresh = built(content);
     std::vector<std::int64_t> tokens;
     kv::GenerationStats ignored;
     kv::run_model(model_, prompt, *fresh, max_new_tokens,
@@ -333,14 +348,14 @@ void ReferenceEngine::extract(const std::string& id, const std::vector<std::int6
 
 CacheView ReferenceEngine::fed_view(const CacheContent& content, const std::vector<std::int64_t>& tokens) {
     const auto held = hold();
-    const kv::CachePtr fresh = materialize(content);
+    const kv::CachePtr fresh = built(content);
     if (!tokens.empty()) model_.forward(tokens, *fresh);
-    return view_of(*windowed(fresh));
+    return view_of(*windowed(fresh), quantized());
 }
 
 void ReferenceEngine::make(const CacheContent& content, Handle out) {
     const auto held = hold();
-    handles_[out] = windowed(materialize(content));
+    handles_[out] = windowed(built(content));
 }
 
 void ReferenceEngine::clone(Handle source, Handle out) {
@@ -419,7 +434,7 @@ std::vector<std::string> ReferenceEngine::stored_ids() {
 
 CacheView ReferenceEngine::view_entry(const std::string& id) {
     const auto held = hold();
-    return view_of(stored_cache(id));
+    return view_of(stored_cache(id), quantized());
 }
 
 std::uint64_t ReferenceEngine::entry_digest(const std::string& id) {
@@ -443,7 +458,7 @@ CacheView ReferenceEngine::view_handle(Handle h) {
     const auto held = hold();
     const kv::ConstCachePtr cache = handle(h);
     if (!cache) throw std::invalid_argument("view_handle: handle holds no cache");
-    return view_of(*cache);
+    return view_of(*cache, quantized());
 }
 
 HandleFacts ReferenceEngine::handle_facts(Handle h) {

@@ -83,6 +83,19 @@ class ReferenceEngine : public Engine {
     // positions a cut moved on).
     void set_window(std::int64_t window);
     std::int64_t window() const { return window_; }
+    // docs/semantics.md#content-tolerance: a quantized store, as the bundled
+    // reference-quantized. Every cache it builds from kvcheck's content
+    // (add, make, generate_fresh, fed_view) holds each value rounded to
+    // `mantissa_bits` mantissa bits (quantized_mantissa_bits: the bfloat16
+    // grid), and it declares the content tolerance that rounding implies
+    // (quantized_tolerance). Its views carry their values.
+    void quantize(int mantissa_bits = quantized_mantissa_bits);
+    static constexpr int quantized_mantissa_bits = 7;
+    // Half a unit in the last place of 7 mantissa bits is at most 2^-8 of a
+    // value; a float16 slot rounds the rounded value once more, by at most
+    // half its smallest subnormal step (2^-25) below 2^-14: 2^-24 absolute
+    // covers it.
+    static ContentTolerance quantized_tolerance() { return {1.0 / (1 << 24), 1.0 / (1 << 8)}; }
 
     void add(const std::string& id, const CacheContent& content, const Metadata& metadata) override;
     void add_handle(const std::string& id, Handle handle) override;
@@ -193,6 +206,9 @@ class ReferenceEngine : public Engine {
     bool returned_caches_ = true;  // claimed (drop_returned_caches)
     Eviction eviction_ = Eviction::lru;  // declared with a capacity (set_capacity)
     std::int64_t window_ = 0;  // set_window; 0: none
+    int mantissa_bits_ = 23;   // quantize; 23: exact
+    kv::CachePtr built(const CacheContent& content) const;  // materialize, quantized as declared
+    bool quantized() const { return mantissa_bits_ < 23; }
     std::map<Handle, kv::ConstCachePtr> handles_;
     std::map<Handle, Metadata> handle_metadata_;  // of the items get handed out
     std::size_t copies_reported_ = 0;

@@ -224,6 +224,14 @@ const CacheView& Auditor::view_of(ObjectId id) {
     return *object.view;
 }
 
+CacheView Auditor::values_view_of(ObjectId id) const {
+    const Object& object = objects_.at(id);
+    // A cache the model made: its view is the engine's fed_view, which
+    // carries the values (an engine with a tolerance reports them).
+    if (object.fed && object.view) return *object.view;
+    return expected_view(window_ > 0 ? expected_window(object.content, window_) : object.content, true);
+}
+
 namespace {
 
 // Every field of a content, as bytes: equal keys, equal contents.

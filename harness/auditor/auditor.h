@@ -151,6 +151,9 @@ class Auditor {
     // The view and digest the engine's cache of `object` must have.
     const CacheView& view_of(ObjectId object);
     std::uint64_t digest_of(ObjectId object);
+    // view_of with each slot's values (SlotView::values), not kept: what a
+    // reading within a content tolerance is compared with.
+    CacheView values_view_of(ObjectId object) const;
     Snapshot snapshot() const;
     // load: new objects, same content; used in the order a store of
     // `listing` order lists them

@@ -9,7 +9,8 @@
 // against its source's, at the step that made it. The copy a generation
 // makes of a cache that is not an owned copy (one that is not stored: made,
 // or a conversion's result) is judged by its effect: the model filling that
-// copy must leave the source's content as it was, read after the generation.
+// copy must leave the source's content as it was, read after the generation
+// (under a content tolerance: exactly as read when it was made).
 // Not checked here: the clone's content (layout-roundtrip), its owned
 // marker (owned-marker), what a generation does to a stored entry
 // (stored-immutable).
@@ -23,8 +24,16 @@ class CloneIndependent final : public Checker {
     CloneIndependent() : Checker(Property::clone_independent) {}
 
     void made(const Made& made, Probe& probe) override {
+        if (!made.object || !checking(probe)) return;
+        // Under a content tolerance a handle's first reading is judged
+        // within it and every later one exactly
+        // (docs/semantics.md#content-tolerance): read here, when the handle
+        // is made, so that a generation from it must leave it exactly as it
+        // was. How it differs from what was expected is the other
+        // properties' to report (merge-correct, layout-roundtrip, ...).
+        if (probe.capabilities().content_tolerance.declared()) probe.handle_difference(made.out, *made.object);
         const bool copy = made.by == MadeBy::clone || made.by == MadeBy::from_legacy || made.by == MadeBy::batch;
-        if (!copy || !made.object || !checking(probe)) return;
+        if (!copy) return;
         if (const std::optional<std::int64_t> source = shared_source(probe, made.out, made.sources)) {
             const std::string what = made.by == MadeBy::clone   ? "the clone "
                                      : made.by == MadeBy::batch ? "the batch row "

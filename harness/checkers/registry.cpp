@@ -75,6 +75,10 @@ PropertySet checkable(const Capabilities& capabilities) {
                              (!(info.needs & property_needs_paged) && !capabilities.store);
         if (missing) set.remove(info.property);
     }
+    // linearizable compares what concurrent requests read with the expected
+    // content exactly: not under a content tolerance
+    // (docs/semantics.md#content-tolerance).
+    if (capabilities.content_tolerance.declared()) set.remove(Property::linearizable);
     return set;
 }
 

@@ -720,6 +720,11 @@ void search_property(const Adapter& adapter, Property property, std::size_t inde
             out.send("skipped", "the adapter does not claim batch (Capabilities::batch): no batch is drawn");
             return;
         }
+        if (property == Property::linearizable && capabilities.content_tolerance.declared()) {
+            out.send("skipped", "the adapter declares a content tolerance, and linearizable compares what concurrent "
+                                "requests read with the expected content exactly (docs/semantics.md#content-tolerance)");
+            return;
+        }
         out.send("skipped", "the adapter does not report what this property needs (see Capabilities)");
         return;
     }

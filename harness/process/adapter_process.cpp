@@ -453,8 +453,13 @@ void AdapterProcess::read_dump_fork(const Json& reply) {
                                                     "section 10a: the SDK serves them when the dump shim is loaded in it)";
     }
     // Its dump runs in a copy the adapter forks (docs/durability.md), never
-    // in a fork of kvcheck's process.
-    hello_.capabilities.dump_kill = hello_.dump_fork;
+    // in a fork of kvcheck's process. Not under a content tolerance: the
+    // states a kill leaves are compared with the dump's expected digests
+    // exactly (docs/semantics.md#content-tolerance).
+    hello_.capabilities.dump_kill = hello_.dump_fork && !hello_.capabilities.content_tolerance.declared();
+    if (hello_.dump_fork && !hello_.capabilities.dump_kill) {
+        hello_.dump_fork_absent = "the adapter declares a content tolerance: killed dumps are compared exactly";
+    }
 }
 
 Json AdapterProcess::call(const std::string& request) {

@@ -153,6 +153,11 @@ class JsonParser {
             if (!skip_digits()) fail("expected digits in the exponent");
         }
         if (real) {
+            const auto [end, error] = std::from_chars(text_.data() + start, text_.data() + at_, value.real_);
+            if (error != std::errc() || end != text_.data() + at_) {
+                at_ = start;
+                fail("real number out of the double range");
+            }
             value.type_ = Json::Type::real;
             return value;
         }
@@ -259,6 +264,13 @@ std::int64_t Json::as_int() const {
     const std::uint64_t limit = negative_ ? (std::uint64_t{1} << 63) : (std::uint64_t{1} << 63) - 1;
     if (magnitude_ > limit) throw JsonError("integer out of the signed 64-bit range");
     return negative_ ? static_cast<std::int64_t>(~magnitude_ + 1) : static_cast<std::int64_t>(magnitude_);
+}
+
+double Json::as_number() const {
+    if (type_ == Type::real) return real_;
+    if (type_ != Type::integer) wrong_type(*this, "a number");
+    const double magnitude = static_cast<double>(magnitude_);
+    return negative_ ? -magnitude : magnitude;
 }
 
 std::uint64_t Json::as_uint() const {

@@ -44,6 +44,7 @@ class Json {
     bool as_bool() const;
     std::int64_t as_int() const;    // in [-2^63, 2^63)
     std::uint64_t as_uint() const;  // in [0, 2^64)
+    double as_number() const;       // an integer or a real, as the nearest double
     const std::string& as_string() const;
     const std::vector<Json>& as_array() const;
     const std::vector<Member>& as_object() const;
@@ -60,6 +61,7 @@ class Json {
     bool boolean_ = false;
     bool negative_ = false;
     std::uint64_t magnitude_ = 0;
+    double real_ = 0;  // a real's value
     std::string string_;
     std::vector<Json> array_;
     std::vector<Member> object_;

@@ -240,6 +240,48 @@ TEST(Wire, CapabilitiesKeepTheDefaultsAndRefuseUnknownFlags) {
     EXPECT_EQ(read_capabilities(Json::parse(R"({"window": 4})")).window, 4);
     EXPECT_THROW(read_capabilities(Json::parse(R"({"window": -1})")), ProtocolError);
     EXPECT_THROW(read_capabilities(Json::parse(R"({"window": true})")), ProtocolError);
+    // A content tolerance (docs/semantics.md#content-tolerance): {abs, rel}, exact by default.
+    EXPECT_FALSE(flags.content_tolerance.declared());
+    const ContentTolerance tolerance =
+        read_capabilities(Json::parse(R"({"content_tolerance": {"abs": 0.01, "rel": 6.25e-2}})")).content_tolerance;
+    EXPECT_EQ(tolerance.abs, 0.01);
+    EXPECT_EQ(tolerance.rel, 0.0625);
+    EXPECT_EQ(read_capabilities(Json::parse(R"({"content_tolerance": {"rel": 1}})")).content_tolerance.abs, 0.0);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"content_tolerance": {"rel": -1}})")), ProtocolError);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"content_tolerance": {"step": 1}})")), ProtocolError);
+    EXPECT_THROW(read_capabilities(Json::parse(R"({"content_tolerance": 0.1})")), ProtocolError);
+}
+
+// A slot's values (an engine with a content tolerance) are read as float32
+// and compared within the tolerance only when the hash differs.
+TEST(Wire, AViewsValuesAreComparedWithinTheDeclaredTolerance) {
+    const CacheContent content = expand(parse_cache_spec("modern/f32/7:[kv1]"));
+    const CacheView expected = expected_view(content, true);
+    ASSERT_EQ(expected.layers[0].slots[0].values.size(), 8u);
+    const auto slot_json = [](const SlotView& slot, float scale) {
+        std::string out = R"({"dtype": "f32", "shape": [1, 2, 1, 4], "hash": 7, "values": [)";
+        for (std::size_t i = 0; i < slot.values.size(); ++i) {
+            char number[32];
+            std::snprintf(number, sizeof number, "%s%.9g", i == 0 ? "" : ", ", static_cast<double>(slot.values[i] * scale));
+            out += number;
+        }
+        return out + "]}";
+    };
+    const auto view_json = [&](float scale) {
+        const LayerView& layer = expected.layers[0];
+        return R"({"layout": "modern", "layers": [{"initialized": true, "slots": [)" + slot_json(layer.slots[0], scale) + ", " +
+               slot_json(layer.slots[1], scale) + ", null, null]}]}";
+    };
+    const CacheView near = read_view(Json::parse(view_json(1.001f)));
+    const CacheView far = read_view(Json::parse(view_json(1.1f)));
+    EXPECT_EQ(near.layers[0].slots[0].values.size(), 8u);
+    const ContentTolerance tolerance{0, 0.01};
+    EXPECT_EQ(view_difference(near, expected, tolerance), "");
+    EXPECT_NE(view_difference(far, expected, tolerance).find("layer 0 keys content differs beyond the tolerance at element 0"),
+              std::string::npos)
+        << view_difference(far, expected, tolerance);
+    // Without a tolerance the hash decides.
+    EXPECT_EQ(view_difference(near, expected), "layer 0 keys content differs");
 }
 
 // A window's suffix of a segment (expected_window) is compared, never sent.

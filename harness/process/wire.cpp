@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <stdexcept>
 
 namespace kvcheck::process {
@@ -39,7 +40,33 @@ SlotView read_slot_view(const Json& slot) {
     view.dtype = parse_dtype(read_string(slot, "dtype"));
     view.shape = read_ints(slot, "shape");
     view.hash = read_uint(slot, "hash");
+    // docs/protocol.md section 5: an engine with a content tolerance sends
+    // a slot's values too.
+    if (const Json* values = slot.find("values"); values != nullptr && !values->is_null()) {
+        in_member("values", [&] {
+            for (const Json& value : values->as_array()) view.values.push_back(static_cast<float>(value.as_number()));
+            return 0;
+        });
+    }
     return view;
+}
+
+// docs/protocol.md section 3: {"abs": a, "rel": r}, each a number >= 0
+// (a missing one 0).
+ContentTolerance read_tolerance(const Json& json) {
+    for (const Json::Member& member : json.as_object()) {
+        if (member.first != "abs" && member.first != "rel") throw ProtocolError("unknown key '" + member.first + "' (known: abs, rel)");
+    }
+    ContentTolerance tolerance;
+    const auto read = [&json](const char* key, double& into) {
+        const Json* found = json.find(key);
+        if (found == nullptr) return;
+        into = found->as_number();
+        if (!(into >= 0) || !std::isfinite(into)) throw ProtocolError(std::string("'") + key + "' must be a finite number >= 0");
+    };
+    read("abs", tolerance.abs);
+    read("rel", tolerance.rel);
+    return tolerance;
 }
 
 }  // namespace
@@ -327,6 +354,10 @@ Capabilities read_capabilities(const Json& flags) {
             capabilities.lease_ttl_ms = in_member("lease_ttl_ms", [&] { return value.as_int(); });
             continue;
         }
+        if (name == "content_tolerance") {
+            capabilities.content_tolerance = in_member("content_tolerance", [&] { return read_tolerance(value); });
+            continue;
+        }
         if (name == "window") {
             capabilities.window = in_member("window", [&] {
                 const std::int64_t window = value.as_int();
@@ -344,7 +375,7 @@ Capabilities read_capabilities(const Json& flags) {
         if (!found) {
             std::string names;
             for (const auto& entry : known) names += std::string(names.empty() ? "" : ", ") + entry.first;
-            names += ", paged_free_order, lease_ttl_ms, window";
+            names += ", paged_free_order, lease_ttl_ms, window, content_tolerance";
             throw ProtocolError("unknown capability '" + name + "' (known: " + names + ")");
         }
     }

@@ -113,6 +113,12 @@ std::string Readings::entry_difference(const std::string& id, EntryReading& entr
         return {};
     }
     if (!batch_agrees(entry, "entry_digest", engine_.entry_digest(id) == *entry.digest)) return {};
+    if (capabilities_.content_tolerance.declared()) {
+        std::string difference = within_tolerance(
+            entry_firsts_, id, expected, *entry.digest, [&] { return engine_.view_entry(id); }, "entry_digest of entry " + in_quotes(id));
+        if (difference.empty()) entry.matched = expected;
+        return difference;
+    }
     // The view only to name the difference.
     const std::string difference = view_difference(engine_.view_entry(id), audit_.view_of(expected));
     if (difference.empty()) {
@@ -146,7 +152,34 @@ void Readings::unindex(EntryReading& entry) {
     entry.indexed = false;
 }
 
+// An engine with a content tolerance reads a value back within it of what
+// it was given (docs/semantics.md#content-tolerance), but it reads the same
+// object the same way every time: a stored entry's or a handle's first
+// reading of an object is judged within the tolerance, and every later one
+// must equal it exactly, so that no write into a stored or handed-out cache
+// hides under the tolerance.
+template <typename Key, typename View>
+std::string Readings::within_tolerance(std::unordered_map<Key, FirstReading>& firsts, const Key& key, ObjectId expected,
+                                       std::uint64_t digest, View view, const std::string& what) {
+    const std::uint64_t expected_digest = audit_.digest_of(expected);
+    const auto first = firsts.find(key);
+    if (first != firsts.end() && first->second.object == expected && first->second.expected == expected_digest) {
+        if (digest == first->second.digest) return {};
+        return "content differs from its first reading (compared exactly: a content tolerance allows no change "
+               "of what was read once)";
+    }
+    const CacheView actual = view();
+    if (view_digest(actual) != digest) {
+        verdicts_.engine_error("the adapter's " + what + " disagrees with its view");
+        return {};
+    }
+    std::string difference = view_difference(actual, audit_.values_view_of(expected), capabilities_.content_tolerance);
+    if (difference.empty()) firsts[key] = FirstReading{expected, expected_digest, digest};
+    return difference;
+}
+
 void Readings::drop(const std::string& id) {
+    entry_firsts_.erase(id);
     EntryReading* found = readings_.find(id);
     if (found == nullptr) return;
     unindex(*found);
@@ -154,6 +187,7 @@ void Readings::drop(const std::string& id) {
 }
 
 void Readings::drop_all() {
+    entry_firsts_.clear();
     readings_.clear();
     holders_.clear();
 }
@@ -235,7 +269,13 @@ std::string Readings::handle_difference(std::int64_t handle, ObjectId expected) 
     // make the engine refuse a request the harness should not have made.
     // Its absence is store-contract's to report (docs/semantics.md#reproduction).
     if (!this->handle(handle).exists) return {};
-    if (engine_.handle_digest(handle) == audit_.digest_of(expected)) return {};
+    const std::uint64_t digest = engine_.handle_digest(handle);
+    if (digest == audit_.digest_of(expected)) return {};
+    if (capabilities_.content_tolerance.declared()) {
+        return within_tolerance(
+            handle_firsts_, handle, expected, digest, [&] { return engine_.view_handle(handle); },
+            "handle_digest of " + checkers::handle_text(handle));
+    }
     const std::string difference = view_difference(engine_.view_handle(handle), audit_.view_of(expected));
     if (difference.empty()) {
         verdicts_.engine_error("the adapter's handle_digest of " + checkers::handle_text(handle) + " disagrees with its view_handle");

@@ -125,6 +125,22 @@ class Readings {
     std::vector<std::int64_t> handles_meeting(const std::vector<std::string>& entries);
 
   private:
+    // docs/semantics.md#content-tolerance: the first reading of an entry or
+    // a handle holding `object` with the content whose expected digest is
+    // `expected` (a trim changes an object's content in place), which was
+    // within the declared tolerance; every later reading of it must have
+    // `digest` exactly.
+    struct FirstReading {
+        ObjectId object;
+        std::uint64_t expected;
+        std::uint64_t digest;
+    };
+    template <typename Key, typename View>
+    std::string within_tolerance(std::unordered_map<Key, FirstReading>& firsts, const Key& key, ObjectId expected,
+                                 std::uint64_t digest, View view, const std::string& what);
+    std::unordered_map<std::string, FirstReading> entry_firsts_;
+    std::unordered_map<std::int64_t, FirstReading> handle_firsts_;
+
     // What is read of a handle: what the checkers see, and the engine's marker.
     struct HandleRecord {
         checkers::HandleReading reading;

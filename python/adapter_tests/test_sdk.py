@@ -83,6 +83,27 @@ def test_view_json_is_view_of(spec):
     assert content.view_digest(wire.view_from_json(wire.view_json(cache))) == content.view_digest(content.view_of(cache))
 
 
+@pytest.mark.parametrize("spec", ["modern/bf16/7:[kv3 k~2 KV4 -0]", "legacy/f16/4:[kv2]"])
+def test_an_adapter_with_a_content_tolerance_reports_each_slots_values(spec):
+    # docs/protocol.md section 5: the values read as float32, row-major,
+    # beside the hash (which stays the hash of these values).
+    cache = wire.materialize(content.expand(content.parse_cache_spec(spec)))
+    assert "values" not in json.dumps(Adapter().view(cache))
+
+    class Quantized(Adapter):
+        capabilities = {"content_tolerance": {"abs": 0.0, "rel": 2.0 ** -8}}
+
+    assert capabilities_of(Quantized())["content_tolerance"] == {"abs": 0.0, "rel": 2.0 ** -8}
+    view = Quantized().view(cache)
+    assert wire.view_from_json(view) == content.view_of(cache)
+    tensors = [[layer.keys, layer.values] for layer in cache.layers] if hasattr(cache, "layers") else \
+        [[k, v] for k, v in zip(cache.key_cache, cache.value_cache)]
+    for layer, (keys, values) in zip(view["layers"], tensors):
+        for slot, tensor in zip(layer["slots"], (keys, values)):
+            if slot is not None:
+                assert slot["values"] == tensor.float().reshape(-1).tolist()
+
+
 def test_view_json_sees_every_write_to_a_tensor():
     cache = wire.materialize(content.expand(content.parse_cache_spec("modern/f32/1:[kv3]")))
     before = wire.view_json(cache)

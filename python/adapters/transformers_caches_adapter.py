@@ -56,10 +56,10 @@ Assumptions (contract differences, declared rather than papered over):
     --copy but update, and no prompt lookup with --cache static (its
     sliding layer over max_cache_len > N is not is_croppable: assisted
     decoding raises);
-  - QuantizedCache is not offered: its stored K/V are its quantized ones
-    (fp8 here; quanto and hqq are not installed), which kvcheck's exact
-    content comparison reads as changed content (the need: a declared
-    per-value tolerance, docs/semantics.md "Real engines");
+  - QuantizedCache is not offered yet: its stored K/V are its quantized
+    ones (fp8 here; quanto and hqq are not installed). kvcheck's vocabulary
+    for it is a declared content tolerance (docs/semantics.md "Content
+    tolerance"; what a mapping must declare: "Real engines");
   - crop is kvcheck's `trim` of a copy the caller holds (never of a
     stored cache: stored caches are read-only);
   - the batch operations are mapped where kvcheck's model can judge

@@ -89,6 +89,10 @@ class Adapter:
     #: {"window": W} (a number) declares a store window: the engine's model
     #: attends over its last W tokens and its views show only those
     #: (docs/semantics.md, "Store windows").
+    #: {"content_tolerance": {"abs": a, "rel": r}} declares a quantized store:
+    #: a value it reads back is within a + r * |expected| of what it was
+    #: given; its views then carry their values (docs/semantics.md,
+    #: "Content tolerance"). A stored entry read twice must still read the same.
     capabilities: Dict[str, Any] = {}
     #: The model whose caches the engine holds (docs/protocol.md, "model"),
     #: or None: then kvcheck draws caches of any layer count, token counts,
@@ -344,8 +348,10 @@ class Adapter:
         return bool(getattr(cache, "owned", False))
 
     def view(self, cache: Cache) -> Dict[str, Any]:
-        """What kvcheck sees of a cache, in the protocol's view form."""
-        return _wire.view_json(cache)
+        """What kvcheck sees of a cache, in the protocol's view form; with
+        the values of each slot when the adapter declares a
+        "content_tolerance" capability (docs/semantics.md, content tolerance)."""
+        return _wire.view_json(cache, with_values=bool(self.capabilities.get("content_tolerance")))
 
     def storage(self, cache: Cache) -> List[int]:
         """Identities of everything the cache is made of (observe.storage_of)."""

@@ -298,10 +298,12 @@ def _initialized(layer) -> bool:
     return bool(flag) if flag is not None else getattr(layer, "keys", None) is not None
 
 
-def view_json(cache) -> Dict[str, Any]:
+def view_json(cache, with_values: bool = False) -> Dict[str, Any]:
     """content.view_of(cache) as the protocol writes a view (duck-typed:
     the modern `layers` list or the legacy `key_cache`/`value_cache`
-    lists)."""
+    lists). With `with_values` (an engine declaring a content tolerance,
+    docs/protocol.md section 5), each present slot carries its values too,
+    read as float32, row-major."""
     layout = _content.cache_layout(cache)
     layers: List[Dict[str, Any]] = []
     pending: List[tuple] = []
@@ -325,7 +327,22 @@ def view_json(cache) -> Dict[str, Any]:
         for k, v in zip(keys, values):
             layers.append({"initialized": True, "slots": [_slot_json(k, pending), _slot_json(v, pending), None, None]})
     _hash_pending(pending)
-    return {"layout": layout, "layers": layers}
+    view = {"layout": layout, "layers": layers}
+    if with_values:
+        _add_values(view, cache)
+    return view
+
+
+def _add_values(view: Dict[str, Any], cache) -> None:
+    """Each present slot of `view` (view_json of `cache`) given its values."""
+    if view["layout"] == "modern":
+        tensors = [[getattr(layer, name, None) for name in _content.SLOT_NAMES] for layer in cache.layers]
+    else:
+        tensors = [[k, v, None, None] for k, v in zip(cache.key_cache, cache.value_cache)]
+    for layer, layer_tensors in zip(view["layers"], tensors):
+        for slot, tensor in zip(layer["slots"], layer_tensors):
+            if slot is not None and tensor is not None:
+                slot["values"] = tensor.detach().to(torch.float32).reshape(-1).tolist()
 
 
 def _storage_identity(tensor: Optional[torch.Tensor]) -> Optional[int]:

@@ -213,6 +213,10 @@ struct SlotView {
     Dtype dtype = Dtype::f32;
     std::vector<std::int64_t> shape;
     std::uint64_t hash = 0;  // content_hash of the values, read as float32
+    // The values themselves, read as float32, row-major: only from an engine
+    // that declares a content tolerance (ContentTolerance), and only in a
+    // view (a digest stays a hash). Not part of equality: the hash is.
+    std::vector<float> values;
 
     friend bool operator==(const SlotView& a, const SlotView& b) {
         return a.present == b.present && (!a.present || (a.dtype == b.dtype && a.shape == b.shape && a.hash == b.hash));
@@ -246,8 +250,10 @@ struct CacheView {
 // to zero modulo 2^64: a 2^-64 coincidence.
 std::uint64_t content_hash(const float* values, std::size_t count);
 
-// What a correct engine reports for `content`.
-CacheView expected_view(const CacheContent& content);
+// What a correct engine reports for `content`; with `values`, each slot
+// carries its values too (SlotView::values), for a comparison within a
+// content tolerance.
+CacheView expected_view(const CacheContent& content, bool values = false);
 
 // A digest of a view, for comparing views without building them: views
 // that view_difference finds equal have the same digest (so an empty
@@ -271,10 +277,26 @@ std::uint64_t view_digest(const CacheView& view);
 // view_digest(expected_view(content)), without building the view.
 std::uint64_t expected_digest(const CacheContent& content);
 
+// docs/semantics.md#content-tolerance: how far an engine that stores K/V
+// quantized may read a value back from the one it was given. A value v
+// read for an expected e is within it when |v - e| <= abs + rel * |e|
+// (both 0: exact, the default). It loosens only the comparisons of content
+// with what kvcheck expects; a stored entry or a handle read twice is
+// compared with its first reading exactly (Readings::entry_difference).
+struct ContentTolerance {
+    double abs = 0;
+    double rel = 0;
+    bool declared() const { return abs > 0 || rel > 0; }
+    bool within(float value, float expected) const;
+};
+
 // The first difference between two views, as "layer 1 keys: content
 // differs"; empty when equal. The dtype of an empty slot (shape [0]) is not
-// compared: it holds no value and update never reads it.
-std::string view_difference(const CacheView& actual, const CacheView& expected);
+// compared: it holds no value and update never reads it. With a declared
+// `tolerance`, a slot whose hash differs is compared value by value
+// (`expected` made by expected_view(content, true), `actual` carrying its
+// values): equal when every value is within the tolerance.
+std::string view_difference(const CacheView& actual, const CacheView& expected, const ContentTolerance& tolerance = {});
 
 // The logical K or V a model sees in layer i of a content (modern: the
 // layer's keys, else key_cache, when initialized; legacy: the list entry).

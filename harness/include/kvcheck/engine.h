@@ -170,6 +170,10 @@ struct Capabilities {
     // into a batch, repeated, reordered and a row selected. Off unless an
     // engine claims it.
     bool batch = false;
+    // docs/semantics.md#content-tolerance: the engine stores K/V quantized
+    // and reads a value back within this of the one it was given; its views
+    // carry their values (SlotView::values). Exact (none) by default.
+    ContentTolerance content_tolerance;
     // The model whose caches the engine holds; undeclared by default.
     ModelDomain model;
     // The store's capacity, eviction policy and listing order; undeclared by default.

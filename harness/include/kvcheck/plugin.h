@@ -15,7 +15,7 @@
 #include "kvcheck/engine.h"
 #include "kvcheck/yield.h"
 
-#define KVCHECK_PLUGIN_ABI_VERSION 15
+#define KVCHECK_PLUGIN_ABI_VERSION 16
 #define KVCHECK_PLUGIN_SYMBOL "kvcheck_plugin_v10"
 // The entry point's name, KVCHECK_PLUGIN_SYMBOL as an identifier: one
 // place to bump with the version.

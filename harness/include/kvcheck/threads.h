@@ -67,7 +67,7 @@ struct ThreadRunResult {
 
 // Why the thread level's store lanes cannot judge a store that declares
 // these (a capacity in bytes, an eviction policy that names no order,
-// leases), or nothing: an unbounded store, or one of so many items evicted
+// leases, a content tolerance), or nothing: an unbounded store, or one of so many items evicted
 // lru, fifo or lrs, whose evictions are in the model.
 std::optional<std::string> store_not_judged_by_threads(const Capabilities& capabilities);
 
