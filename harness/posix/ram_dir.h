@@ -5,11 +5,13 @@
 // a run's system time (and of a test suite's wall time, waiting on the
 // disk), and nothing is lost by memory, since power cuts are simulated
 // from the calls the dump shim records (docs/durability.md), never from a
-// disk. Used by kvcheck's job directories and the test binaries' scratch.
+// disk. Used by kvcheck's job directories and the test binaries' TMPDIR.
 #pragma once
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <system_error>
 
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -27,5 +29,32 @@ inline std::filesystem::path ram_backed_temp_dir() {
     }
     return std::filesystem::temp_directory_path();
 }
+
+// A test binary's TMPDIR: unless one is given, a directory of this
+// process's own under ram_backed_temp_dir(), removed when the object that
+// made it goes (forked children leave with _exit and remove nothing).
+// Whatever the tests write through TMPDIR (dumps, dump_kill's crash states,
+// the thread level's dumps, kvcheck's job directories) then stays in RAM.
+class RamTmpdir {
+  public:
+    RamTmpdir() {
+        if (std::getenv("TMPDIR") != nullptr) return;
+        std::string pattern = (ram_backed_temp_dir() / "kvcheck-tests-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) return;  // the default temporary directory, then
+        path_ = pattern;
+        ::setenv("TMPDIR", path_.c_str(), 1);
+    }
+    ~RamTmpdir() {
+        if (path_.empty() || ::getpid() != owner_) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(path_, ignored);
+    }
+    RamTmpdir(const RamTmpdir&) = delete;
+    RamTmpdir& operator=(const RamTmpdir&) = delete;
+
+  private:
+    pid_t owner_ = ::getpid();
+    std::string path_;
+};
 
 }  // namespace kvcheck::posix
