@@ -591,6 +591,10 @@ TEST_F(Cli, CtrlCWritesTheResultsSoFarMarkedIncomplete) {
     const pid_t pid = ::fork();
     if (pid == 0) {
         ::setpgid(0, 0);  // a process group of its own, as a shell gives a foreground job
+        // ... with SIGINT's default action, as a shell gives one too: a test
+        // binary started in the background (`&`) ignores SIGINT, kvcheck
+        // then keeps it ignored, and the waitpid below waited for ever.
+        ::signal(SIGINT, SIG_DFL);
         ::setenv("TMPDIR", kvcheck_tmp().c_str(), 1);
         const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(fd, STDERR_FILENO);

@@ -1,5 +1,7 @@
 #include "cli_util.h"
 
+#include "ram_dir.h"
+
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -13,11 +15,13 @@ namespace {
 namespace fs = std::filesystem;
 
 // The scratch root, removed when the process that made it exits normally
-// (not by forked children: they leave with _exit).
+// (not by forked children: they leave with _exit). In RAM when it can be
+// (ram_dir.h): it holds the TMPDIR of every kvcheck run, and so the job
+// directories where the engines' dumps are written and fsynced.
 class ScratchRoot {
   public:
     ScratchRoot()
-        : owner_(::getpid()), path_(fs::temp_directory_path() / ("kvcheck-cli-" + std::to_string(::getpid()))) {
+        : owner_(::getpid()), path_(kvcheck::posix::ram_backed_temp_dir() / ("kvcheck-cli-" + std::to_string(::getpid()))) {
         fs::remove_all(path_);
         fs::create_directories(path_ / "tmp");
     }

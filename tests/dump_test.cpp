@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <unistd.h>
 
@@ -458,12 +459,19 @@ TEST(Dump, OrphanedTemporaryFilesAreRemovedByTheNextDumpOrLoad) {
 
 // The interpreters that read dumps: Debian's (torch 1.13) and the project's
 // .venv (torch 2.x, whose torch.load defaults to weights_only). Both are
-// installed by scripts/bootstrap; a missing one fails, never skips.
+// installed by scripts/bootstrap; a missing one fails, never skips. Each
+// interpreter is asked once per test binary (an import of torch is seconds
+// of CPU, and every test of the suite asked again).
 class PythonReadsDump : public ::testing::TestWithParam<std::string> {
 protected:
     void SetUp() override {
-        const std::string check = GetParam() + " -c 'import torch' 2>/dev/null";
-        ASSERT_EQ(std::system(check.c_str()), 0) << GetParam() << " has no torch (scripts/bootstrap installs it)";
+        static std::map<std::string, bool> has_torch;
+        const auto [asked, first] = has_torch.try_emplace(GetParam(), false);
+        if (first) {
+            const std::string check = GetParam() + " -c 'import torch' 2>/dev/null";
+            asked->second = std::system(check.c_str()) == 0;
+        }
+        ASSERT_TRUE(asked->second) << GetParam() << " has no torch (scripts/bootstrap installs it)";
     }
 };
 

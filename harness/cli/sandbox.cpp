@@ -2,6 +2,7 @@
 
 #include "interrupt.h"
 #include "proc_file.h"
+#include "ram_dir.h"
 #include "text.h"
 
 #include <algorithm>
@@ -22,7 +23,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -199,24 +199,10 @@ void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NON
 
 std::string job_dir_prefix() { return "kvcheck-job-" + std::to_string(::getpid()) + "-"; }
 
-// Where job directories go: $TMPDIR when it is set; else /dev/shm when
-// it is a RAM-backed file system kvcheck may write to; else the temporary
-// directory. A job's dumps are written, fsynced, renamed and removed
-// there, trace after trace: on a disk that was most of a run's system
-// time, and nothing is lost by memory, since power cuts are simulated from
-// the calls the dump shim records (docs/durability.md), never from a disk.
+// Where job directories go (ram_dir.h): a job's dumps are written, fsynced,
+// renamed and removed there, trace after trace.
 fs::path job_dirs_base() {
-    static const fs::path base = [] {
-        const char* chosen = std::getenv("TMPDIR");
-        if (chosen != nullptr && *chosen != '\0') return fs::temp_directory_path();
-        struct statfs info {};
-        constexpr long tmpfs_magic = 0x01021994;  // linux/magic.h TMPFS_MAGIC
-        if (::statfs("/dev/shm", &info) == 0 && static_cast<long>(info.f_type) == tmpfs_magic &&
-            ::access("/dev/shm", W_OK | X_OK) == 0) {
-            return fs::path("/dev/shm");
-        }
-        return fs::temp_directory_path();
-    }();
+    static const fs::path base = posix::ram_backed_temp_dir();
     return base;
 }
 
