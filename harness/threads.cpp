@@ -5,8 +5,9 @@
 #include "kvcheck/threads.h"
 
 #include "checkers/checker.h"
-#include "thread_family.h"
 #include "kvcheck/yield.h"
+#include "ram_dir.h"
+#include "thread_family.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -398,7 +399,7 @@ class StoreFamily final : public Family, private checkers::StoreModel {
         return std::string("released");
     }
     std::optional<std::string> run(const op::Dump& o, checkers::StoreRequest& request) {
-        std::string dir = (std::filesystem::temp_directory_path() / "kvcheck-threads-dump-XXXXXX").string();
+        std::string dir = (posix::ram_backed_temp_dir() / "kvcheck-threads-dump-XXXXXX").string();
         if (::mkdtemp(dir.data()) == nullptr) throw std::runtime_error("cannot make a temporary directory for a dump: " + dir);
         {
             const std::lock_guard<std::mutex> book(book_);
