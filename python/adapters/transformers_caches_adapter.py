@@ -12,6 +12,7 @@ the cache's batch operations.
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding beam --copy select'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache static --sliding-window 8'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache encdec --decoding beam --copy select'
 
 The mapping (python/README.md, "Real engines"):
 
@@ -24,6 +25,7 @@ The mapping (python/README.md, "Real engines"):
 | generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`); `--decoding beam` passes `num_beams=2` (beam search: the cache expanded to the beams by its `batch_repeat_interleave(2)`, as generate does not expand a cache it is given, then `reorder_cache` after every step; the cache is left holding 2 rows) |
 | batch(rows, repeat, reorder, select) | (dynamic) the rows stacked into one DynamicCache (one `torch.cat` a layer along the batch), then its `batch_repeat_interleave(repeat)`, `reorder_cache(reorder)` when there is one, `batch_select_indices([select])`: the row handed out |
 | trim(handle, keep) | `cache.crop(keep - held)` on a copy the caller holds (transformers 5's crop takes the tokens to remove, negative; dynamic: the layer's tensors sliced, static: `cumulative_length` lowered) |
+| `--cache encdec`: make, copies, merges, batch | the same on the two halves of an EncoderDecoderCache (layers 0 to L-1 self-attention, L to 2L-1 cross-attention), each rebuilt by `EncoderDecoderCache(self_attention, cross_attention)`; `--copy` by its own `deepcopy`, `batch_select_indices`, `batch_repeat_interleave`, `reorder_cache` (both halves) |
 | generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does; for `--decoding beam`, beam search on it the same way |
 
 What kvcheck sees of a static cache is what the model sees: each layer's
@@ -81,6 +83,18 @@ Assumptions (contract differences, declared rather than papered over):
     adapter's (one cat a layer): transformers has none. A StaticCache
     claims no batch (StaticLayer has no batch_repeat_interleave or
     batch_select_indices in 5.25);
+  - `--cache encdec` (docs/semantics.md "Real engines"): every cache is
+    an EncoderDecoderCache over a tiny BART (_encoder_decoder.py), read as
+    one cache of 2 x L layers, its self-attention layers then its
+    cross-attention layers. kvcheck draws every layer of one length, so a
+    cache's encoder input (the cross-attention K/V) is as long as its
+    decoder history; a merge concatenates both halves (the decoder
+    attends over every part's encoder output: Fusion-in-Decoder's form;
+    transformers has no merge); generate runs the encoder on an input as
+    long as the cached cross-attention K/V, which the decoder reads
+    (is_updated) instead of the encoder's output; a generation grows the
+    self-attention layers only. No trim: EncoderDecoderCache.crop cuts the
+    self-attention layers only (crop runs inside prompt-lookup decoding);
   - transformers 5.25 has no legacy conversion (DynamicCache's
     to_legacy_cache and from_legacy_cache are gone): nothing to map.
 """
