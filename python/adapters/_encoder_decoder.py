@@ -178,13 +178,18 @@ def _held(half, name: str, domain: Dict) -> int:
     return held
 
 
-def generate(model, prompt: Sequence[int], handle: EncoderDecoder, max_new_tokens: int, **options) -> List[int]:
+def generate(model, prompt: Sequence[int], handle: EncoderDecoder, max_new_tokens: int, fed_once: bool = False,
+             **options) -> List[int]:
     """transformers' own generation over the EncoderDecoderCache
     `handle.cache`, written into in place, as hf.generate runs a decoder:
-    decoder_input_ids are the start token, placeholders for the cached
+    decoder_input_ids are placeholders (the start token) for the cached
     self-attention positions, then the prompt (generate prepends the start
-    token to a prompt that does not begin with it, and feeds only what the
-    cache does not hold). The encoder input is as long as the cached
+    token to a prompt that does not begin with it), with a decoder mask of
+    ones over all of them, so that generate feeds only what the cache does
+    not hold. `fed_once` (the reference's generation): afterwards the cache
+    must hold every token of the decoder sequence but the last, once (a
+    RuntimeError otherwise: the reference fed a sequence twice or skipped
+    one); the engine's own generation is judged by kvcheck instead. The encoder input is as long as the cached
     cross-attention K/V (ENCODER_TOKENS_EMPTY with none): the model reads
     those K/V (is_updated) and never the encoder's output, whose length
     sizes the cross-attention mask only; an empty cache gets the encoder's
@@ -212,9 +217,19 @@ def generate(model, prompt: Sequence[int], handle: EncoderDecoder, max_new_token
             input_ids=encoder_ids,
             attention_mask=torch.ones_like(encoder_ids),
             decoder_input_ids=decoder_ids,
+            # The whole decoder sequence's mask: generate then feeds only the
+            # positions the cache does not hold (without it, it takes the
+            # decoder_input_ids as new tokens and feeds the cached positions
+            # again).
+            decoder_attention_mask=torch.ones_like(decoder_ids),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             cache=cache,
             **options,
         )
+    if fed_once and cache.get_seq_length() != output.shape[1] - 1:
+        # Every token of the decoder sequence but the last is in the cache
+        # once: anything else is a sequence fed twice or skipped.
+        raise RuntimeError(f"generate left {cache.get_seq_length()} self-attention positions in the cache for a"
+                           f" decoder sequence of {output.shape[1]} tokens (expected {output.shape[1] - 1})")
     return output[0, -max_new_tokens:].tolist()

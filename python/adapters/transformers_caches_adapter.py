@@ -506,8 +506,12 @@ class EncoderDecoderCachesAdapter(TransformersCachesAdapter):
     def decode(self, cache, prompt, max_new_tokens, options):
         return encdec.generate(self.model_, prompt, cache, max_new_tokens, **options)
 
-    def fresh_copy(self, cache):
-        return encdec.split(super().fresh_copy(cache), self.decoder_layers)
+    def generate_fresh(self, cache, prompt, max_new_tokens):
+        # The reference: greedy (or beam search) on a fresh
+        # EncoderDecoderCache of copies, which must feed every decoder
+        # token once.
+        fresh = encdec.split(self.fresh_copy(cache), self.decoder_layers)
+        return encdec.generate(self.model_, prompt, fresh, max_new_tokens, fed_once=True, **self.fresh_options)
 
 
 def _encdec_rows_of(operation):
