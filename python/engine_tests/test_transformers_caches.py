@@ -12,7 +12,10 @@ caches, with the store's copies made by a batch operation
 search on the stored cache itself (no boundary copy) fails
 stored-immutable, so that check reaches the beams' expansion. Copies by
 copy.deepcopy break single-copy after a crop, transformers' own defect
-(docs/findings/transformers-2.md): an expected FAIL."""
+(docs/findings/transformers-2.md): an expected FAIL. EncoderDecoderCaches
+(--cache encdec, a tiny BART) under beam search and copies by their own
+batch_select_indices hold every property they claim; a probe whose copies
+reuse their source's cross-attention cache fails stored-immutable."""
 
 import os
 import textwrap
