@@ -168,13 +168,15 @@ def _held(half, name: str, domain: Dict) -> int:
             wanted = (1, domain["heads"], held, domain["head_dim"])
             if held and (tuple(tensor.shape) != wanted or tensor.dtype != torch.float32):
                 raise hf.OutsideDomain(
-                    f"{name} layer {i} {side}: {tensor.dtype} {list(tensor.shape)}; the model needs float32 {list(wanted)}"
+                    f"{name} layer {i} {side}: {tensor.dtype} {list(tensor.shape)};"
+                    f" the model needs float32 {list(wanted)}"
                 )
     if len(lengths) > 1:
         raise hf.OutsideDomain(f"the {name} layers hold {sorted(lengths)} tokens: the model needs one length")
     held = lengths.pop() if lengths else 0
     if held and len(half.layers) != domain["layers"] // 2:
-        raise hf.OutsideDomain(f"the cache holds {len(half.layers)} {name} layers; the model has {domain['layers'] // 2}")
+        raise hf.OutsideDomain(
+            f"the cache holds {len(half.layers)} {name} layers; the model has {domain['layers'] // 2}")
     return held
 
 

@@ -520,8 +520,8 @@ def _encdec_rows_of(operation):
     `operation` on it (both halves rebound to the rows it selects)."""
 
     def copy_rows(handle):
-        shallow = encdec.split(hf.cache_of_layers([(layer.keys, layer.values, layer.is_initialized) for layer in handle.layers]),
-                               len(handle.cache.self_attention_cache.layers))
+        layers = [(layer.keys, layer.values, layer.is_initialized) for layer in handle.layers]
+        shallow = encdec.split(hf.cache_of_layers(layers), len(handle.cache.self_attention_cache.layers))
         operation(shallow.cache)
         return shallow
 
