@@ -12,6 +12,7 @@ the cache's batch operations.
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding prompt-lookup'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache dynamic --decoding beam --copy select'
     ... --adapter 'python/adapters/transformers_caches_adapter.py --cache static --sliding-window 8'
+    ... --adapter 'python/adapters/transformers_caches_adapter.py --cache encdec --decoding beam --copy select'
 
 The mapping (python/README.md, "Real engines"):
 
@@ -24,6 +25,7 @@ The mapping (python/README.md, "Real engines"):
 | generate | `model.generate(..., cache=copy)`: the boundary copies the input (as clone) unless it is a copy the store handed out; `--decoding prompt-lookup` passes `prompt_lookup_num_tokens=3` (assisted decoding: candidates from n-grams of the input, verified in one forward, rejected ones removed by `cache.crop`); `--decoding beam` passes `num_beams=2` (beam search: the cache expanded to the beams by its `batch_repeat_interleave(2)`, as generate does not expand a cache it is given, then `reorder_cache` after every step; the cache is left holding 2 rows) |
 | batch(rows, repeat, reorder, select) | (dynamic) the rows stacked into one DynamicCache (one `torch.cat` a layer along the batch), then its `batch_repeat_interleave(repeat)`, `reorder_cache(reorder)` when there is one, `batch_select_indices([select])`: the row handed out |
 | trim(handle, keep) | `cache.crop(keep - held)` on a copy the caller holds (transformers 5's crop takes the tokens to remove, negative; dynamic: the layer's tensors sliced, static: `cumulative_length` lowered) |
+| `--cache encdec`: make, copies, merges, batch | the same on the two halves of an EncoderDecoderCache (layers 0 to L-1 self-attention, L to 2L-1 cross-attention), each rebuilt by `EncoderDecoderCache(self_attention, cross_attention)`; `--copy` by its own `deepcopy`, `batch_select_indices`, `batch_repeat_interleave`, `reorder_cache` (both halves) |
 | generate_fresh (the reference) | greedy `model.generate` on a DynamicCache holding the same K/V (transformers' default class): a static cache must generate what a dynamic one does; for `--decoding beam`, beam search on it the same way |
 
 What kvcheck sees of a static cache is what the model sees: each layer's
@@ -81,6 +83,18 @@ Assumptions (contract differences, declared rather than papered over):
     adapter's (one cat a layer): transformers has none. A StaticCache
     claims no batch (StaticLayer has no batch_repeat_interleave or
     batch_select_indices in 5.25);
+  - `--cache encdec` (docs/semantics.md "Real engines"): every cache is
+    an EncoderDecoderCache over a tiny BART (_encoder_decoder.py), read as
+    one cache of 2 x L layers, its self-attention layers then its
+    cross-attention layers. kvcheck draws every layer of one length, so a
+    cache's encoder input (the cross-attention K/V) is as long as its
+    decoder history; a merge concatenates both halves (the decoder
+    attends over every part's encoder output: Fusion-in-Decoder's form;
+    transformers has no merge); generate runs the encoder on an input as
+    long as the cached cross-attention K/V, which the decoder reads
+    (is_updated) instead of the encoder's output; a generation grows the
+    self-attention layers only. No trim: EncoderDecoderCache.crop cuts the
+    self-attention layers only (crop runs inside prompt-lookup decoding);
   - transformers 5.25 has no legacy conversion (DynamicCache's
     to_legacy_cache and from_legacy_cache are gone): nothing to map.
 """
@@ -95,6 +109,7 @@ import weakref
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source tree
+sys.path.insert(0, _HERE)  # _encoder_decoder, also when the adapter is run by runpy
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -104,7 +119,9 @@ from kvcheck_adapter import hf  # noqa: E402
 from kvcheck_adapter import wire  # noqa: E402
 from kvcheck_adapter.adapter import Adapter, serve  # noqa: E402
 
-CACHES = ("static", "dynamic")
+import _encoder_decoder as encdec  # noqa: E402
+
+CACHES = ("static", "dynamic", "encdec")
 DECODINGS = {
     "greedy": {},
     # transformers' prompt lookup decoding: up to 3 candidate tokens a step.
@@ -191,6 +208,28 @@ def held_layers(cache):
         keys, values = kv.logical_keys(held, i), kv.logical_values(held, i)
         layers.append(None if keys is None or keys.numel() == 0 else (keys, values))
     return layers
+
+
+def stacked_rows(rows):
+    """The rows (caches of batch 1, one geometry) stacked into one
+    DynamicCache of batch len(rows): one cat a layer along the batch
+    (transformers has no call that stacks caches; batched generation
+    starts from a batched prompt)."""
+    layers = [held_layers(row) for row in rows]
+    return hf.cache_of_layers([
+        (torch.cat([held[i][0] for held in layers], dim=0), torch.cat([held[i][1] for held in layers], dim=0), True)
+        for i in range(len(layers[0]))
+    ])
+
+
+def select_row(cache, repeat, reorder, select) -> None:
+    """transformers' own batch operations on `cache`, in place, as beam
+    search and a batched generation call them: batch_repeat_interleave,
+    reorder_cache when there is an order, batch_select_indices of one row."""
+    cache.batch_repeat_interleave(repeat)
+    if reorder:
+        cache.reorder_cache(torch.tensor(reorder, dtype=torch.long))
+    cache.batch_select_indices(torch.tensor([select], dtype=torch.long))
 
 
 class TransformersCachesAdapter(Adapter):
@@ -369,7 +408,11 @@ class TransformersCachesAdapter(Adapter):
             work = cache  # an owned copy: the model writes into it
         else:
             work = self.copy_of([cache])
-        return hf.generate(self.model_, prompt, work, max_new_tokens, **self.options)
+        return self.decode(work, prompt, max_new_tokens, self.options)
+
+    def decode(self, cache, prompt, max_new_tokens, options):
+        """transformers' generate over `cache`, written into in place."""
+        return hf.generate(self.model_, prompt, cache, max_new_tokens, **options)
 
     # ---- trimming ----
 
@@ -388,20 +431,8 @@ class TransformersCachesAdapter(Adapter):
     # ---- batches ----
 
     def batch(self, rows, repeat, reorder, select):
-        # The rows stacked into one DynamicCache of batch len(rows) (one cat
-        # a layer along the batch: transformers has no call that stacks
-        # caches; batched generation starts from a batched prompt), then
-        # transformers' own batch operations on it, in place, as beam
-        # search and a batched generation call them.
-        layers = [held_layers(row) for row in rows]
-        stacked = hf.cache_of_layers([
-            (torch.cat([held[i][0] for held in layers], dim=0), torch.cat([held[i][1] for held in layers], dim=0), True)
-            for i in range(len(layers[0]))
-        ])
-        stacked.batch_repeat_interleave(repeat)
-        if reorder:
-            stacked.reorder_cache(torch.tensor(reorder, dtype=torch.long))
-        stacked.batch_select_indices(torch.tensor([select], dtype=torch.long))
+        stacked = stacked_rows(rows)
+        select_row(stacked, repeat, reorder, select)
         self.handed_out.add(stacked)  # the caller owns it: a generation writes into it
         return stacked
 
@@ -411,11 +442,99 @@ class TransformersCachesAdapter(Adapter):
         # was given, and the model's sliding-window mask hides what the
         # window dropped: a windowed cache must generate what the full one
         # does.
+        return self.decode(self.fresh_copy(cache), prompt, max_new_tokens, self.fresh_options)
+
+    def fresh_copy(self, cache):
+        """A DynamicCache of full layers holding a copy of what `cache`
+        holds (under a window, of the whole content make_cache was given)."""
         reference = transformers.DynamicCache()
         for i, layer in enumerate(held_layers(self.whole.get(cache, cache))):
             if layer is not None:
                 reference.update(layer[0].clone(), layer[1].clone(), i)
-        return hf.generate(self.model_, prompt, reference, max_new_tokens, **self.fresh_options)
+        return reference
+
+
+class EncoderDecoderCachesAdapter(TransformersCachesAdapter):
+    """`--cache encdec`: every cache is a real EncoderDecoderCache (a
+    self-attention and a cross-attention DynamicCache) over a tiny BART
+    (_encoder_decoder.py), read by kvcheck as one cache of its
+    self-attention layers then its cross-attention layers. What differs
+    from `--cache dynamic`: each copy, merge, batch and fresh reference is
+    split into the two halves and built by EncoderDecoderCache's own
+    constructor; one copy (`--copy`) is its deepcopy or its own
+    batch_select_indices, batch_repeat_interleave or reorder_cache (both
+    halves); generate is BART's, the encoder run on an input as long as the
+    cached cross-attention K/V. No trim: EncoderDecoderCache.crop cuts the
+    self-attention layers only, kvcheck's trim cuts every layer (crop runs
+    inside prompt-lookup decoding instead)."""
+
+    def __init__(self, model, decoding: str, copying: str = "update"):
+        super().__init__(model, "dynamic", decoding, copying)
+        self.decoder_layers = encdec.decoder_layers(model)
+        self.copy_one = ENCDEC_COPIES[copying]
+        self.name = self.name.replace("-dynamic", "-encdec")
+        self.description = self.description.replace("DynamicCache", "EncoderDecoderCache (tiny BART)")
+        self.model = encdec.model_domain(model)
+        self.capabilities = hf.capabilities(self.model)
+        self.capabilities["batch"] = True
+        self.capabilities["trim"] = False
+
+    def new_cache(self):
+        return encdec.empty()
+
+    def filled(self, parts):
+        return encdec.split(super().filled(parts), self.decoder_layers)
+
+    def make_cache(self, content):
+        return encdec.split(hf.materialize(content), self.decoder_layers)
+
+    def add(self, id, cache, metadata):
+        if not isinstance(cache, encdec.EncoderDecoder):
+            raise TypeError(f"add: {id!r} is a {type(cache).__name__}, not a cache of this store")
+        self.handed_out.discard(cache)
+        self.items[id] = cache
+
+    def storage(self, cache):
+        return cache.storage()
+
+    def batch(self, rows, repeat, reorder, select):
+        stacked = encdec.split(stacked_rows(rows), self.decoder_layers)
+        select_row(stacked.cache, repeat, reorder, select)  # EncoderDecoderCache's own: both halves
+        self.handed_out.add(stacked)
+        return stacked
+
+    def decode(self, cache, prompt, max_new_tokens, options):
+        return encdec.generate(self.model_, prompt, cache, max_new_tokens, **options)
+
+    def generate_fresh(self, cache, prompt, max_new_tokens):
+        # The reference: greedy (or beam search) on a fresh
+        # EncoderDecoderCache of copies, which must feed every decoder
+        # token once.
+        fresh = encdec.split(self.fresh_copy(cache), self.decoder_layers)
+        return encdec.generate(self.model_, prompt, fresh, max_new_tokens, fed_once=True, **self.fresh_options)
+
+
+def _encdec_rows_of(operation):
+    """A copy by one of EncoderDecoderCache's batch operations: a new
+    EncoderDecoderCache whose layers hold the source's own tensors, then
+    `operation` on it (both halves rebound to the rows it selects)."""
+
+    def copy_rows(handle):
+        layers = [(layer.keys, layer.values, layer.is_initialized) for layer in handle.layers]
+        shallow = encdec.split(hf.cache_of_layers(layers), len(handle.cache.self_attention_cache.layers))
+        operation(shallow.cache)
+        return shallow
+
+    return copy_rows
+
+
+ENCDEC_COPIES = {
+    "update": None,
+    "deepcopy": lambda handle: encdec.EncoderDecoder(copy.deepcopy(handle.cache)),
+    "select": _encdec_rows_of(lambda c: c.batch_select_indices(torch.tensor([0]))),
+    "repeat": _encdec_rows_of(lambda c: c.batch_repeat_interleave(1)),
+    "reorder": _encdec_rows_of(lambda c: c.reorder_cache(torch.tensor([0]))),
+}
 
 
 def main(argv=None) -> None:
@@ -451,6 +570,16 @@ def main(argv=None) -> None:
         parser.error("--decoding beam and --copy other than update need --cache dynamic: a StaticCache cannot be"
                      " expanded to beams or selected by rows (StaticLayer has no batch_repeat_interleave or"
                      " batch_select_indices), and its deep copy copies all max_cache_len slots")
+    if arguments.cache == "encdec":
+        if arguments.sliding_window is not None:
+            parser.error("--sliding-window needs --cache static or dynamic: the encoder-decoder model has no sliding"
+                         " window")
+        model = encdec.tiny_model()
+        if arguments.print_model:
+            print(hf.domain_text(encdec.model_domain(model)))
+            return
+        serve(lambda: EncoderDecoderCachesAdapter(model, arguments.decoding, arguments.copy))
+        return
     model = hf.model_or_print(arguments, hf.tiny_config(sliding_window=arguments.sliding_window))
     if model is None:
         return

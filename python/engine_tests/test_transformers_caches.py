@@ -12,7 +12,10 @@ caches, with the store's copies made by a batch operation
 search on the stored cache itself (no boundary copy) fails
 stored-immutable, so that check reaches the beams' expansion. Copies by
 copy.deepcopy break single-copy after a crop, transformers' own defect
-(docs/findings/transformers-2.md): an expected FAIL."""
+(docs/findings/transformers-2.md): an expected FAIL. EncoderDecoderCaches
+(--cache encdec, a tiny BART) under beam search and copies by their own
+batch_select_indices hold every property they claim; a probe whose copies
+reuse their source's cross-attention cache fails stored-immutable."""
 
 import os
 import textwrap
@@ -204,3 +207,57 @@ def test_a_dynamic_sliding_layer_declared_with_its_whole_window_breaks_stored_im
         kvcheck, transformers_env, scratch_dir):
     probe_breaks_stored_immutable(kvcheck, scratch_dir, WHOLE_WINDOW_PROBE, "add a modern/f32/0/2x8:[kv9 kv9]\n",
                                   "keys shape [1,2,7,8], expected [1,2,8,8]", "--cache dynamic --sliding-window 8")
+
+
+# transformers' EncoderDecoderCache (--cache encdec: a tiny BART; kvcheck
+# reads its self-attention layers then its cross-attention layers as one
+# cache of 4 layers), under beam search with copies by its own
+# batch_select_indices: every property it claims holds. It claims no trim
+# (EncoderDecoderCache.crop cuts the self-attention layers only).
+ENCDEC_CASES = "3"
+
+
+def test_encoder_decoder_caches_hold_every_property_they_claim(kvcheck, transformers_env):
+    run = kvcheck("run", "--adapter", ADAPTER + " --cache encdec --decoding beam --copy select", "--cases",
+                  ENCDEC_CASES, "--jobs", "2")
+    assert run.status == 0, run.stdout + run.stderr
+    assert run.report["adapter"] == f"transformers-{VERSION}-encdec+beam+copy-select"
+    claimed = STORE_PROPERTIES - {"trim-exact"} | {"batch-exact"}
+    verdicts = {p["id"]: p["verdict"] for p in run.applicable() if p["id"] in claimed}
+    assert verdicts == {p: "pass" for p in claimed}, verdicts
+    assert run.result("trim-exact")["verdict"] == "skipped", run.result("trim-exact")
+
+
+# The probe: every copy reuses its source's cross-attention cache (the
+# encoder's K/V, fixed per encoder input, shared rather than copied), so
+# kvcheck reaches the cross-attention layers: what the generic search
+# found of it (stored-immutable after 2 traces at the default seed, shrunk
+# to these 2 operations), replayed here.
+SHARED_CROSS_ATTENTION_PROBE = textwrap.dedent("""
+    import runpy
+    import sys
+
+    adapter = runpy.run_path(sys.argv.pop(1))
+    encdec, transformers = adapter["encdec"], adapter["transformers"]
+
+
+    class SharedCrossAttention(adapter["EncoderDecoderCachesAdapter"]):
+        def copy_of(self, parts):
+            made = super().copy_of(parts)
+            made = encdec.EncoderDecoder(transformers.EncoderDecoderCache(
+                made.cache.self_attention_cache, parts[0].cache.cross_attention_cache))
+            self.handed_out.add(made)
+            return made
+
+
+    model = encdec.tiny_model()
+    adapter["serve"](lambda: SharedCrossAttention(model, "greedy"))
+""")
+
+
+def test_an_encoder_decoder_copy_sharing_the_cross_attention_breaks_stored_immutable(
+        kvcheck, transformers_env, scratch_dir):
+    probe_breaks_stored_immutable(kvcheck, scratch_dir, SHARED_CROSS_ATTENTION_PROBE,
+                                  "add d modern/f32/0/2x8:[kv1 kv1 kv1 kv1]\nh3 = get_cache d\n",
+                                  "the cache get_cache handed out as h3 shares one storage with stored entry \"d\"",
+                                  "--cache encdec")

@@ -393,7 +393,7 @@ def logical_cache(cache):
 
 
 @contextlib.contextmanager
-def _beams(cache, cached: int, beams: int):
+def _beams(cache, cached: int, beams: int, marked=None):
     """Beam search over `cache`, the cache the model writes into: generate
     expands the prompt to the beams, not a cache it is given (a cache of
     one row meets rows of `beams`: a size mismatch), so a cache holding
@@ -402,16 +402,19 @@ def _beams(cache, cached: int, beams: int):
     Both are the decoding's work on the cache the model writes into, its
     own working state as its appends are, and marked so
     (copies.model_forward): they copy that cache, never the store's, which
-    single-copy judges. The cache is left holding `beams` rows."""
+    single-copy judges. The cache is left holding `beams` rows. `marked`:
+    what the copy tracker reads as that cache (by default the cache
+    itself; an EncoderDecoderCache's layers view)."""
     if beams <= 1 or cached == 0:
         yield
         return
-    with _copies.model_forward(cache):
+    marked = cache if marked is None else marked
+    with _copies.model_forward(marked):
         cache.batch_repeat_interleave(beams)
     reorder = cache.reorder_cache
 
     def reorder_marked(beam_idx):
-        with _copies.model_forward(cache):
+        with _copies.model_forward(marked):
             reorder(beam_idx)
 
     cache.reorder_cache = reorder_marked
