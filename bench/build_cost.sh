@@ -30,11 +30,12 @@ for pch in OFF ON; do
   /usr/bin/time -f "%e %U %S" -o "$dir.time" cmake --build "$dir" -j2 "${target_args[@]}" >"$dir.log" 2>&1 \
     || { tail -30 "$dir.log" >&2; rm -rf "$dir" "$dir.log" "$dir.time"; exit 1; }
   read -r wall user sys <"$dir.time"
+  cpu=$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.2f", u + s }')
   load_after=$(cut -d' ' -f1 /proc/loadavg)
   steps=$(grep -c '^\[' "$dir.log" || true)
   rm -rf "$dir" "$dir.log" "$dir.time"
-  echo "$preset KVCHECK_PCH=$pch: $steps steps, CPU $(echo "$user + $sys" | bc) s ($user user + $sys sys), wall $wall s, load $load_before -> $load_after"
-  rows+=("{\"pch\": \"$pch\", \"steps\": $steps, \"cpu_s\": $(echo "$user + $sys" | bc), \"user_s\": $user, \"sys_s\": $sys, \"wall_s\": $wall, \"load_1min_before\": $load_before, \"load_1min_after\": $load_after}")
+  echo "$preset KVCHECK_PCH=$pch: $steps steps, CPU $cpu s ($user user + $sys sys), wall $wall s, load $load_before -> $load_after"
+  rows+=("{\"pch\": \"$pch\", \"steps\": $steps, \"cpu_s\": $cpu, \"user_s\": $user, \"sys_s\": $sys, \"wall_s\": $wall, \"load_1min_before\": $load_before, \"load_1min_after\": $load_after}")
 done
 if [[ -n $out ]]; then
   joined=$(IFS=,; echo "${rows[*]}")
