@@ -3,6 +3,7 @@
 #include "kvcheck/stress.h"
 
 #include "durability/child.h"
+#include "posix/ram_dir.h"
 #include "posix/signal_name.h"
 #include "thread_family.h"
 
@@ -147,8 +148,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 StressOutcome stress_search(const EngineFactory& make, const WorkloadOptions& options, std::uint64_t seed,
                             const StressBudget& budget) {
     // The rounds' temporary files (a store's dumps) in a directory of the
-    // search's own, removed here: a round that crashes leaves its files.
-    std::string temporary = (std::filesystem::temp_directory_path() / "kvcheck-stress-XXXXXX").string();
+    // search's own (under ram_dir.h's rule, as the thread level's dumps),
+    // removed here: a round that crashes leaves its files.
+    std::string temporary = (posix::ram_backed_temp_dir() / "kvcheck-stress-XXXXXX").string();
     if (::mkdtemp(temporary.data()) == nullptr) throw std::runtime_error("cannot make a temporary directory: " + temporary);
     struct Removed {
         const std::string& dir;
