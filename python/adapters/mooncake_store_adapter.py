@@ -148,9 +148,11 @@ def listening_ports(pid: int) -> set:
 
 
 class Master:
-    """A mooncake_master of this process on 127.0.0.1, dying with it."""
+    """A mooncake_master of this process on 127.0.0.1, dying with it;
+    `options`: more of its flags (the test of the declared differences sets
+    its lease)."""
 
-    def __init__(self):
+    def __init__(self, options=()):
         self.owner = os.getpid()
         self.log = tempfile.TemporaryFile(prefix="kvcheck-mooncake-master-")  # unlinked: nothing left behind
         self.process = None
@@ -159,7 +161,7 @@ class Master:
             self.process = subprocess.Popen(
                 [MASTER, "-rpc_address", "127.0.0.1", "-rpc_port", str(self.port), "-metrics_host", "127.0.0.1",
                  "-metrics_port", str(free_port()), "-enable_metric_reporting=false", "-rpc_thread_num", "2",
-                 "-logtostderr", "-minloglevel", "1"],
+                 "-logtostderr", "-minloglevel", "1", *options],
                 stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                 preexec_fn=functools.partial(_die_with_parent, self.owner))
             if self.listening():
