@@ -5,7 +5,8 @@ skipped when it is not installed): MooncakeDistributedStore against its own
 mooncake_master holds every property it can be judged on, written by
 upsert_tensor or by upsert_from out of a registered buffer the caller
 overwrites at once; the master the adapter starts never outlives kvcheck,
-however kvcheck ends; a master that cannot start is an error that says so."""
+however kvcheck ends; a master that cannot start is an error that says so;
+the lease and eviction differences the adapter declares hold."""
 
 import os
 import pathlib
