@@ -42,13 +42,23 @@ output.
 Declared, not papered over (docs/semantics.md, "Real engines: declared
 contract differences"): every read is a copy out of Mooncake's segment, so
 there are no storage identities, owned marker or copy log (single-copy,
-owned-marker and clone-independent are skipped); leases are wall-clock (a
-get leases an object for `default_kv_lease_ttl`, 10 s, and a remove in that
-time is refused with OBJECT_HAS_LEASE), which kvcheck's traces do not
-model: delete is a forced remove (`remove(key, force=True)`, which skips
-the lease). No capacity is declared: Mooncake evicts in a background thread
-of the master once a segment is above its high watermark (90 %), which is
-time, not an operation; the segment (32 MiB) is far above any trace (at
+owned-marker and clone-independent are skipped). Leases are the master's
+wall clock: a get or an existence check (`is_exist`, `batch_is_exist`, so
+this adapter's listing too) leases an object for `default_kv_lease_ttl`,
+10 s; a write leases nothing. Within a lease a remove is refused with
+OBJECT_HAS_LEASE, but an upsert is not: it replaces the value (in place
+when the size is the same; `MasterService::UpsertStart` refuses only while
+a read is in flight, OBJECT_REPLICA_BUSY). kvcheck's leases are on its
+virtual clock and hold off a replacement as well, so none of this is
+mapped: delete is a forced remove (`remove(key, force=True)`, which skips
+the lease). No capacity is declared: a write that finds the segment full
+is refused (NO_AVAILABLE_HANDLE) and the master evicts later, in a thread
+that wakes every 10 ms, a fraction (`eviction_ratio`, 5 %, or the excess
+over the 90 % watermark) of the objects whose lease expired, soft-pinned
+ones last; while every object is leased it evicts none and every write
+is refused (measured: python/engine_tests/test_mooncake_store.py). kvcheck's
+bounded store makes room within the add instead, so Mooncake's eviction
+is time, not an operation; the segment (32 MiB) is far above any trace (at
 most about 130 entries of at most 64 KiB, and a finished engine's keys are
 removed), so nothing is evicted. `put` is not used: a put of a key that
 exists returns 0 and keeps the old value (insert-if-absent, measured; known
@@ -148,9 +158,11 @@ def listening_ports(pid: int) -> set:
 
 
 class Master:
-    """A mooncake_master of this process on 127.0.0.1, dying with it."""
+    """A mooncake_master of this process on 127.0.0.1, dying with it;
+    `options`: more of its flags (the test of the declared differences sets
+    its lease)."""
 
-    def __init__(self):
+    def __init__(self, options=()):
         self.owner = os.getpid()
         self.log = tempfile.TemporaryFile(prefix="kvcheck-mooncake-master-")  # unlinked: nothing left behind
         self.process = None
@@ -159,7 +171,7 @@ class Master:
             self.process = subprocess.Popen(
                 [MASTER, "-rpc_address", "127.0.0.1", "-rpc_port", str(self.port), "-metrics_host", "127.0.0.1",
                  "-metrics_port", str(free_port()), "-enable_metric_reporting=false", "-rpc_thread_num", "2",
-                 "-logtostderr", "-minloglevel", "1"],
+                 "-logtostderr", "-minloglevel", "1", *options],
                 stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                 preexec_fn=functools.partial(_die_with_parent, self.owner))
             if self.listening():

@@ -5,7 +5,8 @@ skipped when it is not installed): MooncakeDistributedStore against its own
 mooncake_master holds every property it can be judged on, written by
 upsert_tensor or by upsert_from out of a registered buffer the caller
 overwrites at once; the master the adapter starts never outlives kvcheck,
-however kvcheck ends; a master that cannot start is an error that says so."""
+however kvcheck ends; a master that cannot start is an error that says so;
+the lease and eviction differences the adapter declares hold."""
 
 import os
 import pathlib
@@ -171,3 +172,43 @@ def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(moonc
     assert "cannot bind: no such luck" in message, message
     assert str(stand_in) in message, message
     assert "OBJECT_HAS_LEASE" in str(pytest.raises(adapter.MooncakeError, adapter.checked, -706, "remove('a')").value)
+
+
+def test_the_contract_differences_the_adapter_declares_still_hold(mooncake):
+    # What the adapter's docstring and docs/semantics.md declare of Mooncake's
+    # leases and eviction (why delete is a forced remove, why no capacity is
+    # declared), held against the pinned wheel, leases long enough (10 min)
+    # that no wall-clock expiry enters the test.
+    adapter = adapter_module()
+    from mooncake.store import MooncakeDistributedStore
+
+    master = adapter.Master(("-default_kv_lease_ttl", "600000"))
+    store = MooncakeDistributedStore()
+    try:
+        adapter.checked(store.setup("127.0.0.1", "P2PHANDSHAKE", 16 * 1024 * 1024, 8 * 1024 * 1024, "tcp", "",
+                                    f"127.0.0.1:{master.port}"), "setup")  # 16 MiB: the least segment it mounts
+        assert store.put("written", b"w" * 100) == 0
+        assert store.remove("written") == 0  # a write leases nothing
+        assert store.upsert("read", b"x" * 100) == 0
+        assert store.get("read") == b"x" * 100  # a read leases it
+        assert store.remove("read") == -706  # OBJECT_HAS_LEASE: so kvcheck's delete is remove(force=True)
+        assert store.upsert("read", b"y" * 100) == 0  # a lease does not hold off a replacement
+        assert store.get("read") == b"y" * 100
+        assert store.put("read", b"z" * 100) == 0  # insert-if-absent (kvcache-ai/Mooncake#346): add is upsert
+        assert store.get("read") == b"y" * 100
+        # A full segment refuses the write (NO_AVAILABLE_HANDLE); its master
+        # evicts later, in a thread, only objects whose lease expired: with
+        # every object leased (an existence check leases) it evicts none and
+        # every write is refused. Eviction is no part of the write kvcheck sees.
+        value = bytes(256 * 1024)
+        codes = []
+        for i in range(70):
+            codes.append(store.upsert(f"k{i}", value))
+            assert store.is_exist(f"k{i}") == (1 if codes[-1] == 0 else 0)
+        refused = codes.index(-200)
+        assert 32 <= refused <= 64 and set(codes[:refused]) == {0} and set(codes[refused:]) == {-200}, codes
+        assert store.batch_is_exist([f"k{i}" for i in range(refused)]) == [1] * refused
+        assert store.upsert(f"k{refused}", value) == -200
+    finally:
+        store.close()
+        master.stop()
