@@ -24,6 +24,12 @@ The mapping (python/README.md, "Real engines"):
 | dump(dir), load(dir) (`--dump`) | `save_prompt_cache` of every entry's layers, in listing order, the ids in its metadata (under a temporary name, fsynced, renamed: the adapter's); `load_prompt_cache`, then a new `LRUPromptCache` given the entries by `insert_cache` in that order |
 | view | each layer's `keys_and_values()`, what the attention reads, through numpy |
 
+Warm starts: importing MLX and mlx-lm starts no thread, evaluating the
+first array does; the adapter evaluates nothing until its first
+operation (the model is made at its first generation, process_model), so
+kvcheck's fork server (the handshake's process) forks each adapter
+process from one import of torch, transformers and mlx-lm.
+
 `--layer-class ConcatenateKVCache` makes every cache of mlx-lm's
 ConcatenateKVCache instead of KVCache (what make_prompt_cache makes for a
 llama): its trim fails trim-exact, docs/findings/mlx-lm-1.md.
@@ -106,7 +112,8 @@ Assumptions (contract differences, declared rather than papered over):
     has no listing, and its LRU's order (the order lrs evicts in) is no
     listing order kvcheck names (recency counts hand-outs);
   - dumps (--dump) are not killed in a fork (dump_fork_absent): MLX hangs
-    in a forked child; and a safetensors file carries no checksum, which
+    in a child forked after its first evaluation (which starts its
+    threads); and a safetensors file carries no checksum, which
     load_prompt_cache does not check either: a flipped byte of K/V loads
     silently and dump-safe FAILs on it, a contract difference;
   - no storage identities, no copy log: MLX arrays are immutable values whose
@@ -122,6 +129,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import glob
 import json
 import os
@@ -154,7 +162,8 @@ _object_id = id  # the operations' `id` parameters shadow it
 
 def tiny_model(seed: int = 1):
     """A llama.Model of 2 layers, 2 K/V heads of 8, vocabulary 64, weights
-    drawn from MLX's generator seeded with `seed`."""
+    drawn from MLX's generator seeded with `seed`. Its evaluation starts
+    MLX's threads: see process_model."""
     args = llama.ModelArgs(
         model_type="llama", hidden_size=32, num_hidden_layers=LAYERS, intermediate_size=64,
         num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=1e-5,
@@ -164,6 +173,18 @@ def tiny_model(seed: int = 1):
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model
+
+
+@functools.lru_cache(maxsize=None)
+def process_model():
+    """The tiny model of seed 1, made at its first generation in this
+    process. Importing MLX starts no thread (measured: one thread after
+    `import mlx.core` and mlx_lm), its first evaluation does; so nothing
+    is evaluated before kvcheck's fork server forks (the handshake makes
+    an engine, which evaluates nothing), and each copy, or each process
+    started cold, makes its own model from the same seed (the same
+    weights: nothing else draws from MLX's generator)."""
+    return tiny_model()
 
 
 def held(layer):
@@ -197,9 +218,10 @@ def to_torch(array) -> torch.Tensor:
 class MlxPromptCacheAdapter(Adapter):
     owned = "derived"
 
-    def __init__(self, model, max_size=None, dumps=False, layer_class="KVCache", max_kv_size=ROTATING_MAX_SIZE,
+    def __init__(self, max_size=None, dumps=False, layer_class="KVCache", max_kv_size=ROTATING_MAX_SIZE,
                  merge_copies=False):
-        self.model_ = model
+        # Nothing here evaluates an MLX array (process_model): the fork
+        # server's handshake makes one of these before its copies fork.
         self.merge_copies = merge_copies
         self.max_size = max_size
         self.layer_class = getattr(mlx_cache, layer_class)
@@ -224,9 +246,11 @@ class MlxPromptCacheAdapter(Adapter):
             # A RotatingKVCache(max_size, keep=0) keeps its last max_size
             # tokens at rest (module doc): kvcheck's store window.
             self.capabilities["window"] = self.max_kv_size
-        # MLX hangs in a forked child (an evaluation there waits for a thread
-        # the fork did not copy: save_prompt_cache in a fork, measured, never
-        # returns), so dump-safe cannot kill a dump in a copy of this process.
+        # MLX hangs in a child forked after its first evaluation (an
+        # evaluation there waits for a thread the fork did not copy:
+        # save_prompt_cache in such a fork, measured, never returns), and a
+        # store being dumped has been evaluated: dump-safe cannot kill a dump
+        # in a copy of this process.
         self.dump_fork_absent = "MLX hangs in a forked child (save_prompt_cache never returns there)"
         self.prompt_cache = self.new_prompt_cache()
         self.keys = {}  # id -> its trie key, in insertion order
@@ -444,7 +468,7 @@ class MlxPromptCacheAdapter(Adapter):
         if max_new_tokens == 0:
             return []
         tokens = []
-        for token, _ in generate_step(mx.array(prompt), self.model_, prompt_cache=cache, max_tokens=max_new_tokens):
+        for token, _ in generate_step(mx.array(prompt), process_model(), prompt_cache=cache, max_tokens=max_new_tokens):
             tokens.append(int(token))
         return tokens
 
@@ -530,8 +554,7 @@ def main(argv=None) -> None:
         parser.error(f"--max-size is {arguments.max_size}: a positive number of entries")
     if arguments.max_kv_size < 2:
         parser.error(f"--max-kv-size is {arguments.max_kv_size}: a window of 2 tokens or more")
-    model = tiny_model()
-    serve(lambda: MlxPromptCacheAdapter(model, arguments.max_size, arguments.dump, arguments.layer_class,
+    serve(lambda: MlxPromptCacheAdapter(arguments.max_size, arguments.dump, arguments.layer_class,
                                         arguments.max_kv_size, arguments.merge == "copy"))
 
 

@@ -14,6 +14,8 @@ into a stored entry (docs/findings/mlx-lm-2.md), asserted by replay."""
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -132,3 +134,30 @@ def test_mlx_lm_rotating_kv_cache_writes_into_the_arrays_it_was_given(kvcheck, m
     copied = kvcheck("replay", trace, "--adapter", ADAPTER + " --layer-class RotatingKVCache --merge copy",
                      "--property", "stored-immutable")
     assert copied.status == 0, copied.stdout + copied.stderr
+
+
+
+# Warm starts (docs/protocol.md section 10): importing MLX and mlx-lm starts
+# no thread, the first evaluation does. The handshake's engine, made in
+# the fork server before it forks, must evaluate nothing: a thread left
+# running there makes the server decline, and every adapter process of a
+# run starts cold (an interpreter importing torch, transformers and mlx-lm).
+HANDSHAKE_THREADS = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+import mlx_prompt_cache_adapter as mlx
+from kvcheck_adapter import protocol
+from kvcheck_adapter.adapter import Server
+for options in ({}, {"max_size": 2, "dumps": True}, {"layer_class": "RotatingKVCache", "merge_copies": True}):
+    server = Server(lambda: mlx.MlxPromptCacheAdapter(**options))
+    reply = server.handle({"op": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    assert reply["ok"], reply
+    print(protocol._threads_at_fork())
+"""
+
+
+def test_mlx_lm_handshake_leaves_one_thread_for_the_fork_server(mlx_env):
+    completed = subprocess.run([sys.executable, "-c", HANDSHAKE_THREADS, os.path.dirname(ADAPTER)],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.stdout.split() == ["1", "1", "1"], completed.stdout + completed.stderr
