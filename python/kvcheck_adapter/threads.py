@@ -198,7 +198,9 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
     """The protocol loop of a thread-safe adapter: each request carrying a
     request id ("rid") runs on a thread of its own (kept for the next
     request once idle), under the scheduler; its reply carries the same
-    id. A request marked "wait" waits for the next one not so marked:
+    id. A request that comes alone (no "wait" before it) with nothing in
+    flight runs on the loop's own thread instead, under the same
+    scheduler calls: the same draws, no hand-off between threads. A request marked "wait" waits for the next one not so marked:
     that batch starts together (docs/protocol.md section 11b). A request
     without an id (a shutdown) is answered in turn, once the requests in
     flight are done."""
@@ -244,6 +246,25 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
             if "rid" in request:
                 held.append(request)
                 if request.get("wait") is True:
+                    continue
+                while in_flight and busy.acquire(blocking=False):
+                    in_flight -= 1  # answered since
+                if len(held) == 1 and in_flight == 0:
+                    # A batch of one with nothing in flight (every request
+                    # of the operation level; kvcheck sends nothing more
+                    # before its reply, section 11b): answered on this
+                    # thread, with the scheduler's same calls (the same
+                    # draws), without a hand-off to a request thread.
+                    (order,) = scheduler.admit(1)
+                    scheduler.enter(order)
+                    try:
+                        reply = _protocol.answer(handle, request)
+                    finally:
+                        scheduler.leave()
+                    reply["rid"] = request["rid"]
+                    with sending:
+                        connection.send(reply)
+                    held = []
                     continue
                 in_flight += len(held)
                 for one, order in zip(held, scheduler.admit(len(held))):
