@@ -211,20 +211,23 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
     busy = threading.Semaphore(0)  # released once per request answered
     in_flight = 0
 
+    def run(request: Dict[str, Any], order: int) -> None:
+        # A request's turns under the scheduler, then its reply.
+        scheduler.enter(order)
+        try:
+            reply = _protocol.answer(handle, request)
+        finally:
+            scheduler.leave()
+        reply["rid"] = request["rid"]
+        with sending:
+            connection.send(reply)
+
     def work(inbox: "queue.SimpleQueue") -> None:
         while True:
             item = inbox.get()
             if item is None:
                 return
-            request, order = item
-            scheduler.enter(order)
-            try:
-                reply = _protocol.answer(handle, request)
-            finally:
-                scheduler.leave()
-            reply["rid"] = request["rid"]
-            with sending:
-                connection.send(reply)
+            run(*item)
             idle.put(inbox)
             busy.release()
 
@@ -255,15 +258,7 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
                     # before its reply, section 11b): answered on this
                     # thread, with the scheduler's same calls (the same
                     # draws), without a hand-off to a request thread.
-                    (order,) = scheduler.admit(1)
-                    scheduler.enter(order)
-                    try:
-                        reply = _protocol.answer(handle, request)
-                    finally:
-                        scheduler.leave()
-                    reply["rid"] = request["rid"]
-                    with sending:
-                        connection.send(reply)
+                    run(request, *scheduler.admit(1))
                     held = []
                     continue
                 in_flight += len(held)
