@@ -182,16 +182,21 @@ def _close(requests, replies, replies_write, loop):
     assert not loop.is_alive()
 
 
-def _serve_batch(seed, count, pause_before_last=0.0):
+def _serve_batch(seed, count, pause_before_last=0.0, lone=0, threads_of=None):
     """`count` requests served side by side, sent as one batch (each but
     the last marked "wait", docs/protocol.md section 11b) under a
-    scheduler seeded `seed`; each request yields twice. Returns the order
-    the requests' steps ran in, and what had run when the last was sent."""
+    scheduler seeded `seed`, after `lone` requests sent one at a time
+    (each answered before the next, as the operation level sends them);
+    each request yields twice. Returns the order the requests' steps ran
+    in, and what had run when the last was sent. `threads_of` (a dict)
+    gets each request's thread and the loop's ("loop")."""
     from kvcheck_adapter import protocol
 
     ran = []
+    threads_of = {} if threads_of is None else threads_of
 
     def handle(request):
+        threads_of[request["rid"]] = threading.get_ident()
         for step in range(3):
             ran.append((request["rid"], step))
             threads.yield_point("step")
@@ -205,6 +210,7 @@ def _serve_batch(seed, count, pause_before_last=0.0):
         loop = threading.Thread(target=threads.serve_side_by_side,
                                 args=(protocol.Connection(requests_read, replies_write), handle))
         loop.start()
+        threads_of["loop"] = loop.ident
     finally:
         if previous is None:
             del os.environ["KVCHECK_THREAD_SEED"]
@@ -213,6 +219,11 @@ def _serve_batch(seed, count, pause_before_last=0.0):
     requests = os.fdopen(requests_write, "wb")
     replies = os.fdopen(replies_read, "rb")
     try:
+        for rid in range(count + 1, count + 1 + lone):
+            requests.write(_frame({"rid": rid, "op": "step"}))
+            requests.flush()
+            assert _read_frame(replies)["rid"] == rid
+        ran.clear()
         for rid in range(1, count):
             requests.write(_frame({"rid": rid, "wait": True, "op": "step"}))
             requests.flush()
@@ -239,6 +250,24 @@ def test_a_batch_starts_together_and_its_interleaving_is_the_seeds():
         assert runs[0] == runs[1] == runs[2], (seed, runs)
         orders[seed] = tuple(runs[0])
     assert len(set(orders.values())) > 1, orders
+
+
+def test_a_request_alone_runs_on_the_loops_thread_and_draws_as_a_batch_of_one():
+    # A request with nothing in flight is no batch to interleave: the loop
+    # answers it on its own thread (no hand-off per operation), with the
+    # scheduler's same calls: it takes its draw, as its own thread's
+    # enter did (the batches after it draw on from there), and the same
+    # seed still gives the same interleaving.
+    where = {}
+    _serve_batch(1, 2, lone=2, threads_of=where)
+    assert where[3] == where[4] == where["loop"], where
+    assert where[1] != where["loop"] and where[2] != where["loop"], where
+    after_lone, alone = {}, {}
+    for seed in (1, 2, 3, 4):
+        runs = [_serve_batch(seed, 4, lone=3)[0] for _ in range(2)]
+        assert runs[0] == runs[1], (seed, runs)
+        after_lone[seed], alone[seed] = tuple(runs[0]), tuple(_serve_batch(seed, 4)[0])
+    assert after_lone != alone, (after_lone, alone)
 
 
 def test_kvcheck_gives_the_adapter_its_runs_seed(kvcheck, scratch_dir):

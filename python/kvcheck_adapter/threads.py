@@ -198,7 +198,9 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
     """The protocol loop of a thread-safe adapter: each request carrying a
     request id ("rid") runs on a thread of its own (kept for the next
     request once idle), under the scheduler; its reply carries the same
-    id. A request marked "wait" waits for the next one not so marked:
+    id. A request that comes alone (no "wait" before it) with nothing in
+    flight runs on the loop's own thread instead, under the same
+    scheduler calls: the same draws, no hand-off between threads. A request marked "wait" waits for the next one not so marked:
     that batch starts together (docs/protocol.md section 11b). A request
     without an id (a shutdown) is answered in turn, once the requests in
     flight are done."""
@@ -209,20 +211,23 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
     busy = threading.Semaphore(0)  # released once per request answered
     in_flight = 0
 
+    def run(request: Dict[str, Any], order: int) -> None:
+        # A request's turns under the scheduler, then its reply.
+        scheduler.enter(order)
+        try:
+            reply = _protocol.answer(handle, request)
+        finally:
+            scheduler.leave()
+        reply["rid"] = request["rid"]
+        with sending:
+            connection.send(reply)
+
     def work(inbox: "queue.SimpleQueue") -> None:
         while True:
             item = inbox.get()
             if item is None:
                 return
-            request, order = item
-            scheduler.enter(order)
-            try:
-                reply = _protocol.answer(handle, request)
-            finally:
-                scheduler.leave()
-            reply["rid"] = request["rid"]
-            with sending:
-                connection.send(reply)
+            run(*item)
             idle.put(inbox)
             busy.release()
 
@@ -244,6 +249,17 @@ def serve_side_by_side(connection, handle: Callable[[Dict[str, Any]], Dict[str, 
             if "rid" in request:
                 held.append(request)
                 if request.get("wait") is True:
+                    continue
+                while in_flight and busy.acquire(blocking=False):
+                    in_flight -= 1  # answered since
+                if len(held) == 1 and in_flight == 0:
+                    # A batch of one with nothing in flight (every request
+                    # of the operation level; kvcheck sends nothing more
+                    # before its reply, section 11b): answered on this
+                    # thread, with the scheduler's same calls (the same
+                    # draws), without a hand-off to a request thread.
+                    run(request, *scheduler.admit(1))
+                    held = []
                     continue
                 in_flight += len(held)
                 for one, order in zip(held, scheduler.admit(len(held))):
