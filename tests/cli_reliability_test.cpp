@@ -136,9 +136,11 @@ TEST_F(Cli, MemoryStaysBoundedWhileAFaultIsShrunk) {
 // JUnit file is well-formed XML, the table holds no raw control byte, and
 // the engine's output is in the report, apart from kvcheck's.
 TEST_F(Cli, ReportsStayValidWhateverTheEnginePrintsOrSays) {
-    const std::string base = std::string("run --adapter ") + KVCHECK_FAULT_NOISY + " --property store-contract --cases 5 " +
-                             "--quiet --trace-dir " + scratch("noisy-traces");
-    const Outcome json = kvcheck(base + " --report json");
+    // One search, its report in four formats (--also-report).
+    const std::string junit_file = scratch("noisy.xml"), table_file = scratch("noisy.txt"), markdown_file = scratch("noisy.md");
+    const Outcome json = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_NOISY + " --property store-contract --cases 5 " +
+                                 "--quiet --trace-dir " + scratch("noisy-traces") + " --report json --also-report junit=" + junit_file +
+                                 " --also-report table=" + table_file + " --also-report markdown=" + markdown_file);
     EXPECT_EQ(json.status, 1) << json.out;
     EXPECT_EQ(json.stdout_text.rfind("{\"format\": \"kvcheck-report\", \"format_version\": 2", 0), 0u) << json.stdout_text;
     EXPECT_FALSE(contains(json.stdout_text, "{\"noise\"")) << "the engine's stdout went into the report";
@@ -150,17 +152,19 @@ TEST_F(Cli, ReportsStayValidWhateverTheEnginePrintsOrSays) {
     if (have("/usr/bin/python3")) {
         EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
     }
-    const Outcome junit = kvcheck(base + " --report junit");
-    EXPECT_TRUE(contains(junit.stdout_text, "<system-err>")) << junit.stdout_text;
-    EXPECT_TRUE(contains(junit.stdout_text, "noise on stderr: &quot;quoted&quot; &lt;tag")) << junit.stdout_text;
+    const std::string junit = read_file(junit_file);
+    EXPECT_TRUE(contains(junit, "<system-err>")) << junit;
+    EXPECT_TRUE(contains(junit, "noise on stderr: &quot;quoted&quot; &lt;tag")) << junit;
     if (have("xmllint")) {
-        EXPECT_TRUE(valid_by("xmllint --noout", junit.stdout_text, &why)) << why << junit.stdout_text;
+        EXPECT_TRUE(valid_by("xmllint --noout", junit, &why)) << why << junit;
     }
-    for (const std::string format : {"table", "markdown"}) {
-        const Outcome text = kvcheck(base + " --report " + format);
-        EXPECT_EQ(text.out.find('\x1b'), std::string::npos) << format << ": a raw escape reached the terminal";
-        EXPECT_EQ(text.out.find('\x01'), std::string::npos) << format;
-        EXPECT_TRUE(contains(text.stdout_text, "x1b")) << format << ": the escape is shown as text\n" << text.stdout_text;
+    EXPECT_EQ(json.stderr_text.find('\x1b'), std::string::npos) << "a raw escape reached the terminal";
+    EXPECT_EQ(json.stderr_text.find('\x01'), std::string::npos);
+    for (const auto& [format, file] : {std::pair{"table", table_file}, std::pair{"markdown", markdown_file}}) {
+        const std::string text = read_file(file);
+        EXPECT_EQ(text.find('\x1b'), std::string::npos) << format << ": a raw escape reached the terminal";
+        EXPECT_EQ(text.find('\x01'), std::string::npos) << format;
+        EXPECT_TRUE(contains(text, "x1b")) << format << ": the escape is shown as text\n" << text;
     }
 }
 

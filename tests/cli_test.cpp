@@ -40,6 +40,14 @@ TEST_F(Cli, HelpAndUsageErrors) {
     const Outcome not_plugin = kvcheck(std::string("run --adapter ") + KVCHECK_NOT_A_PLUGIN);
     EXPECT_EQ(not_plugin.status, 2);
     EXPECT_TRUE(contains(not_plugin.out, "is not a kvcheck plugin")) << not_plugin.out;
+    const Outcome bad_also = kvcheck("run --adapter reference --also-report junit");
+    EXPECT_EQ(bad_also.status, 2);
+    EXPECT_TRUE(contains(bad_also.out, "--also-report takes FORMAT=FILE (e.g. junit=report.xml), not 'junit'")) << bad_also.out;
+    // An --also-report file that cannot be written is refused before the run.
+    const Outcome unwritable = kvcheck("run --adapter reference --cases 100000 --quiet --also-report json=/nonexistent/dir/r.json "
+                                       "--trace-dir " + scratch("also-traces"));
+    EXPECT_EQ(unwritable.status, 2);
+    EXPECT_TRUE(contains(unwritable.stderr_text, "cannot write --also-report /nonexistent/dir/r.json")) << unwritable.out;
 }
 
 TEST_F(Cli, ListNamesEveryPropertyAndMutant) {
@@ -143,9 +151,9 @@ TEST_F(Cli, ModelOverridesTheDomainAndIsParsedStrictly) {
 
 TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
     const std::string traces = scratch("mutant-traces");
-    const std::string json = scratch("m3.json");
+    const std::string json = scratch("m3.json"), junit_file = scratch("m3.xml");
     const Outcome run = kvcheck("run --adapter M3 --property single-copy --property dump-safe --cases 100 --quiet --report json --out " +
-                                json + " --trace-dir " + traces);
+                                json + " --also-report junit=" + junit_file + " --trace-dir " + traces);
     EXPECT_EQ(run.status, 1) << run.out;
     std::ifstream in(json);
     const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -161,9 +169,9 @@ TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
     EXPECT_TRUE(contains(replay.out, "ERROR: single-copy:")) << replay.out;
     EXPECT_TRUE(contains(replay.out, "SUMMARY: kvcheck: single-copy violated")) << replay.out;
     EXPECT_EQ(kvcheck("replay " + trace + " --adapter reference").status, 0);
-    const Outcome junit = kvcheck("run --adapter M3 --property single-copy --cases 50 --quiet --report junit --trace-dir " + traces);
-    EXPECT_TRUE(contains(junit.out, "<testcase classname=\"kvcheck.M3\" name=\"single-copy\"")) << junit.out;
-    EXPECT_TRUE(contains(junit.out, "<failure")) << junit.out;
+    const std::string junit = read_file(junit_file);
+    EXPECT_TRUE(contains(junit, "<testcase classname=\"kvcheck.M3\" name=\"single-copy\"")) << junit;
+    EXPECT_TRUE(contains(junit, "<failure")) << junit;
 }
 
 // A failure of several clients (--lanes): every report draws the lanes side
@@ -171,18 +179,16 @@ TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
 // schedule exactly: the same calls in another order pass.
 TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
     const std::string traces = scratch("lanes-traces");
-    const std::string run_options = "run --adapter LM2 --lanes 3 --property generation-equivalent --cases 100 --quiet --trace-dir " + traces;
-    const Outcome run = kvcheck(run_options);
+    // One search, its report in three formats (--also-report).
+    const std::string json = scratch("lm2.json"), html = scratch("lm2.html");
+    const Outcome run = kvcheck("run --adapter LM2 --lanes 3 --property generation-equivalent --cases 100 --quiet --trace-dir " + traces +
+                                " --also-report json=" + json + " --also-report html=" + html);
     EXPECT_EQ(run.status, 1) << run.out;
     EXPECT_TRUE(contains(run.out, "# the lanes side by side, in schedule order")) << run.out;
     EXPECT_TRUE(contains(run.out, "  <- generation-equivalent")) << run.out;
-    const std::string json = scratch("lm2.json");
-    EXPECT_EQ(kvcheck(run_options + " --report json --out " + json).status, 1);
     const std::string report = read_file(json);
     EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
     EXPECT_TRUE(contains(report, "\"conflicting_steps\": [")) << report;
-    const std::string html = scratch("lm2.html");
-    EXPECT_EQ(kvcheck(run_options + " --report html --out " + html).status, 1);
     const std::string page = read_file(html);
     EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
     EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
@@ -209,8 +215,11 @@ TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
 // call) pass, as they do on the paged reference.
 TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
     const std::string traces = scratch("thread-traces");
+    // TM1's search also writes its report as JSON and HTML (--also-report).
+    const std::string json = scratch("tm1.json"), html = scratch("tm1.html");
     for (const auto& [mutant, property, lanes] : {std::tuple{"TM1", "free-iff-unreferenced", "6"}, std::tuple{"TM2", "refcount-exact", "3"}}) {
-        const std::string run_options = std::string("run --adapter ") + mutant + " --threads --lanes " + lanes + " --cases 60 --quiet --trace-dir " + traces;
+        const std::string run_options = std::string("run --adapter ") + mutant + " --threads --lanes " + lanes + " --cases 60 --quiet --trace-dir " + traces +
+                                        (std::string(mutant) == "TM1" ? " --also-report json=" + json + " --also-report html=" + html : "");
         const Outcome run = kvcheck(run_options);
         EXPECT_EQ(run.status, 1) << run.out;
         EXPECT_TRUE(contains(run.out, std::string("ERROR: ") + property + ": at the quiescent point after")) << run.out;
@@ -237,13 +246,9 @@ TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
         const Outcome alone = kvcheck("replay " + unswitched + " --adapter " + mutant);
         EXPECT_EQ(alone.status, 0) << read_file(unswitched) << alone.out;
     }
-    const std::string json = scratch("tm1.json"), html = scratch("tm1.html");
-    const std::string tm1 = "run --adapter TM1 --threads --cases 60 --quiet --trace-dir " + traces;
-    EXPECT_EQ(kvcheck(tm1 + " --report json --out " + json).status, 1);
     const std::string report = read_file(json);
     EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
     EXPECT_TRUE(contains(report, "\"threads\": \"threads lanes=")) << report;
-    EXPECT_EQ(kvcheck(tm1 + " --report html --out " + html).status, 1);
     const std::string page = read_file(html);
     EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
     EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +42,23 @@ class ScratchRoot {
 const ScratchRoot& root() {
     static const ScratchRoot instance;
     return instance;
+}
+
+double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; }
+
+// With KVCHECK_CLI_TEST_LOG set, each kvcheck start appends a line to that
+// file: the test, the wall and CPU (user+sys) seconds of the start, its
+// arguments. How the cli suites' time was counted (BENCHMARKS.md).
+void log_start(const std::string& arguments, const rusage& before, std::chrono::steady_clock::time_point started) {
+    const char* log = std::getenv("KVCHECK_CLI_TEST_LOG");
+    if (log == nullptr || *log == '\0') return;
+    rusage after{};
+    ::getrusage(RUSAGE_CHILDREN, &after);
+    const double cpu = seconds(after.ru_utime) + seconds(after.ru_stime) - seconds(before.ru_utime) - seconds(before.ru_stime);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::ofstream(log, std::ios::app) << (test != nullptr ? test->name() : "-") << "\t" << wall << "\t" << cpu << "\t"
+                                      << arguments.substr(0, 160) << "\n";
 }
 
 }  // namespace
@@ -98,7 +117,11 @@ Outcome kvcheck(const std::string& arguments, const std::string& stdout_path) {
     const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " +
                                 (stdout_path.empty() ? out : stdout_path) + " 2> " + err;
     Outcome outcome;
+    rusage before{};
+    ::getrusage(RUSAGE_CHILDREN, &before);
+    const auto started = std::chrono::steady_clock::now();
     const int status = std::system(command.c_str());
+    log_start(arguments, before, started);
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     outcome.stdout_text = read_file(out);
     outcome.stderr_text = read_file(err);
