@@ -703,10 +703,16 @@ TEST_F(Cli, AKilledRunLeavesNoEmptyReportAndItsDirectoriesGoNextTime) {
 
 TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
     const std::string corpus = KVCHECK_SOURCE_DIR "/corpus/dump_load/";
-    const Outcome valid = kvcheck("check-dump " + corpus + "mixed-three-items.pt");
+    // Two sound dumps, a file and a directory's, in one check-dump: exit 0.
+    const std::string dir = scratch("dump-dir");
+    fs::create_directories(dir);
+    fs::copy_file(corpus + "one-legacy-f32.pt", dir + "/kvcheck-store.pt");
+    const Outcome valid = kvcheck("check-dump " + corpus + "mixed-three-items.pt " + dir);
     EXPECT_EQ(valid.status, 0) << valid.out;
-    EXPECT_TRUE(contains(valid.stdout_text, "a valid kvcheck dump (format version 1), 3 items")) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "mixed-three-items.pt: a valid kvcheck dump (format version 1), 3 items")) << valid.out;
     EXPECT_TRUE(contains(valid.stdout_text, "kind=memory")) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "\n" + dir + "/kvcheck-store.pt: a valid kvcheck dump (format version 1), 1 item"))
+        << valid.out;
     const Outcome json = kvcheck("check-dump --json " + corpus + "mixed-three-items.pt");
     EXPECT_EQ(json.status, 0) << json.out;
     EXPECT_TRUE(contains(json.stdout_text, "\"valid\": true, \"format_version\": 1")) << json.out;
@@ -716,15 +722,20 @@ TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
         EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
     }
 
-    const std::string dir = scratch("dump-dir");
-    fs::create_directories(dir);
-    fs::copy_file(corpus + "one-legacy-f32.pt", dir + "/kvcheck-store.pt");
-    EXPECT_EQ(kvcheck("check-dump " + dir).status, 0);
-
-    const Outcome nested = kvcheck("check-dump " KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt");
-    EXPECT_EQ(nested.status, 1) << nested.out;
-    EXPECT_TRUE(contains(nested.stdout_text, "INVALID: corrupt dump")) << nested.out;
-    EXPECT_TRUE(contains(nested.stdout_text, "tuples nested more than 32 deep")) << nested.out;
+    // An invalid dump and three unreadable paths in one check-dump: each
+    // said per file (INVALID: exit 1; UNREADABLE: exit 2), the worst, 2,
+    // is the exit code.
+    const std::string nested_file = KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt";
+    const std::vector<std::string> unreadable = {scratch("no-such.pt"), kvcheck_tmp(), "/dev/zero"};
+    const Outcome nested = kvcheck("check-dump " + nested_file + " " + unreadable[0] + " " + unreadable[1] + " " + unreadable[2]);
+    EXPECT_EQ(nested.status, 2) << nested.out;
+    const std::string nested_line = line_starting(nested.stdout_text, nested_file + ": ");
+    EXPECT_TRUE(contains(nested_line, ": INVALID: corrupt dump")) << nested.out;
+    EXPECT_TRUE(contains(nested_line, "tuples nested more than 32 deep")) << nested.out;
+    for (const std::string& path : unreadable) {
+        const std::string file = path == kvcheck_tmp() ? path + "/kvcheck-store.pt" : path;  // a directory without a dump
+        EXPECT_EQ(line_starting(nested.stdout_text, file + ": ").rfind(file + ": UNREADABLE: ", 0), 0u) << path << "\n" << nested.out;
+    }
     const std::string truncated = scratch("truncated.pt");
     const std::string bytes = read_file(corpus + "one-modern-f32.pt");
     write_file(truncated, bytes.substr(0, bytes.size() / 2));
@@ -732,11 +743,11 @@ TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
     EXPECT_EQ(cut.status, 1) << cut.out;
     EXPECT_TRUE(contains(cut.stdout_text, "\"valid\": false, \"error\": \"corrupt dump ")) << cut.out;
 
-    EXPECT_EQ(kvcheck("check-dump " + scratch("no-such.pt")).status, 2);
-    EXPECT_EQ(kvcheck("check-dump " + kvcheck_tmp()).status, 2) << "a directory without a dump";
-    EXPECT_EQ(kvcheck("check-dump /dev/zero").status, 2);
     EXPECT_EQ(kvcheck("check-dump").status, 2);
     EXPECT_EQ(kvcheck("check-dump --frobnicate x").status, 2);
+    const Outcome several_json = kvcheck("check-dump --json " + truncated + " " + truncated);
+    EXPECT_EQ(several_json.status, 2) << several_json.out;
+    EXPECT_TRUE(contains(several_json.stderr_text, "check-dump --json takes one dump file or directory")) << several_json.out;
 }
 
 }  // namespace

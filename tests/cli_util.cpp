@@ -69,6 +69,17 @@ std::string kvcheck_tmp() { return (root().path() / "tmp").string(); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+std::string line_starting(const std::string& text, const std::string& start) {
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t end = text.find('\n', at);
+        const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (line.rfind(start, 0) == 0) return line;
+        if (end == std::string::npos) break;
+        at = end + 1;
+    }
+    return "";
+}
+
 unsigned long number_before(const std::string& text, const std::string& marker) {
     const std::size_t at = text.find(marker);
     if (at == std::string::npos) return 0;
