@@ -320,7 +320,6 @@ TEST_F(Cli, ShrinkMakesALongFailingTraceShort) {
 struct FaultCase {
     const char* plugin;
     std::vector<const char*> expected;  // any of these in the report
-    const char* limits;                 // generous: no verdict may depend on the machine's load
 };
 
 // The JSON object of property `id` in a report of one adapter (up to the
@@ -332,46 +331,67 @@ std::string property_json(const std::string& report, const std::string& id) {
     return report.substr(at, end == std::string::npos ? std::string::npos : end - at);
 }
 
+// The JSON object of adapter `name` in a report (up to the next adapter's).
+std::string adapter_json(const std::string& report, const std::string& name) {
+    const std::size_t at = report.find("{\"adapter\": \"" + name + "\"");
+    if (at == std::string::npos) return "";
+    const std::size_t end = report.find("\n    {\"adapter\": ", at + 1);
+    return report.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+// The adapter name of a plugin path: its file name without ".so".
+std::string plugin_name(const std::string& path) {
+    const std::string file = path.substr(path.rfind('/') + 1);
+    return file.substr(0, file.rfind(".so"));
+}
+
 // Each fault strikes deterministically (faulty_engine.cpp: at the third add
 // of a trace; the leak from the first add on, across the traces of a
 // process). The limits are far from any operation's time even under ASan
 // on a busy machine: only the hang waits for its limit, in both properties
 // at once (--jobs 2), each with the full limit: a hang of one property
-// shortens no other's (docs/semantics.md#limits).
+// shortens no other's (docs/semantics.md#limits). The five faults of one
+// limit are the adapters of one run (one kvcheck start), each judged on
+// its own part of the report; the hang has a run of its own.
 TEST_F(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
-    const std::vector<FaultCase> cases = {
-        {KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}, "--timeout 60"},  // ASan turns a SEGV into an exit
-        {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}, "--timeout 60"},
-        {KVCHECK_FAULT_THROW, {"the engine threw"}, "--timeout 60"},
-        {KVCHECK_FAULT_LEAK, {"memory: resident memory", "memory: peak resident memory", "memory: an allocation failed"},
-         "--timeout 60"},
-        {KVCHECK_FAULT_EXIT, {"exit: exit status 0 before its work was done"}, "--timeout 60"},
-        {KVCHECK_FAULT_HANG, {"hang: no progress for 10 s"}, "--timeout 10 --jobs 2"},
+    const std::vector<std::pair<std::vector<FaultCase>, const char*>> runs = {
+        {{{KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}},  // ASan turns a SEGV into an exit
+          {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}},
+          {KVCHECK_FAULT_THROW, {"the engine threw"}},
+          {KVCHECK_FAULT_LEAK, {"memory: resident memory", "memory: peak resident memory", "memory: an allocation failed"}},
+          {KVCHECK_FAULT_EXIT, {"exit: exit status 0 before its work was done"}}},
+         "--timeout 60"},  // generous: no verdict may depend on the machine's load
+        {{{KVCHECK_FAULT_HANG, {"hang: no progress for 10 s"}}}, "--timeout 10 --jobs 2"},
     };
-    for (const FaultCase& fault : cases) {
-        SCOPED_TRACE(fault.plugin);
-        const Outcome run = kvcheck(std::string("run --adapter ") + fault.plugin +
-                                    " --property stored-immutable --property store-contract --cases 40 --memory-mb 1536 " +
-                                    fault.limits + " --quiet --report json --trace-dir " + scratch("fault-traces"));
+    for (const auto& [cases, limits] : runs) {
+        std::string adapters;
+        for (const FaultCase& fault : cases) adapters += std::string(" --adapter ") + fault.plugin;
+        const Outcome run = kvcheck("run" + adapters + " --property stored-immutable --property store-contract --cases 40 --memory-mb 1536 " +
+                                    limits + " --quiet --report json --trace-dir " + scratch("fault-traces"));
         EXPECT_EQ(run.status, 1) << run.out;
-        bool found = false;
-        for (const char* expected : fault.expected) found = found || contains(run.out, expected);
-        EXPECT_TRUE(found) << run.out;
-        // Both properties have a verdict: the fault did not end the run. An
-        // engine error is counted under engine-error, and the trace judged
-        // without the operations that raised (a pass, when that run
-        // completes), or blocks a search when more than a tenth of its
-        // traces still raise.
-        for (const std::string id : {"stored-immutable", "store-contract"}) {
-            const std::string prefix = "\"id\": \"" + id + "\", \"verdict\": ";
-            EXPECT_TRUE(contains(run.out, prefix + "\"fail\"") || contains(run.out, prefix + "\"blocked\"") ||
-                        contains(run.out, prefix + "\"pass\""))
-                << id << "\n" << run.out;
-        }
-        EXPECT_TRUE(contains(run.out, "\"trace\": \"")) << "the triggering trace is reported\n" << run.out;
-        if (std::string(fault.plugin) == KVCHECK_FAULT_HANG) {
+        for (const FaultCase& fault : cases) {
+            SCOPED_TRACE(fault.plugin);
+            const std::string report = adapter_json(run.stdout_text, plugin_name(fault.plugin));
+            ASSERT_FALSE(report.empty()) << run.out;
+            bool found = false;
+            for (const char* expected : fault.expected) found = found || contains(report, expected);
+            EXPECT_TRUE(found) << report;
+            // Both properties have a verdict: the fault did not end the run. An
+            // engine error is counted under engine-error, and the trace judged
+            // without the operations that raised (a pass, when that run
+            // completes), or blocks a search when more than a tenth of its
+            // traces still raise.
             for (const std::string id : {"stored-immutable", "store-contract"}) {
-                EXPECT_TRUE(contains(property_json(run.out, id), "hang: no progress for 10 s")) << id << "\n" << run.out;
+                const std::string prefix = "\"id\": \"" + id + "\", \"verdict\": ";
+                EXPECT_TRUE(contains(report, prefix + "\"fail\"") || contains(report, prefix + "\"blocked\"") ||
+                            contains(report, prefix + "\"pass\""))
+                    << id << "\n" << report;
+            }
+            EXPECT_TRUE(contains(report, "\"trace\": \"")) << "the triggering trace is reported\n" << report;
+            if (std::string(fault.plugin) == KVCHECK_FAULT_HANG) {
+                for (const std::string id : {"stored-immutable", "store-contract"}) {
+                    EXPECT_TRUE(contains(property_json(report, id), "hang: no progress for 10 s")) << id << "\n" << report;
+                }
             }
         }
     }
