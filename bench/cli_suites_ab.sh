@@ -11,7 +11,7 @@
 # A and B must be kv_cli_tests binaries of BUILD_DIR (they run its kvcheck).
 # Under an ASan build, set ASAN_OPTIONS=detect_leaks=0 as CI's preset does.
 set -euo pipefail
-build=$1 a=$2 b=$3
+build=$1 a=$(realpath "$2") b=$(realpath "$3")
 shift 3
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(faults replays hostile runs kvcheck)
@@ -29,6 +29,6 @@ for suite in "${suites[@]}"; do
         (cd "$out" && KVCHECK_CLI_TEST_LOG=$log /usr/bin/time -f "%e %U %S" -o "$out/time" "$binary" "--gtest_filter=$filter" \
             > "$out/$suite-$which.out" 2>&1) || status=$?
         read -r wall user sys < <(tail -1 "$out/time")
-        echo "cli.$suite $which exit=$status load=$load starts=$(wc -l < "$log") wall=$wall user=$user sys=$sys"
+        echo "cli.$suite $which exit=$status load=$load starts=$(cat "$log" 2>/dev/null | wc -l) wall=$wall user=$user sys=$sys"
     done
 done
