@@ -136,9 +136,11 @@ TEST_F(Cli, MemoryStaysBoundedWhileAFaultIsShrunk) {
 // JUnit file is well-formed XML, the table holds no raw control byte, and
 // the engine's output is in the report, apart from kvcheck's.
 TEST_F(Cli, ReportsStayValidWhateverTheEnginePrintsOrSays) {
-    const std::string base = std::string("run --adapter ") + KVCHECK_FAULT_NOISY + " --property store-contract --cases 5 " +
-                             "--quiet --trace-dir " + scratch("noisy-traces");
-    const Outcome json = kvcheck(base + " --report json");
+    // One search, its report in four formats (--also-report).
+    const std::string junit_file = scratch("noisy.xml"), table_file = scratch("noisy.txt"), markdown_file = scratch("noisy.md");
+    const Outcome json = kvcheck(std::string("run --adapter ") + KVCHECK_FAULT_NOISY + " --property store-contract --cases 5 " +
+                                 "--quiet --trace-dir " + scratch("noisy-traces") + " --report json --also-report junit=" + junit_file +
+                                 " --also-report table=" + table_file + " --also-report markdown=" + markdown_file);
     EXPECT_EQ(json.status, 1) << json.out;
     EXPECT_EQ(json.stdout_text.rfind("{\"format\": \"kvcheck-report\", \"format_version\": 2", 0), 0u) << json.stdout_text;
     EXPECT_FALSE(contains(json.stdout_text, "{\"noise\"")) << "the engine's stdout went into the report";
@@ -150,17 +152,19 @@ TEST_F(Cli, ReportsStayValidWhateverTheEnginePrintsOrSays) {
     if (have("/usr/bin/python3")) {
         EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
     }
-    const Outcome junit = kvcheck(base + " --report junit");
-    EXPECT_TRUE(contains(junit.stdout_text, "<system-err>")) << junit.stdout_text;
-    EXPECT_TRUE(contains(junit.stdout_text, "noise on stderr: &quot;quoted&quot; &lt;tag")) << junit.stdout_text;
+    const std::string junit = read_file(junit_file);
+    EXPECT_TRUE(contains(junit, "<system-err>")) << junit;
+    EXPECT_TRUE(contains(junit, "noise on stderr: &quot;quoted&quot; &lt;tag")) << junit;
     if (have("xmllint")) {
-        EXPECT_TRUE(valid_by("xmllint --noout", junit.stdout_text, &why)) << why << junit.stdout_text;
+        EXPECT_TRUE(valid_by("xmllint --noout", junit, &why)) << why << junit;
     }
-    for (const std::string format : {"table", "markdown"}) {
-        const Outcome text = kvcheck(base + " --report " + format);
-        EXPECT_EQ(text.out.find('\x1b'), std::string::npos) << format << ": a raw escape reached the terminal";
-        EXPECT_EQ(text.out.find('\x01'), std::string::npos) << format;
-        EXPECT_TRUE(contains(text.stdout_text, "x1b")) << format << ": the escape is shown as text\n" << text.stdout_text;
+    EXPECT_EQ(json.stderr_text.find('\x1b'), std::string::npos) << "a raw escape reached the terminal";
+    EXPECT_EQ(json.stderr_text.find('\x01'), std::string::npos);
+    for (const auto& [format, file] : {std::pair{"table", table_file}, std::pair{"markdown", markdown_file}}) {
+        const std::string text = read_file(file);
+        EXPECT_EQ(text.find('\x1b'), std::string::npos) << format << ": a raw escape reached the terminal";
+        EXPECT_EQ(text.find('\x01'), std::string::npos) << format;
+        EXPECT_TRUE(contains(text, "x1b")) << format << ": the escape is shown as text\n" << text;
     }
 }
 
@@ -699,10 +703,16 @@ TEST_F(Cli, AKilledRunLeavesNoEmptyReportAndItsDirectoriesGoNextTime) {
 
 TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
     const std::string corpus = KVCHECK_SOURCE_DIR "/corpus/dump_load/";
-    const Outcome valid = kvcheck("check-dump " + corpus + "mixed-three-items.pt");
+    // Two sound dumps, a file and a directory's, in one check-dump: exit 0.
+    const std::string dir = scratch("dump-dir");
+    fs::create_directories(dir);
+    fs::copy_file(corpus + "one-legacy-f32.pt", dir + "/kvcheck-store.pt");
+    const Outcome valid = kvcheck("check-dump " + corpus + "mixed-three-items.pt " + dir);
     EXPECT_EQ(valid.status, 0) << valid.out;
-    EXPECT_TRUE(contains(valid.stdout_text, "a valid kvcheck dump (format version 1), 3 items")) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "mixed-three-items.pt: a valid kvcheck dump (format version 1), 3 items")) << valid.out;
     EXPECT_TRUE(contains(valid.stdout_text, "kind=memory")) << valid.out;
+    EXPECT_TRUE(contains(valid.stdout_text, "\n" + dir + "/kvcheck-store.pt: a valid kvcheck dump (format version 1), 1 item"))
+        << valid.out;
     const Outcome json = kvcheck("check-dump --json " + corpus + "mixed-three-items.pt");
     EXPECT_EQ(json.status, 0) << json.out;
     EXPECT_TRUE(contains(json.stdout_text, "\"valid\": true, \"format_version\": 1")) << json.out;
@@ -712,15 +722,20 @@ TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
         EXPECT_TRUE(valid_by("/usr/bin/python3 -m json.tool", json.stdout_text, &why)) << why;
     }
 
-    const std::string dir = scratch("dump-dir");
-    fs::create_directories(dir);
-    fs::copy_file(corpus + "one-legacy-f32.pt", dir + "/kvcheck-store.pt");
-    EXPECT_EQ(kvcheck("check-dump " + dir).status, 0);
-
-    const Outcome nested = kvcheck("check-dump " KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt");
-    EXPECT_EQ(nested.status, 1) << nested.out;
-    EXPECT_TRUE(contains(nested.stdout_text, "INVALID: corrupt dump")) << nested.out;
-    EXPECT_TRUE(contains(nested.stdout_text, "tuples nested more than 32 deep")) << nested.out;
+    // An invalid dump and three unreadable paths in one check-dump: each
+    // said per file (INVALID: exit 1; UNREADABLE: exit 2), the worst, 2,
+    // is the exit code.
+    const std::string nested_file = KVCHECK_SOURCE_DIR "/corpus/regressions/dump_load/nested-tuples-200000.pt";
+    const std::vector<std::string> unreadable = {scratch("no-such.pt"), kvcheck_tmp(), "/dev/zero"};
+    const Outcome nested = kvcheck("check-dump " + nested_file + " " + unreadable[0] + " " + unreadable[1] + " " + unreadable[2]);
+    EXPECT_EQ(nested.status, 2) << nested.out;
+    const std::string nested_line = line_starting(nested.stdout_text, nested_file + ": ");
+    EXPECT_TRUE(contains(nested_line, ": INVALID: corrupt dump")) << nested.out;
+    EXPECT_TRUE(contains(nested_line, "tuples nested more than 32 deep")) << nested.out;
+    for (const std::string& path : unreadable) {
+        const std::string file = path == kvcheck_tmp() ? path + "/kvcheck-store.pt" : path;  // a directory without a dump
+        EXPECT_EQ(line_starting(nested.stdout_text, file + ": ").rfind(file + ": UNREADABLE: ", 0), 0u) << path << "\n" << nested.out;
+    }
     const std::string truncated = scratch("truncated.pt");
     const std::string bytes = read_file(corpus + "one-modern-f32.pt");
     write_file(truncated, bytes.substr(0, bytes.size() / 2));
@@ -728,11 +743,11 @@ TEST_F(Cli, CheckDumpSaysWhetherADumpIsSoundAndWhatItHolds) {
     EXPECT_EQ(cut.status, 1) << cut.out;
     EXPECT_TRUE(contains(cut.stdout_text, "\"valid\": false, \"error\": \"corrupt dump ")) << cut.out;
 
-    EXPECT_EQ(kvcheck("check-dump " + scratch("no-such.pt")).status, 2);
-    EXPECT_EQ(kvcheck("check-dump " + kvcheck_tmp()).status, 2) << "a directory without a dump";
-    EXPECT_EQ(kvcheck("check-dump /dev/zero").status, 2);
     EXPECT_EQ(kvcheck("check-dump").status, 2);
     EXPECT_EQ(kvcheck("check-dump --frobnicate x").status, 2);
+    const Outcome several_json = kvcheck("check-dump --json " + truncated + " " + truncated);
+    EXPECT_EQ(several_json.status, 2) << several_json.out;
+    EXPECT_TRUE(contains(several_json.stderr_text, "check-dump --json takes one dump file or directory")) << several_json.out;
 }
 
 }  // namespace

@@ -40,6 +40,14 @@ TEST_F(Cli, HelpAndUsageErrors) {
     const Outcome not_plugin = kvcheck(std::string("run --adapter ") + KVCHECK_NOT_A_PLUGIN);
     EXPECT_EQ(not_plugin.status, 2);
     EXPECT_TRUE(contains(not_plugin.out, "is not a kvcheck plugin")) << not_plugin.out;
+    const Outcome bad_also = kvcheck("run --adapter reference --also-report junit");
+    EXPECT_EQ(bad_also.status, 2);
+    EXPECT_TRUE(contains(bad_also.out, "--also-report takes FORMAT=FILE (e.g. junit=report.xml), not 'junit'")) << bad_also.out;
+    // An --also-report file that cannot be written is refused before the run.
+    const Outcome unwritable = kvcheck("run --adapter reference --cases 100000 --quiet --also-report json=/nonexistent/dir/r.json "
+                                       "--trace-dir " + scratch("also-traces"));
+    EXPECT_EQ(unwritable.status, 2);
+    EXPECT_TRUE(contains(unwritable.stderr_text, "cannot write --also-report /nonexistent/dir/r.json")) << unwritable.out;
 }
 
 TEST_F(Cli, ListNamesEveryPropertyAndMutant) {
@@ -143,9 +151,9 @@ TEST_F(Cli, ModelOverridesTheDomainAndIsParsedStrictly) {
 
 TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
     const std::string traces = scratch("mutant-traces");
-    const std::string json = scratch("m3.json");
+    const std::string json = scratch("m3.json"), junit_file = scratch("m3.xml");
     const Outcome run = kvcheck("run --adapter M3 --property single-copy --property dump-safe --cases 100 --quiet --report json --out " +
-                                json + " --trace-dir " + traces);
+                                json + " --also-report junit=" + junit_file + " --trace-dir " + traces);
     EXPECT_EQ(run.status, 1) << run.out;
     std::ifstream in(json);
     const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -161,9 +169,9 @@ TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
     EXPECT_TRUE(contains(replay.out, "ERROR: single-copy:")) << replay.out;
     EXPECT_TRUE(contains(replay.out, "SUMMARY: kvcheck: single-copy violated")) << replay.out;
     EXPECT_EQ(kvcheck("replay " + trace + " --adapter reference").status, 0);
-    const Outcome junit = kvcheck("run --adapter M3 --property single-copy --cases 50 --quiet --report junit --trace-dir " + traces);
-    EXPECT_TRUE(contains(junit.out, "<testcase classname=\"kvcheck.M3\" name=\"single-copy\"")) << junit.out;
-    EXPECT_TRUE(contains(junit.out, "<failure")) << junit.out;
+    const std::string junit = read_file(junit_file);
+    EXPECT_TRUE(contains(junit, "<testcase classname=\"kvcheck.M3\" name=\"single-copy\"")) << junit;
+    EXPECT_TRUE(contains(junit, "<failure")) << junit;
 }
 
 // A failure of several clients (--lanes): every report draws the lanes side
@@ -171,18 +179,16 @@ TEST_F(Cli, AMutantFailsWithAJsonReportAndAReplayableTrace) {
 // schedule exactly: the same calls in another order pass.
 TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
     const std::string traces = scratch("lanes-traces");
-    const std::string run_options = "run --adapter LM2 --lanes 3 --property generation-equivalent --cases 100 --quiet --trace-dir " + traces;
-    const Outcome run = kvcheck(run_options);
+    // One search, its report in three formats (--also-report).
+    const std::string json = scratch("lm2.json"), html = scratch("lm2.html");
+    const Outcome run = kvcheck("run --adapter LM2 --lanes 3 --property generation-equivalent --cases 100 --quiet --trace-dir " + traces +
+                                " --also-report json=" + json + " --also-report html=" + html);
     EXPECT_EQ(run.status, 1) << run.out;
     EXPECT_TRUE(contains(run.out, "# the lanes side by side, in schedule order")) << run.out;
     EXPECT_TRUE(contains(run.out, "  <- generation-equivalent")) << run.out;
-    const std::string json = scratch("lm2.json");
-    EXPECT_EQ(kvcheck(run_options + " --report json --out " + json).status, 1);
     const std::string report = read_file(json);
     EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
     EXPECT_TRUE(contains(report, "\"conflicting_steps\": [")) << report;
-    const std::string html = scratch("lm2.html");
-    EXPECT_EQ(kvcheck(run_options + " --report html --out " + html).status, 1);
     const std::string page = read_file(html);
     EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
     EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
@@ -209,8 +215,11 @@ TEST_F(Cli, ALanesFailureIsDrawnSideBySideAndReplaysItsSchedule) {
 // call) pass, as they do on the paged reference.
 TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
     const std::string traces = scratch("thread-traces");
+    // TM1's search also writes its report as JSON and HTML (--also-report).
+    const std::string json = scratch("tm1.json"), html = scratch("tm1.html");
     for (const auto& [mutant, property, lanes] : {std::tuple{"TM1", "free-iff-unreferenced", "6"}, std::tuple{"TM2", "refcount-exact", "3"}}) {
-        const std::string run_options = std::string("run --adapter ") + mutant + " --threads --lanes " + lanes + " --cases 60 --quiet --trace-dir " + traces;
+        const std::string run_options = std::string("run --adapter ") + mutant + " --threads --lanes " + lanes + " --cases 60 --quiet --trace-dir " + traces +
+                                        (std::string(mutant) == "TM1" ? " --also-report json=" + json + " --also-report html=" + html : "");
         const Outcome run = kvcheck(run_options);
         EXPECT_EQ(run.status, 1) << run.out;
         EXPECT_TRUE(contains(run.out, std::string("ERROR: ") + property + ": at the quiescent point after")) << run.out;
@@ -237,13 +246,9 @@ TEST_F(Cli, AThreadFindingIsDrawnSideBySideAndReplaysItsSchedule) {
         const Outcome alone = kvcheck("replay " + unswitched + " --adapter " + mutant);
         EXPECT_EQ(alone.status, 0) << read_file(unswitched) << alone.out;
     }
-    const std::string json = scratch("tm1.json"), html = scratch("tm1.html");
-    const std::string tm1 = "run --adapter TM1 --threads --cases 60 --quiet --trace-dir " + traces;
-    EXPECT_EQ(kvcheck(tm1 + " --report json --out " + json).status, 1);
     const std::string report = read_file(json);
     EXPECT_TRUE(contains(report, "\"lanes\": {\"lane_of_step\": [")) << report;
     EXPECT_TRUE(contains(report, "\"threads\": \"threads lanes=")) << report;
-    EXPECT_EQ(kvcheck(tm1 + " --report html --out " + html).status, 1);
     const std::string page = read_file(html);
     EXPECT_TRUE(contains(page, "<table class=\"lanes\">")) << page;
     EXPECT_TRUE(contains(page, "<td class=\"failing\">")) << page;
@@ -315,7 +320,6 @@ TEST_F(Cli, ShrinkMakesALongFailingTraceShort) {
 struct FaultCase {
     const char* plugin;
     std::vector<const char*> expected;  // any of these in the report
-    const char* limits;                 // generous: no verdict may depend on the machine's load
 };
 
 // The JSON object of property `id` in a report of one adapter (up to the
@@ -327,46 +331,67 @@ std::string property_json(const std::string& report, const std::string& id) {
     return report.substr(at, end == std::string::npos ? std::string::npos : end - at);
 }
 
+// The JSON object of adapter `name` in a report (up to the next adapter's).
+std::string adapter_json(const std::string& report, const std::string& name) {
+    const std::size_t at = report.find("{\"adapter\": \"" + name + "\"");
+    if (at == std::string::npos) return "";
+    const std::size_t end = report.find("\n    {\"adapter\": ", at + 1);
+    return report.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+// The adapter name of a plugin path: its file name without ".so".
+std::string plugin_name(const std::string& path) {
+    const std::string file = path.substr(path.rfind('/') + 1);
+    return file.substr(0, file.rfind(".so"));
+}
+
 // Each fault strikes deterministically (faulty_engine.cpp: at the third add
 // of a trace; the leak from the first add on, across the traces of a
 // process). The limits are far from any operation's time even under ASan
 // on a busy machine: only the hang waits for its limit, in both properties
 // at once (--jobs 2), each with the full limit: a hang of one property
-// shortens no other's (docs/semantics.md#limits).
+// shortens no other's (docs/semantics.md#limits). The five faults of one
+// limit are the adapters of one run (one kvcheck start), each judged on
+// its own part of the report; the hang has a run of its own.
 TEST_F(Cli, EngineFaultsAreReportedAndTheRunCompletes) {
-    const std::vector<FaultCase> cases = {
-        {KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}, "--timeout 60"},  // ASan turns a SEGV into an exit
-        {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}, "--timeout 60"},
-        {KVCHECK_FAULT_THROW, {"the engine threw"}, "--timeout 60"},
-        {KVCHECK_FAULT_LEAK, {"memory: resident memory", "memory: peak resident memory", "memory: an allocation failed"},
-         "--timeout 60"},
-        {KVCHECK_FAULT_EXIT, {"exit: exit status 0 before its work was done"}, "--timeout 60"},
-        {KVCHECK_FAULT_HANG, {"hang: no progress for 10 s"}, "--timeout 10 --jobs 2"},
+    const std::vector<std::pair<std::vector<FaultCase>, const char*>> runs = {
+        {{{KVCHECK_FAULT_SEGV, {"crash: SIGSEGV", "exit: exit status"}},  // ASan turns a SEGV into an exit
+          {KVCHECK_FAULT_ABORT, {"crash: SIGABRT", "exit: exit status"}},
+          {KVCHECK_FAULT_THROW, {"the engine threw"}},
+          {KVCHECK_FAULT_LEAK, {"memory: resident memory", "memory: peak resident memory", "memory: an allocation failed"}},
+          {KVCHECK_FAULT_EXIT, {"exit: exit status 0 before its work was done"}}},
+         "--timeout 60"},  // generous: no verdict may depend on the machine's load
+        {{{KVCHECK_FAULT_HANG, {"hang: no progress for 10 s"}}}, "--timeout 10 --jobs 2"},
     };
-    for (const FaultCase& fault : cases) {
-        SCOPED_TRACE(fault.plugin);
-        const Outcome run = kvcheck(std::string("run --adapter ") + fault.plugin +
-                                    " --property stored-immutable --property store-contract --cases 40 --memory-mb 1536 " +
-                                    fault.limits + " --quiet --report json --trace-dir " + scratch("fault-traces"));
+    for (const auto& [cases, limits] : runs) {
+        std::string adapters;
+        for (const FaultCase& fault : cases) adapters += std::string(" --adapter ") + fault.plugin;
+        const Outcome run = kvcheck("run" + adapters + " --property stored-immutable --property store-contract --cases 40 --memory-mb 1536 " +
+                                    limits + " --quiet --report json --trace-dir " + scratch("fault-traces"));
         EXPECT_EQ(run.status, 1) << run.out;
-        bool found = false;
-        for (const char* expected : fault.expected) found = found || contains(run.out, expected);
-        EXPECT_TRUE(found) << run.out;
-        // Both properties have a verdict: the fault did not end the run. An
-        // engine error is counted under engine-error, and the trace judged
-        // without the operations that raised (a pass, when that run
-        // completes), or blocks a search when more than a tenth of its
-        // traces still raise.
-        for (const std::string id : {"stored-immutable", "store-contract"}) {
-            const std::string prefix = "\"id\": \"" + id + "\", \"verdict\": ";
-            EXPECT_TRUE(contains(run.out, prefix + "\"fail\"") || contains(run.out, prefix + "\"blocked\"") ||
-                        contains(run.out, prefix + "\"pass\""))
-                << id << "\n" << run.out;
-        }
-        EXPECT_TRUE(contains(run.out, "\"trace\": \"")) << "the triggering trace is reported\n" << run.out;
-        if (std::string(fault.plugin) == KVCHECK_FAULT_HANG) {
+        for (const FaultCase& fault : cases) {
+            SCOPED_TRACE(fault.plugin);
+            const std::string report = adapter_json(run.stdout_text, plugin_name(fault.plugin));
+            ASSERT_FALSE(report.empty()) << run.out;
+            bool found = false;
+            for (const char* expected : fault.expected) found = found || contains(report, expected);
+            EXPECT_TRUE(found) << report;
+            // Both properties have a verdict: the fault did not end the run. An
+            // engine error is counted under engine-error, and the trace judged
+            // without the operations that raised (a pass, when that run
+            // completes), or blocks a search when more than a tenth of its
+            // traces still raise.
             for (const std::string id : {"stored-immutable", "store-contract"}) {
-                EXPECT_TRUE(contains(property_json(run.out, id), "hang: no progress for 10 s")) << id << "\n" << run.out;
+                const std::string prefix = "\"id\": \"" + id + "\", \"verdict\": ";
+                EXPECT_TRUE(contains(report, prefix + "\"fail\"") || contains(report, prefix + "\"blocked\"") ||
+                            contains(report, prefix + "\"pass\""))
+                    << id << "\n" << report;
+            }
+            EXPECT_TRUE(contains(report, "\"trace\": \"")) << "the triggering trace is reported\n" << report;
+            if (std::string(fault.plugin) == KVCHECK_FAULT_HANG) {
+                for (const std::string id : {"stored-immutable", "store-contract"}) {
+                    EXPECT_TRUE(contains(property_json(report, id), "hang: no progress for 10 s")) << id << "\n" << report;
+                }
             }
         }
     }

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +44,23 @@ const ScratchRoot& root() {
     return instance;
 }
 
+double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; }
+
+// With KVCHECK_CLI_TEST_LOG set, each kvcheck start appends a line to that
+// file: the test, the wall and CPU (user+sys) seconds of the start, its
+// arguments. How the cli suites' time was counted (BENCHMARKS.md).
+void log_start(const std::string& arguments, const rusage& before, std::chrono::steady_clock::time_point started) {
+    const char* log = std::getenv("KVCHECK_CLI_TEST_LOG");
+    if (log == nullptr || *log == '\0') return;
+    rusage after{};
+    ::getrusage(RUSAGE_CHILDREN, &after);
+    const double cpu = seconds(after.ru_utime) + seconds(after.ru_stime) - seconds(before.ru_utime) - seconds(before.ru_stime);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::ofstream(log, std::ios::app) << (test != nullptr ? test->name() : "-") << "\t" << wall << "\t" << cpu << "\t"
+                                      << arguments.substr(0, 160) << "\n";
+}
+
 }  // namespace
 
 std::string scratch(const std::string& name) { return (root().path() / name).string(); }
@@ -49,6 +68,17 @@ std::string scratch(const std::string& name) { return (root().path() / name).str
 std::string kvcheck_tmp() { return (root().path() / "tmp").string(); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string line_starting(const std::string& text, const std::string& start) {
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t end = text.find('\n', at);
+        const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (line.rfind(start, 0) == 0) return line;
+        if (end == std::string::npos) break;
+        at = end + 1;
+    }
+    return "";
+}
 
 unsigned long number_before(const std::string& text, const std::string& marker) {
     const std::size_t at = text.find(marker);
@@ -98,7 +128,11 @@ Outcome kvcheck(const std::string& arguments, const std::string& stdout_path) {
     const std::string command = "TMPDIR=" + kvcheck_tmp() + " " + KVCHECK_BINARY + " " + arguments + " > " +
                                 (stdout_path.empty() ? out : stdout_path) + " 2> " + err;
     Outcome outcome;
+    rusage before{};
+    ::getrusage(RUSAGE_CHILDREN, &before);
+    const auto started = std::chrono::steady_clock::now();
     const int status = std::system(command.c_str());
+    log_start(arguments, before, started);
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     outcome.stdout_text = read_file(out);
     outcome.stderr_text = read_file(err);

@@ -29,6 +29,9 @@ std::string scratch(const std::string& name);
 std::string kvcheck_tmp();
 
 bool contains(const std::string& text, const std::string& part);
+// The first line of `text` that starts with `start` (without its newline);
+// "" when none does.
+std::string line_starting(const std::string& text, const std::string& start);
 std::string read_file(const std::string& path);
 // The decimal number that ends just before `marker` in `text`; 0 when the
 // marker is missing or has no number before it. (No <regex>: g++ 12 warns

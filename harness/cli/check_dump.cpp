@@ -4,7 +4,7 @@
 // structure of the pickle torch will unpickle; every field), and what it
 // holds.
 // Exit codes: 0 valid, 1 invalid (the first fault named), 2 unreadable (or
-// a usage error).
+// a usage error); of several files, each checked in turn, the worst.
 #include "adapters.h"
 #include "commands.h"
 #include "output.h"
@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -165,35 +166,8 @@ void note_temporaries(const std::string& dir) {
     }
 }
 
-}  // namespace
-
-int command_check_dump(const Args& args) {
-    bool json = false;
-    std::vector<std::string> paths;
-    for (const std::string& arg : args) {
-        if (arg == "--help" || arg == "-h") {
-            std::cout << "usage: kvcheck check-dump FILE|DIR [--json]\n\n"
-                         "Validates a kvcheck dump with the same strict loader the reference uses (the records torch\n"
-                         "will read, decided as torch does, an archive other readers could read otherwise refused; the\n"
-                         "CRCs; the pickle's structure before torch reads it; every field; the load limits) and says\n"
-                         "what it holds: ids, layouts, dtypes, layers, tokens per layer, metadata. DIR: the dump in it\n"
-                         "(" + std::string(kv::dump_file_name) + "). Nothing in the file is executed.\n\n"
-                         "exit codes: 0 valid, 1 invalid (the first fault is named), 2 unreadable or a usage error.\n\n"
-                         "options:\n"
-                         "  --json                   a machine-readable summary on standard output\n"
-                         "  --help                   this text\n";
-            return 0;
-        }
-        if (arg == "--json") {
-            json = true;
-        } else if (arg.rfind("--", 0) == 0) {
-            throw UsageError("unknown option " + printable(arg, 60) + " for 'check-dump' (see kvcheck check-dump --help)");
-        } else {
-            paths.push_back(arg);
-        }
-    }
-    if (paths.size() != 1) throw UsageError("check-dump takes one dump file or directory (see kvcheck check-dump --help)");
-    std::string file = paths.front();
+// Checks one dump file or directory; its exit code.
+int check_one(std::string file, bool json) {
     std::error_code error;
     if (fs::is_directory(file, error)) {
         note_temporaries(file);
@@ -233,6 +207,48 @@ int command_check_dump(const Args& args) {
         print_table(file, bytes.size(), summaries);
     }
     return 0;
+}
+
+}  // namespace
+
+int command_check_dump(const Args& args) {
+    bool json = false;
+    std::vector<std::string> paths;
+    for (const std::string& arg : args) {
+        if (arg == "--help" || arg == "-h") {
+            std::cout << "usage: kvcheck check-dump FILE|DIR ... [--json]\n\n"
+                         "Validates a kvcheck dump with the same strict loader the reference uses (the records torch\n"
+                         "will read, decided as torch does, an archive other readers could read otherwise refused; the\n"
+                         "CRCs; the pickle's structure before torch reads it; every field; the load limits) and says\n"
+                         "what it holds: ids, layouts, dtypes, layers, tokens per layer, metadata. DIR: the dump in it\n"
+                         "(" + std::string(kv::dump_file_name) + "). Nothing in the file is executed. Several: each in turn.\n\n"
+                         "exit codes: 0 valid, 1 invalid (the first fault is named), 2 unreadable or a usage error;\n"
+                         "of several, the worst.\n\n"
+                         "options:\n"
+                         "  --json                   a machine-readable summary on standard output (of one dump)\n"
+                         "  --help                   this text\n";
+            return 0;
+        }
+        if (arg == "--json") {
+            json = true;
+        } else if (arg.rfind("--", 0) == 0) {
+            throw UsageError("unknown option " + printable(arg, 60) + " for 'check-dump' (see kvcheck check-dump --help)");
+        } else {
+            paths.push_back(arg);
+        }
+    }
+    if (paths.empty()) throw UsageError("check-dump takes a dump file or directory (see kvcheck check-dump --help)");
+    if (json && paths.size() > 1) {
+        throw UsageError("check-dump --json takes one dump file or directory (its report is one JSON object)");
+    }
+    // Each in turn; the exit code is the worst: 2 when one was unreadable,
+    // else 1 when one was invalid.
+    int status = 0;
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+        if (i > 0) std::cout << "\n";
+        status = std::max(status, check_one(paths[i], json));
+    }
+    return status;
 }
 
 }  // namespace kvcheck::cli

@@ -26,9 +26,11 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <type_traits>
+#include <utility>
 #include <thread>
 
 #include <unistd.h>
@@ -176,6 +178,8 @@ const std::vector<OptionSpec> run_options = [] {
                           "                             some failing: flaky; none: the earlier trace that makes it fail (shared-state)"},
         {"report", true, "table (default), json, junit, markdown or html (one page, each failure drawn step by step)"},
         {"out", true, "write the report to this file instead of standard output"},
+        {"also-report", true, "FORMAT=FILE: also write the run's report in FORMAT to FILE; repeatable (one run, several\n"
+                              "                             formats: junit for CI and html for people, say)"},
         {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
         {"jobs", true, "engine processes at once (default: the number of cores)"},
         {"quiet", false, "no progress lines on standard error"},
@@ -572,7 +576,7 @@ int command_run(const Args& args) {
     const Options options(args, run_options, "run");
     if (options.help()) {
         std::cout << usage_of("kvcheck run [--adapter NAME|PATH ...] [--property ID ...] [--seed S] [--cases N | --seconds T]\n"
-                              "                   [--report FORMAT] [--out FILE]",
+                              "                   [--report FORMAT] [--out FILE] [--also-report FORMAT=FILE ...]",
                               "Runs every (or each chosen) property against each adapter, in child processes, and\n"
                               "reports per property: pass, fail (up to --failures distinct failures, each with its shrunk\n"
                               "trace and the command that replays it), blocked (fewer than 90 % of the traces could be\n"
@@ -640,6 +644,17 @@ int command_run(const Args& args) {
     const TraceDir traces(conformance.trace_dir);
     conformance.trace_name_suffix = traces.name_suffix();
     OutputFile report(options.get("out", ""));
+    std::vector<std::pair<ReportFormat, std::unique_ptr<OutputFile>>> also_reports;
+    for (const std::string& spec : options.all("also-report")) {
+        const std::size_t equals = spec.find('=');
+        if (equals == std::string::npos || equals + 1 == spec.size()) {
+            throw UsageError("--also-report takes FORMAT=FILE (e.g. junit=report.xml), not '" + printable(spec, 80) + "'");
+        }
+        also_reports.emplace_back(parse_report_format(spec.substr(0, equals)), std::make_unique<OutputFile>(spec.substr(equals + 1), "--also-report"));
+    }
+    const bool any_html = format == ReportFormat::html ||
+                          std::any_of(also_reports.begin(), also_reports.end(),
+                                      [](const auto& also) { return also.first == ReportFormat::html; });
     std::cerr << "kvcheck run: seed " << conformance.seed << ", "
               << (conformance.seconds > 0 ? seconds_text(conformance.seconds) + " s" : std::to_string(conformance.cases) + " traces")
               << " per property, " << adapters.size() << " adapter(s), " << conformance.jobs << " job(s); traces of at most "
@@ -657,11 +672,14 @@ int command_run(const Args& args) {
     // once more per step (report_html.h). A Ctrl-C while it draws cuts the
     // drawing short and marks the report incomplete, as one during the run.
     Pictures pictures;
-    if (format == ReportFormat::html) pictures = picture_failures(run.adapters, conformance);
+    if (any_html) pictures = picture_failures(run.adapters, conformance);
     if (run.interrupted_by == 0 && conformance.isolate) run.interrupted_by = interrupted_by();
-    const bool written = report.write(format == ReportFormat::html
-                                          ? render_html(run.adapters, conformance.seed, run.interrupted_by, pictures)
-                                          : render_report(run.adapters, format, conformance.seed, run.interrupted_by));
+    const auto rendered = [&](ReportFormat f) {
+        return f == ReportFormat::html ? render_html(run.adapters, conformance.seed, run.interrupted_by, pictures)
+                                       : render_report(run.adapters, f, conformance.seed, run.interrupted_by);
+    };
+    bool written = report.write(rendered(format));
+    for (const auto& [also_format, file] : also_reports) written = file->write(rendered(also_format)) && written;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::size_t distinct = 0, operations = 0;
     for (const AdapterResult& result : run.adapters) {

@@ -1,7 +1,7 @@
 // The kvcheck subcommands. Each returns the process exit code:
 // 0 all properties hold, 1 a property fails, 2 usage or adapter load error,
 // 128 + N interrupted by signal N. check-dump: 0 valid, 1 invalid, 2
-// unreadable.
+// unreadable (of several files, the worst).
 #pragma once
 
 #include <string>

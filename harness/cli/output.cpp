@@ -127,21 +127,21 @@ bool standard_output_written() {
     return written;
 }
 
-OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
+OutputFile::OutputFile(std::string path, const std::string& option) : path_(std::move(path)) {
     if (path_.empty()) return;
     struct stat info {};
     if (::stat(path_.c_str(), &info) == 0) {
-        if (S_ISDIR(info.st_mode)) throw UsageError("--out " + path_ + " is a directory");
+        if (S_ISDIR(info.st_mode)) throw UsageError(option + " " + path_ + " is a directory");
         if (!S_ISREG(info.st_mode)) {
             // A device or a pipe (/dev/stdout, a FIFO): written in place.
             fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
             if (fd_ < 0) {
-                throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
+                throw UsageError("cannot write " + option + " " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
             }
             return;
         }
         const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd < 0) throw UsageError("cannot write --out " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
+        if (fd < 0) throw UsageError("cannot write " + option + " " + path_ + ": " + std::strerror(errno) + " (checked before the run)");
         ::close(fd);
         char resolved[PATH_MAX];
         if (::realpath(path_.c_str(), resolved) != nullptr) target_ = resolved;  // a symbolic link's file is replaced
@@ -153,7 +153,7 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     const std::string temporary = temporary_beside(target_);
     const int probe = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (probe < 0) {
-        throw UsageError("cannot write --out " + path_ + ": " + temporary + ": " + std::strerror(errno) +
+        throw UsageError("cannot write " + option + " " + path_ + ": " + temporary + ": " + std::strerror(errno) +
                          " (checked before the run)");
     }
     ::close(probe);

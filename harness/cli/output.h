@@ -22,8 +22,9 @@ class OutputFile {
     // path and the reason when it cannot be written. A regular file (or a
     // path where none is yet) is written whole to a temporary file beside
     // it, then renamed over it: a kvcheck killed before write() leaves the
-    // path as it was. A device or a pipe is written in place.
-    explicit OutputFile(std::string path);
+    // path as it was. A device or a pipe is written in place. `option`
+    // names the option the path came from in the errors.
+    explicit OutputFile(std::string path, const std::string& option = "--out");
     ~OutputFile();
     OutputFile(const OutputFile&) = delete;
     OutputFile& operator=(const OutputFile&) = delete;
