@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import functools
+import importlib.util
 import os
 import socket
 import subprocess
@@ -84,8 +85,6 @@ sys.path.insert(0, os.path.dirname(_HERE))  # the SDK, when run from the source 
 import torch  # noqa: E402
 
 torch.set_num_threads(1)  # one thread until the client starts (the SDK's fork server)
-
-import mooncake  # noqa: E402
 
 from kvcheck_adapter import cache as kv  # noqa: E402
 from kvcheck_adapter import decoder as models  # noqa: E402
@@ -102,7 +101,14 @@ LAYERS, HEADS, HEAD_DIM = 2, 2, 4  # the SDK decoder's geometry
 SEGMENT_BYTES = 32 * 1024 * 1024
 BUFFER_BYTES = 8 * 1024 * 1024  # its local buffer: a get's staging (an entry of at most 256 KiB)
 STAGING_BYTES = 1024 * 1024  # --write from: above any entry (64 KiB) and a merge of 4 stored back
-MASTER = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
+# Found, not imported: importing the package (its buffer pool loads the
+# store's library) starts 5 threads, and the SDK's fork server then refuses
+# every warm start (each property's adapter would import torch cold).
+_PACKAGE = importlib.util.find_spec("mooncake")
+if _PACKAGE is None:
+    raise ModuleNotFoundError("No module named 'mooncake' (scripts/bootstrap installs it in "
+                              ".venv/engines/mooncake-0.3.13.post1: put that on PYTHONPATH)", name="mooncake")
+MASTER = os.path.join(os.path.dirname(_PACKAGE.origin), "mooncake_master")
 MASTER_START_SECONDS = 120  # its start is about 1 s; a loaded machine is slower, not hung
 PORT_TRIES = 3
 
