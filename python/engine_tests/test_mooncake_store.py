@@ -177,12 +177,13 @@ def test_a_master_that_cannot_start_is_an_error_naming_it_and_what_it_said(moonc
     assert "OBJECT_HAS_LEASE" in str(pytest.raises(adapter.MooncakeError, adapter.checked, -706, "remove('a')").value)
 
 
-def test_the_contract_differences_the_adapter_declares_still_hold(mooncake):
+def test_the_contract_differences_the_adapter_declares_still_hold(mooncake, monkeypatch):
     # What the adapter's docstring and docs/semantics.md declare of Mooncake's
     # leases and eviction (why delete is a forced remove, why no capacity is
     # declared), held against the pinned wheel, leases long enough (10 min)
     # that no wall-clock expiry enters the test.
     adapter = adapter_module()
+    monkeypatch.syspath_prepend(ENVIRONMENT)  # the adapter finds the package without importing it
     from mooncake.store import MooncakeDistributedStore
 
     master = adapter.Master(("-default_kv_lease_ttl", "600000"))
