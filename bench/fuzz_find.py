@@ -13,8 +13,8 @@ measured alone).
 Builds fuzz_ops without sanitizers (the fuzz-fast preset's settings) in
 build/bench-fuzz when it is not there. Before the mutants, measures the
 exec/s of fuzz_ops on the reference (from the repository corpus, the
-flags of scripts/fuzz-overnight) in that build and in the fuzz preset's
-(ASan + UBSan, build/fuzz, built when missing). Dumps go to /dev/shm, as the target
+flags of scripts/fuzz-overnight) in that build and in the fuzz-search preset's
+(ASan + UBSan, coverage-instrumented, build/fuzz-search, built when missing). Dumps go to /dev/shm, as the target
 does by default.
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 
 BUILD = "build/bench-fuzz"
-SANITIZED_BUILD = "build/fuzz"  # the fuzz preset's: ASan + UBSan
+SANITIZED_BUILD = "build/fuzz-search"  # the fuzz-search preset's: ASan + UBSan, coverage-instrumented
 SPEED_SECONDS = 20
 MUTANTS = [f"M{i}" for i in range(1, 13)]
 RUNS_MAX = 200000
@@ -47,7 +47,7 @@ def scratch_base():
 
 def build_sanitized():
     if not os.path.exists(os.path.join(SANITIZED_BUILD, "build.ninja")):
-        subprocess.run(["cmake", "--preset", "fuzz"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--preset", "fuzz-search"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", SANITIZED_BUILD, "--target", "fuzz_ops"], check=True, stdout=subprocess.DEVNULL)
     return os.path.join(SANITIZED_BUILD, "fuzz", "fuzz_ops")
 

@@ -4,8 +4,9 @@
 # with (fuzz-search preset) and without (fuzz preset) the instrumentation,
 # alternating, ROUNDS times; CPU (user + sys) and wall of each, and the load.
 #   bench/fuzz_flags_run.sh [ROUNDS] [WITH_BUILD] [WITHOUT_BUILD]
-# Defaults: 2 rounds, build/fuzz-search and build/fuzz. Each build needs
-# kvcheck, kv_unit_tests, kv_mutant_tests and fuzz_ops built.
+# Defaults: 2 rounds, build/fuzz-search and build/fuzz. A command whose
+# program (kvcheck, kv_unit_tests, kv_mutant_tests, fuzz_ops) is not built
+# in both is skipped, and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -27,6 +28,11 @@ cases=(
 )
 for entry in "${cases[@]}"; do
   name=${entry%%|*}
+  program=$(grep -o 'B/[^ ]*' <<<"${entry#*|}" | head -n 1)  # the first program of the build
+  if [[ ! -x ${program/B\//$with/} || ! -x ${program/B\//$without/} ]]; then
+    echo "$name | skipped: ${program#B/} is not built in both"
+    continue
+  fi
   for ((round = 1; round <= rounds; round++)); do
     for variant in with without; do
       build=${!variant}
