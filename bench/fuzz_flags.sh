@@ -8,7 +8,8 @@
 #     the programs the stage runs, on the two builds (defaults: 2 rounds,
 #     build/fuzz-search and build/fuzz); a command whose program (kvcheck,
 #     kv_unit_tests, kv_mutant_tests, fuzz_ops) is not built in both is
-#     skipped, and said so; each runs in a scratch folder, removed after
+#     skipped, and said so; each runs in a scratch folder, removed after;
+#     FUZZ_FLAGS_CASES=REGEX runs only the commands whose name matches
 #   bench/fuzz_flags.sh compile [ROUNDS] [SOURCE...]
 #     sources (relative to the repo) compiled with their exact command from
 #     build/fuzz-search/compile_commands.json (`cmake --preset fuzz-search`,
@@ -48,6 +49,7 @@ run() {
   )
   for entry in "${cases[@]}"; do
     name=${entry%%|*}
+    [[ $name =~ ${FUZZ_FLAGS_CASES:-.} ]] || continue
     program=$(grep -o 'B/[^ ]*' <<<"${entry#*|}" | head -n 1)  # the first program of the build
     if [[ ! -x ${program/B\//$with/} || ! -x ${program/B\//$without/} ]]; then
       echo "$name | skipped: ${program#B/} is not built in both"
@@ -111,5 +113,5 @@ EOF
 case $mode in
   run) run "$@" ;;
   compile) compile "$@" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac
