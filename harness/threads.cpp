@@ -33,7 +33,9 @@ class Scheduler {
     Scheduler(std::size_t lanes, const ThreadRunOptions& options)
         : done_(lanes, false), choose_(options.seed), replay_(options.schedule) {
         done_[0] = true;  // lane 0 ran alone before
-        whole_once_locked_ = choose_.one_in(2);
+        // A draw of its own, so that the lanes' draws are those a run
+        // without `locked` points always drew.
+        whole_once_locked_ = SeededChooser(options.seed ^ locked_draw_salt).one_in(2);
     }
 
     void wait_turn(std::size_t lane) {
@@ -134,6 +136,7 @@ class Scheduler {
     std::vector<std::int64_t> schedule_;
     bool diverged_ = false;
     bool whole_once_locked_ = false;  // drawn: at `locked` the lane goes on
+    static constexpr std::uint64_t locked_draw_salt = 0x6c6f636b6564;  // "locked"
 };
 
 }  // namespace threads_detail
