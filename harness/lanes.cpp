@@ -56,7 +56,16 @@ void store_request(Chooser& choose, const Swarm& swarm, const WorkloadOptions& o
     const bool dumps = options.threads && options.capabilities.dump;
     switch (choose.below(dumps ? 7 : 6)) {
         case 0: case 1: case 2: store_reader(choose, options, draft, calls); break;
-        case 3: case 4: calls.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}}); break;
+        case 3: case 4:
+            if (dumps && choose.one_in(2)) {
+                // A client replacing entries that belong together, one
+                // call each: a dump between its adds is torn if it takes
+                // one entry before and the other after.
+                for (const std::string& each : ids) calls.push_back(op::Add{each, random_cache_spec(choose, swarm, options), {}});
+            } else {
+                calls.push_back(op::Add{id, random_cache_spec(choose, swarm, options), {}});
+            }
+            break;
         case 5: calls.push_back(op::Delete{{id}}); break;
         default: calls.push_back(op::Dump{0}); break;
     }

@@ -33,6 +33,9 @@ class Scheduler {
     Scheduler(std::size_t lanes, const ThreadRunOptions& options)
         : done_(lanes, false), choose_(options.seed), replay_(options.schedule) {
         done_[0] = true;  // lane 0 ran alone before
+        // A draw of its own, so that the lanes' draws are those a run
+        // without `locked` points always drew.
+        whole_once_locked_ = SeededChooser(options.seed ^ locked_draw_salt).one_in(2);
     }
 
     void wait_turn(std::size_t lane) {
@@ -44,7 +47,7 @@ class Scheduler {
     // another: then hand_over).
     std::size_t next_after(std::size_t lane, const char* point) {
         const std::lock_guard<std::mutex> held(mutex_);
-        return pick(lane, std::strcmp(point, "lock") == 0);
+        return pick(lane, std::strcmp(point, "lock") == 0, kind_of(point));
     }
 
     // Runs `next` and waits until `lane` runs again.
@@ -67,10 +70,32 @@ class Scheduler {
     bool diverged() const { return diverged_; }
 
   private:
+    // How a drawn schedule treats a yield point (kvcheck/yield.h).
+    enum class Point {
+        passed,  // one every call passes: kvcheck's own `call`, `lock`, `reply`
+        locked,  // a lock just taken: other lanes start their calls and wait
+        engine,  // the engine's own: its threads could interleave there
+    };
+    static Point kind_of(const char* point) {
+        if (std::strcmp(point, "locked") == 0) return Point::locked;
+        for (const char* passed : {"call", "lock", "reply"}) {
+            if (std::strcmp(point, passed) == 0) return Point::passed;
+        }
+        return Point::engine;
+    }
+
     // The next lane to run after `current` (done or yielding). With `wait`
     // (a lock it waits for, or its end) the fallback moves on to the next
-    // lane, so that the holder runs.
-    std::size_t pick(std::size_t current, bool wait) {
+    // lane, so that the holder runs. A drawn schedule draws among every
+    // lane at a point every call passes; at the engine's own point among
+    // the others (the yielding lane going on is the run without that
+    // yield: the point is there for another lane to run); at `locked`, in
+    // half the traces (drawn from the seed) the yielding lane goes on (a
+    // lane drawn there starts its call and waits, so that its call, open
+    // from then on, fits more orders: the half that goes on keeps calls
+    // apart, the other half has them wait on the lock). A replayed schedule
+    // may name any lane at any point.
+    std::size_t pick(std::size_t current, bool wait, Point point = Point::passed) {
         std::vector<std::size_t> ready;
         for (std::size_t lane = 0; lane < done_.size(); ++lane) {
             if (!done_[lane]) ready.push_back(lane);
@@ -78,7 +103,10 @@ class Scheduler {
         if (ready.size() == 1) return ready.front();
         std::size_t next = 0;
         if (!replay_) {
-            next = ready[choose_.below(ready.size())];
+            std::vector<std::size_t> drawn = ready;
+            if (point == Point::engine) drawn.erase(std::remove(drawn.begin(), drawn.end(), current), drawn.end());
+            if (point == Point::locked && whole_once_locked_) drawn = {current};
+            next = drawn[choose_.below(drawn.size())];
         } else if (used_ < replay_->size()) {
             const std::int64_t want = (*replay_)[used_++];
             const bool can = want >= 0 && static_cast<std::size_t>(want) < done_.size() && !done_[static_cast<std::size_t>(want)];
@@ -107,6 +135,8 @@ class Scheduler {
     std::size_t used_ = 0;
     std::vector<std::int64_t> schedule_;
     bool diverged_ = false;
+    bool whole_once_locked_ = false;  // drawn: at `locked` the lane goes on
+    static constexpr std::uint64_t locked_draw_salt = 0x6c6f636b6564;  // "locked"
 };
 
 }  // namespace threads_detail

@@ -280,23 +280,21 @@ class TM2 final : public Pool {
     }
 };
 
-// The store family's thread mutants: the reference with its lock dropped
-// (it still declares thread_safe) and a kvcheck::yield inside one section
-// the lock kept whole.
-class UnlockedStore : public ReferenceEngine {
-  public:
-    UnlockedStore() { locked_ = false; }
-};
+// The store family's thread mutants: the reference, its lock kept on every
+// call, with one window (ReferenceEngine::unlocked_window) inside one
+// section the lock kept whole: the lock let go, a yield, the lock taken
+// back. Other clients' calls run whole in the window and nowhere else, so a
+// stress run, whose threads run free, meets the bug only through it.
 
 // TM3: an unlocked index update (copy-on-write, as a store that swaps in a
-// new index map): an add loads the whole index, yields (`store_index`),
-// and installs its copy with its item. Another client's add or delete in
-// between is undone: an entry lost, or a deleted one back.
-class TM3 final : public UnlockedStore {
+// new index map): an add loads the whole index, lets the lock go
+// (`store_index`), and installs its copy with its item. Another client's
+// add or delete in between is undone: an entry lost, or a deleted one back.
+class TM3 final : public ReferenceEngine {
   protected:
     void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
         const std::vector<kv::ItemPtr> loaded = store_.get_all();
-        kvcheck::yield("store_index");
+        unlocked_window("store_index");
         std::vector<kv::NewItem> index;
         bool replaced = false;
         for (const kv::ItemPtr& item : loaded) {
@@ -312,18 +310,18 @@ class TM3 final : public UnlockedStore {
 };
 
 // TM4: a dump torn by a concurrent add: the dump lists the ids, then takes
-// each entry in turn, yielding (`dump_entry`) before each; other clients'
-// adds and deletes in between land in the middle of it, so it may hold an
+// each entry in turn, letting the lock go (`dump_entry`) before each;
+// other clients' adds and deletes in between land in the middle of it, so it may hold an
 // entry from before one add and another from after a later one: a store
 // that never existed.
-class TM4 final : public UnlockedStore {
+class TM4 final : public ReferenceEngine {
   protected:
     void store_dump(const std::string& dir, kv::FileSystem& fs) override {
         std::vector<std::string> ids;
         for (const kv::ItemPtr& item : store_.get_all()) ids.push_back(item->id);
         kv::Store taken;
         for (const std::string& id : ids) {
-            kvcheck::yield("dump_entry");
+            unlocked_window("dump_entry");
             const kv::ItemPtr item = store_.get(id);
             if (item) taken.add({{id, std::const_pointer_cast<kv::Cache>(item->cache), item->metadata}});
         }
@@ -333,20 +331,20 @@ class TM4 final : public UnlockedStore {
 
 // TM5: an LRU list updated without its lock, in a store of
 // tm5_capacity_items entries (lru): an add reads the list (least recently
-// used first), yields (`store_lru`), stores its entry, and evicts by the
-// list it read. Another client's use in between is not seen (the entry it
+// used first), lets the lock go (`store_lru`), stores its entry, and
+// evicts by the list it read. Another client's use in between is not seen (the entry it
 // just used is evicted), nor its add's eviction: the same entry is
 // evicted twice, and the store is left past its capacity (one never evicted).
 constexpr std::size_t tm5_capacity_items = 2;
 
-class TM5 final : public UnlockedStore {
+class TM5 final : public ReferenceEngine {
   public:
     TM5() { set_capacity(tm5_capacity_items); }
 
   protected:
     void store_add(const std::string& id, const kv::CachePtr& cache, const Metadata& metadata) override {
         const std::vector<std::string> loaded = store_.recency();
-        kvcheck::yield("store_lru");
+        unlocked_window("store_lru");
         const bool fresh = std::find(loaded.begin(), loaded.end(), id) == loaded.end();
         std::size_t evicting = fresh && loaded.size() >= tm5_capacity_items ? loaded.size() + 1 - tm5_capacity_items : 0;
         store_.set_capacity(0);  // the store's own eviction off: this add evicts by the list it read

@@ -61,6 +61,16 @@ std::unique_lock<std::recursive_mutex> ReferenceEngine::hold() const {
     return held;
 }
 
+void ReferenceEngine::unlocked_window(const char* point) const {
+    if (!locked_) {
+        yield(point);
+        return;
+    }
+    mutex_.unlock();  // held once, by the call's hold()
+    yield(point);
+    lock_yielding(mutex_).release();  // the call's hold() owns it again, and lets it go at its end
+}
+
 void ReferenceEngine::set_capacity(std::size_t items, Eviction eviction) {
     if (eviction != Eviction::lru && eviction != Eviction::lrs) {
         throw std::invalid_argument(std::string("the reference evicts lru or lrs, not ") + eviction_name(eviction));

@@ -191,6 +191,11 @@ class ReferenceEngine : public Engine {
     // (adapters/mutants/thread_mutants.cpp) takes none.
     std::unique_lock<std::recursive_mutex> hold() const;
     bool locked_ = true;
+    // A thread mutant's planted window (adapters/mutants/lane_mutants.cpp):
+    // inside a call that holds the lock once, lets it go, yields at `point`
+    // (other clients' calls run whole there), and takes it back. The rest of
+    // the call stays locked: the window is the mutant's only race.
+    void unlocked_window(const char* point) const;
 
     std::shared_ptr<kv::Copier> copier_;
     kv::Store store_;

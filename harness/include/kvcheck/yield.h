@@ -8,9 +8,15 @@
 // CHESS run): at each yield the seeded schedule picks the thread that runs
 // next. The harness yields before and after every engine call; an engine
 // yields where its own threads could be interleaved (inside a critical
-// section it does not lock, say). An engine that yields while it holds a
-// lock must take that lock with lock_yielding, so that a thread waiting for
-// it lets the holder run instead of blocking the only running thread.
+// section it does not lock, say): there a drawn schedule runs another
+// client's thread (going on is the run without the yield). An engine that
+// yields while it holds a lock must take that lock with lock_yielding, so
+// that a thread waiting for it lets the holder run instead of blocking the
+// only running thread. Points kvcheck names: "call" (before each call),
+// "lock" (lock_yielding waiting), "reply" (a process engine's request in
+// flight) and "locked" (an engine's lock just taken: in half the drawn
+// schedules the thread goes on there, in the other half others may start
+// their calls and wait for the lock).
 //
 //   void MyEngine::paged_free(std::int64_t seq) {
 //       const auto held = kvcheck::lock_yielding(mutex_);
