@@ -3,6 +3,7 @@ binary, a command runner, and scratch directories removed afterwards.
 
 The kvcheck binary is $KVCHECK (ctest sets it), else the default build's."""
 
+import copy
 import json
 import os
 import shutil
@@ -88,12 +89,20 @@ class Run:
     def result(self, property_id):
         return next(p for p in self.report["properties"] if p["id"] == property_id)
 
-    def part(self, source):
-        """The results (by property id) of the adapter given as `source`,
-        of a run of several adapters: exactly one has that source."""
+    def of(self, source):
+        """The run as the adapter given as `source` saw it, of a run of
+        several adapters (exactly one has that source): the same status and
+        output, Run.report that adapter's part."""
         parts = [a for a in self.whole_report["adapters"] if a["source"] == source]
         assert len(parts) == 1, (source, [a["source"] for a in self.whole_report["adapters"]])
-        return {p["id"]: p for p in parts[0]["properties"]}
+        seen = copy.copy(self)
+        seen.report = parts[0]
+        return seen
+
+    def part(self, source):
+        """The results (by property id) of the adapter given as `source`,
+        of a run of several adapters."""
+        return {p["id"]: p for p in self.of(source).report["properties"]}
 
     def applicable(self):
         """The properties that apply to the adapter: not those of the other
@@ -146,3 +155,29 @@ def kvcheck_module():
         yield kvcheck_runner(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def adapter_arguments(adapters):
+    """`--adapter A --adapter B ...`: the adapters of one kvcheck run."""
+    return [argument for adapter in adapters for argument in ("--adapter", adapter)]
+
+
+def bug_searches(kvcheck, script, bugs, *options):
+    """Each bug's search of `script` (run with --bug BUG) on the property
+    that names it in `bugs` (bug -> property), with `options`, run when a
+    test first asks and then kept: the bugs caught by one property are
+    searched in one kvcheck run, an adapter each (CI time: a kvcheck start
+    per property, not per bug; an adapter's traces are the same whichever
+    adapters run beside it). search(bug) is the run as that bug's adapter
+    saw it."""
+    runs = {}
+
+    def search(bug):
+        prop = bugs[bug]
+        if prop not in runs:
+            adapters = [f"{script} --bug {other}" for other in sorted(bugs) if bugs[other] == prop]
+            runs[prop] = kvcheck("run", *adapter_arguments(adapters), "--property", prop, *options)
+        return runs[prop].of(f"exec:{ADAPTER_PYTHON} {script} --bug {bug}")
+
+    search.directory = kvcheck.directory
+    return search

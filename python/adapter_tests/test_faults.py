@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import EXAMPLE, FAULT_ADAPTER, ADAPTER_PYTHON
+from conftest import EXAMPLE, FAULT_ADAPTER, ADAPTER_PYTHON, adapter_arguments
 from kvcheck_adapter import protocol
 
 PROPERTIES = ["stored-immutable", "store-contract"]
@@ -33,7 +33,7 @@ def run_adapters(kvcheck, adapters, *options):
     of all under ASan); Run.part gives each adapter's results, as a run of
     its own gives them: a fault is its job's, and the jobs of the other
     adapters go on."""
-    return kvcheck("run", *[argument for adapter in adapters for argument in ("--adapter", adapter)], *options)
+    return kvcheck("run", *adapter_arguments(adapters), *options)
 
 
 def run_properties(kvcheck, adapters, *options):
@@ -121,18 +121,41 @@ def test_a_hang_is_a_fault_and_the_process_does_not_outlive_it(hang_run, start):
     assert process_gone(pid), f"the hung adapter process {pid} outlived its sandbox child"
 
 
-@pytest.mark.parametrize("where", ["handshake", "operation"])
+WHERES = ["handshake", "operation"]
+
+
+def escaping_adapter(start, where, pid_file):
+    how = ["none", "--escape-at-hello"] if where == "handshake" else ["escape"]
+    return fault_adapter(*how, "--escape-mb", "1", "--pid-file", pid_file, *warm(start))
+
+
+@pytest.fixture(scope="module")
+def escape_run(kvcheck_module):
+    """The escapes, cold and warm, from the handshake and from an operation,
+    in one kvcheck run (CI time: one kvcheck start, not four), each with its
+    pid file; each test looks for its escaped process once kvcheck has
+    ended: (run, {(start, where): (adapter, pid file)})."""
+    escaping = {}
+    for start in STARTS:
+        for where in WHERES:
+            pid_file = os.path.join(kvcheck_module.directory, f"escaped-{start}-{where}.pid")
+            escaping[start, where] = (escaping_adapter(start, where, pid_file), pid_file)
+    run = run_adapters(kvcheck_module, [adapter for adapter, _ in escaping.values()], "--property", "store-contract",
+                       "--cases", "2")
+    return run, escaping
+
+
+@pytest.mark.parametrize("where", WHERES)
 @pytest.mark.parametrize("start", STARTS)
-def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(kvcheck, scratch_dir, start, where):
+def test_a_process_that_leaves_its_adapter_does_not_outlive_kvcheck(escape_run, start, where):
     # Issue 43, D7: a double fork and setsid (the grandchild's parent exits,
     # it is in a session of its own) from the process kvcheck starts for the
     # handshake, before any job, or from the one a job runs; warm, from the
     # fork server as it answers the handshake, or from one of its copies.
-    pid_file = os.path.join(scratch_dir, "escaped.pid")
-    how = ["none", "--escape-at-hello"] if where == "handshake" else ["escape"]
-    run = kvcheck("run", "--adapter", fault_adapter(*how, "--escape-mb", "1", "--pid-file", pid_file, *warm(start)),
-                  "--property", "store-contract", "--cases", "2")
+    run, escaping = escape_run
+    adapter, pid_file = escaping[start, where]
     assert run.status == 1, run.stdout + run.stderr
+    assert run.part(adapter)["engine-error"]["verdict"] == "fail", run.part(adapter)  # answered as --fault none
     with open(pid_file) as file:
         escaped = int(file.read())
     gone = process_gone(escaped)

@@ -4,6 +4,9 @@ is kvcheck's report, -k selecting, the options passed through to kvcheck."""
 
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -42,14 +45,34 @@ def run(pytester):
     return run_pytest
 
 
-def test_each_property_is_an_item_and_k_selects(run):
+@pytest.fixture(scope="module")
+def collected():
+    """One `pytest --collect-only -q` of the example store and the example
+    block manager together (CI time: one pytest and one `kvcheck list` an
+    adapter, not three pytests listing the store twice), run as `run` runs
+    pytest: collected(adapter) is a LineMatcher of the lines that name
+    that adapter."""
+    directory = tempfile.mkdtemp(prefix="kvcheck-plugin-test-")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PYTHON_DIR, os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", *PLUGIN, "--kvcheck-bin=" + kvcheck_binary(), "-p",
+                               "no:cacheprovider", "--kvcheck-adapter", EXAMPLE, "--kvcheck-adapter", PAGED_EXAMPLE,
+                               "--collect-only", "-q"], cwd=directory, env=environment, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=900)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return lambda adapter: pytest.LineMatcher([line for line in done.stdout.splitlines()
+                                               if os.path.basename(adapter) in line])
+
+
+def test_each_property_is_an_item_and_k_selects(run, collected):
     result = run("--kvcheck-adapter", EXAMPLE, "--kvcheck-cases", "5", "-v", "-k", "single-copy or stored-immutable")
     result.assert_outcomes(passed=2, deselected=result.parseoutcomes()["deselected"])
     result.stdout.fnmatch_lines(["kvcheck: kvcheck * at * (found by the explicit path)",
                                  "*activation_memory_adapter.py::stored-immutable PASSED*",
                                  "*activation_memory_adapter.py::single-copy PASSED*"])
-    collected = run("--kvcheck-adapter", EXAMPLE, "--collect-only", "-q")
-    names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
+    names = [line.split("::")[1] for line in collected(EXAMPLE).lines if "::" in line]
     assert "single-copy" in names and "engine-error" in names and "shared-state" in names, names
     assert len(names) == len(set(names)) > 5, names
 
@@ -59,15 +82,15 @@ def test_each_property_is_an_item_and_k_selects(run):
      "of the other cache family (paged or contiguous), 1 judging a capacity, and none is declared"),
     (PAGED_EXAMPLE, "refcount-exact", ["single-copy", "stored-immutable"], "of the other cache family (paged or contiguous)"),
 ])
-def test_properties_an_adapter_cannot_be_judged_on_are_not_collected(run, adapter, kept, left_out, why):
+def test_properties_an_adapter_cannot_be_judged_on_are_not_collected(collected, adapter, kept, left_out, why):
     """Issue 42, item 4: a contiguous store collected the 15 paged rows (and
     a paged block manager the contiguous ones) as SKIPPED items; they are
     left out, and one line says how many and why, as the reports say it."""
-    collected = run("--kvcheck-adapter", adapter, "--collect-only", "-q")
-    names = [line.split("::")[1] for line in collected.stdout.lines if "::" in line]
+    lines = collected(adapter)
+    names = [line.split("::")[1] for line in lines.lines if "::" in line]
     assert kept in names and "engine-error" in names, names
     assert not set(left_out) & set(names), names
-    collected.stdout.fnmatch_lines([f"kvcheck: *{os.path.basename(adapter)}: * properties left out, n/a for this adapter: *{why}*"])
+    lines.fnmatch_lines([f"kvcheck: *{os.path.basename(adapter)}: * properties left out, n/a for this adapter: *{why}*"])
 
 
 def test_a_violation_fails_with_the_shrunk_trace_and_the_replay_command(run, pytester):
