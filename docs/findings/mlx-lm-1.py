@@ -6,13 +6,18 @@ fetch_nearest_cache (which trims a deep copy of a longer entry) trust it.
 
 Needs only mlx-lm and MLX (pip install mlx-lm; on Linux the mlx[cpu] build):
     python mlx-lm-1.py
-Exits 1 when the defect is there (prints what it saw), 0 when it is fixed."""
+Exits 1 when the defect is there (prints what it saw), 0 when it is fixed,
+2 when it cannot run (MLX or an mlx-lm without these classes); its last line
+says which."""
 
-import copy
-
-import mlx.core as mx
-from mlx_lm.models import llama
-from mlx_lm.models.cache import ConcatenateKVCache, KVCache, LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+try:
+    import mlx.core as mx
+    from mlx_lm.models import llama
+    from mlx_lm.models.cache import (ConcatenateKVCache, KVCache, LRUPromptCache, can_trim_prompt_cache,
+                                     trim_prompt_cache)
+except ImportError as error:
+    print(f"CANNOT RUN (exit 2): {error}; needs mlx-lm (0.32.2 shown) and MLX")
+    raise SystemExit(2) from None
 
 
 def tokens(start, count):
@@ -81,5 +86,5 @@ print(f"  greedy next token from the reused cache {int(mx.argmax(reused))}, from
 if difference > 1e-4:
     failed = True
 
-print("DEFECT PRESENT" if failed else "fixed")
+print("DEFECT PRESENT (exit 1)" if failed else "fixed (exit 0)")
 raise SystemExit(1 if failed else 0)

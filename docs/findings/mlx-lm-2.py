@@ -10,10 +10,16 @@ makes a new array before writing: only this boundary aliases.
 
 Needs only mlx-lm and MLX (pip install mlx-lm; on Linux the mlx[cpu] build):
     python mlx-lm-2.py
-Exits 1 when the defect is there (prints what it saw), 0 when it is fixed."""
+Exits 1 when the defect is there (prints what it saw), 0 when it is fixed,
+2 when it cannot run (MLX or an mlx-lm without these classes); its last line
+says which."""
 
-import mlx.core as mx
-from mlx_lm.models.cache import KVCache, LRUPromptCache, RotatingKVCache
+try:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, LRUPromptCache, RotatingKVCache
+except ImportError as error:
+    print(f"CANNOT RUN (exit 2): {error}; needs mlx-lm (0.32.2 shown) and MLX")
+    raise SystemExit(2) from None
 
 MAX_SIZE = 4
 
@@ -61,5 +67,5 @@ failed |= before != after
 print(f"LRUPromptCache: the stored entry's K/V {before} prefill a new RotatingKVCache; after it decodes one "
       f"token, fetch_nearest_cache gives {after}{'  <- written into' if before != after else ''}")
 
-print("DEFECT PRESENT" if failed else "fixed")
+print("DEFECT PRESENT (exit 1)" if failed else "fixed (exit 0)")
 raise SystemExit(1 if failed else 0)

@@ -1,9 +1,23 @@
 """transformers 5.25.0: assisted (prompt lookup) decoding from a pre-filled
 EncoderDecoderCache re-feeds the cached decoder positions (transformers-1 on an
-encoder-decoder model), so it does not give greedy's tokens."""
-import torch
-import transformers
-from transformers import BartConfig, BartForConditionalGeneration, DynamicCache, EncoderDecoderCache
+encoder-decoder model), so it does not give greedy's tokens.
+
+Exits 1 when the defect is there, 0 when it is fixed, 2 when it cannot run
+(torch or transformers missing, or a transformers without the `cache=`
+argument of transformers 5); its last line says which."""
+
+import inspect
+
+try:
+    import torch
+    import transformers
+    from transformers import BartConfig, BartForConditionalGeneration, DynamicCache, EncoderDecoderCache
+except ImportError as error:
+    print(f"CANNOT RUN (exit 2): {error}; needs transformers (5.25.0 shown) and torch")
+    raise SystemExit(2) from None
+if "cache" not in inspect.signature(BartForConditionalGeneration.forward).parameters:
+    print(f"CANNOT RUN (exit 2): transformers {transformers.__version__} has no `cache=` argument (transformers 5's API)")
+    raise SystemExit(2)
 
 config = BartConfig(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, bos_token_id=None,
@@ -43,3 +57,6 @@ print("greedy       ", greedy, "cache length", greedy_len)
 print("prompt lookup", lookup, "cache length", lookup_len)
 print("expected cache length", len(decoded) + len(prompt) + 6 - 1)
 print("same tokens:", greedy == lookup)
+failed = greedy != lookup or lookup_len != greedy_len
+print("DEFECT PRESENT (exit 1)" if failed else "fixed (exit 0)")
+raise SystemExit(1 if failed else 0)

@@ -22,7 +22,8 @@ The mapping (python/README.md, "Real engines"):
 | generate | `generate_step(prompt, model, prompt_cache=copy, max_tokens=n)` (greedy): on a deep copy, or on the input itself when it is a copy the store handed out |
 | trim(handle, keep) | `trim_prompt_cache(cache, offset - keep)` on a copy the caller holds (each `KVCache.trim` lowers its offset; its buffer keeps the tokens past it, which the next `update_and_fetch` overwrites) |
 | dump(dir), load(dir) (`--dump`) | `save_prompt_cache` of every entry's layers, in listing order, the ids in its metadata (under a temporary name, fsynced, renamed: the adapter's); `load_prompt_cache`, then a new `LRUPromptCache` given the entries by `insert_cache` in that order |
-| view | each layer's `keys_and_values()`, what the attention reads, through numpy |
+| batch(rows, repeat, reorder, select) | mlx-lm's `BatchKVCache` as its `BatchGenerator` uses it: the rows, each repeated `repeat` times in place, stacked by `BatchKVCache.merge` (`_merge_caches`) of the first half and of the second, joined by `extend` (`_extend_cache`); `filter(reorder)` when there is an order; then `extract(select)` (`extract_cache`: a `KVCache` a layer, what the server inserts into its prompt cache), or with `--batch-row filter` `filter([select])` (a `BatchKVCache` of batch 1, which later generations, trims and merges use) |
+| view | each layer's `keys_and_values()`, what the attention reads, through numpy (of a `BatchKVCache` row, after its left padding) |
 
 Warm starts: importing MLX and mlx-lm starts no thread, evaluating the
 first array does; the adapter evaluates nothing until its first
@@ -73,6 +74,31 @@ token after a first prefill). So:
     full-attention layer), so the layers are the full-attention llama's
     with RotatingKVCaches, as `generate --max-kv-size` runs them (there
     with keep=4).
+
+Batches (kvcheck's `batch`, docs/semantics.md "Batches"), KVCache layers
+only: ConcatenateKVCache has no merge, and RotatingKVCache's
+(BatchRotatingKVCache) is not mapped, as a windowed cache claims no batch
+in kvcheck's model (docs/semantics.md, "Store windows"). What kvcheck's
+model does not have:
+  - left padding never arises: kvcheck's rows are of one geometry (one
+    length), so merge pads none, extend joins batches of one `_idx`, and
+    filter's shift of the common left padding and extract's cut of a
+    row's padding are of 0 tokens. BatchGenerator's prefill of prompts of
+    different lengths (`prepare(left_padding=...)`, `prepare(right_padding=
+    ...)` then `finalize`'s roll) is not reached: kvcheck has no batch of
+    rows of different lengths, and no batched generation (a row is
+    generated from alone, after it is handed out);
+  - repeat: mlx-lm has no beam search and no repeat_interleave; a row is
+    repeated by giving merge the same cache several times (as n requests
+    of one prompt cache would be);
+  - reorder: `filter` given kvcheck's order as is; BatchGenerator passes
+    the rows it keeps, distinct and sorted, but filter indexes the rows
+    (`self.keys[batch_indices]`), so any list of row indices, repeats and
+    any order, is a selection of rows in that order;
+  - `--batch-row alternate` hands rows out by extract and filter in
+    turn (each engine's first batch by extract), so that one run judges
+    both; a stored BatchKVCache row is dumped and loaded as one
+    (save_prompt_cache keeps its offset, left padding and _idx).
 
 Assumptions (contract differences, declared rather than papered over):
   - key(id): a 2-token key per id, distinct and of one length, so that no
@@ -198,7 +224,21 @@ def held(layer):
     keys, values = layer.keys_and_values()
     if isinstance(layer, mlx_cache.RotatingKVCache):
         keys, values = layer._temporal_order(keys), layer._temporal_order(values)
+    elif isinstance(layer, mlx_cache.BatchKVCache):
+        # A row handed out by --batch-row filter: a BatchKVCache of batch 1,
+        # whose keys_and_values() start with its left padding (the mask
+        # hides it from the model).
+        padding = int(layer.left_padding[0])
+        keys, values = keys[..., padding:, :], values[..., padding:, :]
     return None if keys.shape[2] == 0 else (keys, values)
+
+
+def tokens_held(layer):
+    """The tokens a layer holds for its model: its offset (of a
+    BatchKVCache of batch 1, its one row's, an array of one)."""
+    if isinstance(layer, mlx_cache.BatchKVCache):
+        return int(layer.offset[0])
+    return layer.offset
 
 
 def dropped(layer):
@@ -219,16 +259,18 @@ class MlxPromptCacheAdapter(Adapter):
     owned = "derived"
 
     def __init__(self, max_size=None, dumps=False, layer_class="KVCache", max_kv_size=ROTATING_MAX_SIZE,
-                 merge_copies=False):
+                 merge_copies=False, batch_row="extract"):
         # Nothing here evaluates an MLX array (process_model): the fork
         # server's handshake makes one of these before its copies fork.
         self.merge_copies = merge_copies
+        self.batch_row = batch_row
+        self.batches = 0  # batches served by this engine (--batch-row alternate)
         self.max_size = max_size
         self.layer_class = getattr(mlx_cache, layer_class)
         self.name = (f"mlx-lm-{VERSION}" + (f"-max{max_size}" if max_size else "") + ("-dump" if dumps else "") +
                      ("" if layer_class == "KVCache" else "-" + layer_class) +
                      (f"{max_kv_size}" if layer_class == "RotatingKVCache" else "") +
-                     ("-merge-copy" if merge_copies else ""))
+                     ("-merge-copy" if merge_copies else "") + ("" if batch_row == "extract" else "-batch-" + batch_row))
         self.max_kv_size = max_kv_size if layer_class == "RotatingKVCache" else None
         if max_size is not None:
             self.capacity_items = max_size
@@ -241,6 +283,8 @@ class MlxPromptCacheAdapter(Adapter):
             "one_sided_layers": False, "legacy_slot_names": False, "uninitialized_layers": False,
             "any_geometry": True, "generate_stream": False, "storage_identity": False, "copy_log": False,
             "owned_marker": False, "dump": dumps,
+            # BatchKVCache batches KVCaches only (merge is KVCache's); module doc.
+            "batch": layer_class == "KVCache",
         }
         if self.max_kv_size is not None:
             # A RotatingKVCache(max_size, keep=0) keeps its last max_size
@@ -361,6 +405,38 @@ class MlxPromptCacheAdapter(Adapter):
     def storage(self, cache):
         return []  # no storage identities (see the module doc)
 
+    # ---- batches: mlx-lm's BatchKVCache ----
+
+    def batch(self, rows, repeat, reorder, select):
+        """mlx-lm's BatchKVCache as its BatchGenerator uses it (module doc):
+        the rows, each repeated in place, stacked by BatchKVCache.merge of
+        each half (a running batch and a new one) joined by extend, a row
+        that is a BatchKVCache itself joined by extend too; reordered by filter, and row `select` handed out by extract
+        (a KVCache a layer) or, with --batch-row filter, by filter([select])
+        (a BatchKVCache of batch 1); --batch-row alternate: by extract and
+        filter in turn, each engine's first batch by extract."""
+        order = [row for row in rows for _ in range(repeat)]
+        half = (len(order) + 1) // 2  # a running batch, and a new one joining it
+        batch = None
+        for part in [*stacked_parts(order[:half]), *stacked_parts(order[half:])]:
+            if batch is None:
+                batch = part
+            else:
+                for layer, other in zip(batch, part):
+                    layer.extend(other)
+        if reorder:
+            for layer in batch:
+                layer.filter(reorder)
+        self.batches += 1
+        if self.batch_row == "extract" or (self.batch_row == "alternate" and self.batches % 2 == 1):
+            row = [layer.extract(select) for layer in batch]
+        else:
+            for layer in batch:
+                layer.filter([select])
+            row = batch
+        mx.eval([layer.state[:2] for layer in row])
+        return self.hand_out(row)
+
     # ---- the store ----
 
     def add(self, id, cache, metadata):
@@ -453,7 +529,10 @@ class MlxPromptCacheAdapter(Adapter):
         ids = json.loads(metadata.get(DUMP_IDS, "null"))
         if not isinstance(ids, list) or not all(isinstance(id, str) for id in ids) or len(set(ids)) != len(ids):
             raise ValueError(f"cannot load dump {path}: metadata {DUMP_IDS!r} is not a list of distinct ids")
-        if len(layers) != LAYERS * len(ids) or not all(type(layer) is self.layer_class for layer in layers):
+        # Rows a batch handed out by filter (--batch-row filter, alternate)
+        # are BatchKVCaches of batch 1, and may be stored.
+        classes = (self.layer_class,) if self.batch_row == "extract" else (self.layer_class, mlx_cache.BatchKVCache)
+        if len(layers) != LAYERS * len(ids) or not all(type(layer) in classes for layer in layers):
             raise ValueError(f"cannot load dump {path}: {len(layers)} caches "
                              f"({sorted({type(layer).__name__ for layer in layers})}) for {len(ids)} ids of {LAYERS} KVCaches")
         prompt_cache, keys = self.new_prompt_cache(), {}
@@ -495,7 +574,7 @@ class MlxPromptCacheAdapter(Adapter):
         # asks trim only of a cache that never held its window (W =
         # max_size). trim_prompt_cache trims nothing when a layer refuses:
         # said, rather than judged as a wrong cut.
-        held_tokens = cache[0].offset if len(cache) else 0
+        held_tokens = tokens_held(cache[0]) if len(cache) else 0
         if held_tokens > keep:
             if not mlx_cache.can_trim_prompt_cache(cache):
                 raise RuntimeError(f"trim of a cache holding {held_tokens} tokens to {keep}: "
@@ -529,6 +608,25 @@ def fsync_directory(directory):
         os.close(descriptor)
 
 
+def stacked_parts(rows):
+    """The BatchKVCaches (a list, a layer each) that `rows` stack into, in
+    order, for extend to join: each run of rows of KVCaches merged by
+    BatchKVCache.merge (BatchGenerator's _merge_caches: it copies each
+    row's K/V into a new array); each row that is a BatchKVCache itself (a
+    row a --batch-row filter batch handed out) a deep copy of it, as
+    extend joins batches in place and the rows stay unchanged."""
+    run = []
+    for row in rows + [None]:
+        if row is not None and not isinstance(row[0], mlx_cache.BatchKVCache):
+            run.append(row)
+            continue
+        if run:
+            yield [mlx_cache.BatchKVCache.merge([part[n] for part in run]) for n in range(len(run[0]))]
+            run = []
+        if row is not None:
+            yield copy.deepcopy(list(row))
+
+
 class _Held(list):
     """A list of KVCaches the adapter hands out (weakly referable, unlike a list)."""
 
@@ -549,13 +647,20 @@ def main(argv=None) -> None:
                         help="a merge feeds the parts' held arrays to update_and_fetch (held, the default) or copies "
                              "of them (copy: a RotatingKVCache writes into the arrays it was first given, "
                              "docs/findings/mlx-lm-2.md)")
+    parser.add_argument("--batch-row", choices=("extract", "filter", "alternate"), default="extract",
+                        help="how a batch hands its row out: BatchKVCache.extract (a KVCache a layer, the default), "
+                             "filter([row]) (a BatchKVCache of batch 1, which generations, trims and merges then use), "
+                             "or the two in turn (alternate: each engine's first batch by extract)")
     arguments = parser.parse_args(argv)
+    if arguments.batch_row != "extract" and arguments.layer_class != "KVCache":
+        parser.error(f"--batch-row {arguments.batch_row} needs the default --layer-class KVCache (the only one "
+                     "that batches)")
     if arguments.max_size is not None and arguments.max_size < 1:
         parser.error(f"--max-size is {arguments.max_size}: a positive number of entries")
     if arguments.max_kv_size < 2:
         parser.error(f"--max-kv-size is {arguments.max_kv_size}: a window of 2 tokens or more")
     serve(lambda: MlxPromptCacheAdapter(arguments.max_size, arguments.dump, arguments.layer_class,
-                                        arguments.max_kv_size, arguments.merge == "copy"))
+                                        arguments.max_kv_size, arguments.merge == "copy", arguments.batch_row))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ when it is not installed): LRUPromptCache over KVCaches and the tiny MLX
 Llama holds every property it can be judged on (content, generation, the
 store's contract, dump and load through save_prompt_cache/load_prompt_cache);
 the copy log, storage identities and owned marker are declared absent (MLX
-arrays share buffers until written). Bounded (--max-size 2), it evicts as
+arrays share buffers until written); its batches (mlx-lm's BatchKVCache:
+merge, extend, filter, and a row handed out by extract or filter) hand out
+exact rows. Bounded (--max-size 2), it evicts as
 declared (lrs); of ConcatenateKVCache, trim-exact FAILs: finding mlx-lm-1
 (docs/findings/mlx-lm-1.md, known upstream, unfixed), asserted so that a
 fix shows up. Of RotatingKVCache (a store window), every property passes
@@ -25,7 +27,7 @@ ADAPTER = os.path.join(PYTHON_DIR, "adapters", "mlx_prompt_cache_adapter.py")
 # Small budget (ctest label real-engines).
 CASES = "6"
 JUDGED = {"stored-immutable", "layout-roundtrip", "merge-correct", "generation-equivalent", "store-contract",
-          "trim-exact", "dump-safe"}
+          "trim-exact", "dump-safe", "batch-exact"}
 DECLARED_ABSENT = {"single-copy", "owned-marker", "clone-independent"}
 
 
@@ -39,13 +41,20 @@ def mlx_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", environment + os.pathsep + os.path.join(REPO, ".venv", "transformers", "5.25.0"))
 
 
+# --batch-row alternate: a batch hands its row out by BatchKVCache.extract
+# (a KVCache a layer) and by filter([row]) (a BatchKVCache of batch 1, which
+# the trace then generates from, trims, stores, dumps and batches again) in
+# turn, so that this one run judges both (each alone passes every judged
+# property at the default budget, seeds 20261202, 1, 2; planted, a batch
+# that skips its filter(reorder) FAILs batch-exact after 37 traces).
 def test_mlx_lm_prompt_cache_holds_every_property_it_can_be_judged_on(kvcheck, mlx_env):
-    run = kvcheck("run", "--adapter", ADAPTER + " --dump", "--cases", CASES, "--jobs", "2", "--timeout", "600")
+    run = kvcheck("run", "--adapter", ADAPTER + " --dump --batch-row alternate", "--cases", CASES, "--jobs", "2",
+                  "--timeout", "600")
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
     assert {p: verdicts.get(p) for p in JUDGED} == {p: "pass" for p in JUDGED}, verdicts
     assert {p: verdicts.get(p) for p in DECLARED_ABSENT} == {p: "skipped" for p in DECLARED_ABSENT}, verdicts
-    assert run.report["adapter"] == "mlx-lm-0.32.2-dump"
+    assert run.report["adapter"] == "mlx-lm-0.32.2-dump-batch-alternate"
     # MLX hangs in a forked child: the adapter says so, and dump-safe's row
     # says its dumps were not killed (rather than waiting on a hung copy).
     assert "MLX hangs in a forked child" in run.result("dump-safe")["not_applied"], run.result("dump-safe")
@@ -104,9 +113,11 @@ def test_mlx_lm_rotating_kv_cache_holds_every_property_it_can_be_judged_on(kvche
     assert run.report["adapter"] == "mlx-lm-0.32.2-RotatingKVCache4-merge-copy", run.stdout + run.stderr
     assert run.status == 0, run.stdout + run.stderr
     verdicts = {p["id"]: p["verdict"] for p in run.applicable()}
-    judged = JUDGED - {"dump-safe"}
+    judged = JUDGED - {"dump-safe", "batch-exact"}
     assert {p: verdicts.get(p) for p in judged} == {p: "pass" for p in judged}, verdicts
-    assert {p: verdicts.get(p) for p in DECLARED_ABSENT} == {p: "skipped" for p in DECLARED_ABSENT}, verdicts
+    # A windowed cache claims no batch (BatchRotatingKVCache is not mapped).
+    absent = DECLARED_ABSENT | {"batch-exact"}
+    assert {p: verdicts.get(p) for p in absent} == {p: "skipped" for p in absent}, verdicts
 
 
 # What the generic search found when a merge feeds its parts' own arrays
