@@ -1,7 +1,10 @@
 #include "command_line.h"
 
 #include "kvcheck/limits.h"
+#include "kvcheck/plugin.h"
 #include "output.h"
+#include "report.h"
+#include "wire.h"
 
 #include <boost/pfr.hpp>
 
@@ -381,6 +384,14 @@ int command_help(const Args&) {
     return 0;
 }
 
+int command_version(const Args&) {
+    std::cout << "kvcheck " KVCHECK_VERSION "\n"
+              << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
+              << ", dump format " << dump_format_version_said << ", adapter protocol " << process::protocol_version
+              << "\n";
+    return 0;
+}
+
 bool is_command(const std::string& name) {
     for (const char* command : {"list", "run", "replay", "shrink", "check-dump", "help", "--help", "-h", "--version", "version"}) {
         if (name == command) return true;
@@ -425,8 +436,10 @@ std::optional<int> answer_without_engines(const Args& args) {
             options = run_command_line(rest);
         } else if (command == "replay" || command == "shrink") {
             options = replay_command_line(rest, command == "shrink");
+        } else if (command == "--version" || command == "version") {
+            return command_version(rest);
         } else {
-            engines_needed = true;  // check-dump and --version: kvcheck-core's (dumps are libtorch's)
+            engines_needed = true;  // check-dump: kvcheck-core's (it reads dumps with libtorch)
             return 0;
         }
         if (!options) return 0;  // the command's --help, printed

@@ -122,6 +122,11 @@ class Options {
     std::vector<std::string> positional_;
 };
 
+// The dump format kvcheck reads and writes, as --version says it:
+// kv::dump_format_version (src/kv/store.h, behind libtorch's headers), which
+// kvcheck-core's commands.cpp checks it equals when it compiles.
+inline constexpr std::int64_t dump_format_version_said = 1;
+
 extern const std::vector<OptionSpec> list_options;
 extern const std::vector<OptionSpec> run_options;
 extern const std::vector<OptionSpec> replay_options;

@@ -151,13 +151,9 @@ bool bundled_as_expected(const std::vector<AdapterResult>& results, std::ostream
 
 }  // namespace
 
-int command_version(const Args&) {
-    std::cout << "kvcheck " KVCHECK_VERSION "\n"
-              << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
-              << ", dump format " << kv::dump_format_version << ", adapter protocol " << process::protocol_version
-              << "\n";
-    return 0;
-}
+// kvcheck --version (command_line.cpp) says the dump format without
+// libtorch's headers: it must be the one kvcheck reads and writes.
+static_assert(kv::dump_format_version == dump_format_version_said, "command_line.h: dump_format_version_said");
 
 // kvcheck list --adapter A: the properties A can be judged on, then one
 // line saying how many are left out and why (as the reports say it), for
