@@ -10,8 +10,23 @@
 #
 # A and B must be kv_cli_tests binaries of BUILD_DIR (they run its kvcheck).
 # Under an ASan build, set ASAN_OPTIONS=detect_leaks=0 as CI's preset does.
+#
+# A_KVCHECK=core: A runs with BUILD_DIR/bin/kvcheck a symbolic link to
+# kvcheck-core (every start loads libtorch, as before the torch-free front),
+# B with the front as built; give the same binary as A and B:
+#   A_KVCHECK=core bench/cli_suites_ab.sh build/default build/default/tests/kv_cli_tests build/default/tests/kv_cli_tests
 set -euo pipefail
 build=$1 a=$(realpath "$2") b=$(realpath "$3")
+bin=$(realpath "$build")/bin
+front_aside() {
+    [ "${A_KVCHECK:-}" = core ] || return 0
+    mv "$bin/kvcheck" "$bin/kvcheck.front" && ln -s kvcheck-core "$bin/kvcheck"
+    trap front_back EXIT
+}
+front_back() {
+    [ -e "$bin/kvcheck.front" ] || return 0
+    rm -f "$bin/kvcheck" && mv "$bin/kvcheck.front" "$bin/kvcheck"
+}
 shift 3
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(faults replays hostile runs kvcheck)
@@ -22,6 +37,7 @@ for suite in "${suites[@]}"; do
     for which in A B; do
         binary=$a
         [ $which = B ] && binary=$b
+        if [ $which = A ]; then front_aside; else front_back; fi
         load=$(cut -d' ' -f1 /proc/loadavg)
         log=$out/$suite-$which.log
         rm -f "$log"

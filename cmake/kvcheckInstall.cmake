@@ -39,9 +39,11 @@ if(TARGET kvcheck)
   # Installed, kvcheck still finds libtorch (and any library linked from
   # outside the system directories) where it was linked from.
   # The dump shim it links is installed in the package's own lib/.
-  set_target_properties(kvcheck PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON
+  # kvcheck-core goes beside kvcheck, which runs it (adapters/kvcheck_front.cpp).
+  set_target_properties(kvcheck kvcheck-core PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON
     INSTALL_RPATH "\$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
   install(TARGETS kvcheck EXPORT kvcheckTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(TARGETS kvcheck-core RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/harness/include/kvcheck/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvcheck

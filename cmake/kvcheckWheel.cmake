@@ -28,11 +28,12 @@ if(NOT KVCHECK_WHEEL_INSTALL)
   return()
 endif()
 
-# site-packages/kvcheck_adapter/_bin/kvcheck finds the shim beside it and
-# libtorch in the torch package: site-packages/torch/lib.
-set_target_properties(kvcheck kvcheck_dumpshim PROPERTIES
+# site-packages/kvcheck_adapter/_bin/kvcheck (and kvcheck-core, which it
+# runs) finds the shim beside it and libtorch in the torch package:
+# site-packages/torch/lib.
+set_target_properties(kvcheck kvcheck-core kvcheck_dumpshim PROPERTIES
   INSTALL_RPATH "$ORIGIN:$ORIGIN/../../torch/lib" BUILD_WITH_INSTALL_RPATH OFF)
-install(TARGETS kvcheck kvcheck_dumpshim
+install(TARGETS kvcheck kvcheck-core kvcheck_dumpshim
   RUNTIME DESTINATION kvcheck_adapter/_bin COMPONENT wheel
   LIBRARY DESTINATION kvcheck_adapter/_bin COMPONENT wheel)
 # The example stores (python/examples): `kvcheck run` with no --adapter

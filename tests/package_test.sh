@@ -28,7 +28,7 @@ depends=$(dpkg-deb --field "$deb" Depends)
 root=$scratch/root
 dpkg-deb -x "$deb" "$root"
 usr=$root/usr
-for file in bin/kvcheck include/kvcheck/engine.h include/kvcheck/plugin.h lib/cmake/kvcheck/kvcheckConfig.cmake \
+for file in bin/kvcheck bin/kvcheck-core include/kvcheck/engine.h include/kvcheck/plugin.h lib/cmake/kvcheck/kvcheckConfig.cmake \
             lib/cmake/kvcheck/kvcheckAdapter.cmake lib/libkvcheck_dumpshim.so \
             share/kvcheck/python/pyproject.toml share/kvcheck/python/kvcheck_adapter/adapter.py \
             share/kvcheck/python/kvcheck_adapter/pytest_plugin.py; do

@@ -1,6 +1,7 @@
 #include "commands.h"
 
 #include "adapters.h"
+#include "command_line.h"
 #include "conformance.h"
 #include "interrupt.h"
 #include "kv/store.h"
@@ -37,266 +38,6 @@
 
 namespace kvcheck::cli {
 namespace {
-
-struct OptionSpec {
-    std::string name;
-    bool takes_value;
-    std::string help;
-};
-
-// Parsed options: each name maps to every value it was given ("" for flags).
-class Options {
-  public:
-    Options(const Args& args, const std::vector<OptionSpec>& specs, const std::string& command) {
-        for (std::size_t i = 0; i < args.size(); ++i) {
-            const std::string& arg = args[i];
-            if (arg == "--help" || arg == "-h") {
-                help_ = true;
-                continue;
-            }
-            if (arg.rfind("--", 0) != 0) {
-                positional_.push_back(arg);
-                continue;
-            }
-            std::string name = arg.substr(2);
-            std::optional<std::string> inline_value;
-            if (const std::size_t eq = name.find('='); eq != std::string::npos) {
-                inline_value = name.substr(eq + 1);
-                name = name.substr(0, eq);
-            }
-            const auto spec = std::find_if(specs.begin(), specs.end(), [&](const OptionSpec& s) { return s.name == name; });
-            if (spec == specs.end()) throw UsageError("unknown option --" + name + " for '" + command + "' (see kvcheck " + command + " --help)");
-            if (!spec->takes_value) {
-                values_[name].push_back("");
-                continue;
-            }
-            if (!inline_value && i + 1 >= args.size()) throw UsageError("--" + name + " needs a value");
-            values_[name].push_back(inline_value ? *inline_value : args[++i]);
-        }
-    }
-
-    bool help() const { return help_; }
-    bool has(const std::string& name) const { return values_.count(name) != 0; }
-    const std::vector<std::string>& all(const std::string& name) const {
-        static const std::vector<std::string> none;
-        const auto found = values_.find(name);
-        return found == values_.end() ? none : found->second;
-    }
-    std::string get(const std::string& name, const std::string& fallback) const {
-        return has(name) ? values_.at(name).back() : fallback;
-    }
-    // A whole number of decimal digits only (no sign, no spaces: stoull
-    // reads " -1" as 2^64 - 1), within [low, high].
-    std::uint64_t number(const std::string& name, std::uint64_t fallback, std::uint64_t low, std::uint64_t high) const {
-        if (!has(name)) return fallback;
-        const std::string text = values_.at(name).back();
-        const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
-        errno = 0;
-        const unsigned long long value = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
-        if (!digits || errno == ERANGE) throw UsageError("--" + name + " takes a whole number, not '" + printable(text, 40) + "'");
-        if (value < low || value > high) {
-            throw UsageError("--" + name + " must be between " + std::to_string(low) + " and " + std::to_string(high) +
-                             ", not " + text);
-        }
-        return value;
-    }
-    // A finite decimal number within [low, high] (`low` excluded when
-    // `low_excluded`): no "nan", "inf", hex or leading spaces.
-    double real(const std::string& name, double fallback, double low, bool low_excluded, double high) const {
-        if (!has(name)) return fallback;
-        const std::string text = values_.at(name).back();
-        const bool plain = !text.empty() && text.size() <= 32 && text.find_first_not_of("0123456789.eE+-") == std::string::npos;
-        char* end = nullptr;
-        const double value = plain ? std::strtod(text.c_str(), &end) : 0;
-        if (!plain || end != text.c_str() + text.size() || !std::isfinite(value)) {
-            throw UsageError("--" + name + " takes a number of seconds, not '" + printable(text, 40) + "'");
-        }
-        if (value < low || (low_excluded && value == low) || value > high) {
-            char range[96];
-            std::snprintf(range, sizeof range, "%s %g and at most %g", low_excluded ? "more than" : "at least", low, high);
-            throw UsageError("--" + name + " must be " + range + ", not " + text);
-        }
-        return value;
-    }
-    const std::vector<std::string>& positional() const { return positional_; }
-
-  private:
-    bool help_ = false;
-    std::map<std::string, std::vector<std::string>> values_;
-    std::vector<std::string> positional_;
-};
-
-std::string usage_of(const std::string& synopsis, const std::string& about, const std::vector<OptionSpec>& specs) {
-    std::ostringstream out;
-    out << "usage: " << synopsis << "\n\n" << about << "\n\noptions:\n";
-    for (const OptionSpec& spec : specs) {
-        std::string left = "  --" + spec.name + (spec.takes_value ? " VALUE" : "");
-        if (left.size() < 26) left.append(26 - left.size(), ' ');
-        out << left << " " << spec.help << "\n";
-    }
-    out << "  --help                   this text\n";
-    return out.str();
-}
-
-const std::vector<OptionSpec> isolation_options = {
-    {"python", true, "the interpreter of a Python script adapter (default $KVCHECK_PYTHON, else the script's #!\n"
-                       "                             interpreter, else $VIRTUAL_ENV/bin/python, else the python beside\n"
-                       "                             kvcheck, else /usr/bin/python3)"},
-    {"timeout", true, "seconds one operation may run without progress before the engine counts as hung (default 30,\n"
-                        "                             at least 1)"},
-    {"total-timeout", true, "seconds one engine process may run in all, 0 for no limit, else at least 1 (default 3600;\n"
-                              "                             run --seconds adds its budget)"},
-    {"memory-mb", true, "resident memory limit of the engine's process and of those it starts, MiB (default 4096)"},
-    {"no-isolate", false, "run the engine in kvcheck's own process (for debuggers; a crash ends kvcheck)"},
-};
-
-const std::vector<OptionSpec> run_options = [] {
-    std::vector<OptionSpec> specs = {
-        {"adapter", true, "bundled name (see kvcheck list), plugin path, Python script (x.py ARGS) or exec:COMMAND;\n"
-                          "                             repeatable. Default: all bundled adapters"},
-        {"property", true, "a property id (see kvcheck list); repeatable. Default: all"},
-        {"seed", true, "the run's seed (default 20261202); trace i of the p-th property uses a seed mixed\n"
-                       "                             from (seed, p, i) by splitmix64: other seeds, other traces"},
-        {"cases", true, "traces per property (default 200)"},
-        {"scope", true, "sizes of the caches traces draw: small, default or large (for nightly runs)"},
-        {"lanes", true, "clients per trace (default 1): above 1, each trace is that many lanes of requests\n"
-                        "                             interleaved by a seeded schedule (random or PCT), checked call by call\n"
-                        "                             (docs/semantics.md#concurrent-clients); at most 15"},
-        {"threads", false, "the thread level: each of --lanes clients (default 3) calls on a thread of its own, the calls\n"
-                           "                             overlapping, a seeded schedule switching at yield points; judges at every quiescent\n"
-                           "                             point refcount-exact and free-iff-unreferenced (paged engines) or stored-immutable,\n"
-                           "                             store-contract and linearizable, and dump-safe at the end (unbounded stores)\n"
-                           "                             (docs/semantics.md#the-thread-level); for engines that declare thread_safe\n"
-                           "                             (others: n/a). --cases: traces per adapter"},
-        {"model", true, "search one model's caches only, instead of what each engine declares:\n"
-                        "                             layers=N,heads=N,head_dim=N,dtype=f32[+f16+bf16],layout=modern[+legacy]\n"
-                        "                             [,odd_layers=yes|no] (heads, head_dim default 2, 4; odd_layers no)"},
-        {"seconds", true, "time per property instead of a case count"},
-        {"failures", true, "distinct failures reported per property (default 3): after a failure, the search goes on\n"
-                           "                             within its budget for failures of other checks or messages, each shrunk"},
-        {"replays", true, "replays of each shrunk failure on a fresh engine before it is reported (default 3; 0: none):\n"
-                          "                             some failing: flaky; none: the earlier trace that makes it fail (shared-state)"},
-        {"report", true, "table (default), json, junit, markdown or html (one page, each failure drawn step by step)"},
-        {"out", true, "write the report to this file instead of standard output"},
-        {"also-report", true, "FORMAT=FILE: also write the run's report in FORMAT to FILE; repeatable (one run, several\n"
-                              "                             formats: junit for CI and html for people, say)"},
-        {"trace-dir", true, "where failing traces are written (default kvcheck-traces)"},
-        {"jobs", true, "engine processes at once (default: the number of cores)"},
-        {"quiet", false, "no progress lines on standard error"},
-        {"stats", false, "also print how often each shape of interest occurred in the traces run"},
-        {"progress-seconds", true, "seconds between progress lines of a task (default 5; 0: at every step of progress)"},
-    };
-    specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
-    return specs;
-}();
-
-const std::vector<OptionSpec> replay_options = [] {
-    std::vector<OptionSpec> specs = {
-        {"adapter", true, "bundled name, plugin path, Python script or exec:COMMAND (required)"},
-        {"property", true, "check only these properties; repeatable. Default: all"},
-        {"prefix", true, "a trace file run first, on its own engine in the same engine process (the first part of\n"
-                         "                             a shared-state finding's reproducer)"},
-        {"quiet", false, "no progress lines on standard error"},
-        {"progress-seconds", true, "seconds between progress lines (default 5; 0: at every step of progress)"},
-    };
-    specs.insert(specs.end(), isolation_options.begin(), isolation_options.end());
-    return specs;
-}();
-
-const std::vector<OptionSpec> shrink_options = [] {
-    std::vector<OptionSpec> specs;
-    for (const OptionSpec& spec : replay_options) {
-        if (spec.name != "prefix") specs.push_back(spec);
-    }
-    specs.push_back({"out", true, "write the shrunk trace to this file (default: standard output, the report then on stderr)"});
-    specs.push_back({"model", true, "keep the shrunk trace's caches in this model (as run --model; default: what the engine declares)"});
-    return specs;
-}();
-
-std::vector<Property> chosen_properties(const Options& options) {
-    std::vector<Property> properties;
-    for (const std::string& id : options.all("property")) {
-        const std::optional<Property> property = parse_property(id);
-        if (!property) {
-            std::string known;
-            for (Property p : all_properties()) known += std::string(" ") + property_id(p);
-            throw UsageError("unknown property '" + id + "'; known:" + known);
-        }
-        properties.push_back(*property);
-    }
-    return properties;
-}
-
-// The bounds of the numeric options: wide enough for any real use, narrow
-// enough that no value overflows or disables a limit.
-constexpr std::uint64_t cases_max = 1'000'000'000;
-constexpr std::uint64_t jobs_max = 256;
-constexpr std::uint64_t failures_per_property_max = 100;  // --failures: each is shrunk and written
-constexpr std::uint64_t replays_max = 1000;               // --replays: each a fresh engine process
-constexpr double seconds_max = 10'000'000;               // a run's budget per property: about four months
-constexpr double operation_seconds_max = 7 * 24 * 3600;  // --timeout: a week
-// The shortest --timeout and --total-timeout: the limits are polled every
-// 0.2 s, and an engine process takes a good part of a second to start (a
-// Python one, seconds), so a shorter limit would make every engine a fault.
-constexpr double limit_seconds_min = 1;
-constexpr std::uint64_t memory_mb_max = std::uint64_t{1} << 24;  // 16 TiB: the shift to bytes cannot overflow
-// Head room over kvcheck's own resident size that --memory-mb must leave:
-// an engine process starts as a copy of kvcheck.
-constexpr std::uint64_t memory_mb_headroom = 64;
-
-std::uint64_t own_resident_mb() {
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    while (std::getline(status, line)) {
-        if (line.rfind("VmRSS:", 0) == 0) return (std::strtoull(line.c_str() + 6, nullptr, 10) + 1023) / 1024;
-    }
-    return 0;
-}
-
-ConformanceOptions conformance_options(const Options& options) {
-    ConformanceOptions conformance;
-    conformance.seed = options.number("seed", conformance.seed, 0, UINT64_MAX);
-    conformance.cases = options.number("cases", conformance.cases, 1, cases_max);
-    conformance.seconds = options.real("seconds", 0, 0, true, seconds_max);
-    if (options.has("cases") && options.has("seconds")) throw UsageError("give --cases or --seconds, not both");
-    conformance.failures_max = options.number("failures", conformance.failures_max, 1, failures_per_property_max);
-    conformance.replays = options.number("replays", conformance.replays, 0, replays_max);
-    conformance.properties = chosen_properties(options);
-    conformance.limits.silence_seconds =
-        options.real("timeout", conformance.limits.silence_seconds, limit_seconds_min, false, operation_seconds_max);
-    conformance.limits.total_seconds = options.real("total-timeout", conformance.limits.total_seconds, 0, false, seconds_max);
-    if (conformance.limits.total_seconds > 0 && conformance.limits.total_seconds < limit_seconds_min) {
-        throw UsageError("--total-timeout must be 0 (no limit) or at least " + seconds_text(limit_seconds_min) + ", not " +
-                         options.get("total-timeout", ""));
-    }
-    const std::uint64_t memory_mb_min = own_resident_mb() + memory_mb_headroom;
-    const std::uint64_t memory_mb = options.number("memory-mb", 4096, 1, memory_mb_max);
-    if (memory_mb < memory_mb_min) {
-        throw UsageError("--memory-mb " + std::to_string(memory_mb) + " is too small: an engine process starts as a copy of "
-                         "kvcheck, which holds " + std::to_string(memory_mb_min - memory_mb_headroom) +
-                         " MiB; give at least " + std::to_string(memory_mb_min));
-    }
-    conformance.limits.memory_bytes = static_cast<std::int64_t>(memory_mb) << 20;
-    conformance.isolate = !options.has("no-isolate");
-    conformance.trace_dir = options.get("trace-dir", conformance.trace_dir);
-    conformance.progress = !options.has("quiet");
-    conformance.progress_seconds = options.real("progress-seconds", conformance.progress_seconds, 0, false, seconds_max);
-    conformance.jobs = options.number("jobs", std::clamp<std::uint64_t>(std::thread::hardware_concurrency(), 1, jobs_max), 1, jobs_max);
-    try {
-        conformance.workload.scope = scope_named(options.get("scope", "default"));
-    } catch (const std::invalid_argument& error) {
-        throw UsageError(std::string("--scope: ") + error.what());
-    }
-    conformance.workload.lanes = static_cast<std::int64_t>(options.number("lanes", 1, 1, op::SwitchLane::lanes_max - 1));
-    if (options.has("model")) {
-        try {
-            conformance.model = parse_model_domain(options.get("model", ""));
-        } catch (const std::invalid_argument& error) {
-            throw UsageError("--model: " + printable(error.what(), 200) + " (see kvcheck run --help)");
-        }
-    }
-    return conformance;
-}
 
 AdapterOptions adapter_options(const Options& options) {
     AdapterOptions adapter;
@@ -378,80 +119,6 @@ PropertySet property_set(const std::vector<Property>& properties) {
     return set;
 }
 
-// A trace file is text of one line per operation; a 10,000-operation trace
-// is half a megabyte.
-constexpr std::size_t trace_bytes_max = std::size_t{64} << 20;
-
-// A cache the trace asks for beyond what generated traces hold (a
-// hand-written 4,096 layers of 10^6 tokens made the reference allocate
-// until it was stopped as hung) is refused before anything runs.
-void refuse_over_limits(const std::string& path, const Trace& trace) {
-    for (std::size_t step = 0; step < trace.size(); ++step) {
-        std::visit(
-            [&](const auto& op) {
-                boost::pfr::for_each_field(op, [&](const auto& field) {
-                    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, CacheSpec>) {
-                        const std::string fault = spec_over_limits(field);
-                        if (!fault.empty()) {
-                            throw UsageError(path + ": operation " + std::to_string(step + 1) + " (" + op_name(trace[step]) +
-                                             ") asks for a cache beyond kvcheck's limits: " + fault);
-                        }
-                    }
-                });
-            },
-            trace[step]);
-    }
-}
-
-// A regular file only (InputFile): a FIFO would block, a device never end.
-std::string read_trace_text(const std::string& path) {
-    const InputFile file(path);
-    if (file.fd() < 0) throw UsageError("trace file " + printable(path, 400) + " " + file.problem());
-    // Read with a bound too: the file may grow while it is read.
-    std::string text;
-    if (file.bytes() <= trace_bytes_max && !file.read(trace_bytes_max, &text)) {
-        throw UsageError("cannot read trace file " + path + ": " + std::strerror(errno));
-    }
-    if (file.bytes() > trace_bytes_max || text.size() > trace_bytes_max) {
-        throw UsageError(path + " holds more than the " + std::to_string(trace_bytes_max >> 20) + " MiB a trace file may hold");
-    }
-    // Every trace file kvcheck writes holds its header at least: an empty
-    // one is a write cut short (a full disk), not a trace that passes.
-    if (text.empty()) {
-        throw UsageError("trace file " + printable(path, 400) + " is empty (0 bytes): no trace to replay (a trace kvcheck "
-                         "writes has a header; was its write cut short?)");
-    }
-    return text;
-}
-
-// A thread-level trace file (its `threads` line, kvcheck/threads.h), or
-// nothing for any other.
-std::optional<ThreadTrace> read_thread_trace(const std::string& path, const std::string& text) {
-    std::optional<ThreadTrace> threads;
-    try {
-        threads = parse_thread_trace(text);
-    } catch (const TraceParseError& error) {
-        throw UsageError(path + ": " + printable(error.what(), 300));
-    }
-    if (threads) {
-        for (const Trace& lane : threads->plan.lanes) refuse_over_limits(path, lane);
-    }
-    return threads;
-}
-
-Trace parse_trace_file(const std::string& path, const std::string& text) {
-    Trace trace;
-    try {
-        trace = parse_trace(text);
-    } catch (const TraceParseError& error) {
-        throw UsageError(path + ": " + printable(error.what(), 300));
-    }
-    refuse_over_limits(path, trace);
-    return trace;
-}
-
-Trace read_trace(const std::string& path) { return parse_trace_file(path, read_trace_text(path)); }
-
 // The message and notes of a failure, fit for a terminal: an engine's
 // exception text may hold anything.
 Failure printable_failure(Failure failure) {
@@ -484,36 +151,9 @@ bool bundled_as_expected(const std::vector<AdapterResult>& results, std::ostream
 
 }  // namespace
 
-int command_help(const Args&) {
-    std::cout << "kvcheck: verification and fuzz testing of KV-cache ownership\n\n"
-                 "usage: kvcheck <command> [options]\n\n"
-                 "commands:\n"
-                 "  list                       the bundled adapters and the properties\n"
-                 "  run [--adapter A ...]      check adapters against the properties; with no --adapter,\n"
-                 "                             the reference and every mutant (the property x adapter table)\n"
-                 "  replay TRACE --adapter A   run one trace file and report what it violates\n"
-                 "  shrink TRACE --adapter A   shrink a failing trace file to a short one\n"
-                 "  check-dump FILE|DIR        validate a dump file and say what it holds\n"
-                 "  --version                  this kvcheck's version and formats\n"
-                 "\nexit codes: 0 all properties hold, 1 a property fails, 2 usage or adapter load error,\n"
-                 "128+N interrupted by signal N (the report so far is written, marked incomplete).\n"
-                 "kvcheck <command> --help describes each command's options.\n";
-    return 0;
-}
-
-int command_version(const Args&) {
-    std::cout << "kvcheck " KVCHECK_VERSION "\n"
-              << "report format " << report_format_version << ", plugin ABI " << KVCHECK_PLUGIN_ABI_VERSION
-              << ", dump format " << kv::dump_format_version << ", adapter protocol " << process::protocol_version
-              << "\n";
-    return 0;
-}
-
-const std::vector<OptionSpec> list_options = {
-    {"adapter", true, "list only the properties this adapter can be judged on (bundled name, plugin path, Python\n"
-                      "                             script or exec:COMMAND: its handshake says its cache families)"},
-    {"python", true, "the interpreter of a .py adapter (as kvcheck run --python)"},
-};
+// kvcheck --version (command_line.cpp) says the dump format without
+// libtorch's headers: it must be the one kvcheck reads and writes.
+static_assert(kv::dump_format_version == dump_format_version_said, "command_line.h: dump_format_version_said");
 
 // kvcheck list --adapter A: the properties A can be judged on, then one
 // line saying how many are left out and why (as the reports say it), for
@@ -543,15 +183,9 @@ int list_for_adapter(const Options& options) {
 }
 
 int command_list(const Args& args) {
-    const Options options(args, list_options, "list");
-    if (options.help()) {
-        std::cout << usage_of("kvcheck list [--adapter NAME|PATH [--python PATH]]",
-                              "Lists the bundled adapters and the properties; with --adapter, the properties that\n"
-                              "adapter can be judged on, and how many are left out and why.",
-                              list_options);
-        return 0;
-    }
-    if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
+    const std::optional<Options> parsed = list_command_line(args);
+    if (!parsed) return 0;  // list --help
+    const Options& options = *parsed;
     if (options.has("adapter")) return list_for_adapter(options);
     std::cout << "adapters (bundled):\n";
     for (const Adapter& adapter : bundled_adapters()) {
@@ -573,21 +207,9 @@ int command_list(const Args& args) {
 }
 
 int command_run(const Args& args) {
-    const Options options(args, run_options, "run");
-    if (options.help()) {
-        std::cout << usage_of("kvcheck run [--adapter NAME|PATH ...] [--property ID ...] [--seed S] [--cases N | --seconds T]\n"
-                              "                   [--report FORMAT] [--out FILE] [--also-report FORMAT=FILE ...]",
-                              "Runs every (or each chosen) property against each adapter, in child processes, and\n"
-                              "reports per property: pass, fail (up to --failures distinct failures, each with its shrunk\n"
-                              "trace and the command that replays it), blocked (fewer than 90 % of the traces could be\n"
-                              "judged: the others ended in engine errors, grouped by message under engine-error) or\n"
-                              "skipped. With no --adapter: the reference, every mutant and the Python example\n"
-                              "store, a self-check of kvcheck itself, which exits 0 when the reference and the example\n"
-                              "pass and every mutant is caught.",
-                              run_options);
-        return 0;
-    }
-    if (!options.positional().empty()) throw UsageError("unexpected argument '" + printable(options.positional().front(), 80) + "'");
+    const std::optional<Options> parsed = run_command_line(args);
+    if (!parsed) return 0;  // run --help
+    const Options& options = *parsed;
     ConformanceOptions conformance = conformance_options(options);
     const ReportFormat format = parse_report_format(options.get("report", "table"));
     const bool bundled = !options.has("adapter");
@@ -726,38 +348,24 @@ constexpr std::size_t replay_engine_lines_max = 20;
 
 int replay_or_shrink(const Args& args, bool shrink_it) {
     const std::string command = shrink_it ? "shrink" : "replay";
-    const Options options(args, shrink_it ? shrink_options : replay_options, command);
-    if (options.help()) {
-        std::cout << usage_of("kvcheck " + command + " TRACE --adapter NAME|PATH [--property ID ...]",
-                              shrink_it ? "Shrinks a failing trace file to a short trace that fails the same way. The trace goes to\n"
-                                          "--out or standard output; the report to standard output or, when the trace is\n"
-                                          "there, standard error."
-                                        : "Runs the trace in the file against the adapter and reports the first violation (or a\n"
-                                          "crash or hang of the engine), pinned to the step it happened. A thread-level trace (its\n"
-                                          "first line 'threads lanes=N schedule=...', from kvcheck run --threads) runs on a thread per\n"
-                                          "lane under that schedule, 3 times on fresh engines: flaky when the runs differ.",
-                              shrink_it ? shrink_options : replay_options);
-        return 0;
-    }
-    if (options.positional().size() != 1) throw UsageError(command + " takes one trace file (see kvcheck " + command + " --help)");
-    if (!options.has("adapter")) throw UsageError(command + " needs --adapter");
-    const ConformanceOptions conformance = conformance_options(options);
-    const std::string path = options.positional().front();
-    const std::string text = read_trace_text(path);
-    if (const std::optional<ThreadTrace> threads = read_thread_trace(path, text)) {
+    const std::optional<Options> parsed = replay_command_line(args, shrink_it);
+    if (!parsed) return 0;  // its --help
+    const Options& options = *parsed;
+    const ConformanceOptions conformance = conformance_options_alone(options);
+    const ReplayInput input = replay_input(options, shrink_it);
+    refuse_memory_below_own_size(conformance);
+    const std::string& path = input.path;
+    if (input.threads) {
         // A thread-level finding: replayed on a thread per lane under its
         // schedule, on fresh engines, --replays times (default 3).
-        if (shrink_it) throw UsageError(path + " is a thread-level trace: kvcheck run --threads shrinks its findings, kvcheck shrink does not");
-        if (options.has("prefix")) throw UsageError("--prefix does not apply to a thread-level trace (" + printable(path, 200) + ")");
         const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
         if (conformance.isolate) install_interrupt_handlers();
         const EngineStdoutToStderr guard(!conformance.isolate);
-        return replay_threads(adapter, *threads, replay_command(adapter, path), property_set(conformance.properties), conformance,
+        return replay_threads(adapter, *input.threads, replay_command(adapter, path), property_set(conformance.properties), conformance,
                               std::cout);
     }
-    const Trace trace = parse_trace_file(path, text);
-    std::optional<Trace> prefix;
-    if (options.has("prefix")) prefix = read_trace(options.get("prefix", ""));
+    const Trace& trace = input.trace;
+    const std::optional<Trace>& prefix = input.prefix;
     const Adapter adapter = load_adapter(options.get("adapter", ""), adapter_options(options));
     std::optional<OutputFile> shrunk_out;
     if (shrink_it) shrunk_out.emplace(options.get("out", ""));

@@ -1,12 +1,10 @@
 // kvcheck: checks KV-cache ownership properties of engine adapters.
 #include "main.h"
 
+#include "command_line.h"
 #include "commands.h"
-#include "output.h"
 #include "sandbox.h"
-#include "text.h"
 
-#include <exception>
 #include <iostream>
 #include <map>
 
@@ -25,25 +23,8 @@ int run_command(int argc, char** argv, std::vector<Adapter> bundled) {
         {"--help", command_help}, {"-h", command_help}, {"--version", command_version}, {"version", command_version}};
     if (args.empty()) return command_help(args);
     const auto command = commands.find(args.front());
-    if (command == commands.end()) {
-        std::cerr << "kvcheck: unknown command '" << printable(args.front(), 80) << "' (try: kvcheck --help)\n";
-        return 2;
-    }
-    try {
-        const int status = command->second(Args(args.begin() + 1, args.end()));
-        // What a command printed on standard output must have gone through
-        // (a report on a full disk is lost): exit 2 when not, unless
-        // interrupted (128 + N says more).
-        return standard_output_written() || status > 2 ? status : 2;
-    } catch (const UsageError& error) {
-        std::cerr << "kvcheck: " << error.what() << "\n";
-        return 2;
-    } catch (const std::exception& error) {
-        // What kvcheck itself could not do (a pipe, a fork, a directory):
-        // said as an error, not an abort.
-        std::cerr << "kvcheck: error: " << printable(error.what(), 2000) << "\n";
-        return 2;
-    }
+    if (command == commands.end()) return refuse_unknown_command(args.front());
+    return command_status([&] { return command->second(Args(args.begin() + 1, args.end())); });
 }
 
 }  // namespace
