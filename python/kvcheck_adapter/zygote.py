@@ -260,8 +260,12 @@ def _why_cold(request: dict, environment: dict, limits_here: dict) -> str:
     if request.get("executable") != sys.executable:
         return f"another interpreter: {request.get('executable')!r}, not {sys.executable!r}"
     theirs = request.get("env") or {}
+    # A variable the zygote's imports set (torch sets TORCHINDUCTOR_CACHE_DIR)
+    # may come set to that value: the launcher's environment was made by a
+    # process that imported the same (the test itself).
     differ = sorted(name for name in set(theirs) | set(environment)
-                    if name not in PER_PROCESS_VARIABLES and theirs.get(name) != environment.get(name))
+                    if name not in PER_PROCESS_VARIABLES and theirs.get(name) != environment.get(name)
+                    and (name in environment or theirs.get(name) != os.environ.get(name)))
     if differ:
         return "the environment differs in " + ", ".join(differ)
     for name, (soft, hard) in (request.get("limits") or {}).items():
