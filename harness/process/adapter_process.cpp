@@ -431,6 +431,11 @@ void AdapterProcess::handshake(double seconds) {
         if (!fault.empty()) throw ProtocolError(fault);
         if (reply.find("copies_in_replies")) hello_.copies_in_replies = read_bool(reply, "copies_in_replies");
         if (reply.find("fork")) hello_.fork = read_bool(reply, "fork");
+        if (const Json* served = reply.find("pid")) {
+            const std::int64_t pid = served->as_int();
+            if (pid <= 0) throw ProtocolError("'pid' is " + std::to_string(pid) + ", not a process");
+            if (pid != pid_) hello_.pid = static_cast<int>(pid);
+        }
         read_dump_fork(reply);
     } catch (const ProcessError&) {
         throw;

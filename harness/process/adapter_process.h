@@ -54,6 +54,11 @@ struct Hello {
     // dump-safe row's note.
     bool dump_fork = false;
     std::string dump_fork_absent;
+    // The process that serves the pipes, when it is not the one kvcheck
+    // started (a zygote's copy, docs/protocol.md section 10b); 0: that one.
+    // It is not below the started process: whoever samples the engine's
+    // processes (their CPU for the hang rule, their memory) adds its tree.
+    int pid = 0;
 };
 
 // Why a process cannot be used any more, as a sandbox fault: kind "crash"

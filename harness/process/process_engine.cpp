@@ -795,6 +795,9 @@ std::shared_ptr<Engine> ProcessLauncher::make() {
             connection.process = std::make_unique<AdapterProcess>(command_, output, options_.handshake_seconds,
                                                                   options_.on_fault);
         }
+        // A zygote's copy serves the pipes: its CPU and memory are the engine's.
+        const int served = connection.process->hello().pid;
+        if (served > 0 && options_.on_warm_start) options_.on_warm_start(served);
         connection.reset_due = false;
     } else if (connection.used) {
         // The reset goes with the new engine's first request: one round

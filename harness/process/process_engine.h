@@ -49,9 +49,10 @@ struct LaunchOptions {
     // the command: no second interpreter start. Off: every start runs the
     // command (so does an adapter that does not offer it).
     bool warm_starts = true;
-    // Runs with the pid of each warm copy started, before its handshake
-    // (kvcheck run: the sandbox counts its memory and its time with the
-    // child's, as it counts a descendant's).
+    // Runs with the pid of each engine process not below this one: a warm
+    // copy, before its handshake, and a zygote's copy that the handshake
+    // named (Hello::pid), after it (kvcheck run: the sandbox counts its
+    // memory and its time with the child's, as it counts a descendant's).
     std::function<void(int)> on_warm_start;
 };
 

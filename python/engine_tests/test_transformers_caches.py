@@ -22,7 +22,8 @@ import textwrap
 
 import pytest
 
-from conftest import PYTHON_DIR, REPO
+from conftest import PYTHON_DIR, REPO, kvcheck_binary
+from kvcheck_adapter import zygote
 
 ADAPTER = os.path.join(PYTHON_DIR, "adapters", "transformers_caches_adapter.py")
 VERSION = "5.25.0"
@@ -37,12 +38,31 @@ STORE_PROPERTIES = {"stored-immutable", "single-copy", "layout-roundtrip", "merg
                     "clone-independent", "generation-equivalent", "store-contract", "trim-exact"}
 
 
-@pytest.fixture
-def transformers_env(monkeypatch):
+@pytest.fixture(scope="module")
+def transformers_zygote():
+    """One interpreter with torch and transformers imported for the file's
+    kvcheck runs: each run's adapter processes are copies of it
+    (kvcheck_adapter/zygote.py; CI time: about 4 CPU-s of imports a run)."""
     environment = os.path.join(REPO, ".venv", "transformers", VERSION)
     if not os.path.isdir(environment):
         pytest.skip(f"transformers {VERSION} is not installed at {environment} (scripts/bootstrap installs it)")
-    monkeypatch.setenv("PYTHONPATH", environment)
+    started = zygote.for_kvcheck(kvcheck_binary(), zygote.TRANSFORMERS_MODULES,
+                                 dict(os.environ, PYTHONPATH=environment), PYTHON_DIR)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def transformers_env(monkeypatch, transformers_zygote):
+    monkeypatch.setenv("PYTHONPATH", os.path.join(REPO, ".venv", "transformers", VERSION))
+    for name, value in transformers_zygote.variables().items():
+        monkeypatch.setenv(name, value)
+    yield
+    # Every adapter process ran in a copy: a start that fell back to cold
+    # (an environment the zygote does not match) would cost the imports.
+    assert "cold:" not in transformers_zygote.log(), transformers_zygote.log()
 
 
 def test_a_store_of_static_caches_holds_every_store_property(kvcheck, transformers_env):
@@ -261,3 +281,46 @@ def test_an_encoder_decoder_copy_sharing_the_cross_attention_breaks_stored_immut
                                   "add d modern/f32/0/2x8:[kv1 kv1 kv1 kv1]\nh3 = get_cache d\n",
                                   "the cache get_cache handed out as h3 shares one storage with stored entry \"d\"",
                                   "--cache encdec")
+
+
+# The probe: the adapter, holding 600 MiB more at its first operation and
+# then waiting to be stopped. A copy of the zygote is not below the process
+# kvcheck started: only its handshake's pid makes kvcheck count its memory
+# (and its CPU for the hang rule) as the engine's (docs/protocol.md 10b).
+MEMORY_HOG_PROBE = textwrap.dedent("""
+    import runpy
+    import sys
+    import time
+
+    from kvcheck_adapter.adapter import Server
+
+    answer = Server.handle
+
+
+    def handle(self, request):
+        if request.get("op") not in ("hello", "shutdown"):
+            held = b"\\1" * (600 << 20)
+            time.sleep(60)  # killed by kvcheck first, or a hang after --timeout
+            del held
+        return answer(self, request)
+
+
+    Server.handle = handle
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_the_memory_of_a_zygote_copy_counts_against_the_limit(kvcheck, transformers_env, scratch_dir, monkeypatch):
+    # Cold starts: each job's adapter process is a launcher whose copy's
+    # pid kvcheck learns from the handshake (a warm copy's, it learns from
+    # the fork server).
+    monkeypatch.setenv("KVCHECK_COLD_START", "1")
+    probe = os.path.join(scratch_dir, "hog.py")
+    with open(probe, "w") as f:
+        f.write(MEMORY_HOG_PROBE)
+    run = kvcheck("run", "--adapter", f"{probe} {ADAPTER} --cache static", "--property", "stored-immutable",
+                  "--cases", "1", "--jobs", "1", "--memory-mb", "500")
+    result = run.result("stored-immutable")
+    assert result["verdict"] == "fail", result
+    assert (result["fault"] or "").startswith("memory: resident memory"), result

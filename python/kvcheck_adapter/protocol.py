@@ -23,6 +23,7 @@ import json
 import os
 import select
 import signal
+import struct
 import sys
 import traceback
 import warnings
@@ -47,9 +48,16 @@ class NotRunByKvcheck(SystemExit):
 class Connection:
     """The two protocol pipes of an adapter process."""
 
+    # Set in a zygote's copy (zygote.py), which serves pipes that kvcheck
+    # gave another process (the launcher it started): the first reply (the
+    # handshake's) then says this process's pid, which kvcheck samples and
+    # counts with the launcher's (docs/protocol.md section 10b).
+    declare_pid = False
+
     def __init__(self, request_fd: int, reply_fd: int):
         self._requests = os.fdopen(request_fd, "rb", buffering=1 << 16)
         self._reply_fd = reply_fd
+        self._declare_pid = Connection.declare_pid
 
     @classmethod
     def from_environment(cls) -> "Connection":
@@ -87,6 +95,9 @@ class Connection:
         return message
 
     def send(self, message: Dict[str, Any]) -> None:
+        if self._declare_pid:
+            self._declare_pid = False
+            message = dict(message, pid=os.getpid())
         payload = _encode(message).encode("utf-8")
         data = len(payload).to_bytes(4, "big") + payload
         view = memoryview(data)
@@ -129,10 +140,7 @@ def serve_forks(
     are killed). The server reaps its copies and sends each one's wait
     status to the process that asked for it; it kills a copy when that
     process's life pipe closes (the process ended)."""
-    import select
-    import signal
     import socket
-    import struct
 
     server = socket.socket(fileno=fork_fd)
     if _threads_at_fork() > 1:
@@ -142,68 +150,26 @@ def serve_forks(
         # adapter process cold.
         server.close()
         return connection
-    # pid -> [status fd, life fd (-1 once closed), pidfd (-1: none)]: the
-    # pidfd becomes readable when the copy ends, so that its wait status
-    # reaches kvcheck at once, not at the next look.
-    children: Dict[int, list] = {}
+    copies = Copies()
     request_fd = connection._requests.fileno()
     serving = True  # the socket is open at the other end
 
-    def reap(block: bool) -> None:
-        while children:
-            try:
-                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            fds = children.pop(pid, None)
-            if fds is None:
-                continue
-            try:
-                os.write(fds[0], struct.pack("=i", status))
-            except OSError:
-                pass  # the process that asked is gone
-            for fd in fds:
-                if fd >= 0:
-                    os.close(fd)
-
-    def kill(pid: int) -> None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
     while True:
-        watched = [request_fd] + ([server.fileno()] if serving else [])
-        watched += [fds[1] for fds in children.values() if fds[1] >= 0]
-        watched += [fds[2] for fds in children.values() if fds[2] >= 0]
-        # Without a pidfd (Linux before 5.3), a look every 50 ms.
-        unwatched = any(fds[2] < 0 for fds in children.values())
-        ready, _, _ = select.select(watched, [], [], 0.05 if unwatched else None)
-        reap(False)
+        watched = [request_fd] + ([server.fileno()] if serving else []) + copies.watched()
+        ready, _, _ = select.select(watched, [], [], copies.select_timeout())
+        copies.reap(False)
         if request_fd in ready:
             request = connection.receive()
             if request is None or request.get("op") == "shutdown":
                 if request is not None:
                     connection.send({"ok": True})
-                for pid in list(children):
-                    kill(pid)
-                reap(True)
+                copies.kill_all()
                 return None
             reply = answer(handle, request)
             if request.get("op") == "hello" and reply.get("ok"):
                 reply["fork"] = True
             connection.send(reply)
-        for pid, fds in list(children.items()):
-            if fds[1] >= 0 and fds[1] in ready and not os.read(fds[1], 1):
-                os.close(fds[1])
-                fds[1] = -1
-                kill(pid)  # the process that asked for it ended
+        copies.kill_orphans(ready)
         if serving and server.fileno() in ready:
             message, fds, _, _ = socket.recv_fds(server, 65536, 8)
             fds = [_above_stdio(fd) for fd in fds]
@@ -233,11 +199,86 @@ def serve_forks(
             pid = os.fork()
             if pid == 0:
                 _die_with_parent(server_pid)
-                return _become_copy(connection, server, children, fork_request, fds)
+                return _become_copy(connection, server, copies, fork_request, fds)
             for fd in fds[:3]:
                 os.close(fd)
-            children[pid] = [fds[3], fds[4], _pidfd(pid)]
+            copies.add(pid, fds[3], fds[4])
             server.send(_encode({"ok": True, "id": fork_request.get("id"), "pid": pid}).encode("utf-8"))
+
+
+class Copies:
+    """The live copies a server forked (serve_forks; a zygote, zygote.py),
+    each with its status pipe (write end: its wait status goes there when
+    it ends, then both its pipes close), its life pipe (read end: end of
+    file means that the process that asked for it ended, and the copy is
+    killed) and a pidfd, readable when it ends, so that its status reaches
+    the asker at once, not at the next look."""
+
+    def __init__(self) -> None:
+        self._children: Dict[int, list] = {}  # pid -> [status fd, life fd (-1 once closed), pidfd (-1: none)]
+
+    def add(self, pid: int, status_fd: int, life_fd: int) -> None:
+        self._children[pid] = [status_fd, life_fd, _pidfd(pid)]
+
+    def watched(self) -> list:
+        """The descriptors to wait on besides the server's own."""
+        return [fd for fds in self._children.values() for fd in fds[1:] if fd >= 0]
+
+    def select_timeout(self) -> Optional[float]:
+        """Without a pidfd (Linux before 5.3), a look every 50 ms."""
+        return 0.05 if any(fds[2] < 0 for fds in self._children.values()) else None
+
+    def reap(self, block: bool) -> None:
+        while self._children:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fds = self._children.pop(pid, None)
+            if fds is None:
+                continue
+            try:
+                os.write(fds[0], struct.pack("=i", status))
+            except OSError:
+                pass  # the process that asked is gone
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+
+    def kill_orphans(self, ready: list) -> None:
+        """Kills each copy whose life pipe, among `ready`, reports end of file."""
+        for pid, fds in list(self._children.items()):
+            if fds[1] >= 0 and fds[1] in ready and not os.read(fds[1], 1):
+                os.close(fds[1])
+                fds[1] = -1
+                _kill_group(pid)  # the process that asked for it ended
+
+    def kill_all(self) -> None:
+        for pid in list(self._children):
+            _kill_group(pid)
+        self.reap(True)
+
+    def close_in_copy(self) -> None:
+        """In a new copy: closes the descriptors held for the others."""
+        for fds in self._children.values():
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+        self._children.clear()
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL to the copy `pid` and its process group (it made its own)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _pidfd(pid: int) -> int:
@@ -303,7 +344,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(111)  # the server died before the line above
 
 
-def _become_copy(connection, server, children, fork_request, fds) -> Connection:
+def _become_copy(connection, server, copies, fork_request, fds) -> Connection:
     """In a fork server's new child: its own process group, the asker's
     pipes, output file and address-space limit, nothing of the server's."""
     import resource
@@ -311,10 +352,7 @@ def _become_copy(connection, server, children, fork_request, fds) -> Connection:
     requests, replies, output, status, life = fds
     os.setpgid(0, 0)
     server.close()
-    for held in children.values():
-        for fd in held:
-            if fd >= 0:
-                os.close(fd)
+    copies.close_in_copy()
     os.close(status)
     os.close(life)
     connection._requests.close()  # the server's pipes to kvcheck
@@ -326,6 +364,7 @@ def _become_copy(connection, server, children, fork_request, fds) -> Connection:
     os.dup2(output, 2)
     os.close(output)
     os.environ.pop("KVCHECK_FORK_FD", None)
+    Connection.declare_pid = False  # kvcheck asked for this copy itself, and knows its pid
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     address_space = fork_request.get("address_space_bytes")
     if isinstance(address_space, int) and address_space > 0:

@@ -23,6 +23,7 @@ require_transformers()
 
 import transformers_memory  # noqa: E402
 from kvcheck_adapter import hf  # noqa: E402
+from kvcheck_adapter import zygote  # noqa: E402
 
 # The property that names each bug of transformers_memory.BUGS, as
 # adapter_tests/test_example.py names activation_memory's, but for
@@ -73,23 +74,58 @@ def kvcheck_binary():
     return found
 
 
+def kvcheck_environment():
+    """kvcheck's environment: the adapter imports the transformers these
+    tests import, wherever kvcheck starts it."""
+    import transformers
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(transformers.__file__))), PYTHON_DIR]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+
+
+# The zygote of the file's runs, while it runs (adapter_zygote).
+ZYGOTES = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def adapter_zygote():
+    """On the newest version, which runs a search per bug: one interpreter
+    with torch and transformers imported for the file's kvcheck runs, each
+    run's adapter processes copies of it (kvcheck_adapter/zygote.py; CI
+    time: about 4 CPU-s of imports a run). The older versions run one."""
+    if not is_newest() or not os.path.isfile(os.environ.get("KVCHECK") or os.path.join(REPO, "build", "default", "bin",
+                                                                                         "kvcheck")):
+        yield
+        return
+    started = zygote.for_kvcheck(kvcheck_binary(), zygote.TRANSFORMERS_MODULES + ("kvcheck_adapter.crash",),
+                                 kvcheck_environment(), PYTHON_DIR)
+    ZYGOTES.append(started)
+    try:
+        yield
+    finally:
+        ZYGOTES.remove(started)
+        started.close()
+
+
 def run(tmp_path, adapter_args, *args):
     binary = kvcheck_binary()
     report = tmp_path / "report.json"
     adapter = " ".join([ADAPTER] + list(adapter_args))
+    environment = kvcheck_environment()
+    python = sys.executable
+    for started in ZYGOTES:
+        environment.update(started.variables())
+        python = started.python
     # --timeout: starting Python with torch and transformers takes seconds,
     # more on a loaded machine, and kvcheck counts it as the first step's.
-    command = [binary, "run", "--adapter", adapter, "--python", sys.executable, "--jobs", "2", "--timeout", "120", "--quiet"]
+    command = [binary, "run", "--adapter", adapter, "--python", python, "--jobs", "2", "--timeout", "120", "--quiet"]
     command += list(args) + ["--report", "json", "--out", str(report), "--trace-dir", str(tmp_path / "traces")]
-    # The adapter imports the transformers these tests import, wherever
-    # kvcheck starts it.
-    import transformers
-
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(transformers.__file__))), PYTHON_DIR]
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     completed = subprocess.run(
         command, cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1800
     )
+    for started in ZYGOTES:
+        # Every adapter process ran in a copy: one started cold would cost the imports.
+        assert "cold:" not in started.log(), started.log()
     assert report.is_file(), completed.stdout + completed.stderr
     with open(report) as file:
         found = json.load(file)
