@@ -40,12 +40,19 @@ env=$scratch/venv
 echo "wheel_test: installed with torch into a fresh venv in $((SECONDS - start)) s"
 
 package=$("$env/bin/python" -c 'import kvcheck_adapter, os; print(os.path.dirname(kvcheck_adapter.__file__))')
+# kvcheck is the torch-free front (adapters/kvcheck_front.cpp); kvcheck-core,
+# beside it, is the command line that links libtorch.
 binary=$package/_bin/kvcheck
-[[ -x $binary && -f $package/_bin/libkvcheck_dumpshim.so ]] || fail "the wheel has no _bin/kvcheck or its dump shim in $package"
+core=$package/_bin/kvcheck-core
+[[ -x $binary && -x $core && -f $package/_bin/libkvcheck_dumpshim.so ]] ||
+  fail "the wheel has no _bin/kvcheck, _bin/kvcheck-core or its dump shim in $package"
 libraries=$(ldd "$binary")
 [[ $libraries != *"not found"* ]] || fail "the wheel's kvcheck misses libraries: $(grep 'not found' <<<"$libraries")"
-[[ $libraries == *"$env/lib/"*"/torch/lib/libtorch_cpu.so"* ]] || fail "the wheel's kvcheck does not link the venv's torch: $libraries"
-[[ $libraries != *"/usr/lib/x86_64-linux-gnu/libtorch"* ]] || fail "the wheel's kvcheck links Debian's libtorch"
+[[ $libraries != *"libtorch"* ]] || fail "the wheel's kvcheck (the front) links libtorch: $libraries"
+libraries=$(ldd "$core")
+[[ $libraries != *"not found"* ]] || fail "the wheel's kvcheck-core misses libraries: $(grep 'not found' <<<"$libraries")"
+[[ $libraries == *"$env/lib/"*"/torch/lib/libtorch_cpu.so"* ]] || fail "the wheel's kvcheck-core does not link the venv's torch: $libraries"
+[[ $libraries != *"/usr/lib/x86_64-linux-gnu/libtorch"* ]] || fail "the wheel's kvcheck-core links Debian's libtorch"
 
 # Run as a user runs it: the environment's bin first on PATH, no chosen
 # interpreter, outside the source tree.
